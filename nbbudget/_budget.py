@@ -1,0 +1,889 @@
+"""Runs and grants: the ledger, the grant tree, cancellation and time (S2-1..S2-4, S3-1..S3-5, S4-3, S4-4).
+
+A run (`Budget`) owns one lock, the run-wide counters and the trace; its grants share them and
+keep their own allowances beside them. Every charge goes through one check-and-reserve path
+driven by the table of kinds: checked and committed under the lock, refused with the counters
+untouched and the refusal raised after the lock is released. Time never costs a clock read per
+step: each deadline is a callback on the run's clock that sets the run's stop flag.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import math
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ._clock import Clock, Scheduled, default_clock
+from ._duration import parse_duration
+from ._errors import BudgetCut, BudgetError, BudgetExceeded, Cancelled, ConfigError
+from ._kinds import KIND_INDEX, KINDS, RUN_MS, STEPS, kind_index
+from ._limits import Limits
+from ._outcome import Outcome, Status
+from ._trace import REFUSED, Trace
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["Budget", "Grant", "Snapshot", "budget", "current"]
+
+_INF = math.inf
+_K = len(KINDS)
+_WINDOW_KINDS = frozenset(KIND_INDEX[k] for k in ("tokens", "cost_usd", "run_ms"))
+STATE_VERSION = "nbbudget-ledger-v1"
+
+_current: contextvars.ContextVar[Budget | None] = contextvars.ContextVar(
+    "nbbudget_current", default=None
+)
+
+
+def current() -> Budget | None:
+    """The innermost active budget of this thread or context, or `None`."""
+    return _current.get()
+
+
+class _Unwind(BaseException):
+    """Unwinds a stopped run through user code that catches ``Exception``; the run that owns the
+    stop turns it into a public error when its ``with`` block ends."""
+
+    def __init__(self, stop: _Stop) -> None:
+        super().__init__(stop.message)
+        self.stop = stop
+
+
+@dataclass(frozen=True)
+class _Stop:
+    """Why a run stopped: kept as data, first one wins, every later check raises it again."""
+
+    status: Status
+    cause: str
+    by: str | None
+    code: str
+    message: str
+    origin: Budget
+    reason: Any = None
+
+    def signal(self) -> _Unwind:
+        return _Unwind(self)
+
+    def error(self) -> BudgetError:
+        if self.status is Status.FAILED:
+            return BudgetCut(self.by or "timeout", self.message)
+        if self.status is Status.SUSPENDED:
+            return BudgetCut("window", self.message)
+        return Cancelled(self.message, self.reason)
+
+    def outcome(self, run: Budget, output: Any) -> Outcome:
+        origin = self.origin.name if self.origin is not run else None
+        return Outcome(self.status, self.cause, self.by, self.code, self.message,
+                       output if self.status is Status.FAILED else None, origin)
+
+
+@dataclass(frozen=True)
+class AxisUsage:
+    """One armed axis of a run at one moment."""
+
+    kind: str
+    limit: float
+    consumed: float
+    remaining: float
+    fraction: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A frozen view of a run, for the panel, the DataFrame and the repr alike."""
+
+    name: str
+    status: str
+    elapsed_ms: float
+    remaining_ms: float | None
+    axes: tuple[AxisUsage, ...]
+    consumed: Mapping[str, float]
+    notice_level: int
+    outcome: Outcome | None
+
+
+class Budget:
+    """A run: bounded work with limits, a time grant, a cancel signal and a trace.
+
+    Use it as a context manager; its clock starts when it is entered::
+
+        with nb.budget(steps=10, time="5s") as run:
+            run.step()
+
+    Python threads cannot be killed: a stop is delivered at the next ``step()``, ``charge()``
+    or ``check()``, or through ``ctx.signal`` inside a tool. A tool that ignores its signal is
+    abandoned (its caller is freed and the trace says so), not killed.
+    """
+
+    _parent: Budget | None = None
+
+    def __init__(
+        self,
+        limits: Limits | None = None,
+        *,
+        time: int | str | None = None,
+        clock: Clock | None = None,
+        name: str | None = None,
+        suspend: bool = False,
+        totals: Limits | None = None,
+        notices: tuple[float, float] | None = (0.8, 0.95),
+        trace: str = "counts",
+        **limit_fields: Any,
+    ) -> None:
+        self.name = name or "run"
+        self._limits = _combine(limits, time, limit_fields)
+        self._clock = clock if clock is not None else default_clock()
+        self._lock = threading.Lock()
+        self._root = self
+        self._trace = Trace(full=_trace_mode(trace), name=self.name)
+        self._trace._stats_source = self._stats
+        self._trace.limits = self._limits.to_dict()
+        self._run_id = self._trace.run_index(self.name)
+        self._counts: list[float] = [0] * _K
+        self._ops = [0] * _K
+        self._refused = [0] * _K
+        self._suspend = bool(suspend)
+        self._totals = _check_totals(totals, suspend)
+        self._base: list[float] = [0] * _K
+        self._notices = _check_notices(notices)
+        self._notice_level = 0
+        self._active_before_ms = 0.0
+        self._init_common()
+        self._arm_thresholds()
+
+    def _init_common(self) -> None:
+        self._stop: _Stop | None = None
+        self._started_ms: float | None = None
+        self._paused_at: float | None = None
+        self._timers: list[Scheduled] = []
+        self._children: list[Grant] = []
+        self._listeners: list[Callable[[_Stop], None]] = []
+        self._outcome: Outcome | None = None
+        self._output: Any = None
+        self._tokens: list[contextvars.Token[Budget | None]] = []
+        self._tool_seq = itertools.count(1)
+
+    # -- the hot path --------------------------------------------------------------------------
+    def _arm_thresholds(self) -> None:
+        """Recompute ``_thr`` (the count each kind may reach) and ``_watch`` (the count past which a
+        charge takes the slow path: a notice to give, or a full trace to write)."""
+        limits = self._limits.to_dict()
+        totals = self._totals.to_dict()
+        thr = [_INF] * _K
+        watch = [_INF] * _K
+        for i, kind in enumerate(KINDS):
+            window = limits.get(kind.name)
+            thr[i] = min(self._base[i] + window if window is not None else _INF,
+                         totals.get(kind.name, _INF))
+            if window is not None and self._notices and self._notice_level < 2 and not (
+                self._suspend and i in _WINDOW_KINDS
+            ):
+                watch[i] = self._base[i] + window * self._notices[self._notice_level]
+        if self._root._trace.full:
+            watch = [0.0] * _K
+        self._thr, self._watch = thr, watch
+
+    def charge(self, kind: str, n: float = 1, *, target: str | None = None) -> None:
+        """Reserve *n* of *kind* atomically before dispatch (S4-3).
+
+        A refusal raises `BudgetExceeded`, records ``dispatch_refused_budget_exceeded`` (S4-8)
+        and leaves every counter as it was.
+        """
+        self._charge(kind_index(kind), _amount(kind, n), target)
+
+    def step(self) -> None:
+        """Charge one step: ``charge("steps")``."""
+        self._charge(STEPS, 1, None)
+
+    def _charge(self, i: int, n: float, target: str | None) -> None:
+        lock = self._lock
+        lock.acquire()
+        c = self._counts[i] + n
+        if self._stop is None and c <= self._thr[i]:
+            self._counts[i] = c
+            self._ops[i] += 1
+            if c >= self._watch[i]:
+                self._after_charge(i, n, target, self._run_id)
+            lock.release()
+            return
+        try:
+            err = self._refusal(i, n, target)
+        finally:
+            lock.release()
+        raise err
+
+    def charge_many(self, amounts: Mapping[str, float], *, target: str | None = None) -> None:
+        """Reserve several kinds at once, all or nothing (for a model reply's tokens and cost).
+
+        When several would exceed their limit, the refusal names the first in the attribution
+        order tokens > cost > turns > calls and steps > time (S3-3).
+        """
+        items = sorted(((kind_index(k), _amount(k, n)) for k, n in amounts.items()),
+                       key=lambda item: KINDS[item[0]].rank)
+        with self._lock:
+            err = self._check_many(items, target)
+            if err is None:
+                for i, n in items:
+                    self._commit(i, n, target, self._run_id)
+        if err is not None:
+            raise err
+
+    # -- the slow paths (called with the lock held) -------------------------------------------
+    def _check_many(self, items: list[tuple[int, float]], target: str | None) -> Any:
+        for i, n in items:
+            if self._stop is not None or self._counts[i] + n > self._thr[i]:
+                return self._refusal(i, n, target)
+        return None
+
+    def _commit(self, i: int, n: float, target: str | None, run_id: int) -> None:
+        c = self._counts[i] = self._counts[i] + n
+        self._ops[i] += 1
+        if c >= self._watch[i]:
+            self._after_charge(i, n, target, run_id)
+
+    def _after_charge(self, i: int, n: float, target: str | None, run_id: int) -> None:
+        """The slow part of a charge on the run (lock held): a full trace, an approach notice."""
+        if self._trace.full:
+            self._trace.add_charge(i, n, self._t_ms(), run_id, target)
+        self._maybe_notice()
+
+    def _maybe_notice(self) -> None:
+        if not self._notices or self._notice_level >= 2:
+            return
+        kind, ratio = self._highest_ratio()
+        while self._notice_level < 2 and ratio >= self._notices[self._notice_level]:
+            self._notice_level += 1
+            self._trace.add("approach_notice", self._t_ms(), self._run_id, {
+                "level": self._notice_level,
+                "threshold": self._notices[self._notice_level - 1],
+                "budget_kind": kind, "ratio": round(ratio, 6),
+                "advice": "start converging" if self._notice_level == 1 else "deliver now",
+            })
+        self._arm_thresholds()
+
+    def _highest_ratio(self) -> tuple[str, float]:
+        best, best_ratio = "", 0.0
+        for kind, limit in self._limits.to_dict().items():
+            i = KIND_INDEX[kind]
+            if self._suspend and i in _WINDOW_KINDS:
+                continue
+            used = self._elapsed_ms() if i == RUN_MS else self._counts[i] - self._base[i]
+            if used / limit > best_ratio:
+                best, best_ratio = kind, used / limit
+        return best, best_ratio
+
+    def _refusal(self, i: int, n: float, target: str | None) -> BaseException:
+        if self._stop is not None:
+            return self._stop.signal()
+        return self._refuse(self, i, n, target, scope="run")
+
+    def _refuse(self, holder: Budget, i: int, n: float, target: str | None,
+                scope: str) -> BaseException:
+        """Record a refusal of *n* of kind *i* against *holder*'s counters (lock held)."""
+        root = self._root
+        kind = KINDS[i]
+        consumed = holder._counts[i] - holder._base[i]
+        total = holder._totals.to_dict().get(kind.name) if holder is root else None
+        window_hit = root._suspend and i in _WINDOW_KINDS and holder is root and not (
+            total is not None and holder._counts[i] + n > total
+        )
+        limit = (total if not window_hit and total is not None
+                 and holder._counts[i] + n > total else holder._thr[i] - holder._base[i])
+        root._refused[i] += 1
+        root._trace.add(REFUSED, self._t_ms(), self._run_id, {
+            "budget_kind": kind.name, "limit_value": _plain(limit),
+            "consumed_value": _plain(consumed), "target_ref": target,
+            "runtime_error_code": kind.code,
+        })
+        if window_hit:
+            stop = root._make_stop(Status.SUSPENDED, "window", kind.name, "Suspended",
+                                   f"the {kind.name} window of {_plain(limit)} is spent; the run "
+                                   f"is suspended and resumes with a fresh window")
+            root._halt_locked(stop)
+            return stop.signal()
+        return BudgetExceeded(kind.name, limit, consumed, n, target, kind.code, scope)
+
+    # -- cancellation and stops ------------------------------------------------------------
+    def cancel(self, reason: Any = None) -> None:
+        """Stop this run and every descendant (S2-3); idempotent and safe from any thread.
+
+        The run settles as ``stopped``; every later check in it raises again.
+        """
+        message = f"{self.name} was stopped" + (f": {reason}" if reason is not None else "")
+        self._halt(self._make_stop(Status.STOPPED, "user", None, "Stopped", message, reason))
+
+    def _make_stop(self, status: Status, cause: str, by: str | None, code: str, message: str,
+                   reason: Any = None) -> _Stop:
+        return _Stop(status, cause, by, code, message, self, reason)
+
+    def _halt(self, stop: _Stop) -> bool:
+        with self._lock:
+            first = self._halt_locked(stop)
+        if first:
+            self._notify(stop)
+        return first
+
+    def _halt_locked(self, stop: _Stop) -> bool:
+        if self._stop is not None:
+            return False
+        self._stop = stop
+        kind = "suspended" if stop.status is Status.SUSPENDED else (
+            "cut" if stop.status is Status.FAILED else "cancelled")
+        if stop.origin is self:
+            self._root._trace.add(kind, self._t_ms(), self._run_id, {
+                "status": stop.status.value, "cause": stop.cause, "by": stop.by,
+                "code": stop.code, "message": stop.message,
+            })
+        return True
+
+    def _notify(self, stop: _Stop) -> None:
+        """Tell listeners and descendants, outside the lock."""
+        with self._lock:
+            listeners, children = list(self._listeners), list(self._children)
+        for child in children:
+            child._inherit(stop)
+        for listener in listeners:
+            listener(stop)
+
+    def _inherit(self, stop: _Stop) -> None:
+        with self._lock:
+            first = self._halt_locked(stop)
+        if first:
+            self._notify(stop)
+
+    def _add_listener(self, fn: Callable[[_Stop], None]) -> None:
+        with self._lock:
+            stop = self._stop
+            if stop is None:
+                self._listeners.append(fn)
+        if stop is not None:
+            fn(stop)
+
+    def _remove_listener(self, fn: Callable[[_Stop], None]) -> None:
+        with self._lock:
+            if fn in self._listeners:
+                self._listeners.remove(fn)
+
+    def check(self) -> None:
+        """Raise if this run is stopped, cut or out of time; otherwise do nothing."""
+        stop = self._stop
+        if stop is None:
+            self._poll_deadline()
+            stop = self._stop
+        if stop is not None:
+            raise stop.signal()
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the run has been stopped, cut or suspended."""
+        return self._stop is not None
+
+    # -- time ---------------------------------------------------------------------------------
+    def _start_clock(self) -> None:
+        if self._started_ms is None:
+            self._started_ms = self._clock.now_ms()
+            self._arm_deadline()
+
+    def _deadline_ms(self) -> float | None:
+        """The absolute time (on the run's clock) at which this run's time runs out."""
+        limit = self._thr[RUN_MS]
+        if limit == _INF or self._started_ms is None:
+            return None
+        return self._started_ms + limit - self._active_before_ms
+
+    def _arm_deadline(self) -> None:
+        deadline = self._deadline_ms()
+        if deadline is not None and self._paused_at is None:
+            self._timers.append(self._clock.call_at(deadline, self._on_deadline))
+        if self._notices and self._limits.run_ms is not None and not self._suspend:
+            for level, frac in enumerate(self._notices):
+                if level >= self._notice_level and self._started_ms is not None:
+                    at = self._started_ms + self._limits.run_ms * frac - self._active_before_ms
+                    self._timers.append(self._clock.call_at(at, self._on_time_notice))
+
+    def _on_time_notice(self) -> None:
+        with self._lock:
+            if self._stop is None and self._paused_at is None:
+                self._maybe_notice()
+
+    def _poll_deadline(self) -> None:
+        deadline = self._deadline_ms()
+        if deadline is not None and self._paused_at is None and self._clock.now_ms() >= deadline:
+            self._on_deadline()
+
+    def _on_deadline(self) -> None:
+        if self._paused_at is not None:
+            return
+        total = self._totals.run_ms
+        if self._root._suspend and self is self._root and not (
+            total is not None and self._elapsed_ms() >= total
+        ):
+            stop = self._make_stop(Status.SUSPENDED, "window", "run_ms", "Suspended",
+                                   f"the time window of {self._limits.run_ms} ms is spent; the "
+                                   f"run is suspended and resumes with a fresh window")
+        else:
+            limit = _plain(self._thr[RUN_MS])
+            stop = self._make_stop(
+                Status.FAILED, "budget-cut", "timeout", KINDS[RUN_MS].code,
+                f"{self.name} ran out of time: its time grant of {limit} ms is spent; give it "
+                f"more time or do less work",
+            )
+        self._halt(stop)
+
+    def _elapsed_ms(self) -> float:
+        """Active milliseconds spent (time paused is not counted, S4-4)."""
+        if self._started_ms is None:
+            return self._active_before_ms
+        now = self._paused_at if self._paused_at is not None else self._clock.now_ms()
+        return self._active_before_ms + now - self._started_ms
+
+    def _t_ms(self) -> float:
+        root = self._root
+        if root._started_ms is None:
+            return 0.0
+        return self._clock.now_ms() - root._started_ms
+
+    @property
+    def remaining_ms(self) -> float | None:
+        """Milliseconds of time grant left (`None` when no time grant applies)."""
+        deadline = self._deadline_ms()
+        limit = self._thr[RUN_MS]
+        if limit == _INF:
+            return None
+        if deadline is None:
+            return max(0.0, limit - self._active_before_ms)
+        now = self._paused_at if self._paused_at is not None else self._clock.now_ms()
+        return max(0.0, deadline - now)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Stop this run's clock while the block runs (waiting for a person, say): time spent
+        paused is not counted in ``run_ms`` (S4-4). Only a run, not a grant, pauses."""
+        if self._parent is not None:
+            raise ConfigError(f"{self.name} is a grant; pause the run it belongs to")
+        self._set_paused(True)
+        try:
+            yield
+        finally:
+            self._set_paused(False)
+
+    def _set_paused(self, pause: bool) -> None:
+        with self._lock:
+            for t in self._timers:
+                t.cancel()
+            self._timers = []
+            now = self._clock.now_ms()
+            if pause:
+                self._paused_at = now
+            elif self._paused_at is not None and self._started_ms is not None:
+                self._started_ms += now - self._paused_at
+                self._paused_at = None
+            self._root._trace.add("pause" if pause else "unpause", self._t_ms(), self._run_id, {})
+            children = list(self._children)
+        if not pause:
+            self._arm_deadline()
+        for child in children:
+            child._set_paused(pause)
+
+    # -- entering and leaving --------------------------------------------------------------
+    def __enter__(self) -> Budget:
+        if self._outcome is not None:
+            raise ConfigError(f"{self.name} has already ended ({self._outcome.status}); "
+                              f"make a new budget for new work")
+        self._start_clock()
+        self._tokens.append(_current.set(self))
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool | None:
+        if self._tokens:
+            _current.reset(self._tokens.pop())
+        if self._stop is None:
+            self._poll_deadline()
+        stop = self._stop
+        error: BaseException | None = None
+        if isinstance(exc, _Unwind) and exc.stop.origin is not self and (
+            stop is None or stop is exc.stop
+        ):
+            outcome = exc.stop.outcome(self, self._output)
+            if not self._has_ancestor(exc.stop.origin):
+                error = exc.stop.error()  # a grant used without `with` stopped: surface it here
+        elif stop is not None:
+            outcome = stop.outcome(self, self._output)
+            if stop.origin is self and stop.status is not Status.SUSPENDED:
+                error = stop.error()
+        elif exc is None:
+            outcome = Outcome(Status.COMPLETED)
+        else:
+            outcome = _outcome_of(exc, self._output)
+        self._settle(outcome)
+        if error is not None:
+            error.outcome = outcome
+            raise error from (exc if not isinstance(exc, _Unwind) else None)
+        if isinstance(exc, BudgetError) and exc.outcome is None:
+            exc.outcome = outcome
+        if isinstance(exc, _Unwind) and exc.stop.origin is self:
+            return True  # a suspended run: the block was left at a resumable point
+        return None
+
+    def _has_ancestor(self, run: Budget) -> bool:
+        parent = self._parent
+        while parent is not None:
+            if parent is run:
+                return True
+            parent = parent._parent
+        return False
+
+    def _settle(self, outcome: Outcome) -> None:
+        with self._lock:
+            if self._outcome is not None:
+                return
+            self._outcome = outcome
+            for t in self._timers:
+                t.cancel()
+            self._timers = []
+            if self._started_ms is not None and self._paused_at is None:
+                self._active_before_ms = self._elapsed_ms()
+                self._started_ms = None
+            self._root._trace.add("outcome", self._t_ms(), self._run_id, outcome.to_dict())
+            if self is self._root:
+                self._trace.outcome = outcome.to_dict()
+        if self._parent is not None:
+            self._parent._forget(self)  # type: ignore[arg-type]
+
+    def _forget(self, child: Grant) -> None:
+        with self._lock:
+            if child in self._children:
+                self._children.remove(child)
+
+    def set_output(self, output: Any) -> None:
+        """Keep *output* (the work produced so far): a failed outcome carries it (S3-2)."""
+        self._output = output
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """How the run ended, or `None` while it is active."""
+        return self._outcome
+
+    # -- grants ---------------------------------------------------------------------------------
+    def grant(self, *, time: int | str | None = None, name: str | None = None,
+              **limit_fields: Any) -> Grant:
+        """A child grant: its own step and call allowances (S2-2) and a deadline that never
+        outlives this run's remaining time (S2-1). Its clock starts now."""
+        return Grant(self, _combine(None, time, limit_fields), name)
+
+    # -- tools ----------------------------------------------------------------------------------
+    def tool(self, fn: Callable[..., Any] | None = None, *, name: str | None = None,
+             max_silence: int | str | None = None) -> Any:
+        """Decorate a tool: each call reserves a ``tool_calls`` permit, then runs on a worker
+        thread, capped by this run's time (S2-6) and by *max_silence* (S2-5). A function with a
+        ``ctx`` parameter receives a `ToolContext` (``ctx.signal``, ``ctx.progress(data)``)."""
+        from ._tool import make_tool
+
+        if fn is None:
+            return lambda f: make_tool(self, f, name, max_silence)
+        return make_tool(self, fn, name, max_silence)
+
+    # -- reading ----------------------------------------------------------------------------
+    @property
+    def limits(self) -> Limits:
+        """The limits in force for this run (for a grant: its own allowances)."""
+        return self._limits
+
+    @property
+    def trace(self) -> Trace:
+        """The trace of the whole run, grants included."""
+        return self._root._trace
+
+    @property
+    def consumed(self) -> dict[str, float]:
+        """What was spent, by kind: on a run the run-wide totals, on a grant its own charges."""
+        with self._lock:
+            counts = list(self._counts)
+        out = {k.name: _plain(counts[i]) for i, k in enumerate(KINDS) if counts[i] and i != RUN_MS}
+        elapsed = self._elapsed_ms()
+        if elapsed:
+            out["run_ms"] = _plain(round(elapsed, 3))
+        return out
+
+    def remaining(self, kind: str) -> float:
+        """What is left of *kind*: the smaller of this grant's own and the run's (``inf`` when
+        nothing bounds it)."""
+        i = kind_index(kind)
+        if i == RUN_MS:
+            left = self.remaining_ms
+            return _INF if left is None else left
+        with self._lock:
+            return _plain(self._remaining_locked(i))
+
+    def _remaining_locked(self, i: int) -> float:
+        return max(0, self._thr[i] - self._counts[i])
+
+    @property
+    def notice_level(self) -> int:
+        """0 before any approach notice, 1 after "start converging", 2 after "deliver now"."""
+        return self._root._notice_level
+
+    def snapshot(self) -> Snapshot:
+        """A frozen view of this run now."""
+        axes = []
+        limits = self._limits.to_dict()
+        consumed = self.consumed
+        for kind, limit in limits.items():
+            if kind == "run_ms":
+                used = self._elapsed_ms() - (self._base[RUN_MS] if self._suspend else 0)
+                left = self.remaining_ms or 0.0
+            else:
+                i = KIND_INDEX[kind]
+                used = self._counts[i] - self._base[i]
+                left = self.remaining(kind)
+            axes.append(AxisUsage(kind, limit, _plain(used), left, used / limit))
+        status = self._outcome.status.value if self._outcome else (
+            "stopping" if self._stop is not None else
+            "running" if self._started_ms is not None else "ready")
+        return Snapshot(self.name, status, self._elapsed_ms(), self.remaining_ms, tuple(axes),
+                        consumed, self.notice_level, self._outcome)
+
+    def usage(self) -> pd.DataFrame:
+        """A pandas DataFrame, one row per armed axis: ``limit``, ``consumed``, ``remaining``,
+        ``fraction``."""
+        from ._frames import usage_frame
+
+        return usage_frame(self.snapshot())
+
+    def _stats(self) -> dict[str, dict[str, float]]:
+        with self._lock:
+            ops, refused, counts = list(self._ops), list(self._refused), list(self._counts)
+        names = [k.name for k in KINDS]
+        stats: dict[str, dict[str, float]] = {
+            "checks": {names[i]: ops[i] + refused[i] for i in range(_K) if ops[i] + refused[i]},
+            "consumptions": {names[i]: ops[i] for i in range(_K) if ops[i]},
+            "consumed": {names[i]: _plain(counts[i]) for i in range(_K) if counts[i]},
+            "refusals": {names[i]: refused[i] for i in range(_K) if refused[i]},
+        }
+        if self._limits.run_ms is not None or self._elapsed_ms():
+            stats["consumed"]["run_ms"] = _plain(round(self._elapsed_ms(), 3))
+        return stats
+
+    # -- checkpoints (S3-1, S4-4) -------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """The ledger state a checkpoint must hold: counters, active time, effective limits,
+        totals and notices. JSON-serialisable; `Budget.resume` takes it back."""
+        if self._parent is not None:
+            raise ConfigError(f"{self.name} is a grant; take the state of its run")
+        with self._lock:
+            return {
+                "version": STATE_VERSION,
+                "name": self.name,
+                "limits": self._limits.to_dict(),
+                "totals": self._totals.to_dict(),
+                "suspend": self._suspend,
+                "counts": {k.name: _plain(self._counts[i]) for i, k in enumerate(KINDS)
+                           if self._counts[i] and i != RUN_MS},
+                "active_ms": _plain(round(self._elapsed_ms(), 3)),
+                "notice_level": self._notice_level,
+                "notices": list(self._notices) if self._notices else None,
+            }
+
+    @classmethod
+    def resume(cls, state: Mapping[str, Any], limits: Limits | None = None, *,
+               clock: Clock | None = None, trace: str = "counts", **limit_fields: Any) -> Budget:
+        """A run that continues from *state*: nothing is reset (S4-4). The saved and the given
+        limits combine by minimum; with suspend, windows start fresh and totals stay frozen
+        (S3-1). A state that lacks a field or has another version is refused unchanged (S4-5)."""
+        saved = _read_state(state)
+        run = cls(Limits.from_json(saved["limits"]) & _combine(limits, None, limit_fields),
+                  clock=clock, name=saved["name"], suspend=saved["suspend"],
+                  totals=Limits.from_json(saved["totals"]) if saved["suspend"] else None,
+                  notices=tuple(saved["notices"]) if saved["notices"] else None,  # type: ignore[arg-type]
+                  trace=trace)
+        for kind, value in saved["counts"].items():
+            run._counts[kind_index(kind)] = value
+        run._active_before_ms = float(saved["active_ms"])
+        run._notice_level = int(saved["notice_level"])
+        if run._suspend:
+            run._base = [run._counts[i] if i in _WINDOW_KINDS else 0 for i in range(_K)]
+            run._base[RUN_MS] = run._active_before_ms
+            run._active_window_start()
+        run._arm_thresholds()
+        run._trace.add("resumed", 0.0, run._run_id, {"counts": dict(saved["counts"]),
+                                                     "active_ms": saved["active_ms"]})
+        return run
+
+    def _active_window_start(self) -> None:
+        # a fresh time window: the deadline counts from the active time already spent
+        self._base[RUN_MS] = self._active_before_ms
+
+    def __repr__(self) -> str:
+        snap = self.snapshot()
+        axes = ", ".join(f"{a.kind} {a.consumed}/{a.limit}" for a in snap.axes) or "unbounded"
+        return f"<{type(self).__name__} {self.name!r} {snap.status}: {axes}>"
+
+
+class Grant(Budget):
+    """A child grant of a run (see `Budget.grant`): its own allowances, the run's shared
+    counters, a deadline no later than its parent's, and its parent's cancellation."""
+
+    def __init__(self, parent: Budget, limits: Limits, name: str | None) -> None:
+        root = parent._root
+        self._parent = parent
+        self._root = root
+        self._lock = root._lock
+        self._clock = root._clock
+        self._limits = limits
+        self._suspend = False
+        self._totals = Limits()
+        self._base = [0] * _K
+        self._counts = [0] * _K
+        self._notices = None
+        self._notice_level = 0
+        self._active_before_ms = 0.0
+        self._init_common()
+        with self._lock:
+            self.name = name or f"{parent.name}/grant-{len(root._trace._runs)}"
+            self._run_id = root._trace.run_index(self.name)
+            self._arm_thresholds()
+            self._cap_time(parent)
+            parent._children.append(self)
+            self._stop = parent._stop
+            root._trace.add("grant", self._t_ms(), self._run_id, {
+                "parent": parent.name, "limits": limits.to_dict(),
+                "time_ms": _plain(self._thr[RUN_MS]) if self._thr[RUN_MS] != _INF else None,
+            })
+        self._start_clock()
+
+    def _cap_time(self, parent: Budget) -> None:
+        """S2-1: the effective time grant is the smaller of its own and the parent's remaining."""
+        left = parent.remaining_ms
+        if left is not None:
+            self._thr[RUN_MS] = min(self._thr[RUN_MS], left)
+
+    def _charge(self, i: int, n: float, target: str | None) -> None:
+        root = self._root
+        with self._lock:
+            err = None
+            if self._stop is not None:
+                err = self._stop.signal()
+            elif self._counts[i] + n > self._thr[i]:
+                err = self._refuse(self, i, n, target, scope="grant")
+            elif root._counts[i] + n > root._thr[i] or root._stop is not None:
+                err = root._refusal(i, n, target)
+            else:
+                self._counts[i] += n
+                root._commit(i, n, target, self._run_id)
+        if err is not None:
+            raise err
+
+    def _check_many(self, items: list[tuple[int, float]], target: str | None) -> Any:
+        for i, n in items:
+            if self._stop is not None:
+                return self._stop.signal()
+            if self._counts[i] + n > self._thr[i]:
+                return self._refuse(self, i, n, target, scope="grant")
+        return self._root._check_many(items, target)
+
+    def _commit(self, i: int, n: float, target: str | None, run_id: int) -> None:
+        self._counts[i] += n
+        self._root._commit(i, n, target, run_id)
+
+    def _remaining_locked(self, i: int) -> float:
+        return min(super()._remaining_locked(i), self._root._remaining_locked(i))
+
+    def state(self) -> dict[str, Any]:
+        raise ConfigError(f"{self.name} is a grant; take the state of its run")
+
+
+def budget(limits: Limits | None = None, **kwargs: Any) -> Budget:
+    """A new run; the same arguments as `Budget`."""
+    return Budget(limits, **kwargs)
+
+
+# -- helpers --------------------------------------------------------------------------------
+def _combine(limits: Limits | None, time: int | str | None, fields: dict[str, Any]) -> Limits:
+    if limits is not None and not isinstance(limits, Limits):
+        raise ConfigError(f"limits must be nb.Limits, not {type(limits).__name__}; "
+                          f"pass fields as keywords (steps=10) or use Limits.from_json")
+    unknown = [k for k in fields if k not in KIND_INDEX]
+    if unknown:
+        raise ConfigError(f"unknown limit {unknown[0]!r}; known limits are "
+                          f"{', '.join(KIND_INDEX)} (and time=)")
+    out = (limits or Limits()) & Limits(**fields)
+    if time is not None:
+        ms = parse_duration(time, field="time")
+        if ms == 0:
+            raise ConfigError("time=0 is not a time grant; use None for no time grant")
+        out = out & Limits(run_ms=ms)
+    return out
+
+
+def _amount(kind: str, n: object) -> float:
+    if isinstance(n, bool) or not isinstance(n, (int, float)) or not n >= 0 or n == _INF:
+        raise ConfigError(f"charge({kind!r}, {n!r}): the amount must be a finite number >= 0")
+    if KINDS[KIND_INDEX[kind]].integral and not float(n).is_integer():
+        raise ConfigError(f"charge({kind!r}, {n!r}): {kind} are counted in whole numbers")
+    return n
+
+
+def _check_totals(totals: Limits | None, suspend: bool) -> Limits:
+    if totals is None:
+        return Limits()
+    if not isinstance(totals, Limits):
+        raise ConfigError(f"totals must be nb.Limits, not {type(totals).__name__}")
+    if not suspend:
+        raise ConfigError("totals= only applies with suspend=True (whole-run totals over windows)")
+    return totals
+
+
+def _check_notices(notices: object) -> tuple[float, float] | None:
+    if notices is None or notices is False:
+        return None
+    if (not isinstance(notices, (tuple, list)) or len(notices) != 2
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in notices)):
+        raise ConfigError(f"notices={notices!r}: give two thresholds (first, second), or None")
+    first, second = float(notices[0]), float(notices[1])
+    if not (0 < first <= second <= 1):
+        raise ConfigError(f"notices={notices!r}: each threshold must be in (0, 1] and "
+                          f"first <= second, e.g. (0.8, 0.95)")
+    return first, second
+
+
+def _trace_mode(mode: object) -> bool:
+    if mode not in ("counts", "full"):
+        raise ConfigError(f"trace={mode!r}: use 'counts' (the default) or 'full'")
+    return mode == "full"
+
+
+def _outcome_of(exc: BaseException, output: Any) -> Outcome:
+    if isinstance(exc, BudgetExceeded):
+        return Outcome(Status.FAILED, "budget-cut", exc.kind, exc.code, str(exc), output)
+    if isinstance(exc, BudgetCut):
+        return Outcome(Status.FAILED, "budget-cut", exc.by, "BudgetCut", str(exc), output)
+    if isinstance(exc, Cancelled):
+        return Outcome(Status.STOPPED, "user", None, "Stopped", str(exc))
+    if isinstance(exc, KeyboardInterrupt):
+        return Outcome(Status.STOPPED, "interrupt", None, "KeyboardInterrupt", "interrupted")
+    return Outcome(Status.FAILED, "error", None, type(exc).__name__, str(exc), output)
+
+
+def _read_state(state: object) -> Mapping[str, Any]:
+    if not isinstance(state, Mapping):
+        raise ConfigError(f"a ledger state is a mapping, not {type(state).__name__}")
+    if state.get("version") != STATE_VERSION:
+        raise ConfigError(f"ledger state version {state.get('version')!r} is not "
+                          f"{STATE_VERSION!r}; it is refused unchanged (S4-5)")
+    missing = [k for k in ("name", "limits", "totals", "suspend", "counts", "active_ms",
+                           "notice_level", "notices") if k not in state]
+    if missing:
+        raise ConfigError(f"ledger state lacks {', '.join(missing)}; it is refused unchanged")
+    return state
+
+
+def _plain(x: float) -> float:
+    if isinstance(x, float) and x.is_integer() and x != _INF:
+        return int(x)
+    return x

@@ -1,0 +1,130 @@
+"""Clocks: where time comes from, and how a deadline turns into a flag without a clock read per step.
+
+A `Clock` gives monotonic milliseconds (``now_ms``) and runs a callback at a time (``call_at``).
+Runs arm one callback per deadline, so the hot path (``step()``, ``charge()``) only reads a flag.
+`MonotonicClock` runs its callbacks on one timer thread, ``nbbudget-timer``, which starts when
+something is scheduled and ends when nothing is left. ``nbbudget.testing.FakeClock`` runs them in
+the thread that advances it, so tests never sleep.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+__all__ = ["Clock", "MonotonicClock", "Scheduled", "default_clock"]
+
+
+class Scheduled:
+    """A callback scheduled on a clock; `cancel()` is idempotent and safe from any thread."""
+
+    __slots__ = ("callback", "cancelled", "when_ms")
+
+    def __init__(self, when_ms: float, callback: Callable[[], object]) -> None:
+        self.when_ms = when_ms
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Clock(Protocol):
+    """What a run needs from time."""
+
+    def now_ms(self) -> float:
+        """Monotonic milliseconds; only differences mean anything."""
+
+    def call_at(self, when_ms: float, callback: Callable[[], object]) -> Scheduled:
+        """Run *callback* (which must not block) once `now_ms()` reaches *when_ms*."""
+
+    def wait(self, event: threading.Event, until_ms: float | None) -> bool:
+        """Block until *event* is set or the clock reaches *until_ms*; return ``event.is_set()``."""
+
+
+class _Timers:
+    """A heap of scheduled callbacks; the base of both clocks."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Scheduled]] = []
+        self._seq = itertools.count()
+
+    def _push(self, when_ms: float, callback: Callable[[], object]) -> Scheduled:
+        item = Scheduled(when_ms, callback)
+        heapq.heappush(self._heap, (when_ms, next(self._seq), item))
+        return item
+
+    def _pop_due(self, now: float) -> list[Scheduled]:
+        due = []
+        heap = self._heap
+        while heap and (heap[0][2].cancelled or heap[0][0] <= now):
+            item = heapq.heappop(heap)[2]
+            if not item.cancelled:
+                due.append(item)
+        return due
+
+    def _next_ms(self) -> float | None:
+        heap = self._heap
+        while heap and heap[0][2].cancelled:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+
+class MonotonicClock(_Timers):
+    """The real clock: `time.monotonic_ns`, with callbacks run on the ``nbbudget-timer`` thread.
+
+    The thread starts on demand and ends as soon as nothing is scheduled, so an idle process
+    holds no thread. Callbacks must be short and must not block: they set flags and events.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cond = threading.Condition(threading.Lock())
+        self._thread: threading.Thread | None = None
+
+    def now_ms(self) -> float:
+        return time.monotonic_ns() / 1e6
+
+    def call_at(self, when_ms: float, callback: Callable[[], object]) -> Scheduled:
+        with self._cond:
+            item = self._push(when_ms, callback)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="nbbudget-timer", daemon=True
+                )
+                self._thread.start()
+            elif self._heap[0][2] is item:
+                self._cond.notify()
+        return item
+
+    def wait(self, event: threading.Event, until_ms: float | None) -> bool:
+        if until_ms is None:
+            return event.wait()
+        return event.wait(max(0.0, until_ms - self.now_ms()) / 1000)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                next_ms = self._next_ms()
+                if next_ms is None:
+                    self._thread = None
+                    return
+                delay = next_ms - self.now_ms()
+                if delay > 0:
+                    self._cond.wait(delay / 1000)
+                    continue
+                due = self._pop_due(self.now_ms())
+            for item in due:
+                item.callback()
+
+
+_DEFAULT = MonotonicClock()
+
+
+def default_clock() -> MonotonicClock:
+    """The process-wide real clock."""
+    return _DEFAULT

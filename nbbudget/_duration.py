@@ -1,0 +1,51 @@
+"""Durations: ``2000``, ``"2000"``, ``"250ms"``, ``"5s"``, ``"1.5s"``, ``"2m"``, ``"1h"``."""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+from ._errors import ConfigError
+
+__all__ = ["parse_duration"]
+
+_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "": 1}
+_PATTERN = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|)")
+_MAX_MS = 2**53 - 1
+
+
+def parse_duration(value: object, *, field: str = "duration") -> int:
+    """Return the duration *value* in whole milliseconds.
+
+    Accepts a non-negative ``int`` (milliseconds) or a string: digits (milliseconds), or a number
+    with one of the units ``ms``, ``s``, ``m``, ``h``. Anything else raises `ConfigError` naming
+    the value.
+
+    >>> parse_duration("1.5s")
+    1500
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigError(
+            f"{field}={value!r} is not a duration; use milliseconds as an int or a string "
+            f"such as '250ms', '5s', '1.5s', '2m' or '1h'"
+        )
+    if isinstance(value, int):
+        ms: Fraction = Fraction(value)
+    else:
+        match = _PATTERN.fullmatch(value.strip().lower())
+        if match is None:
+            raise ConfigError(
+                f"{field}={value!r} is not a duration; write a number with a unit: "
+                f"'250ms', '5s', '1.5s', '2m', '1h' (a bare number means milliseconds)"
+            )
+        ms = Fraction(match.group(1)) * _UNITS[match.group(2)]
+    if ms < 0:
+        raise ConfigError(f"{field}={value!r} is negative; a duration is 0 or more milliseconds")
+    if ms.denominator != 1:
+        raise ConfigError(
+            f"{field}={value!r} is not a whole number of milliseconds; round it, e.g. "
+            f"'{round(ms)}ms'"
+        )
+    if ms > _MAX_MS:
+        raise ConfigError(f"{field}={value!r} is too large; the most is {_MAX_MS} ms")
+    return int(ms)

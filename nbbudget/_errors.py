@@ -1,0 +1,114 @@
+"""The exceptions nbbudget raises.
+
+Every error keeps its data as attributes and builds its message from them::
+
+    Exception
+     +-- BudgetError                 anything a budget stopped
+     |    +-- BudgetExceeded         a charge was refused (S4-3, S4-8); nothing was spent
+     |    +-- BudgetCut              work was cut: time grant spent, silent tool, failed stream (S2-4)
+     |    +-- Cancelled              the run was stopped by a person or by its wall-clock limit
+     +-- ValueError
+          +-- ConfigError            a bad value: a limit, a duration, a manifest (S3-4)
+               +-- WideningError     a later source tried to widen a limit (S4-2)
+
+Code inside a run that catches ``Exception`` does not swallow a stop: the run unwinds with an
+internal signal derived from ``BaseException`` and turns it into one of the errors above when it
+leaves its ``with`` block (as trio does with ``Cancelled``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._outcome import Outcome
+
+__all__ = [
+    "BudgetCut",
+    "BudgetError",
+    "BudgetExceeded",
+    "Cancelled",
+    "ConfigError",
+    "WideningError",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid: the message names the field, the value and the fix."""
+
+
+class WideningError(ConfigError):
+    """A later source would widen a limit that an earlier source set (S4-2)."""
+
+    def __init__(self, field: str, current: Any, requested: Any) -> None:
+        self.field = field
+        self.current = current
+        self.requested = requested
+        super().__init__(
+            f"{field}={requested!r} would widen the limit {field}={current!r} already in force; "
+            f"a later source may only restrict a limit, so use a value <= {current!r}"
+        )
+
+
+class BudgetError(Exception):
+    """Base class of every error that means a budget stopped work."""
+
+    outcome: Outcome | None = None
+
+
+class BudgetExceeded(BudgetError):
+    """A charge was refused before anything was spent; the counters are as they were."""
+
+    def __init__(
+        self, kind: str, limit: float, consumed: float, requested: float = 1,
+        target: str | None = None, code: str = "", scope: str = "run",
+    ) -> None:
+        self.kind = kind
+        self.limit = limit
+        self.consumed = consumed
+        self.requested = requested
+        self.target = target
+        self.code = code
+        self.scope = scope
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        what = f"{self.kind} for {self.target}" if self.target else self.kind
+        owner = "this grant's" if self.scope == "grant" else "the run's"
+        return (
+            f"{what} would exceed {owner} limit of {_num(self.limit)} ({_num(self.consumed)} used, "
+            f"{_num(self.requested)} more requested); raise the limit or do less work"
+        )
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.kind, self.limit, self.consumed, self.requested,
+                             self.target, self.code, self.scope))
+
+
+class BudgetCut(BudgetError):
+    """Work was cut: its time ran out (``by='timeout'``), a tool went silent (``'watchdog'``),
+    a stream failed after content (``'stream-error'``), or a limit ran out (the limit's kind)."""
+
+    def __init__(self, by: str, message: str) -> None:
+        self.by = by
+        super().__init__(message)
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.by, str(self)))
+
+
+class Cancelled(BudgetError):
+    """The run was stopped: by ``cancel()`` (status ``stopped``) or its wall clock (``cancelled``)."""
+
+    def __init__(self, message: str, reason: Any = None) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+    def __reduce__(self) -> Any:
+        return (type(self), (str(self), self.reason))
+
+
+def _num(v: float) -> str:
+    if isinstance(v, float) and not v.is_integer():
+        return f"{v:.6g}"
+    return str(int(v))

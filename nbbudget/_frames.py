@@ -1,0 +1,87 @@
+"""pandas views of runs and traces; pandas is imported only here, when a frame is asked for."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from ._kinds import KINDS
+
+if TYPE_CHECKING:
+    from ._budget import Snapshot
+    from ._trace import Trace
+
+__all__ = ["plot_trace", "trace_frame", "usage_frame"]
+
+
+def usage_frame(snap: Snapshot) -> pd.DataFrame:
+    """One row per armed axis, indexed by kind: limit, consumed, remaining, fraction."""
+    rows = [(a.kind, a.limit, a.consumed, a.remaining, a.fraction) for a in snap.axes]
+    frame = pd.DataFrame(rows, columns=["kind", "limit", "consumed", "remaining", "fraction"])
+    return frame.set_index("kind")
+
+
+def trace_frame(trace: Trace) -> pd.DataFrame:
+    """The events of *trace*, built column-wise from its arrays (fast for millions of rows)."""
+    from ._trace import EVENT_KINDS
+
+    n = len(trace)
+    codes = np.frombuffer(trace._code, dtype=np.uint8) if n else np.zeros(0, np.uint8)
+    refs = np.frombuffer(trace._ref, dtype=np.int32) if n else np.zeros(0, np.int32)
+    runs = np.frombuffer(trace._run, dtype=np.uint16) if n else np.zeros(0, np.uint16)
+    charge = codes == 0
+    kind_codes = np.full(n, -1, dtype=np.int16)
+    bare = charge & (refs < 0)
+    kind_codes[bare] = -1 - refs[bare]
+    payload = np.full(n, None, dtype=object)
+    names = [k.name for k in KINDS]
+    for i in np.flatnonzero(~bare):
+        p = trace._payloads[refs[i]]
+        if charge[i]:
+            kind_codes[i] = names.index(p["budget_kind"])
+        else:
+            payload[i] = p
+            if "budget_kind" in p and p["budget_kind"] in names:
+                kind_codes[i] = names.index(p["budget_kind"])
+    return pd.DataFrame({
+        "t_ms": np.frombuffer(trace._t, dtype=np.float64) if n else np.zeros(0),
+        "kind": pd.Categorical.from_codes(codes.astype(np.int16), categories=list(EVENT_KINDS)),
+        "run": pd.Categorical.from_codes(runs.astype(np.int32), categories=_unique(trace._runs)),
+        "budget_kind": pd.Categorical.from_codes(kind_codes, categories=names),
+        "amount": np.frombuffer(trace._amount, dtype=np.float64) if n else np.zeros(0),
+        "payload": payload,
+    })
+
+
+def _unique(names: list[str]) -> list[str]:
+    # run names may repeat (two grants with one name); keep categories unique by suffixing
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        k = seen.get(name, 0)
+        seen[name] = k + 1
+        out.append(name if k == 0 else f"{name}#{k}")
+    return out
+
+
+def plot_trace(trace: Trace, ax: Any = None) -> Any:
+    """Cumulative consumption per axis over time, against each limit; refusals marked."""
+    import matplotlib.pyplot as plt
+
+    frame = trace_frame(trace)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.5))
+    charges = frame[frame["kind"] == "consumed"]
+    for kind, rows in charges.groupby("budget_kind", observed=True):
+        limit = trace.limits.get(str(kind))
+        used = rows["amount"].cumsum()
+        ax.step(rows["t_ms"], used / limit if limit else used, where="post", label=str(kind))
+    refusals = frame[frame["kind"] == "dispatch_refused_budget_exceeded"]
+    ax.scatter(refusals["t_ms"], [1.0] * len(refusals), marker="x", color="red", label="refused")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("t (ms)")
+    ax.set_ylabel("consumed / limit")
+    ax.legend(loc="best", fontsize="small")
+    return ax

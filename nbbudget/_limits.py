@@ -1,0 +1,225 @@
+"""What a run is allowed: `Limits` (frozen) and the manifest that may declare them (S2-8, S4-1, S4-2)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ._errors import ConfigError, WideningError
+from ._kinds import KIND_INDEX, KINDS
+
+__all__ = ["MANIFEST_VERSION", "MAX_INT", "Limits", "Manifest"]
+
+MAX_INT = 2**53 - 1
+MANIFEST_VERSION = "nbbudget-manifest-v1"
+
+
+def check_limit(field: str, value: object) -> int | float | None:
+    """Validate one limit value (S3-4, S4-1) and return it; `None` means unbounded."""
+    if value is None:
+        return None
+    integral = KINDS[KIND_INDEX[field]].integral
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(
+            f"{field}={value!r} is not a number; use a positive "
+            f"{'integer' if integral else 'number'}, or None for no limit"
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{field}={value!r} is not finite; use None for no limit")
+    if integral and isinstance(value, float):
+        if not value.is_integer():
+            raise ConfigError(f"{field}={value!r} is not a whole number; use an integer")
+        value = int(value)
+    if value <= 0:
+        raise ConfigError(
+            f"{field}={value!r} must be greater than 0; use None for no limit"
+        )
+    if value > MAX_INT:
+        raise ConfigError(f"{field}={value!r} is too large; the most is {MAX_INT}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Ceilings for a whole run, shared by everything inside it. ``None`` means unbounded.
+
+    Integers are strictly positive and at most 2**53 - 1; ``cost_usd`` is a positive finite
+    number (S4-1). Combine sources with ``a & b`` (field-wise minimum) or ``a.restrict(b)``,
+    which refuses to widen (S4-2).
+    """
+
+    run_ms: int | None = None
+    steps: int | None = None
+    tool_calls: int | None = None
+    agent_invocations: int | None = None
+    provider_calls: int | None = None
+    turns: int | None = None
+    tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: float | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            object.__setattr__(self, f.name, check_limit(f.name, getattr(self, f.name)))
+
+    # -- construction ---------------------------------------------------------------------
+    @classmethod
+    def from_json(cls, source: str | bytes | Mapping[str, Any]) -> Limits:
+        """Limits from a JSON text or a mapping; keys are field names, bare or with ``max_``."""
+        if isinstance(source, (str, bytes)):
+            try:
+                source = json.loads(source)
+            except ValueError as exc:
+                raise ConfigError(f"run limits are not valid JSON ({exc}): {source!r:.80}") from None
+        if not isinstance(source, Mapping):
+            raise ConfigError(
+                f"run limits must be a JSON object such as {{\"max_steps\": 100}}, "
+                f"not {type(source).__name__}"
+            )
+        values: dict[str, Any] = {}
+        for key, value in source.items():
+            name = _field_name(key)
+            if name in values:
+                raise ConfigError(f"run limits set {name} twice ({key!r}); keep one of them")
+            values[name] = value
+        return cls(**values)
+
+    @classmethod
+    def from_manifest(cls, path: str | os.PathLike[str]) -> Limits:
+        """The run limits of a manifest file (see `Manifest.load`)."""
+        return Manifest.load(path).limits
+
+    # -- combination ----------------------------------------------------------------------
+    def __and__(self, other: Limits) -> Limits:
+        if not isinstance(other, Limits):
+            return NotImplemented
+        return Limits(**{name: _min(a, b) for name, a, b in self._pairs(other)})
+
+    def restrict(self, other: Limits) -> Limits:
+        """The minimum of both; raises `WideningError` when *other* would widen a set field."""
+        if not isinstance(other, Limits):
+            raise ConfigError(f"restrict() takes Limits, not {type(other).__name__}")
+        for name, mine, theirs in self._pairs(other):
+            if mine is not None and theirs is not None and theirs > mine:
+                raise WideningError(name, mine, theirs)
+        return self & other
+
+    def _pairs(self, other: Limits) -> Iterator[tuple[str, Any, Any]]:
+        for f in fields(self):
+            yield f.name, getattr(self, f.name), getattr(other, f.name)
+
+    # -- reading --------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, int | float]:
+        """The fields that are set, by bare name."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    def replace(self, **changes: Any) -> Limits:
+        """A copy with *changes* applied (validated)."""
+        return dataclasses.replace(self, **changes)
+
+    def __bool__(self) -> bool:
+        return bool(self.to_dict())
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items())
+        return f"Limits({inner})"
+
+
+def _min(a: Any, b: Any) -> Any:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+def _field_name(key: object) -> str:
+    if isinstance(key, str):
+        name = key[4:] if key.startswith("max_") else key
+        if name in KIND_INDEX:
+            return name
+    known = ", ".join(f"max_{k.name}" for k in KINDS)
+    raise ConfigError(f"unknown run limit {key!r}; known limits are {known} (the max_ is optional)")
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """A manifest file: ``{"manifest_version": "nbbudget-manifest-v1", "run_limits": {...}}``,
+    optionally with the runtime's two ceilings (S2-8): ``"turn": {"wallClock": ms, "under": ms}``
+    and ``"transport": {"envelopeBytes": n}``; a manifest that declares one declares both."""
+
+    limits: Limits = Limits()
+    wall_clock_ms: int | None = None
+    under_ms: int | None = None
+    envelope_bytes: int | None = None
+    path: str | None = None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Manifest:
+        """Read and check the manifest at *path*; every problem is a `ConfigError` naming it."""
+        where = os.fspath(path)
+        try:
+            with open(where, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise ConfigError(f"cannot read manifest {where!r}: {exc.strerror}") from None
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"manifest {where!r} is not valid JSON: {exc}") from None
+        try:
+            return cls.from_mapping(data, path=where)
+        except ConfigError as exc:
+            if where in str(exc):
+                raise
+            raise ConfigError(f"manifest {where!r}: {exc}") from None
+
+    @classmethod
+    def from_mapping(cls, data: object, *, path: str | None = None) -> Manifest:
+        if not isinstance(data, Mapping):
+            raise ConfigError("a manifest must be a JSON object")
+        version = data.get("manifest_version")
+        if version != MANIFEST_VERSION:
+            raise ConfigError(
+                f"manifest_version is {version!r}; this nbbudget reads {MANIFEST_VERSION!r}"
+            )
+        unknown = set(data) - {"manifest_version", "run_limits", "turn", "transport", "bindings"}
+        if unknown:
+            raise ConfigError(f"unknown manifest entries {sorted(unknown)}")
+        limits = Limits.from_json(data.get("run_limits", {}))
+        turn, transport = data.get("turn"), data.get("transport")
+        if (turn is None) != (transport is None):
+            missing = "transport.envelopeBytes" if transport is None else "turn.wallClock"
+            raise ConfigError(
+                f"the manifest declares one runtime ceiling but not {missing}; "
+                f"declare both turn.wallClock and transport.envelopeBytes, or neither"
+            )
+        if turn is None:
+            return cls(limits, path=path)
+        wall = _entry(turn, "turn", "wallClock", required=True)
+        under = _entry(turn, "turn", "under", required=False)
+        envelope = _entry(transport, "transport", "envelopeBytes", required=True)
+        if under is not None and wall >= under:
+            raise ConfigError(
+                f"turn.wallClock={wall} must sit below turn.under={under} (the platform limit), "
+                f"so the run answers before the platform kills it; lower wallClock"
+            )
+        return cls(limits, wall, under, envelope, path)
+
+
+def _entry(section: object, name: str, key: str, *, required: bool) -> Any:
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"manifest entry {name!r} must be an object with {key!r}")
+    value = section.get(key)
+    if value is None:
+        if required:
+            raise ConfigError(f"manifest entry {name}.{key} is missing; it is required")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_INT:
+        raise ConfigError(f"{name}.{key}={value!r} must be a positive integer")
+    return value

@@ -1,0 +1,167 @@
+"""Tools: calls that reserve a permit, run on a worker thread, and are cut when the run's time
+runs out (S2-6) or when they go silent past ``max_silence`` (S2-5). The caller is freed at the
+cut even when the tool ignores its signal (S2-7); the abandoned thread is named in the trace and
+stops at its next ``ctx`` call, if it ever makes one.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ._clock import Scheduled
+from ._duration import parse_duration
+from ._errors import BudgetCut, ConfigError
+from ._kinds import TOOL_CALLS
+
+if TYPE_CHECKING:
+    from ._budget import Budget, _Stop
+
+__all__ = ["ToolContext", "make_tool"]
+
+
+class ToolContext:
+    """What a tool sees: ``signal`` (a `threading.Event` set when the call is cut),
+    `progress` (the heartbeat) and `check` (raise if cut)."""
+
+    def __init__(self, run: Budget, name: str, thread_name: str) -> None:
+        self.run = run
+        self.name = name
+        self.thread_name = thread_name
+        self.signal = threading.Event()
+        self.cut_by: str | None = None
+        self.last_beat_ms = run._clock.now_ms()
+
+    def progress(self, data: Any = None) -> None:
+        """Report progress: emits a ``progress`` event and resets the silence window (S2-5)."""
+        self.check()
+        run = self.run
+        self.last_beat_ms = run._clock.now_ms()
+        with run._lock:
+            run._root._trace.add("progress", run._t_ms(), run._run_id,
+                                 {"tool": self.name, "data": data})
+
+    def check(self) -> None:
+        """Raise `BudgetCut` if this call has been cut; well-behaved tools call it in loops."""
+        if self.signal.is_set():
+            raise BudgetCut(self.cut_by or "timeout", f"tool {self.name} was cut by {self.cut_by}")
+
+    def _cut(self, by: str) -> bool:
+        if self.signal.is_set():
+            return False
+        self.cut_by = by
+        self.signal.set()
+        return True
+
+
+def make_tool(run: Budget, fn: Callable[..., Any], name: str | None,
+              max_silence: int | str | None) -> Callable[..., Any]:
+    if not callable(fn):
+        raise ConfigError(f"tool() decorates a function, not {fn!r}")
+    tool_name = name or getattr(fn, "__name__", "tool")
+    silence = None if max_silence is None else parse_duration(max_silence, field="max_silence")
+    if silence == 0:
+        raise ConfigError("max_silence=0 would cut every call at once; use None for no watchdog")
+    wants_ctx = "ctx" in inspect.signature(fn).parameters
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        run._charge(TOOL_CALLS, 1, f"tool:{tool_name}")
+        run.check()
+        return _ToolCall(run, tool_name, silence).run(fn, args, kwargs, wants_ctx)
+
+    call.max_silence_ms = silence  # type: ignore[attr-defined]
+    return call
+
+
+class _ToolCall:
+    """One call of a tool: a worker thread, a wake-up event, and the ways it can be cut."""
+
+    def __init__(self, run: Budget, name: str, silence_ms: int | None) -> None:
+        self.run = run
+        self.silence_ms = silence_ms
+        self.thread_name = f"nbbudget-tool-{name}-{next(run._root._tool_seq)}"
+        self.ctx = ToolContext(run, name, self.thread_name)
+        self.wake = threading.Event()
+        self.done = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.timer: Scheduled | None = None
+
+    def run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+            wants_ctx: bool) -> Any:
+        if wants_ctx:
+            kwargs = {**kwargs, "ctx": self.ctx}
+        context = contextvars.copy_context()
+        thread = threading.Thread(target=context.run, args=(self._work, fn, args, kwargs),
+                                  name=self.thread_name, daemon=True)
+        self.run_stop = self._on_run_stop
+        self.run._add_listener(self.run_stop)
+        self._arm_watchdog()
+        thread.start()
+        try:
+            self.run._clock.wait(self.wake, None)
+        finally:
+            self.run._remove_listener(self.run_stop)
+            if self.timer is not None:
+                self.timer.cancel()
+        return self._finish(thread)
+
+    def _work(self, fn: Callable[..., Any], args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> None:
+        try:
+            self.result = fn(*args, **kwargs)
+        except BaseException as exc:  # kept and re-raised in the caller
+            self.error = exc
+        finally:
+            self.done = True
+            self.wake.set()
+
+    def _finish(self, thread: threading.Thread) -> Any:
+        if self.done:
+            if self.error is not None:
+                raise self.error
+            return self.result
+        by = self.ctx.cut_by or "timeout"
+        run = self.run
+        with run._lock:
+            run._root._trace.add("tool_abandoned", run._t_ms(), run._run_id, {
+                "tool": self.ctx.name, "thread": self.thread_name, "by": by,
+            })
+        stop = run._stop
+        if stop is not None:
+            raise stop.signal()
+        raise BudgetCut(by, f"tool {self.ctx.name} was silent for more than {self.silence_ms} ms "
+                            f"and was cut by the watchdog; call ctx.progress() more often or "
+                            f"raise max_silence")
+
+    def _on_run_stop(self, stop: _Stop) -> None:
+        if self.ctx._cut(stop.by or stop.status.value):
+            self.wake.set()
+
+    def _arm_watchdog(self) -> None:
+        if self.silence_ms is None:
+            return
+        self.timer = self.run._clock.call_at(self.ctx.last_beat_ms + self.silence_ms,
+                                             self._on_silence)
+
+    def _on_silence(self) -> None:
+        if self.done:
+            return
+        run = self.run
+        silent_for = run._clock.now_ms() - self.ctx.last_beat_ms
+        assert self.silence_ms is not None
+        if silent_for < self.silence_ms:
+            self._arm_watchdog()
+            return
+        if self.ctx._cut("watchdog"):
+            with run._lock:
+                run._root._trace.add("watchdog_cut", run._t_ms(), run._run_id, {
+                    "tool": self.ctx.name, "silent_ms": round(silent_for, 3),
+                    "max_silence_ms": self.silence_ms,
+                })
+            self.wake.set()

@@ -1,0 +1,314 @@
+"""The trace: every budget event of a run, stored compactly (S4-8, S4-9).
+
+By default a successful charge is only counted; ``trace="full"`` stores each one as an event
+(about 23 bytes each, in parallel arrays) so the trace can be replayed under other limits.
+Refusals, notices, progress, cuts and outcomes are always stored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from array import array
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ._errors import ConfigError
+from ._files import atomic_write
+from ._kinds import KIND_INDEX, KINDS, RUN_MS
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ._limits import Limits
+
+__all__ = ["TRACE_FORMAT", "Event", "Replay", "Trace"]
+
+TRACE_FORMAT = "nbbudget-trace-v1"
+CONSUMED = "consumed"
+REFUSED = "dispatch_refused_budget_exceeded"
+#: event kinds, by code; charge events use the code 0 (``consumed``)
+EVENT_KINDS: tuple[str, ...] = (
+    CONSUMED, REFUSED, "approach_notice", "progress", "watchdog_cut", "tool_abandoned",
+    "cancelled", "cut", "suspended", "resumed", "detached", "checkpoint_saved", "outcome",
+    "grant", "pause", "unpause",
+)
+_CODE = {k: i for i, k in enumerate(EVENT_KINDS)}
+_STAT_NAMES = ("checks", "consumptions", "consumed", "refusals")
+
+
+class Event(NamedTuple):
+    """One trace event: its ``kind``, its ``payload`` (a dict) and ``t_ms`` since the run began."""
+
+    kind: str
+    payload: dict[str, Any]
+    t_ms: float
+
+
+class Trace:
+    """The events of one run and all its grants.
+
+    Live traces read the run's counters for `summary()`; loaded traces keep the counters that
+    were saved. Appends happen under the run's lock.
+    """
+
+    def __init__(self, *, full: bool = False, name: str | None = None) -> None:
+        self.full = full
+        self.name = name
+        self._code = array("B")
+        self._t = array("d")
+        self._amount = array("d")
+        self._ref = array("i")
+        self._run = array("H")
+        self._payloads: list[dict[str, Any]] = []
+        self._runs: list[str] = []
+        self._stats_source: Any = None
+        self._saved_stats: dict[str, dict[str, float]] | None = None
+        self.limits: dict[str, float] = {}
+        self.outcome: dict[str, Any] | None = None
+
+    # -- recording (called under the run's lock) -------------------------------------------
+    def run_index(self, name: str) -> int:
+        self._runs.append(name)
+        return len(self._runs) - 1
+
+    def add(self, kind: str, t_ms: float, run: int, payload: dict[str, Any]) -> None:
+        self._payloads.append(payload)
+        self._append(_CODE[kind], t_ms, 0.0, len(self._payloads) - 1, run)
+
+    def add_charge(self, kind_index: int, amount: float, t_ms: float, run: int,
+                   target: str | None) -> None:
+        if target is None:
+            ref = -1 - kind_index
+        else:
+            self._payloads.append({"budget_kind": KINDS[kind_index].name, "target": target})
+            ref = len(self._payloads) - 1
+        self._append(0, t_ms, amount, ref, run)
+
+    def _append(self, code: int, t_ms: float, amount: float, ref: int, run: int) -> None:
+        self._code.append(code)
+        self._t.append(t_ms)
+        self._amount.append(amount)
+        self._ref.append(ref)
+        self._run.append(run)
+
+    # -- reading --------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._code)
+
+    def _event(self, i: int) -> Event:
+        code, ref = self._code[i], self._ref[i]
+        if code == 0:
+            if ref < 0:
+                payload: dict[str, Any] = {"budget_kind": KINDS[-1 - ref].name}
+            else:
+                payload = dict(self._payloads[ref])
+            payload["amount"] = _plain(self._amount[i])
+            payload["run"] = self._runs[self._run[i]]
+        else:
+            payload = self._payloads[ref]
+        return Event(EVENT_KINDS[code], payload, self._t[i])
+
+    def __iter__(self) -> Iterator[Event]:
+        return (self._event(i) for i in range(len(self)))
+
+    @property
+    def events(self) -> list[Event]:
+        """Every event, oldest first."""
+        return list(self)
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Counts per budget kind: ``checks``, ``consumptions``, ``consumed`` and ``refusals``."""
+        if self._stats_source is not None:
+            return dict(self._stats_source())
+        return self._saved_stats or {name: {} for name in _STAT_NAMES}
+
+    def summary(self) -> dict[str, Any]:
+        """What S4-9 asks of a trace: budget checks, consumptions and refusals, by kind."""
+        stats = self.stats()
+        kinds = sorted(
+            set().union(*(stats[n] for n in _STAT_NAMES)), key=lambda k: KIND_INDEX.get(k, 99)
+        )
+        events = Counter(EVENT_KINDS[c] for c in self._code)
+        return {
+            "run": self.name,
+            "mode": "full" if self.full else "counts",
+            "checks": sum(stats["checks"].values()),
+            "consumptions": sum(stats["consumptions"].values()),
+            "refusals": sum(stats["refusals"].values()),
+            "kinds": kinds,
+            "by_kind": {k: {n: stats[n].get(k, 0) for n in _STAT_NAMES} for k in kinds},
+            "limits": dict(self.limits),
+            "events": dict(events),
+            "outcome": self.outcome,
+        }
+
+    def to_frame(self) -> pd.DataFrame:
+        """The events as a pandas DataFrame: ``t_ms``, ``kind``, ``run``, ``budget_kind``,
+        ``amount`` and ``payload`` (charges carry no payload dict, so a million rows is cheap)."""
+        from ._frames import trace_frame
+
+        return trace_frame(self)
+
+    def replay(self, limits: Limits) -> Replay:
+        """Where this run's charges would have been refused under *limits* (run-wide ceilings).
+
+        Exact for a trace recorded with ``trace="full"``; from totals only otherwise, and then
+        `Replay.exact` is false and no event index is given.
+        """
+        from ._limits import Limits as _Limits
+
+        if not isinstance(limits, _Limits):
+            raise ConfigError(f"replay() takes nb.Limits, not {type(limits).__name__}")
+        return _replay_full(self, limits) if self.full else _replay_totals(self, limits)
+
+    def plot(self, **kwargs: Any) -> Any:
+        """Consumption over time for each axis against its limit (needs matplotlib)."""
+        from ._frames import plot_trace
+
+        return plot_trace(self, **kwargs)
+
+    # -- files ------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": TRACE_FORMAT,
+            "run": self.name,
+            "mode": "full" if self.full else "counts",
+            "limits": self.limits,
+            "stats": self.stats(),
+            "outcome": self.outcome,
+            "runs": list(self._runs),
+            "events": {
+                "code": [EVENT_KINDS[c] for c in self._code],
+                "t_ms": list(self._t),
+                "amount": [_plain(a) for a in self._amount],
+                "ref": list(self._ref),
+                "run": list(self._run),
+                "payloads": self._payloads,
+            },
+        }
+
+    def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> None:
+        """Write the trace as versioned JSON (atomically, mode 0600). An existing file is only
+        replaced with ``overwrite=True``."""
+        data = json.dumps(self.to_json(), separators=(",", ":"), default=str).encode()
+        atomic_write(path, data, overwrite=overwrite)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Trace:
+        """Read a trace written by `save`; a missing, malformed or foreign file is a
+        `ConfigError` that says which and where."""
+        where = os.fspath(path)
+        try:
+            with open(where, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"no trace file at {where!r}") from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read trace {where!r}: {exc.strerror}") from None
+        except ValueError as exc:
+            raise ConfigError(f"trace {where!r} is not valid JSON: {exc}") from None
+        try:
+            return cls.from_json(data)
+        except ConfigError as exc:
+            raise ConfigError(f"trace {where!r}: {exc}") from None
+
+    @classmethod
+    def from_json(cls, data: object) -> Trace:
+        if not isinstance(data, Mapping) or data.get("format") != TRACE_FORMAT:
+            found = data.get("format") if isinstance(data, Mapping) else type(data).__name__
+            raise ConfigError(f"not an nbbudget trace (format {found!r}, expected {TRACE_FORMAT!r})")
+        try:
+            trace = cls(full=data["mode"] == "full", name=data.get("run"))
+            trace.limits = dict(data["limits"])
+            trace.outcome = data.get("outcome")
+            trace._saved_stats = {n: dict(data["stats"][n]) for n in _STAT_NAMES}
+            trace._runs = [str(r) for r in data["runs"]]
+            ev = data["events"]
+            trace._payloads = list(ev["payloads"])
+            columns = (ev["code"], ev["t_ms"], ev["amount"], ev["ref"], ev["run"])
+            if len({len(c) for c in columns}) != 1:
+                raise ConfigError("its event columns have different lengths")
+            trace._code = array("B", (_CODE[k] for k in ev["code"]))
+            trace._t = array("d", ev["t_ms"])
+            trace._amount = array("d", ev["amount"])
+            trace._ref = array("i", ev["ref"])
+            trace._run = array("H", ev["run"])
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(f"a field is missing or malformed ({exc!r})") from None
+        for i in range(len(trace)):
+            ref = trace._ref[i]
+            if not (-len(KINDS) <= ref < len(trace._payloads)) or trace._run[i] >= len(trace._runs):
+                raise ConfigError(f"event {i} points at a payload or run that is not there")
+        return trace
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        return (f"<Trace {self.name!r} {s['mode']}: {len(self)} events, {s['checks']} checks, "
+                f"{s['consumptions']} consumptions, {s['refusals']} refusals>")
+
+
+class Replay(NamedTuple):
+    """The result of `Trace.replay`: each charge that would have been refused."""
+
+    refusals: list[dict[str, Any]]
+    exact: bool
+
+    def __bool__(self) -> bool:
+        return bool(self.refusals)
+
+    @property
+    def first(self) -> dict[str, Any] | None:
+        return self.refusals[0] if self.refusals else None
+
+    def to_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
+        cols = ["index", "t_ms", "budget_kind", "limit_value", "consumed_value", "amount",
+                "target_ref"]
+        return pd.DataFrame(self.refusals, columns=cols)
+
+
+def _replay_full(trace: Trace, limits: Limits) -> Replay:
+    lim = [math.inf] * len(KINDS)
+    for name, value in limits.to_dict().items():
+        lim[KIND_INDEX[name]] = value
+    used = [0.0] * len(KINDS)
+    out = []
+    for i in range(len(trace)):
+        if trace._code[i] != 0:
+            continue
+        ev = trace._event(i)
+        k = KIND_INDEX[ev.payload["budget_kind"]]
+        amount = trace._amount[i]
+        time_over = trace._t[i] > lim[RUN_MS]
+        if used[k] + amount > lim[k] or time_over:
+            kind = RUN_MS if time_over and used[k] + amount <= lim[k] else k
+            out.append({
+                "index": i, "t_ms": trace._t[i], "budget_kind": KINDS[kind].name,
+                "limit_value": lim[kind],
+                "consumed_value": trace._t[i] if kind == RUN_MS else _plain(used[k]),
+                "amount": _plain(amount), "target_ref": ev.payload.get("target"),
+            })
+        else:
+            used[k] += amount
+    return Replay(out, True)
+
+
+def _replay_totals(trace: Trace, limits: Limits) -> Replay:
+    consumed = trace.stats()["consumed"]
+    out = []
+    for name, value in limits.to_dict().items():
+        used = consumed.get(name, 0)
+        if used > value:
+            out.append({"index": None, "t_ms": None, "budget_kind": name, "limit_value": value,
+                        "consumed_value": used, "amount": None, "target_ref": None})
+    return Replay(out, False)
+
+
+def _plain(x: float) -> float:
+    return int(x) if float(x).is_integer() else x
