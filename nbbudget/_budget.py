@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ._clock import Clock, Scheduled, default_clock
 from ._duration import parse_duration
 from ._errors import BudgetCut, BudgetError, BudgetExceeded, Cancelled, ConfigError
+from ._kinds import CHARGE_INDEX as _CHARGE_INDEX
 from ._kinds import KIND_INDEX, KINDS, RUN_MS, STEPS, kind_index
 from ._limits import Limits
 from ._outcome import Outcome, Status
@@ -195,7 +196,10 @@ class Budget:
         A refusal raises `BudgetExceeded`, records ``dispatch_refused_budget_exceeded`` (S4-8)
         and leaves every counter as it was.
         """
-        self._charge(kind_index(kind), _amount(kind, n), target)
+        i = _CHARGE_INDEX.get(kind) if type(kind) is str else None  # noqa: E721 - exact type
+        if i is None or type(n) is not int or n < 0:  # noqa: E721 - the fast path takes ints
+            i, n = kind_index(kind, chargeable=True), _amount(kind, n)
+        self._charge(i, n, target)
 
     def step(self) -> None:
         """Charge one step: ``charge("steps")``."""
@@ -224,7 +228,7 @@ class Budget:
         When several would exceed their limit, the refusal names the first in the attribution
         order tokens > cost > turns > calls and steps > time (S3-3).
         """
-        items = sorted(((kind_index(k), _amount(k, n)) for k, n in amounts.items()),
+        items = sorted(((kind_index(k, chargeable=True), _amount(k, n)) for k, n in amounts.items()),
                        key=lambda item: KINDS[item[0]].rank)
         with self._lock:
             err = self._check_many(items, target)
@@ -289,18 +293,18 @@ class Budget:
         root = self._root
         kind = KINDS[i]
         consumed = holder._counts[i] - holder._base[i]
-        total = holder._totals.to_dict().get(kind.name) if holder is root else None
+        total = getattr(holder._totals, kind.name) if holder is root and i != RUN_MS else None
         window_hit = root._suspend and i in _WINDOW_KINDS and holder is root and not (
             total is not None and holder._counts[i] + n > total
         )
         limit = (total if not window_hit and total is not None
                  and holder._counts[i] + n > total else holder._thr[i] - holder._base[i])
         root._refused[i] += 1
-        root._trace.add(REFUSED, self._t_ms(), self._run_id, {
+        root._trace.add(REFUSED, self._t_ms(), self._run_id, lambda: {
             "budget_kind": kind.name, "limit_value": _plain(limit),
             "consumed_value": _plain(consumed), "target_ref": target,
             "runtime_error_code": kind.code,
-        })
+        }, key=(REFUSED, i, limit, consumed, target))
         if window_hit:
             stop = root._make_stop(Status.SUSPENDED, "window", kind.name, "Suspended",
                                    f"the {kind.name} window of {_plain(limit)} is spent; the run "

@@ -22,15 +22,20 @@ __all__ = ["Clock", "MonotonicClock", "Scheduled", "default_clock"]
 class Scheduled:
     """A callback scheduled on a clock; `cancel()` is idempotent and safe from any thread."""
 
-    __slots__ = ("callback", "cancelled", "when_ms")
+    __slots__ = ("callback", "cancelled", "on_cancel", "when_ms")
 
-    def __init__(self, when_ms: float, callback: Callable[[], object]) -> None:
+    def __init__(self, when_ms: float, callback: Callable[[], object],
+                 on_cancel: Callable[[], None] | None = None) -> None:
         self.when_ms = when_ms
         self.callback = callback
         self.cancelled = False
+        self.on_cancel = on_cancel
 
     def cancel(self) -> None:
-        self.cancelled = True
+        if not self.cancelled:
+            self.cancelled = True
+            if self.on_cancel is not None:
+                self.on_cancel()
 
 
 class Clock(Protocol):
@@ -53,8 +58,9 @@ class _Timers:
         self._heap: list[tuple[float, int, Scheduled]] = []
         self._seq = itertools.count()
 
-    def _push(self, when_ms: float, callback: Callable[[], object]) -> Scheduled:
-        item = Scheduled(when_ms, callback)
+    def _push(self, when_ms: float, callback: Callable[[], object],
+              on_cancel: Callable[[], None] | None = None) -> Scheduled:
+        item = Scheduled(when_ms, callback, on_cancel)
         heapq.heappush(self._heap, (when_ms, next(self._seq), item))
         return item
 
@@ -91,7 +97,7 @@ class MonotonicClock(_Timers):
 
     def call_at(self, when_ms: float, callback: Callable[[], object]) -> Scheduled:
         with self._cond:
-            item = self._push(when_ms, callback)
+            item = self._push(when_ms, callback, self._wake)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._loop, name="nbbudget-timer", daemon=True
@@ -100,6 +106,12 @@ class MonotonicClock(_Timers):
             elif self._heap[0][2] is item:
                 self._cond.notify()
         return item
+
+    def _wake(self) -> None:
+        # a cancelled callback may have been the next one: let the thread look again (and end
+        # if nothing is left)
+        with self._cond:
+            self._cond.notify()
 
     def wait(self, event: threading.Event, until_ms: float | None) -> bool:
         if until_ms is None:

@@ -70,9 +70,9 @@ class BudgetExceeded(BudgetError):
         self.target = target
         self.code = code
         self.scope = scope
-        super().__init__(self._message())
+        super().__init__()
 
-    def _message(self) -> str:
+    def __str__(self) -> str:
         what = f"{self.kind} for {self.target}" if self.target else self.kind
         owner = "this grant's" if self.scope == "grant" else "the run's"
         return (

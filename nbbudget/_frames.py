@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pandas as pd
+try:
+    import numpy as np
+    import pandas as pd
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "nbbudget's DataFrames need pandas; install it with: pip install 'nbbudget[frames]'"
+    ) from exc
 
 from ._kinds import KINDS
 

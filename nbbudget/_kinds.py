@@ -40,13 +40,18 @@ TOOL_CALLS = KIND_INDEX["tool_calls"]
 CHARGEABLE = tuple(k.name for k in KINDS if k.name != "run_ms")
 
 
-def kind_index(kind: object) -> int:
-    """The index of *kind* in `KINDS`; a `ConfigError` naming the kind when it is unknown."""
+CHARGE_INDEX: dict[str, int] = {name: KIND_INDEX[name] for name in CHARGEABLE}
+
+
+def kind_index(kind: object, *, chargeable: bool = False) -> int:
+    """The index of *kind* in `KINDS`; a `ConfigError` naming the kind when it is unknown (or,
+    with *chargeable*, when it is time, which the clock spends)."""
+    table = CHARGE_INDEX if chargeable else KIND_INDEX
     try:
-        return KIND_INDEX[kind]  # type: ignore[index]
+        return table[kind]  # type: ignore[index]
     except (KeyError, TypeError):
         from ._errors import ConfigError
 
         raise ConfigError(
-            f"{kind!r} is not a budget kind; use one of: {', '.join(CHARGEABLE)}"
+            f"{kind!r} is not a budget kind; use one of: {', '.join(table)}"
         ) from None

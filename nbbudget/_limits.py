@@ -110,13 +110,13 @@ class Limits:
         return self & other
 
     def _pairs(self, other: Limits) -> Iterator[tuple[str, Any, Any]]:
-        for f in fields(self):
+        for f in _FIELDS:
             yield f.name, getattr(self, f.name), getattr(other, f.name)
 
     # -- reading --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, int | float]:
         """The fields that are set, by bare name."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        return {f.name: v for f in _FIELDS if (v := getattr(self, f.name)) is not None}
 
     def replace(self, **changes: Any) -> Limits:
         """A copy with *changes* applied (validated)."""
@@ -128,6 +128,9 @@ class Limits:
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items())
         return f"Limits({inner})"
+
+
+_FIELDS = fields(Limits)
 
 
 def _min(a: Any, b: Any) -> Any:

@@ -12,7 +12,7 @@ import math
 import os
 from array import array
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._errors import ConfigError
@@ -63,6 +63,7 @@ class Trace:
         self._ref = array("i")
         self._run = array("H")
         self._payloads: list[dict[str, Any]] = []
+        self._interned: dict[tuple[Any, ...], int] = {}
         self._runs: list[str] = []
         self._stats_source: Any = None
         self._saved_stats: dict[str, dict[str, float]] | None = None
@@ -74,9 +75,19 @@ class Trace:
         self._runs.append(name)
         return len(self._runs) - 1
 
-    def add(self, kind: str, t_ms: float, run: int, payload: dict[str, Any]) -> None:
-        self._payloads.append(payload)
-        self._append(_CODE[kind], t_ms, 0.0, len(self._payloads) - 1, run)
+    def add(self, kind: str, t_ms: float, run: int,
+            payload: dict[str, Any] | Callable[[], dict[str, Any]],
+            key: tuple[Any, ...] | None = None) -> None:
+        """Append an event. Events with the same *key* share one payload, made by calling
+        *payload* the first time (so repeated refusals of an exhausted limit cost a few bytes
+        each, not a dict each)."""
+        ref = self._interned.get(key, -1) if key is not None else -1
+        if ref < 0:
+            self._payloads.append(payload() if callable(payload) else payload)
+            ref = len(self._payloads) - 1
+            if key is not None:
+                self._interned[key] = ref
+        self._append(_CODE[kind], t_ms, 0.0, ref, run)
 
     def add_charge(self, kind_index: int, amount: float, t_ms: float, run: int,
                    target: str | None) -> None:

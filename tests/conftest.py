@@ -1,0 +1,98 @@
+"""Shared pytest fixtures and hooks for the nbbudget test suite.
+
+Every test must leave no thread running: nbbudget starts background threads (its timer thread,
+named ``nbbudget-timer...``, among them) and each of them must end once it has nothing left
+to do. A thread that outlives its test, or the whole test run, is a bug.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator
+
+import pytest
+
+#: How long a thread started during a test may take to end after the test returns.
+THREAD_GRACE_SECONDS = 2.0
+#: How often the fixture looks again while it waits.
+THREAD_POLL_SECONDS = 0.01
+
+
+def _wait_for_threads(
+    candidates: Iterable[threading.Thread], grace: float
+) -> list[threading.Thread]:
+    """Wait up to ``grace`` seconds for ``candidates`` to end; return those still alive."""
+    deadline = time.monotonic() + grace
+    alive = [t for t in candidates if t.is_alive()]
+    while alive and time.monotonic() < deadline:
+        time.sleep(THREAD_POLL_SECONDS)
+        alive = [t for t in alive if t.is_alive()]
+    return alive
+
+
+def _describe(threads: Iterable[threading.Thread]) -> str:
+    """One line per thread: its name, whether it is a daemon and where it is running."""
+    frames = sys._current_frames()
+    lines = []
+    for t in threads:
+        where = ""
+        innermost = frames.get(t.ident) if t.ident is not None else None
+        # Point at the innermost frame outside the threading module itself, if there is one.
+        frame = innermost
+        while frame is not None and frame.f_code.co_filename == threading.__file__:
+            frame = frame.f_back
+        frame = frame or innermost
+        if frame is not None:
+            code = frame.f_code
+            where = f" at {code.co_filename}:{frame.f_lineno} in {code.co_name}()"
+        lines.append(f"  - {t.name!r} (daemon={t.daemon}){where}")
+    return "\n".join(lines)
+
+
+@pytest.fixture(autouse=True)
+def no_thread_left_running() -> Iterator[None]:
+    """Fail the test if a thread it started is still running after it.
+
+    The threads alive before the test are recorded; after the test, every thread that was
+    not among them gets up to ``THREAD_GRACE_SECONDS`` to end (polled every 10 ms). The
+    library's own ``nbbudget-timer`` thread gets no special treatment: it exits when it has
+    nothing scheduled, so it has to be gone by then too.
+    """
+    before = set(threading.enumerate())
+    yield
+    started = [t for t in threading.enumerate() if t not in before]
+    leftover = _wait_for_threads(started, THREAD_GRACE_SECONDS)
+    if leftover:
+        names = ", ".join(repr(t.name) for t in leftover)
+        pytest.fail(
+            f"test left {len(leftover)} thread(s) running {THREAD_GRACE_SECONDS:g}s after it "
+            f"ended: {names}\n{_describe(leftover)}",
+            pytrace=False,
+        )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if any thread other than the main thread is still alive at its end.
+
+    This also catches threads started outside a test (at import or collection time) that the
+    per-test fixture cannot see.
+    """
+    main = threading.main_thread()
+    others = [t for t in threading.enumerate() if t is not main]
+    leftover = _wait_for_threads(others, THREAD_GRACE_SECONDS)
+    if not leftover:
+        return
+    message = (
+        f"threads still alive at the end of the test run: "
+        f"{', '.join(repr(t.name) for t in leftover)}\n{_describe(leftover)}"
+    )
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line("")
+        reporter.write_line(message, red=True, bold=True)
+    else:
+        print(message, file=sys.stderr)
+    if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

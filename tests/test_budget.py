@@ -1,0 +1,354 @@
+"""Runs: the ledger, refusals, outcomes and notices (S2-4, S3-2, S3-3, S3-5, S4-3, S4-8, S4-10)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import pytest
+
+import nbbudget as nb
+from nbbudget.testing import FakeClock
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def test_a_run_that_stays_within_its_limits_completes(clock):
+    with nb.budget(steps=5, tool_calls=2, clock=clock) as run:
+        for _ in range(5):
+            run.step()
+        run.charge("tool_calls", 2)
+    assert run.outcome == nb.Outcome(nb.Status.COMPLETED)
+    assert run.consumed == {"steps": 5, "tool_calls": 2}
+
+
+def test_S4_3_a_refused_charge_raises_and_leaves_every_counter_as_it_was(clock):
+    with nb.budget(steps=3, tool_calls=5, clock=clock) as run:
+        run.charge("steps", 2)
+        run.charge("tool_calls", 1)
+        with pytest.raises(nb.BudgetExceeded) as info:
+            run.charge("steps", 2, target="node:parse")
+        assert run.consumed == {"steps": 2, "tool_calls": 1}
+        assert run.remaining("steps") == 1
+        run.step()  # the last permit is still there
+    err = info.value
+    assert (err.kind, err.limit, err.consumed, err.requested, err.target) == (
+        "steps", 3, 2, 2, "node:parse")
+    assert err.code == "StepBudgetExceeded"
+    assert str(err) == ("steps for node:parse would exceed the run's limit of 3 (2 used, 2 more "
+                        "requested); raise the limit or do less work")
+
+
+def test_S4_8_every_refusal_is_a_trace_event_with_the_seed_payload(clock):
+    with nb.budget(tool_calls=1, clock=clock) as run:
+        run.charge("tool_calls", target="tool:search")
+        with pytest.raises(nb.BudgetExceeded):
+            run.charge("tool_calls", target="tool:search")
+    refusals = [e for e in run.trace.events if e.kind == "dispatch_refused_budget_exceeded"]
+    assert [e.payload for e in refusals] == [{
+        "budget_kind": "tool_calls", "limit_value": 1, "consumed_value": 1,
+        "target_ref": "tool:search", "runtime_error_code": "ToolCallBudgetExceeded",
+    }]
+
+
+def test_S3_2_an_exhausted_limit_that_escapes_the_run_fails_it_loudly_with_the_output_so_far(
+        clock):
+    with pytest.raises(nb.BudgetExceeded) as info, nb.budget(steps=2, clock=clock) as run:
+        for i in range(5):
+            run.step()
+            run.set_output(f"{i + 1} items done")
+    outcome = run.outcome
+    assert (outcome.status, outcome.cause, outcome.by, outcome.code) == (
+        "failed", "budget-cut", "steps", "StepBudgetExceeded")
+    assert outcome.output == "2 items done"
+    assert info.value.outcome is outcome
+
+
+def test_S4_10_a_refusal_never_undoes_work_already_done(clock):
+    effects = []
+    with pytest.raises(nb.BudgetExceeded), nb.budget(steps=2, clock=clock) as run:
+        for i in range(3):
+            run.step()
+            effects.append(i)
+    assert effects == [0, 1]
+    assert run.consumed["steps"] == 2
+
+
+def test_an_error_in_the_work_fails_the_run_and_propagates_unchanged(clock):
+    with pytest.raises(KeyError), nb.budget(clock=clock) as run:
+        raise KeyError("x")
+    assert (run.outcome.status, run.outcome.cause, run.outcome.code) == ("failed", "error",
+                                                                        "KeyError")
+
+
+def test_S3_3_when_several_limits_trip_at_one_boundary_tokens_win_over_cost_and_turns(clock):
+    with nb.budget(tokens=100, cost_usd=0.01, turns=1, clock=clock) as run:
+        run.charge("turns")
+        with pytest.raises(nb.BudgetExceeded) as info:
+            run.charge_many({"turns": 1, "cost_usd": 0.02, "tokens": 500})
+        assert info.value.kind == "tokens"
+        with pytest.raises(nb.BudgetExceeded) as info:
+            run.charge_many({"turns": 1, "cost_usd": 0.02})
+        assert info.value.kind == "cost_usd"
+        with pytest.raises(nb.BudgetExceeded) as info:
+            run.charge_many({"steps": 1, "turns": 1})
+        assert info.value.kind == "turns"
+        assert run.consumed == {"turns": 1}
+
+
+def test_charge_many_is_all_or_nothing(clock):
+    with nb.budget(tokens=100, cost_usd=1.0, clock=clock) as run:
+        run.charge_many({"tokens": 60, "cost_usd": 0.25})
+        with pytest.raises(nb.BudgetExceeded):
+            run.charge_many({"tokens": 50, "cost_usd": 0.25})
+        assert run.consumed == {"tokens": 60, "cost_usd": 0.25}
+
+
+def test_unbounded_kinds_are_counted_but_never_refused(clock):
+    with nb.budget(clock=clock) as run:
+        run.charge("provider_calls", 10**6)
+    assert run.consumed == {"provider_calls": 10**6}
+    assert run.remaining("provider_calls") == float("inf")
+
+
+@pytest.mark.parametrize("kind, n, message", [
+    ("stepz", 1, "'stepz' is not a budget kind; use one of: tokens, output_tokens, cost_usd, "
+                 "turns, steps, tool_calls, agent_invocations, provider_calls"),
+    ("run_ms", 1, "'run_ms' is not a budget kind; use one of: tokens, output_tokens, cost_usd, "
+                  "turns, steps, tool_calls, agent_invocations, provider_calls"),
+    ("steps", -1, "charge('steps', -1): the amount must be a finite number >= 0"),
+    ("steps", 1.5, "charge('steps', 1.5): steps are counted in whole numbers"),
+    ("steps", True, "charge('steps', True): the amount must be a finite number >= 0"),
+    ("cost_usd", float("nan"), "charge('cost_usd', nan): the amount must be a finite number >= 0"),
+])
+def test_a_bad_charge_is_a_config_error_naming_the_value(clock, kind, n, message):
+    run = nb.budget(clock=clock)
+    with pytest.raises(nb.ConfigError) as info:
+        run.charge(kind, n)
+    assert str(info.value) == message
+
+
+def test_bad_budget_arguments_are_config_errors(clock):
+    with pytest.raises(nb.ConfigError, match="unknown limit 'stpes'"):
+        nb.budget(stpes=3)
+    with pytest.raises(nb.ConfigError, match="steps=0 must be greater than 0"):
+        nb.budget(steps=0)
+    with pytest.raises(nb.ConfigError, match="time='soon' is not a duration"):
+        nb.budget(time="soon")
+    with pytest.raises(nb.ConfigError, match="time=0 is not a time grant"):
+        nb.budget(time=0)
+    with pytest.raises(nb.ConfigError, match="trace='all'"):
+        nb.budget(trace="all")
+    with pytest.raises(nb.ConfigError, match="limits must be nb.Limits, not dict"):
+        nb.budget({"steps": 3})
+    with pytest.raises(nb.ConfigError, match="totals= only applies with suspend=True"):
+        nb.budget(totals=nb.Limits(tokens=5))
+
+
+def test_limits_given_several_ways_combine_by_minimum(clock):
+    run = nb.budget(nb.Limits(steps=10, tokens=50), steps=20, time="2s", run_ms=5000, clock=clock)
+    assert run.limits == nb.Limits(steps=10, tokens=50, run_ms=2000)
+
+
+def test_current_is_the_innermost_active_budget(clock):
+    assert nb.current() is None
+    with nb.budget(clock=clock) as outer:
+        assert nb.current() is outer
+        with outer.grant(steps=2) as child:
+            assert nb.current() is child
+        assert nb.current() is outer
+    assert nb.current() is None
+
+
+def test_current_is_per_thread(clock):
+    seen = []
+    with nb.budget(clock=clock):
+        t = threading.Thread(target=lambda: seen.append(nb.current()), name="probe")
+        t.start()
+        t.join()
+    assert seen == [None]
+
+
+def test_a_finished_run_cannot_be_entered_again(clock):
+    with nb.budget(clock=clock) as run:
+        pass
+    with pytest.raises(nb.ConfigError, match="has already ended"), run:
+        pass
+
+
+# -- S2-4: stops ---------------------------------------------------------------------------------
+def test_S2_4_a_user_stop_settles_as_stopped_and_raises_cancelled_at_the_block_end(clock):
+    with pytest.raises(nb.Cancelled, match="run was stopped: enough") as info, \
+            nb.budget(clock=clock) as run:
+        run.cancel("enough")
+        try:
+            run.step()
+        except Exception:  # a stop is not an Exception: user code cannot swallow it
+            pytest.fail("the stop was swallowed by `except Exception`")
+    assert (run.outcome.status, run.outcome.cause) == ("stopped", "user")
+    assert info.value.reason == "enough"
+    assert info.value.outcome is run.outcome
+
+
+def test_cancel_is_idempotent_and_the_first_reason_wins(clock):
+    run = nb.budget(clock=clock)
+    run.cancel("first")
+    run.cancel("second")
+    with pytest.raises(nb.Cancelled, match="first"), run:
+        pass
+    assert [e.kind for e in run.trace.events].count("cancelled") == 1
+
+
+def test_cancellation_is_level_triggered_every_later_check_raises_again(clock):
+    with pytest.raises(nb.Cancelled), nb.budget(clock=clock) as run:
+        run.cancel()
+        for _ in range(3):
+            with pytest.raises(BaseException) as info:
+                run.check()
+            assert not isinstance(info.value, Exception)
+        raise AssertionError("unreachable") from None if False else None
+
+
+def test_cancel_from_another_thread_stops_a_busy_loop(clock):
+    started = threading.Event()
+    with pytest.raises(nb.Cancelled), nb.budget(clock=clock) as run:
+        t = threading.Thread(target=lambda: (started.wait(), run.cancel("from ui")), name="ui")
+        t.start()
+        try:
+            started.set()
+            while True:
+                run.step()
+        finally:
+            t.join()
+    assert run.outcome.status == "stopped"
+
+
+def test_a_keyboard_interrupt_settles_as_stopped(clock):
+    with pytest.raises(KeyboardInterrupt), nb.budget(clock=clock) as run:
+        raise KeyboardInterrupt
+    assert (run.outcome.status, run.outcome.cause) == ("stopped", "interrupt")
+
+
+# -- S4-3: contention ----------------------------------------------------------------------------
+def test_S4_3_eight_threads_racing_get_exactly_the_limit(clock):
+    """8 threads x 10**5 reservations against a limit of 300,000: exactly the limit is granted,
+    and refusals are raised outside the lock (no convoy), with a tiny switch interval."""
+    limit, per_thread = 300_000, 100_000
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)
+    try:
+        with nb.budget(tool_calls=limit, clock=clock, notices=None) as run:
+            granted = [0] * 8
+            barrier = threading.Barrier(8)
+
+            def worker(k: int) -> None:
+                charge = run.charge
+                barrier.wait()
+                for _ in range(per_thread):
+                    try:
+                        charge("tool_calls")
+                        granted[k] += 1
+                    except nb.BudgetExceeded:
+                        pass
+
+            threads = [threading.Thread(target=worker, args=(k,), name=f"racer-{k}")
+                       for k in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert sum(granted) == limit
+    assert run.consumed["tool_calls"] == limit
+    stats = run.trace.stats()
+    assert stats["refusals"]["tool_calls"] == 8 * per_thread - limit
+    assert stats["checks"]["tool_calls"] == 8 * per_thread
+
+
+def test_S4_3_racing_for_the_last_permits_grants_each_exactly_once(clock):
+    for _ in range(200):
+        with nb.budget(tool_calls=10, clock=clock, notices=None) as run:
+            wins = []
+            barrier = threading.Barrier(16)
+
+            def branch() -> None:
+                barrier.wait()
+                try:
+                    run.charge("tool_calls")
+                    wins.append(1)
+                except nb.BudgetExceeded:
+                    pass
+
+            threads = [threading.Thread(target=branch, name="branch") for _ in range(16)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        assert len(wins) == 10
+        assert run.trace.stats()["refusals"]["tool_calls"] == 6
+
+
+# -- S3-5: approach notices ----------------------------------------------------------------------
+def test_S3_5_two_one_shot_notices_when_the_highest_ratio_crosses_each_threshold(clock):
+    with nb.budget(steps=100, tokens=1000, clock=clock) as run:
+        run.charge("tokens", 500)
+        for _ in range(79):
+            run.step()
+        assert run.notice_level == 0
+        run.step()  # 80 steps: 0.8 of the step limit
+        assert run.notice_level == 1
+        run.charge("tokens", 460)  # 0.96 of the token limit
+        assert run.notice_level == 2
+        for _ in range(15):
+            run.step()
+    notices = [e.payload for e in run.trace.events if e.kind == "approach_notice"]
+    assert [(n["level"], n["threshold"], n["budget_kind"], n["advice"]) for n in notices] == [
+        (1, 0.8, "steps", "start converging"), (2, 0.95, "tokens", "deliver now")]
+    assert run.outcome.status == "completed"  # advisory: they never stop the run
+
+
+def test_S3_5_notice_thresholds_can_be_set_and_a_jump_fires_both_at_once(clock):
+    with nb.budget(steps=10, notices=(0.5, 0.6), clock=clock) as run:
+        run.charge("steps", 7)
+    levels = [e.payload["level"] for e in run.trace.events if e.kind == "approach_notice"]
+    assert levels == [1, 2]
+
+
+def test_S3_5_notices_can_be_turned_off(clock):
+    with nb.budget(steps=10, notices=None, clock=clock) as run:
+        run.charge("steps", 10)
+    assert run.notice_level == 0
+    assert not [e for e in run.trace.events if e.kind == "approach_notice"]
+
+
+@pytest.mark.parametrize("notices", [(0.9, 0.8), (0, 0.5), (0.5, 1.5), (0.5,), "0.8", (True, 1)])
+def test_S3_5_bad_notice_thresholds_are_refused(notices):
+    with pytest.raises(nb.ConfigError, match="notices="):
+        nb.budget(steps=10, notices=notices)
+
+
+# -- reading -------------------------------------------------------------------------------------
+def test_usage_is_a_frame_with_one_row_per_armed_axis(clock):
+    with nb.budget(steps=10, tokens=100, clock=clock) as run:
+        run.charge("steps", 4)
+        run.charge("tokens", 25)
+        run.charge("provider_calls", 3)  # not armed: no row
+        frame = run.usage()
+    assert list(frame.columns) == ["limit", "consumed", "remaining", "fraction"]
+    assert frame.to_dict("index") == {
+        "steps": {"limit": 10, "consumed": 4, "remaining": 6, "fraction": 0.4},
+        "tokens": {"limit": 100, "consumed": 25, "remaining": 75, "fraction": 0.25},
+    }
+
+
+def test_the_repr_shows_the_state_and_every_armed_axis(clock):
+    run = nb.budget(steps=10, name="etl", clock=clock)
+    assert repr(run) == "<Budget 'etl' ready: steps 0/10>"
+    with run:
+        run.charge("steps", 3)
+        assert repr(run) == "<Budget 'etl' running: steps 3/10>"
+    assert repr(run) == "<Budget 'etl' completed: steps 3/10>"
