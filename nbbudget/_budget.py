@@ -292,13 +292,13 @@ class Budget:
         """Record a refusal of *n* of kind *i* against *holder*'s counters (lock held)."""
         root = self._root
         kind = KINDS[i]
-        consumed = holder._counts[i] - holder._base[i]
+        count = holder._counts[i]
         total = getattr(holder._totals, kind.name) if holder is root and i != RUN_MS else None
-        window_hit = root._suspend and i in _WINDOW_KINDS and holder is root and not (
-            total is not None and holder._counts[i] + n > total
-        )
-        limit = (total if not window_hit and total is not None
-                 and holder._counts[i] + n > total else holder._thr[i] - holder._base[i])
+        if total is not None and count + n > total:  # a whole-run total: always loud (S3-1)
+            limit, consumed, window_hit = total, count, False
+        else:
+            limit, consumed = holder._thr[i] - holder._base[i], count - holder._base[i]
+            window_hit = root._suspend and i in _WINDOW_KINDS and holder is root
         root._refused[i] += 1
         root._trace.add(REFUSED, self._t_ms(), self._run_id, lambda: {
             "budget_kind": kind.name, "limit_value": _plain(limit),

@@ -72,7 +72,7 @@ def make_tool(run: Budget, fn: Callable[..., Any], name: str | None,
     def call(*args: Any, **kwargs: Any) -> Any:
         run._charge(TOOL_CALLS, 1, f"tool:{tool_name}")
         run.check()
-        return _ToolCall(run, tool_name, silence).run(fn, args, kwargs, wants_ctx)
+        return _ToolCall(run, tool_name, silence).invoke(fn, args, kwargs, wants_ctx)
 
     call.max_silence_ms = silence  # type: ignore[attr-defined]
     return call
@@ -92,7 +92,7 @@ class _ToolCall:
         self.error: BaseException | None = None
         self.timer: Scheduled | None = None
 
-    def run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+    def invoke(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
             wants_ctx: bool) -> Any:
         if wants_ctx:
             kwargs = {**kwargs, "ctx": self.ctx}
@@ -122,16 +122,19 @@ class _ToolCall:
             self.wake.set()
 
     def _finish(self, thread: threading.Thread) -> Any:
-        if self.done:
+        """The call's result, or its cut: a call cut before it finished raises the cut even if
+        it finishes a moment later (what it returns after its signal is not trusted)."""
+        if not self.ctx.signal.is_set():
             if self.error is not None:
                 raise self.error
             return self.result
         by = self.ctx.cut_by or "timeout"
         run = self.run
-        with run._lock:
-            run._root._trace.add("tool_abandoned", run._t_ms(), run._run_id, {
-                "tool": self.ctx.name, "thread": self.thread_name, "by": by,
-            })
+        if thread.is_alive():
+            with run._lock:
+                run._root._trace.add("tool_abandoned", run._t_ms(), run._run_id, {
+                    "tool": self.ctx.name, "thread": self.thread_name, "by": by,
+                })
         stop = run._stop
         if stop is not None:
             raise stop.signal()
@@ -140,7 +143,7 @@ class _ToolCall:
                             f"raise max_silence")
 
     def _on_run_stop(self, stop: _Stop) -> None:
-        if self.ctx._cut(stop.by or stop.status.value):
+        if not self.done and self.ctx._cut(stop.by or stop.status.value):
             self.wake.set()
 
     def _arm_watchdog(self) -> None:
