@@ -612,7 +612,7 @@ class Budget:
         out = {k.name: _plain(counts[i]) for i, k in enumerate(KINDS) if counts[i] and i != RUN_MS}
         elapsed = self._elapsed_ms()
         if elapsed:
-            out["run_ms"] = _plain(round(elapsed, 3))
+            out["run_ms"] = round(elapsed)
         return out
 
     def remaining(self, kind: str) -> float:
@@ -639,9 +639,9 @@ class Budget:
         limits = self._limits.to_dict()
         consumed = self.consumed
         for kind, limit in limits.items():
-            if kind == "run_ms":
-                used = self._elapsed_ms() - (self._base[RUN_MS] if self._suspend else 0)
-                left = self.remaining_ms or 0.0
+            if kind == "run_ms":  # whole milliseconds: what a person reads
+                used = round(self._elapsed_ms() - (self._base[RUN_MS] if self._suspend else 0))
+                left = round(self.remaining_ms or 0.0)
             else:
                 i = KIND_INDEX[kind]
                 used = self._counts[i] - self._base[i]
@@ -671,7 +671,7 @@ class Budget:
             "refusals": {names[i]: refused[i] for i in range(_K) if refused[i]},
         }
         if self._limits.run_ms is not None or self._elapsed_ms():
-            stats["consumed"]["run_ms"] = _plain(round(self._elapsed_ms(), 3))
+            stats["consumed"]["run_ms"] = round(self._elapsed_ms())
         return stats
 
     # -- checkpoints (S3-1, S4-4) -------------------------------------------------------------
