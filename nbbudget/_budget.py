@@ -1,4 +1,6 @@
-"""Runs and grants: the ledger, the grant tree, cancellation and time (S2-1..S2-4, S3-1..S3-5, S4-3, S4-4).
+"""Runs and grants: the ledger, the grant tree, cancellation and time.
+
+Rules: S2-1..S2-4, S3-1..S3-5, S4-3, S4-4.
 
 A run (`Budget`) owns one lock, the run-wide counters and the trace; its grants share them and
 keep their own allowances beside them. Every charge goes through one check-and-reserve path
@@ -16,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from ._clock import Clock, Scheduled, default_clock
 from ._duration import parse_duration
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Budget", "Grant", "Snapshot", "budget", "current"]
 
+_R = TypeVar("_R")
 _INF = math.inf
 _K = len(KINDS)
 _WINDOW_KINDS = frozenset(KIND_INDEX[k] for k in ("tokens", "cost_usd", "run_ms"))
@@ -196,8 +199,8 @@ class Budget:
         A refusal raises `BudgetExceeded`, records ``dispatch_refused_budget_exceeded`` (S4-8)
         and leaves every counter as it was.
         """
-        i = _CHARGE_INDEX.get(kind) if type(kind) is str else None  # noqa: E721 - exact type
-        if i is None or type(n) is not int or n < 0:  # noqa: E721 - the fast path takes ints
+        i = _CHARGE_INDEX.get(kind) if type(kind) is str else None
+        if i is None or type(n) is not int or n < 0:
             i, n = kind_index(kind, chargeable=True), _amount(kind, n)
         self._charge(i, n, target)
 
@@ -228,8 +231,8 @@ class Budget:
         When several would exceed their limit, the refusal names the first in the attribution
         order tokens > cost > turns > calls and steps > time (S3-3).
         """
-        items = sorted(((kind_index(k, chargeable=True), _amount(k, n)) for k, n in amounts.items()),
-                       key=lambda item: KINDS[item[0]].rank)
+        pairs = ((kind_index(k, chargeable=True), _amount(k, n)) for k, n in amounts.items())
+        items = sorted(pairs, key=lambda item: KINDS[item[0]].rank)
         with self._lock:
             err = self._check_many(items, target)
             if err is None:
@@ -510,7 +513,7 @@ class Budget:
         if self._stop is None:
             self._poll_deadline()
         stop = self._stop
-        error: BaseException | None = None
+        error: BudgetError | None = None
         if isinstance(exc, _Unwind) and exc.stop.origin is not self and (
             stop is None or stop is exc.stop
         ):
@@ -582,7 +585,16 @@ class Budget:
         return Grant(self, _combine(None, time, limit_fields), name)
 
     # -- tools ----------------------------------------------------------------------------------
-    def tool(self, fn: Callable[..., Any] | None = None, *, name: str | None = None,
+    @overload
+    def tool(self, fn: Callable[..., _R], *, name: str | None = None,
+             max_silence: int | str | None = None) -> Callable[..., _R]: ...
+
+    @overload
+    def tool(self, fn: None = None, *, name: str | None = None,
+             max_silence: int | str | None = None
+             ) -> Callable[[Callable[..., _R]], Callable[..., _R]]: ...
+
+    def tool(self, fn: Callable[..., _R] | None = None, *, name: str | None = None,
              max_silence: int | str | None = None) -> Any:
         """Decorate a tool: each call reserves a ``tool_calls`` permit, then runs on a worker
         thread, capped by this run's time (S2-6) and by *max_silence* (S2-5). A function with a
@@ -640,8 +652,9 @@ class Budget:
         consumed = self.consumed
         for kind, limit in limits.items():
             if kind == "run_ms":  # whole milliseconds: what a person reads
-                used = round(self._elapsed_ms() - (self._base[RUN_MS] if self._suspend else 0))
-                left = round(self.remaining_ms or 0.0)
+                base = self._base[RUN_MS] if self._suspend else 0
+                used: float = round(self._elapsed_ms() - base)
+                left: float = round(self.remaining_ms or 0.0)
             else:
                 i = KIND_INDEX[kind]
                 used = self._counts[i] - self._base[i]
@@ -704,7 +717,7 @@ class Budget:
         run = cls(Limits.from_json(saved["limits"]) & _combine(limits, None, limit_fields),
                   clock=clock, name=saved["name"], suspend=saved["suspend"],
                   totals=Limits.from_json(saved["totals"]) if saved["suspend"] else None,
-                  notices=tuple(saved["notices"]) if saved["notices"] else None,  # type: ignore[arg-type]
+                  notices=tuple(saved["notices"]) if saved["notices"] else None,
                   trace=trace)
         for kind, value in saved["counts"].items():
             run._counts[kind_index(kind)] = value
@@ -770,7 +783,7 @@ class Grant(Budget):
     def _charge(self, i: int, n: float, target: str | None) -> None:
         root = self._root
         with self._lock:
-            err = None
+            err: BaseException | None = None
             if self._stop is not None:
                 err = self._stop.signal()
             elif self._counts[i] + n > self._thr[i]:

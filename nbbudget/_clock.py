@@ -1,4 +1,4 @@
-"""Clocks: where time comes from, and how a deadline turns into a flag without a clock read per step.
+"""Clocks: where time comes from, and how a deadline becomes a flag with no clock read per step.
 
 A `Clock` gives monotonic milliseconds (``now_ms``) and runs a callback at a time (``call_at``).
 Runs arm one callback per deadline, so the hot path (``step()``, ``charge()``) only reads a flag.

@@ -5,7 +5,7 @@ Every error keeps its data as attributes and builds its message from them::
     Exception
      +-- BudgetError                 anything a budget stopped
      |    +-- BudgetExceeded         a charge was refused (S4-3, S4-8); nothing was spent
-     |    +-- BudgetCut              work was cut: time grant spent, silent tool, failed stream (S2-4)
+     |    +-- BudgetCut              work was cut: time spent, silent tool, failed stream (S2-4)
      |    +-- Cancelled              the run was stopped by a person or by its wall-clock limit
      +-- ValueError
           +-- ConfigError            a bad value: a limit, a duration, a manifest (S3-4)
@@ -98,7 +98,7 @@ class BudgetCut(BudgetError):
 
 
 class Cancelled(BudgetError):
-    """The run was stopped: by ``cancel()`` (status ``stopped``) or its wall clock (``cancelled``)."""
+    """The run was stopped: by ``cancel()`` (``stopped``) or by its wall clock (``cancelled``)."""
 
     def __init__(self, message: str, reason: Any = None) -> None:
         self.reason = reason

@@ -1,4 +1,4 @@
-"""What a run is allowed: `Limits` (frozen) and the manifest that may declare them (S2-8, S4-1, S4-2)."""
+"""What a run is allowed: `Limits` (frozen) and the manifest declaring them (S2-8, S4-1, S4-2)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,9 @@ class Limits:
             try:
                 source = json.loads(source)
             except ValueError as exc:
-                raise ConfigError(f"run limits are not valid JSON ({exc}): {source!r:.80}") from None
+                raise ConfigError(
+                    f"run limits are not valid JSON ({exc}): {source!r:.80}"
+                ) from None
         if not isinstance(source, Mapping):
             raise ConfigError(
                 f"run limits must be a JSON object such as {{\"max_steps\": 100}}, "

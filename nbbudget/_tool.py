@@ -62,7 +62,7 @@ def make_tool(run: Budget, fn: Callable[..., Any], name: str | None,
               max_silence: int | str | None) -> Callable[..., Any]:
     if not callable(fn):
         raise ConfigError(f"tool() decorates a function, not {fn!r}")
-    tool_name = name or getattr(fn, "__name__", "tool")
+    tool_name: str = name or getattr(fn, "__name__", None) or "tool"
     silence = None if max_silence is None else parse_duration(max_silence, field="max_silence")
     if silence == 0:
         raise ConfigError("max_silence=0 would cut every call at once; use None for no watchdog")

@@ -230,7 +230,9 @@ class Trace:
     def from_json(cls, data: object) -> Trace:
         if not isinstance(data, Mapping) or data.get("format") != TRACE_FORMAT:
             found = data.get("format") if isinstance(data, Mapping) else type(data).__name__
-            raise ConfigError(f"not an nbbudget trace (format {found!r}, expected {TRACE_FORMAT!r})")
+            raise ConfigError(
+                f"not an nbbudget trace (format {found!r}, expected {TRACE_FORMAT!r})"
+            )
         try:
             trace = cls(full=data["mode"] == "full", name=data.get("run"))
             trace.limits = dict(data["limits"])
