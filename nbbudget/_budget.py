@@ -551,13 +551,14 @@ class Budget:
             if self._outcome is not None:
                 return
             self._outcome = outcome
+            t_end = self._t_ms()
             for t in self._timers:
                 t.cancel()
             self._timers = []
             if self._started_ms is not None and self._paused_at is None:
                 self._active_before_ms = self._elapsed_ms()
                 self._started_ms = None
-            self._root._trace.add("outcome", self._t_ms(), self._run_id, outcome.to_dict())
+            self._root._trace.add("outcome", t_end, self._run_id, outcome.to_dict())
             if self is self._root:
                 self._trace.outcome = outcome.to_dict()
         if self._parent is not None:

@@ -17,6 +17,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nbbudget",
         description="Budgets for Jupyter: inspect what a budgeted run consumed and refused.",
+        epilog="example: nbbudget inspect trace.json --json",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     inspect = sub.add_parser(

@@ -5,13 +5,14 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from ._errors import ConfigError
+from ._errors import ConfigError, show
 
 __all__ = ["parse_duration"]
 
 _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "": 1}
-_PATTERN = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|)")
+_PATTERN = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|)")
 _MAX_MS = 2**53 - 1
+_MAX_DIGITS = 20  # more digits than this is always too large (and too slow to convert)
 
 
 def parse_duration(value: object, *, field: str = "duration") -> int:
@@ -24,9 +25,10 @@ def parse_duration(value: object, *, field: str = "duration") -> int:
     >>> parse_duration("1.5s")
     1500
     """
+    shown = f"{field}={show(value)}"
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ConfigError(
-            f"{field}={value!r} is not a duration; use milliseconds as an int or a string "
+            f"{shown} is not a duration; use milliseconds as an int or a string "
             f"such as '250ms', '5s', '1.5s', '2m' or '1h'"
         )
     if isinstance(value, int):
@@ -35,17 +37,19 @@ def parse_duration(value: object, *, field: str = "duration") -> int:
         match = _PATTERN.fullmatch(value.strip().lower())
         if match is None:
             raise ConfigError(
-                f"{field}={value!r} is not a duration; write a number with a unit: "
+                f"{shown} is not a duration; write a number with a unit: "
                 f"'250ms', '5s', '1.5s', '2m', '1h' (a bare number means milliseconds)"
             )
+        if len(match.group(1).partition(".")[0]) > _MAX_DIGITS:
+            raise ConfigError(f"{shown} is too large; the most is {_MAX_MS} ms")
         ms = Fraction(match.group(1)) * _UNITS[match.group(2)]
     if ms < 0:
-        raise ConfigError(f"{field}={value!r} is negative; a duration is 0 or more milliseconds")
+        raise ConfigError(f"{shown} is negative; a duration is 0 or more milliseconds")
     if ms.denominator != 1:
         raise ConfigError(
-            f"{field}={value!r} is not a whole number of milliseconds; round it, e.g. "
+            f"{shown} is not a whole number of milliseconds; round it, e.g. "
             f"'{round(ms)}ms'"
         )
     if ms > _MAX_MS:
-        raise ConfigError(f"{field}={value!r} is too large; the most is {_MAX_MS} ms")
+        raise ConfigError(f"{shown} is too large; the most is {_MAX_MS} ms")
     return int(ms)

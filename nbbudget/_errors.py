@@ -18,6 +18,7 @@ leaves its ``with`` block (as trio does with ``Cancelled``).
 
 from __future__ import annotations
 
+import reprlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -112,3 +113,15 @@ def _num(v: float) -> str:
     if isinstance(v, float) and not v.is_integer():
         return f"{v:.6g}"
     return str(int(v))
+
+
+def show(value: object) -> str:
+    """``repr(value)``; integers too long for `str` and very long texts are shortened."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value).bit_length() > 14_000:
+        digits = int(abs(value).bit_length() * 0.30103) + 1
+        return f"{'-' if value < 0 else ''}<an integer of about {digits} digits>"
+    return _SHORT.repr(value) if isinstance(value, str) else repr(value)
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = 80

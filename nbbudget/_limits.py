@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ._errors import ConfigError, WideningError
+from ._errors import ConfigError, WideningError, show
 from ._kinds import KIND_INDEX, KINDS
 
 __all__ = ["MANIFEST_VERSION", "MAX_INT", "Limits", "Manifest"]
@@ -20,28 +20,28 @@ MANIFEST_VERSION = "nbbudget-manifest-v1"
 
 
 def check_limit(field: str, value: object) -> int | float | None:
-    """Validate one limit value (S3-4, S4-1) and return it; `None` means unbounded."""
+    """Validate one limit value (S3-4, S4-1) and return it; `None` means unbounded.
+
+    Every message names the value as it was given.
+    """
     if value is None:
         return None
     integral = KINDS[KIND_INDEX[field]].integral
+    shown = f"{field}={show(value)}"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(
-            f"{field}={value!r} is not a number; use a positive "
+            f"{shown} is not a number; use a positive "
             f"{'integer' if integral else 'number'}, or None for no limit"
         )
     if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{field}={value!r} is not finite; use None for no limit")
-    if integral and isinstance(value, float):
-        if not value.is_integer():
-            raise ConfigError(f"{field}={value!r} is not a whole number; use an integer")
-        value = int(value)
+        raise ConfigError(f"{shown} is not finite; use None for no limit")
+    if integral and isinstance(value, float) and not value.is_integer():
+        raise ConfigError(f"{shown} is not a whole number; use an integer")
     if value <= 0:
-        raise ConfigError(
-            f"{field}={value!r} must be greater than 0; use None for no limit"
-        )
+        raise ConfigError(f"{shown} must be greater than 0; use None for no limit")
     if value > MAX_INT:
-        raise ConfigError(f"{field}={value!r} is too large; the most is {MAX_INT}")
-    return value
+        raise ConfigError(f"{shown} is too large; the most is {MAX_INT}")
+    return int(value) if integral else value
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,14 +217,21 @@ class Manifest:
         return cls(limits, wall, under, envelope, path)
 
 
+_SECTION_KEYS = {"turn": {"wallClock", "under"}, "transport": {"envelopeBytes"}}
+
+
 def _entry(section: object, name: str, key: str, *, required: bool) -> Any:
     if not isinstance(section, Mapping):
         raise ConfigError(f"manifest entry {name!r} must be an object with {key!r}")
+    unknown = set(section) - _SECTION_KEYS[name]
+    if unknown:
+        raise ConfigError(f"unknown manifest entries {sorted(unknown)} in {name!r}; "
+                          f"{name} takes {', '.join(sorted(_SECTION_KEYS[name]))}")
     value = section.get(key)
     if value is None:
         if required:
             raise ConfigError(f"manifest entry {name}.{key} is missing; it is required")
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_INT:
-        raise ConfigError(f"{name}.{key}={value!r} must be a positive integer")
+        raise ConfigError(f"{name}.{key}={show(value)} must be a positive integer")
     return value

@@ -255,7 +255,8 @@ class Trace:
             raise ConfigError(f"a field is missing or malformed ({exc!r})") from None
         for i in range(len(trace)):
             ref = trace._ref[i]
-            if not (-len(KINDS) <= ref < len(trace._payloads)) or trace._run[i] >= len(trace._runs):
+            lowest = -len(KINDS) if trace._code[i] == 0 else 0  # only charges point at a kind
+            if not (lowest <= ref < len(trace._payloads)) or trace._run[i] >= len(trace._runs):
                 raise ConfigError(f"event {i} points at a payload or run that is not there")
         return trace
 

@@ -86,9 +86,9 @@ def test_S4_4_a_pause_shifts_the_deadline_of_every_grant(clock):
 
 
 def test_only_a_run_can_pause(clock):
-    with nb.budget(clock=clock) as run, pytest.raises(nb.ConfigError, match="is a grant"):
-        with run.grant().paused():
-            pass
+    with nb.budget(clock=clock) as run, pytest.raises(nb.ConfigError, match="is a grant"), \
+            run.grant().paused():
+        pass
 
 
 def test_time_approach_notices_fire_from_the_clock(clock):

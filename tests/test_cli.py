@@ -1,0 +1,138 @@
+"""The ``nbbudget`` command: ``nbbudget inspect TRACE.json [--json]`` (S4-9).
+
+The real command runs in a subprocess on a trace saved by a real run. It prints the summary as a
+table, or as JSON equal to ``Trace.load(path).summary()``; a file it cannot read is exit code 2
+with one line on stderr naming the file, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import nbbudget as nb
+from nbbudget.testing import FakeClock
+
+
+def nbbudget_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "nbbudget", *map(str, args)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.fixture(scope="module")
+def trace_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A trace saved by a run that spends 2 steps and 1 tool call in 12 ms, then is refused a
+    second tool call, which ends the run as failed."""
+    clock = FakeClock()
+    run = nb.budget(steps=5, tool_calls=1, clock=clock, trace="full", notices=None, name="agent")
+    with pytest.raises(nb.BudgetExceeded), run:
+        run.step()
+        run.step()
+        run.charge("tool_calls", target="tool:search")
+        clock.advance(12)
+        run.charge("tool_calls", target="tool:search")
+    path = tmp_path_factory.mktemp("cli") / "trace.json"
+    run.trace.save(path)
+    return path
+
+
+def test_inspect_prints_the_totals_and_one_row_per_kind_S4_9(trace_path: Path) -> None:
+    result = nbbudget_cli("inspect", trace_path)
+    assert (result.returncode, result.stderr) == (0, "")
+    lines = result.stdout.splitlines()
+    assert lines[0] == "trace 'agent' (full)"
+    assert lines[1] == "  checks 4, consumptions 3, refusals 1"
+    assert [line.split() for line in lines[2:6]] == [
+        ["kind", "limit", "checks", "consumed", "refused"],
+        ["steps", "5", "2", "2", "0"],
+        ["tool_calls", "1", "2", "1", "1"],
+        ["run_ms", "-", "0", "12", "0"],
+    ]
+    assert lines[6:] == [
+        "  outcome: status=failed, cause=budget-cut, by=tool_calls, code=ToolCallBudgetExceeded",
+    ]
+
+
+def test_inspect_json_prints_the_summary_of_the_trace_S4_9(trace_path: Path) -> None:
+    result = nbbudget_cli("inspect", trace_path, "--json")
+    assert (result.returncode, result.stderr) == (0, "")
+    summary = json.loads(result.stdout)
+    assert summary == nb.Trace.load(trace_path).summary()
+    assert (summary["checks"], summary["consumptions"], summary["refusals"]) == (4, 3, 1)
+    assert summary["kinds"] == ["steps", "tool_calls", "run_ms"]
+
+
+def test_inspect_a_missing_file_exits_2_with_one_line_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "missing.json"
+    result = nbbudget_cli("inspect", path)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr == f"nbbudget inspect: no trace file at {str(path)!r}\n"
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("{not json", " is not valid JSON: "),
+        ('{"format": "something-else"}', ": not an nbbudget trace (format 'something-else', "),
+        ('{"format": "nbbudget-trace-v1"}', ": a field is missing or malformed ("),
+    ],
+    ids=["invalid-json", "foreign-format", "missing-field"],
+)
+def test_inspect_a_malformed_file_exits_2_with_one_line_naming_it(
+    tmp_path: Path, content: str, problem: str
+) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    result = nbbudget_cli("inspect", path, "--json")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith(f"nbbudget inspect: trace {str(path)!r}{problem}")
+    assert result.stderr.count("\n") == 1
+    assert "Traceback" not in result.stderr
+
+
+def test_help_describes_the_command_and_lists_inspect() -> None:
+    result = nbbudget_cli("--help")
+    assert (result.returncode, result.stderr) == (0, "")
+    text = one_line(result.stdout)
+    assert text.startswith("usage: nbbudget ")
+    assert "Budgets for Jupyter: inspect what a budgeted run consumed and refused." in text
+    assert "inspect summarise a saved trace: budget checks, consumptions and refusals by kind" in (
+        text
+    )
+
+
+def test_help_shows_an_example() -> None:
+    assert "example: nbbudget inspect trace.json" in one_line(nbbudget_cli("--help").stdout)
+
+
+def test_inspect_help_describes_the_command_and_shows_an_example_S4_9() -> None:
+    result = nbbudget_cli("inspect", "--help")
+    assert (result.returncode, result.stderr) == (0, "")
+    text = one_line(result.stdout)
+    assert text.startswith("usage: nbbudget inspect [-h] [--json] TRACE.json")
+    assert (
+        "Summarise a trace saved with run.trace.save(PATH): the number of budget checks, "
+        "consumptions and refusals, and the kinds involved (S4-9)."
+    ) in text
+    assert "--json print the summary as JSON" in text
+    assert text.endswith("example: nbbudget inspect trace.json --json")
+
+
+def test_no_command_is_a_usage_error() -> None:
+    result = nbbudget_cli()
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        "nbbudget: error: the following arguments are required: COMMAND"
+    )

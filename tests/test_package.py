@@ -1,0 +1,116 @@
+"""The package as users import it: a pure core, a pinned public surface, one error tree, typed.
+
+``import nbbudget`` pulls in none of IPython, ipywidgets, pandas, traitlets or numpy (the core is
+standard library only; the Jupyter layer and the frames load when asked for). ``__all__`` is
+pinned, every public error is under `nb.BudgetError` or `nb.ConfigError`, and ``py.typed``
+ships with the package.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.resources
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import nbbudget as nb
+
+HEAVY = ("IPython", "ipywidgets", "pandas", "traitlets", "numpy")
+
+PUBLIC = [
+    "Budget",
+    "BudgetCut",
+    "BudgetError",
+    "BudgetExceeded",
+    "Cancelled",
+    "ConfigError",
+    "Event",
+    "Grant",
+    "Limits",
+    "Manifest",
+    "Outcome",
+    "Replay",
+    "Snapshot",
+    "Status",
+    "ToolContext",
+    "Trace",
+    "WideningError",
+    "budget",
+    "current",
+    "parse_duration",
+]
+
+
+@pytest.mark.parametrize("module", ["nbbudget", "nbbudget.testing"])
+def test_importing_the_core_loads_no_jupyter_or_data_library(module: str) -> None:
+    code = textwrap.dedent(f"""
+        import json, sys
+        import {module}
+        heavy = {HEAVY!r}
+        print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in heavy)))
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert json.loads(result.stdout) == []
+
+
+def test_all_is_pinned() -> None:
+    assert nb.__all__ == PUBLIC
+    assert sorted(PUBLIC) == PUBLIC
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_every_name_in_all_is_an_attribute(name: str) -> None:
+    assert getattr(nb, name) is not None
+
+
+def test_version_matches_the_installed_distribution() -> None:
+    assert nb.__version__ == importlib.metadata.version("nbbudget")
+
+
+# -- the error tree --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("error", "base"),
+    [
+        (nb.ConfigError, ValueError),
+        (nb.WideningError, nb.ConfigError),
+        (nb.BudgetExceeded, nb.BudgetError),
+        (nb.BudgetCut, nb.BudgetError),
+        (nb.Cancelled, nb.BudgetError),
+        (nb.BudgetError, Exception),
+    ],
+)
+def test_each_error_sits_where_the_contract_puts_it(error: type, base: type) -> None:
+    assert issubclass(error, base)
+
+
+def test_budget_errors_and_config_errors_are_separate_branches() -> None:
+    assert not issubclass(nb.BudgetError, ValueError)
+    assert not issubclass(nb.ConfigError, nb.BudgetError)
+
+
+def test_every_public_error_is_under_budget_error_or_config_error() -> None:
+    errors = [obj for obj in map(nb.__dict__.get, nb.__all__)
+              if isinstance(obj, type) and issubclass(obj, BaseException)]
+    assert sorted(e.__name__ for e in errors) == [
+        "BudgetCut", "BudgetError", "BudgetExceeded", "Cancelled", "ConfigError", "WideningError",
+    ]
+    assert all(issubclass(e, (nb.BudgetError, nb.ConfigError)) for e in errors)
+
+
+# -- typing ----------------------------------------------------------------------------------------
+def test_py_typed_ships_with_the_package() -> None:
+    assert importlib.resources.files("nbbudget").joinpath("py.typed").is_file()
+
+
+def test_py_typed_is_declared_as_package_data() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    config = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    assert "py.typed" in config["tool"]["setuptools"]["package-data"]["nbbudget"]
