@@ -12,6 +12,7 @@ step: each deadline is a callback on the run's clock that sets the run's stop fl
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import itertools
 import math
 import threading
@@ -555,12 +556,15 @@ class Budget:
             for t in self._timers:
                 t.cancel()
             self._timers = []
-            if self._started_ms is not None and self._paused_at is None:
+            if self._started_ms is not None:
                 self._active_before_ms = self._elapsed_ms()
-                self._started_ms = None
+                self._started_ms = self._paused_at = None
             self._root._trace.add("outcome", t_end, self._run_id, outcome.to_dict())
             if self is self._root:
                 self._trace.outcome = outcome.to_dict()
+            open_children = list(self._children)
+        for child in open_children:  # grants still open end with their parent
+            child._settle(dataclasses.replace(outcome, origin=outcome.origin or self.name))
         if self._parent is not None:
             self._parent._forget(self)  # type: ignore[arg-type]
 

@@ -162,3 +162,12 @@ def test_the_trace_records_each_grant_with_its_parent(clock):
     grants = [e.payload for e in run.trace.events if e.kind == "grant"]
     assert grants == [{"parent": "root", "limits": {"run_ms": 1000, "steps": 2},
                        "time_ms": 1000}]
+
+
+def test_grants_left_open_end_with_their_parent_and_cancel_their_timers(clock):
+    with nb.budget(clock=clock, name="root") as run:
+        child = run.grant(time="1h", name="never-entered")
+        grandchild = child.grant(time="30m")
+    assert clock.pending() == 0
+    assert (child.outcome.status, child.outcome.origin) == ("completed", "root")
+    assert grandchild.outcome.status == "completed"
