@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex, TypeVar, overload
 
 from ._clock import Clock, Scheduled, default_clock
 from ._duration import parse_duration
@@ -28,7 +28,7 @@ from ._kinds import CHARGE_INDEX as _CHARGE_INDEX
 from ._kinds import KIND_INDEX, KINDS, RUN_MS, STEPS, kind_index
 from ._limits import Limits
 from ._outcome import Outcome, Status
-from ._trace import REFUSED, Trace
+from ._trace import _GIL, _ROW, EVENT_KINDS, REFUSED, Trace
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -39,6 +39,10 @@ _R = TypeVar("_R")
 _INF = math.inf
 _K = len(KINDS)
 _WINDOW_KINDS = frozenset(KIND_INDEX[k] for k in ("tokens", "cost_usd", "run_ms"))
+_POOLED = tuple(k.integral and k.name != "run_ms" for k in KINDS)
+_BLOCK = 256  # permits a pool reserves at a time
+_PERMITS: list[None] = [None] * _BLOCK
+_REFUSED_CODE = EVENT_KINDS.index(REFUSED)
 STATE_VERSION = "nbbudget-ledger-v1"
 
 _current: contextvars.ContextVar[Budget | None] = contextvars.ContextVar(
@@ -151,10 +155,11 @@ class Budget:
         self._trace.limits = self._limits.to_dict()
         self._run_id = self._trace.run_index(self.name)
         self._counts: list[float] = [0] * _K
-        self._ops = [0] * _K
-        self._refused = [0] * _K
+        self._bulk: list[float] = [0] * _K  # amounts beyond one per charge: ops = used - bulk
+        self._exhausted = [False] * _K
         self._suspend = bool(suspend)
         self._totals = _check_totals(totals, suspend)
+        self._total = [getattr(self._totals, k.name) for k in KINDS]
         self._base: list[float] = [0] * _K
         self._notices = _check_notices(notices)
         self._notice_level = 0
@@ -163,6 +168,11 @@ class Budget:
         self._arm_thresholds()
 
     def _init_common(self) -> None:
+        self._full = full = self._root._trace.full
+        traced = full and self is self._root  # a grant's pools stay empty: it charges locked
+        self._pools: list[list[None]] = [_TracedPool(self, i) if traced else []
+                                         for i in range(_K)]
+        self._step_pool = self._pools[STEPS]
         self._stop: _Stop | None = None
         self._started_ms: float | None = None
         self._paused_at: float | None = None
@@ -175,13 +185,19 @@ class Budget:
         self._tool_seq = itertools.count(1)
 
     # -- the hot path --------------------------------------------------------------------------
+    # A run reserves permits of each whole-number kind in blocks, into a pool (a list) per kind.
+    # ``step()`` and ``charge(kind)`` take one with ``list.pop()``: a single atomic operation, no
+    # lock, no clock. Everything else (a refill, an amount other than 1, a notice to give, a full
+    # trace, a refusal, a grant) goes through the locked path below. Consumption is
+    # ``_counts - len(pool)``; a pool never holds permits past the limit or the next notice.
     def _arm_thresholds(self) -> None:
-        """Recompute ``_thr`` (the count each kind may reach) and ``_watch`` (the count past which a
-        charge takes the slow path: a notice to give, or a full trace to write)."""
+        """Recompute, per kind: ``_thr`` (the count that may be reached), ``_watch`` (the use at
+        which the next notice is due) and ``_cap`` (how far the pool may reserve ahead)."""
         limits = self._limits.to_dict()
         totals = self._totals.to_dict()
         thr = [_INF] * _K
         watch = [_INF] * _K
+        cap = [-_INF] * _K
         for i, kind in enumerate(KINDS):
             window = limits.get(kind.name)
             thr[i] = min(self._base[i] + window if window is not None else _INF,
@@ -190,9 +206,9 @@ class Budget:
                 self._suspend and i in _WINDOW_KINDS
             ):
                 watch[i] = self._base[i] + window * self._notices[self._notice_level]
-        if self._root._trace.full:
-            watch = [0.0] * _K
-        self._thr, self._watch = thr, watch
+            if _POOLED[i] and self is self._root:
+                cap[i] = min(thr[i], math.ceil(watch[i]) - 1 if watch[i] != _INF else _INF)
+        self._thr, self._watch, self._cap = thr, watch, cap
 
     def charge(self, kind: str, n: float = 1, *, target: str | None = None) -> None:
         """Reserve *n* of *kind* atomically before dispatch (S4-3).
@@ -203,28 +219,31 @@ class Budget:
         i = _CHARGE_INDEX.get(kind) if type(kind) is str else None
         if i is None or type(n) is not int or n < 0:
             i, n = kind_index(kind, chargeable=True), _amount(kind, n)
+        if n == 1 and (target is None or not self._full):  # a full trace keeps each target
+            try:
+                self._pools[i].pop()
+                return
+            except IndexError:
+                pass
         self._charge(i, n, target)
 
     def step(self) -> None:
         """Charge one step: ``charge("steps")``."""
-        self._charge(STEPS, 1, None)
+        try:
+            self._step_pool.pop()
+        except IndexError:
+            self._charge(STEPS, 1, None)
 
     def _charge(self, i: int, n: float, target: str | None) -> None:
-        lock = self._lock
-        lock.acquire()
-        c = self._counts[i] + n
-        if self._stop is None and c <= self._thr[i]:
-            self._counts[i] = c
-            self._ops[i] += 1
-            if c >= self._watch[i]:
-                self._after_charge(i, n, target, self._run_id)
-            lock.release()
-            return
-        try:
-            err = self._refusal(i, n, target)
-        finally:
-            lock.release()
-        raise err
+        """The locked path of one charge (the pool was empty, or the amount is not 1)."""
+        if self._stop is not None:
+            raise self._stop.signal()
+        if self._exhausted[i] and n:  # nothing can free a unit: refuse without the lock
+            self._raise(self._refuse(self, i, n, target, "run"))
+        with self._lock:
+            err = self._take_many(((i, n),), target)
+        if err is not None:
+            self._raise(err)
 
     def charge_many(self, amounts: Mapping[str, float], *, target: str | None = None) -> None:
         """Reserve several kinds at once, all or nothing (for a model reply's tokens and cost).
@@ -233,33 +252,66 @@ class Budget:
         order tokens > cost > turns > calls and steps > time (S3-3).
         """
         pairs = ((kind_index(k, chargeable=True), _amount(k, n)) for k, n in amounts.items())
-        items = sorted(pairs, key=lambda item: KINDS[item[0]].rank)
+        items = tuple(sorted(pairs, key=lambda item: KINDS[item[0]].rank))
         with self._lock:
-            err = self._check_many(items, target)
-            if err is None:
-                for i, n in items:
-                    self._commit(i, n, target, self._run_id)
+            err = self._take_many(items, target)
         if err is not None:
-            raise err
+            self._raise(err)
 
-    # -- the slow paths (called with the lock held) -------------------------------------------
-    def _check_many(self, items: list[tuple[int, float]], target: str | None) -> Any:
+    # -- the locked path (the run's lock held) -----------------------------------------------------
+    def _take_many(self, items: tuple[tuple[int, float], ...],
+                   target: str | None) -> BaseException | None:
+        """Check and reserve every item on the run's counters, all or nothing."""
+        if self._stop is not None:
+            return self._stop.signal()
+        done: list[tuple[int, float]] = []
         for i, n in items:
-            if self._stop is not None or self._counts[i] + n > self._thr[i]:
-                return self._refusal(i, n, target)
+            if not self._take(i, n):
+                for j, m in done:
+                    self._untake(j, m)
+                return self._refuse(self, i, n, target, "run")
+            done.append((i, n))
+        for i, n in items:
+            self._after_take(i, n, target, self._run_id)
         return None
 
-    def _commit(self, i: int, n: float, target: str | None, run_id: int) -> None:
-        c = self._counts[i] = self._counts[i] + n
-        self._ops[i] += 1
-        if c >= self._watch[i]:
-            self._after_charge(i, n, target, run_id)
+    def _take(self, i: int, n: float) -> bool:
+        """Reserve *n* of kind *i*: from what is not yet reserved, then from the pool."""
+        counts, pool = self._counts, self._pools[i]
+        short = counts[i] + n - self._thr[i]
+        taken = 0
+        while taken < short:  # only whole-number kinds have pools; for others this fails at once
+            try:
+                pool.pop()
+            except IndexError:
+                counts[i] -= taken  # what was taken from the pool is free again
+                if _POOLED[i] and not pool and self._thr[i] - counts[i] < 1:
+                    self._exhausted[i] = True
+                return False
+            taken += 1
+        counts[i] += n - taken
+        self._bulk[i] += n - 1
+        return True
 
-    def _after_charge(self, i: int, n: float, target: str | None, run_id: int) -> None:
-        """The slow part of a charge on the run (lock held): a full trace, an approach notice."""
+    def _untake(self, i: int, n: float) -> None:
+        self._counts[i] -= n
+        self._bulk[i] -= n - 1
+
+    def _after_take(self, i: int, n: float, target: str | None, run_id: int) -> None:
+        """What follows a reservation on the run: a full-trace event, a notice, a refill."""
         if self._trace.full:
             self._trace.add_charge(i, n, self._t_ms(), run_id, target)
-        self._maybe_notice()
+        if self._used(i) >= self._watch[i]:
+            self._maybe_notice()
+        room = self._cap[i] - self._counts[i]
+        if room >= 1:
+            k = int(min(_BLOCK, room))
+            self._counts[i] += k
+            self._pools[i].extend(_PERMITS[:k])
+
+    def _used(self, i: int) -> float:
+        """What kind *i* has consumed in this slice (reserved, less what waits in the pool)."""
+        return self._counts[i] - len(self._pools[i]) - self._base[i]
 
     def _maybe_notice(self) -> None:
         if not self._notices or self._notice_level >= 2:
@@ -281,41 +333,55 @@ class Budget:
             i = KIND_INDEX[kind]
             if self._suspend and i in _WINDOW_KINDS:
                 continue
-            used = self._elapsed_ms() if i == RUN_MS else self._counts[i] - self._base[i]
+            used = self._elapsed_ms() if i == RUN_MS else self._used(i)
             if used / limit > best_ratio:
                 best, best_ratio = kind, used / limit
         return best, best_ratio
 
-    def _refusal(self, i: int, n: float, target: str | None) -> BaseException:
-        if self._stop is not None:
-            return self._stop.signal()
-        return self._refuse(self, i, n, target, scope="run")
-
+    # -- refusals ----------------------------------------------------------------------------------
     def _refuse(self, holder: Budget, i: int, n: float, target: str | None,
-                scope: str) -> BaseException:
-        """Record a refusal of *n* of kind *i* against *holder*'s counters (lock held)."""
+                scope: str) -> BudgetExceeded:
+        """Record a refusal of *n* of kind *i* against *holder*'s counters and return the error
+        (safe with or without the lock: the trace takes events from any thread)."""
         root = self._root
-        kind = KINDS[i]
-        count = holder._counts[i]
-        total = getattr(holder._totals, kind.name) if holder is root and i != RUN_MS else None
-        if total is not None and count + n > total:  # a whole-run total: always loud (S3-1)
-            limit, consumed, window_hit = total, count, False
+        used, base = holder._used(i), holder._base[i]
+        total = holder._total[i]
+        if total is not None and used + base + n > total:  # a whole-run total: loud (S3-1)
+            limit, consumed, window = total, used + base, False
         else:
-            limit, consumed = holder._thr[i] - holder._base[i], count - holder._base[i]
-            window_hit = root._suspend and i in _WINDOW_KINDS and holder is root
-        root._refused[i] += 1
-        root._trace.add(REFUSED, self._t_ms(), self._run_id, lambda: {
-            "budget_kind": kind.name, "limit_value": _plain(limit),
-            "consumed_value": _plain(consumed), "target_ref": target,
-            "runtime_error_code": kind.code,
-        }, key=(REFUSED, i, limit, consumed, target))
-        if window_hit:
-            stop = root._make_stop(Status.SUSPENDED, "window", kind.name, "Suspended",
-                                   f"the {kind.name} window of {_plain(limit)} is spent; the run "
-                                   f"is suspended and resumes with a fresh window")
-            root._halt_locked(stop)
-            return stop.signal()
-        return BudgetExceeded(kind.name, limit, consumed, n, target, kind.code, scope)
+            limit, consumed = holder._thr[i] - base, used
+            window = root._suspend and i in _WINDOW_KINDS and holder is root
+        trace = root._trace
+        key = (i, limit, consumed, target)  # an exhausted limit refuses with one payload
+        ref = trace._interned.get(key)
+        if ref is None:
+            ref = trace._ref_of({
+                "budget_kind": KINDS[i].name, "limit_value": _plain(limit),
+                "consumed_value": _plain(consumed), "target_ref": target,
+                "runtime_error_code": KINDS[i].code,
+            }, key)
+        trace._extend((self._t_ms(), n, ref, _REFUSED_CODE + 256 * self._run_id))
+        # BaseException.__new__ stores the args; the Python __init__ would only add a call
+        err = BudgetExceeded.__new__(BudgetExceeded, KINDS[i].name, limit, consumed, n, target,
+                                     KINDS[i].code, scope)
+        if window:
+            err.window = True
+        return err
+
+    def _raise(self, err: BaseException) -> NoReturn:
+        """Raise *err* (outside the lock). A spent window suspends the run instead (S3-1)."""
+        if isinstance(err, BudgetExceeded) and err.window:
+            root = self._root
+            root._halt(root._make_stop(
+                Status.SUSPENDED, "window", err.kind, "Suspended",
+                f"the {err.kind} window of {_plain(err.limit)} is spent; the run is suspended "
+                f"and resumes with a fresh window"))
+            assert root._stop is not None
+            err = root._stop.signal()
+        try:
+            raise err
+        finally:
+            del err  # no cycle through this frame
 
     # -- cancellation and stops ------------------------------------------------------------
     def cancel(self, reason: Any = None) -> None:
@@ -341,6 +407,8 @@ class Budget:
         if self._stop is not None:
             return False
         self._stop = stop
+        for pool in self._pools:  # every later charge takes the locked path, and raises
+            pool.clear()
         kind = "suspended" if stop.status is Status.SUSPENDED else (
             "cut" if stop.status is Status.FAILED else "cancelled")
         if stop.origin is self:
@@ -625,8 +693,8 @@ class Budget:
     def consumed(self) -> dict[str, float]:
         """What was spent, by kind: on a run the run-wide totals, on a grant its own charges."""
         with self._lock:
-            counts = list(self._counts)
-        out = {k.name: _plain(counts[i]) for i, k in enumerate(KINDS) if counts[i] and i != RUN_MS}
+            used = [self._used(i) + self._base[i] for i in range(_K)]
+        out = {k.name: _plain(used[i]) for i, k in enumerate(KINDS) if used[i] and i != RUN_MS}
         elapsed = self._elapsed_ms()
         if elapsed:
             out["run_ms"] = round(elapsed)
@@ -643,7 +711,7 @@ class Budget:
             return _plain(self._remaining_locked(i))
 
     def _remaining_locked(self, i: int) -> float:
-        return max(0, self._thr[i] - self._counts[i])
+        return max(0, self._thr[i] - self._base[i] - self._used(i))
 
     @property
     def notice_level(self) -> int:
@@ -662,7 +730,7 @@ class Budget:
                 left: float = round(self.remaining_ms or 0.0)
             else:
                 i = KIND_INDEX[kind]
-                used = self._counts[i] - self._base[i]
+                used = self._used(i)
                 left = self.remaining(kind)
             axes.append(AxisUsage(kind, limit, _plain(used), left, used / limit))
         status = self._outcome.status.value if self._outcome else (
@@ -680,14 +748,17 @@ class Budget:
 
     def _stats(self) -> dict[str, dict[str, float]]:
         with self._lock:
-            ops, refused, counts = list(self._ops), list(self._refused), list(self._counts)
-        names = [k.name for k in KINDS]
-        stats: dict[str, dict[str, float]] = {
-            "checks": {names[i]: ops[i] + refused[i] for i in range(_K) if ops[i] + refused[i]},
-            "consumptions": {names[i]: ops[i] for i in range(_K) if ops[i]},
-            "consumed": {names[i]: _plain(counts[i]) for i in range(_K) if counts[i]},
-            "refusals": {names[i]: refused[i] for i in range(_K) if refused[i]},
-        }
+            used = [self._used(i) + self._base[i] for i in range(_K)]
+            ops = [round(used[i] - self._bulk[i]) for i in range(_K)]
+        refused = self._trace.refusals_by_kind()
+        stats: dict[str, dict[str, float]] = {"checks": {}, "consumptions": {}, "consumed": {},
+                                              "refusals": {}}
+        for i, kind in enumerate(KINDS):
+            name = kind.name
+            for table, value in (("checks", ops[i] + refused[name]), ("consumptions", ops[i]),
+                                 ("consumed", _plain(used[i])), ("refusals", refused[name])):
+                if value:
+                    stats[table][name] = value
         if self._limits.run_ms is not None or self._elapsed_ms():
             stats["consumed"]["run_ms"] = round(self._elapsed_ms())
         return stats
@@ -705,8 +776,8 @@ class Budget:
                 "limits": self._limits.to_dict(),
                 "totals": self._totals.to_dict(),
                 "suspend": self._suspend,
-                "counts": {k.name: _plain(self._counts[i]) for i, k in enumerate(KINDS)
-                           if self._counts[i] and i != RUN_MS},
+                "counts": {k.name: _plain(used) for i, k in enumerate(KINDS)
+                           if (used := self._used(i) + self._base[i]) and i != RUN_MS},
                 "active_ms": _plain(round(self._elapsed_ms(), 3)),
                 "notice_level": self._notice_level,
                 "notices": list(self._notices) if self._notices else None,
@@ -725,7 +796,8 @@ class Budget:
                   notices=tuple(saved["notices"]) if saved["notices"] else None,
                   trace=trace)
         for kind, value in saved["counts"].items():
-            run._counts[kind_index(kind)] = value
+            run._counts[kind_index(kind, chargeable=True)] = value
+        run._bulk = list(run._counts)  # what earlier slices consumed is not this run's work
         run._active_before_ms = float(saved["active_ms"])
         run._notice_level = int(saved["notice_level"])
         if run._suspend:
@@ -747,6 +819,27 @@ class Budget:
         return f"<{type(self).__name__} {self.name!r} {snap.status}: {axes}>"
 
 
+class _TracedPool(list[None]):
+    """The pool of a run with ``trace="full"``: each permit it hands out is also recorded as a
+    ``consumed`` event (one atomic append), so the fast path stays free of the lock."""
+
+    __slots__ = ("_now", "_packed", "_ref", "_rows", "_run")
+
+    def __init__(self, run: Budget, kind: int) -> None:
+        super().__init__()
+        self._run = run
+        self._now = run._clock.now_ms
+        self._rows = run._trace._rows.frombytes if _GIL else run._trace._locked_append_bytes
+        self._ref = -1 - kind
+        self._packed = 256 * run._run_id
+
+    def pop(self, index: SupportsIndex = -1) -> None:
+        list.pop(self, index)  # IndexError when empty: the caller takes the locked path
+        started = self._run._started_ms
+        t = self._now() - started if started is not None else 0.0
+        self._rows(_ROW.pack(t, 1.0, self._ref, self._packed))  # one atomic append
+
+
 class Grant(Budget):
     """A child grant of a run (see `Budget.grant`): its own allowances, the run's shared
     counters, a deadline no later than its parent's, and its parent's cancellation."""
@@ -760,8 +853,11 @@ class Grant(Budget):
         self._limits = limits
         self._suspend = False
         self._totals = Limits()
+        self._total: list[float | None] = [None] * _K
         self._base = [0] * _K
         self._counts = [0] * _K
+        self._bulk = [0] * _K
+        self._exhausted = [False] * _K
         self._notices = None
         self._notice_level = 0
         self._active_before_ms = 0.0
@@ -785,33 +881,28 @@ class Grant(Budget):
         if left is not None:
             self._thr[RUN_MS] = min(self._thr[RUN_MS], left)
 
-    def _charge(self, i: int, n: float, target: str | None) -> None:
+    def _take_many(self, items: tuple[tuple[int, float], ...],
+                   target: str | None) -> BaseException | None:
+        """Check this grant's own allowances, then reserve on the run's counters (S2-2)."""
         root = self._root
-        with self._lock:
-            err: BaseException | None = None
-            if self._stop is not None:
-                err = self._stop.signal()
-            elif self._counts[i] + n > self._thr[i]:
-                err = self._refuse(self, i, n, target, scope="grant")
-            elif root._counts[i] + n > root._thr[i] or root._stop is not None:
-                err = root._refusal(i, n, target)
-            else:
-                self._counts[i] += n
-                root._commit(i, n, target, self._run_id)
-        if err is not None:
-            raise err
-
-    def _check_many(self, items: list[tuple[int, float]], target: str | None) -> Any:
+        if self._stop is not None:
+            return self._stop.signal()
         for i, n in items:
-            if self._stop is not None:
-                return self._stop.signal()
             if self._counts[i] + n > self._thr[i]:
-                return self._refuse(self, i, n, target, scope="grant")
-        return self._root._check_many(items, target)
-
-    def _commit(self, i: int, n: float, target: str | None, run_id: int) -> None:
-        self._counts[i] += n
-        self._root._commit(i, n, target, run_id)
+                return self._refuse(self, i, n, target, "grant")
+        if root._stop is not None:
+            return root._stop.signal()
+        done: list[tuple[int, float]] = []
+        for i, n in items:
+            if not root._take(i, n):
+                for j, m in done:
+                    root._untake(j, m)
+                return self._refuse(root, i, n, target, "run")
+            done.append((i, n))
+        for i, n in items:
+            self._counts[i] += n
+            root._after_take(i, n, target, self._run_id)
+        return None
 
     def _remaining_locked(self, i: int) -> float:
         return min(super()._remaining_locked(i), self._root._remaining_locked(i))

@@ -58,20 +58,28 @@ class BudgetError(Exception):
 
 
 class BudgetExceeded(BudgetError):
-    """A charge was refused before anything was spent; the counters are as they were."""
+    """A charge was refused before anything was spent; the counters are as they were.
+
+    Attributes: ``kind``, ``limit``, ``consumed``, ``requested``, ``target``, ``code`` (the
+    limit's error code, e.g. ``"StepBudgetExceeded"``) and ``scope`` (``"run"`` or ``"grant"``).
+    """
+
+    window = False  # the refused limit is a window that suspends the run (S3-1)
 
     def __init__(
         self, kind: str, limit: float, consumed: float, requested: float = 1,
         target: str | None = None, code: str = "", scope: str = "run",
     ) -> None:
-        self.kind = kind
-        self.limit = limit
-        self.consumed = consumed
-        self.requested = requested
-        self.target = target
-        self.code = code
-        self.scope = scope
-        super().__init__()
+        # kept in ``args`` (set in C, so a refusal stays cheap) and read through properties
+        super().__init__(kind, limit, consumed, requested, target, code, scope)
+
+    kind = property(lambda self: self.args[0], doc="the budget kind refused")
+    limit = property(lambda self: self.args[1], doc="the limit in force")
+    consumed = property(lambda self: self.args[2], doc="what had been consumed")
+    requested = property(lambda self: self.args[3], doc="the amount asked for")
+    target = property(lambda self: self.args[4], doc="what the charge was for, if given")
+    code = property(lambda self: self.args[5], doc="the limit's error code")
+    scope = property(lambda self: self.args[6], doc="'run' or 'grant'")
 
     def __str__(self) -> str:
         what = f"{self.kind} for {self.target}" if self.target else self.kind
@@ -80,10 +88,6 @@ class BudgetExceeded(BudgetError):
             f"{what} would exceed {owner} limit of {_num(self.limit)} ({_num(self.consumed)} used, "
             f"{_num(self.requested)} more requested); raise the limit or do less work"
         )
-
-    def __reduce__(self) -> Any:
-        return (type(self), (self.kind, self.limit, self.consumed, self.requested,
-                             self.target, self.code, self.scope))
 
 
 class BudgetCut(BudgetError):

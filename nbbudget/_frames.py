@@ -33,9 +33,12 @@ def trace_frame(trace: Trace) -> pd.DataFrame:
     from ._trace import EVENT_KINDS
 
     n = len(trace)
-    codes = np.frombuffer(trace._code, dtype=np.uint8) if n else np.zeros(0, np.uint8)
-    refs = np.frombuffer(trace._ref, dtype=np.int32) if n else np.zeros(0, np.int32)
-    runs = np.frombuffer(trace._run, dtype=np.uint16) if n else np.zeros(0, np.uint16)
+    # a copy (not a view): a live run may still be appending to the array
+    rows = np.frombuffer(trace._rows[: 4 * n], dtype=np.float64).reshape(n, 4)
+    packed = rows[:, 3].astype(np.int64)
+    codes = packed % 256
+    runs = packed // 256
+    refs = rows[:, 2].astype(np.int64)
     charge = codes == 0
     kind_codes = np.full(n, -1, dtype=np.int16)
     bare = charge & (refs < 0)
@@ -51,11 +54,11 @@ def trace_frame(trace: Trace) -> pd.DataFrame:
             if "budget_kind" in p and p["budget_kind"] in names:
                 kind_codes[i] = names.index(p["budget_kind"])
     return pd.DataFrame({
-        "t_ms": np.frombuffer(trace._t, dtype=np.float64) if n else np.zeros(0),
+        "t_ms": rows[:, 0],
         "kind": pd.Categorical.from_codes(codes.astype(np.int16), categories=list(EVENT_KINDS)),
         "run": pd.Categorical.from_codes(runs.astype(np.int32), categories=_unique(trace._runs)),
         "budget_kind": pd.Categorical.from_codes(kind_codes, categories=names),
-        "amount": np.frombuffer(trace._amount, dtype=np.float64) if n else np.zeros(0),
+        "amount": rows[:, 1],
         "payload": payload,
     })
 

@@ -1,8 +1,10 @@
 """The trace: every budget event of a run, stored compactly (S4-8, S4-9).
 
-By default a successful charge is only counted; ``trace="full"`` stores each one as an event
-(about 23 bytes each, in parallel arrays) so the trace can be replayed under other limits.
-Refusals, notices, progress, cuts and outcomes are always stored.
+By default a successful charge is only counted; ``trace="full"`` stores each one as an event so
+the trace can be replayed under other limits. Refusals, notices, progress, cuts and outcomes are
+always stored. An event is one row of four doubles (32 bytes: time, amount, payload reference,
+kind and run) appended with a single ``array.extend``, which is atomic under the GIL, so events
+can be recorded without holding the run's lock.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import struct
+import sys
+import threading
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -37,6 +42,8 @@ EVENT_KINDS: tuple[str, ...] = (
 )
 _CODE = {k: i for i, k in enumerate(EVENT_KINDS)}
 _STAT_NAMES = ("checks", "consumptions", "consumed", "refusals")
+_GIL = getattr(sys, "_is_gil_enabled", lambda: True)()
+_ROW = struct.Struct("=4d")
 
 
 class Event(NamedTuple):
@@ -57,11 +64,9 @@ class Trace:
     def __init__(self, *, full: bool = False, name: str | None = None) -> None:
         self.full = full
         self.name = name
-        self._code = array("B")
-        self._t = array("d")
-        self._amount = array("d")
-        self._ref = array("i")
-        self._run = array("H")
+        self._rows = array("d")  # t_ms, amount, ref, code + 256 * run; four per event
+        self._extend = self._append_row if _GIL else self._locked_append_row
+        self._lock = threading.Lock()
         self._payloads: list[dict[str, Any]] = []
         self._interned: dict[tuple[Any, ...], int] = {}
         self._runs: list[str] = []
@@ -70,10 +75,21 @@ class Trace:
         self.limits: dict[str, float] = {}
         self.outcome: dict[str, Any] | None = None
 
-    # -- recording (called under the run's lock) -------------------------------------------
+    # -- recording (safe from any thread) ----------------------------------------------------
     def run_index(self, name: str) -> int:
-        self._runs.append(name)
-        return len(self._runs) - 1
+        with self._lock:
+            self._runs.append(name)
+            return len(self._runs) - 1
+
+    def _append_row(self, row: tuple[float, float, float, float]) -> None:
+        self._rows.frombytes(_ROW.pack(*row))  # one C call: atomic under the GIL
+
+    def _locked_append_row(self, row: tuple[float, float, float, float]) -> None:
+        self._locked_append_bytes(_ROW.pack(*row))
+
+    def _locked_append_bytes(self, packed: bytes) -> None:
+        with self._lock:
+            self._rows.frombytes(packed)
 
     def add(self, kind: str, t_ms: float, run: int,
             payload: dict[str, Any] | Callable[[], dict[str, Any]],
@@ -81,46 +97,56 @@ class Trace:
         """Append an event. Events with the same *key* share one payload, made by calling
         *payload* the first time (so repeated refusals of an exhausted limit cost a few bytes
         each, not a dict each)."""
+        self._extend((t_ms, 0.0, self._ref_of(payload, key), _CODE[kind] + 256 * run))
+
+    def _ref_of(self, payload: dict[str, Any] | Callable[[], dict[str, Any]],
+                key: tuple[Any, ...] | None) -> int:
         ref = self._interned.get(key, -1) if key is not None else -1
         if ref < 0:
-            self._payloads.append(payload() if callable(payload) else payload)
-            ref = len(self._payloads) - 1
-            if key is not None:
-                self._interned[key] = ref
-        self._append(_CODE[kind], t_ms, 0.0, ref, run)
+            made = payload() if callable(payload) else payload
+            with self._lock:
+                self._payloads.append(made)
+                ref = len(self._payloads) - 1
+                if key is not None:
+                    self._interned[key] = ref
+        return ref
 
     def add_charge(self, kind_index: int, amount: float, t_ms: float, run: int,
                    target: str | None) -> None:
         if target is None:
             ref = -1 - kind_index
         else:
-            self._payloads.append({"budget_kind": KINDS[kind_index].name, "target": target})
-            ref = len(self._payloads) - 1
-        self._append(0, t_ms, amount, ref, run)
-
-    def _append(self, code: int, t_ms: float, amount: float, ref: int, run: int) -> None:
-        self._code.append(code)
-        self._t.append(t_ms)
-        self._amount.append(amount)
-        self._ref.append(ref)
-        self._run.append(run)
+            ref = self._ref_of({"budget_kind": KINDS[kind_index].name, "target": target},
+                               (CONSUMED, kind_index, target))
+        self._extend((t_ms, amount, ref, 256 * run))
 
     # -- reading --------------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._code)
+        return len(self._rows) // 4
+
+    def _row(self, i: int) -> tuple[float, float, int, int, int]:
+        """(t_ms, amount, ref, code, run) of event *i*."""
+        t, amount, ref, packed = self._rows[4 * i: 4 * i + 4]
+        return t, amount, int(ref), int(packed) % 256, int(packed) // 256
+
+    def _column(self, k: int) -> array[float]:
+        return self._rows[k::4]
+
+    def _codes(self) -> list[int]:
+        return [int(p) % 256 for p in self._column(3)]
 
     def _event(self, i: int) -> Event:
-        code, ref = self._code[i], self._ref[i]
+        t, amount, ref, code, run = self._row(i)
         if code == 0:
             if ref < 0:
                 payload: dict[str, Any] = {"budget_kind": KINDS[-1 - ref].name}
             else:
                 payload = dict(self._payloads[ref])
-            payload["amount"] = _plain(self._amount[i])
-            payload["run"] = self._runs[self._run[i]]
+            payload["amount"] = _plain(amount)
+            payload["run"] = self._runs[run]
         else:
             payload = self._payloads[ref]
-        return Event(EVENT_KINDS[code], payload, self._t[i])
+        return Event(EVENT_KINDS[code], payload, t)
 
     def __iter__(self) -> Iterator[Event]:
         return (self._event(i) for i in range(len(self)))
@@ -136,13 +162,20 @@ class Trace:
             return dict(self._stats_source())
         return self._saved_stats or {name: {} for name in _STAT_NAMES}
 
+    def refusals_by_kind(self) -> Counter[str]:
+        """How many refusals the trace holds, by budget kind."""
+        refused = _CODE[REFUSED]
+        refs = self._column(2)
+        return Counter(self._payloads[int(refs[i])]["budget_kind"]
+                       for i, c in enumerate(self._codes()) if c == refused)
+
     def summary(self) -> dict[str, Any]:
         """What S4-9 asks of a trace: budget checks, consumptions and refusals, by kind."""
         stats = self.stats()
         kinds = sorted(
             set().union(*(stats[n] for n in _STAT_NAMES)), key=lambda k: KIND_INDEX.get(k, 99)
         )
-        events = Counter(EVENT_KINDS[c] for c in self._code)
+        events = Counter(EVENT_KINDS[c] for c in self._codes())
         return {
             "run": self.name,
             "mode": "full" if self.full else "counts",
@@ -192,11 +225,11 @@ class Trace:
             "outcome": self.outcome,
             "runs": list(self._runs),
             "events": {
-                "code": [EVENT_KINDS[c] for c in self._code],
-                "t_ms": list(self._t),
-                "amount": [_plain(a) for a in self._amount],
-                "ref": list(self._ref),
-                "run": list(self._run),
+                "code": [EVENT_KINDS[c] for c in self._codes()],
+                "t_ms": list(self._column(0)),
+                "amount": [_plain(a) for a in self._column(1)],
+                "ref": [int(r) for r in self._column(2)],
+                "run": [int(p) // 256 for p in self._column(3)],
                 "payloads": self._payloads,
             },
         }
@@ -244,19 +277,19 @@ class Trace:
             columns = (ev["code"], ev["t_ms"], ev["amount"], ev["ref"], ev["run"])
             if len({len(c) for c in columns}) != 1:
                 raise ConfigError("its event columns have different lengths")
-            trace._code = array("B", (_CODE[k] for k in ev["code"]))
-            trace._t = array("d", ev["t_ms"])
-            trace._amount = array("d", ev["amount"])
-            trace._ref = array("i", ev["ref"])
-            trace._run = array("H", ev["run"])
+            rows = trace._rows
+            for code, t, amount, ref, run in zip(*columns, strict=True):
+                if not (isinstance(ref, int) and isinstance(run, int) and 0 <= run < 2**16):
+                    raise ConfigError(f"event {len(trace)} has a malformed ref or run")
+                rows.extend((float(t), float(amount), ref, _CODE[code] + 256 * run))
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
             if isinstance(exc, ConfigError):
                 raise
             raise ConfigError(f"a field is missing or malformed ({exc!r})") from None
         for i in range(len(trace)):
-            ref = trace._ref[i]
-            lowest = -len(KINDS) if trace._code[i] == 0 else 0  # only charges point at a kind
-            if not (lowest <= ref < len(trace._payloads)) or trace._run[i] >= len(trace._runs):
+            _, _, ref, code, run = trace._row(i)
+            lowest = -len(KINDS) if code == 0 else 0  # only charges point at a kind
+            if not (lowest <= ref < len(trace._payloads)) or run >= len(trace._runs):
                 raise ConfigError(f"event {i} points at a payload or run that is not there")
         return trace
 
@@ -294,18 +327,18 @@ def _replay_full(trace: Trace, limits: Limits) -> Replay:
     used = [0.0] * len(KINDS)
     out = []
     for i in range(len(trace)):
-        if trace._code[i] != 0:
+        t, amount, _, code, _ = trace._row(i)
+        if code != 0:
             continue
         ev = trace._event(i)
         k = KIND_INDEX[ev.payload["budget_kind"]]
-        amount = trace._amount[i]
-        time_over = trace._t[i] > lim[RUN_MS]
+        time_over = t > lim[RUN_MS]
         if used[k] + amount > lim[k] or time_over:
             kind = RUN_MS if time_over and used[k] + amount <= lim[k] else k
             out.append({
-                "index": i, "t_ms": trace._t[i], "budget_kind": KINDS[kind].name,
+                "index": i, "t_ms": t, "budget_kind": KINDS[kind].name,
                 "limit_value": lim[kind],
-                "consumed_value": trace._t[i] if kind == RUN_MS else _plain(used[k]),
+                "consumed_value": t if kind == RUN_MS else _plain(used[k]),
                 "amount": _plain(amount), "target_ref": ev.payload.get("target"),
             })
         else:
