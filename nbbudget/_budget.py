@@ -309,6 +309,16 @@ class Budget:
             self._counts[i] += k
             self._pools[i].extend(_PERMITS[:k])
 
+    def _drain(self, i: int) -> None:
+        """Give back the permits waiting in pool *i* (lock held; pops may race, each is one)."""
+        pool = self._pools[i]
+        while True:
+            try:
+                list.pop(pool)  # not a charge: a traced pool records nothing here
+            except IndexError:
+                return
+            self._counts[i] -= 1
+
     def _used(self, i: int) -> float:
         """What kind *i* has consumed in this slice (reserved, less what waits in the pool)."""
         return self._counts[i] - len(self._pools[i]) - self._base[i]
@@ -407,8 +417,8 @@ class Budget:
         if self._stop is not None:
             return False
         self._stop = stop
-        for pool in self._pools:  # every later charge takes the locked path, and raises
-            pool.clear()
+        for i in range(_K):  # every later charge takes the locked path, and raises
+            self._drain(i)
         kind = "suspended" if stop.status is Status.SUSPENDED else (
             "cut" if stop.status is Status.FAILED else "cancelled")
         if stop.origin is self:

@@ -351,3 +351,74 @@ def test_the_repr_shows_the_state_and_every_armed_axis(clock):
         run.charge("steps", 3)
         assert repr(run) == "<Budget 'etl' running: steps 3/10>"
     assert repr(run) == "<Budget 'etl' completed: steps 3/10>"
+
+
+# -- permit pools: the lock-free fast path stays exact -------------------------------------------
+def test_S4_3_permits_waiting_in_the_pool_are_never_refused_to_a_larger_charge(clock):
+    with nb.budget(steps=1000, clock=clock, notices=None) as run:
+        run.step()  # the run reserves a block of permits for later steps
+        run.charge("steps", 999)  # needs every permit, those in the pool included
+        assert run.remaining("steps") == 0
+        with pytest.raises(nb.BudgetExceeded):
+            run.step()
+    assert run.consumed == {"steps": 1000}
+
+
+def test_S4_3_a_grant_can_use_permits_reserved_by_its_run(clock):
+    with nb.budget(steps=300, clock=clock, notices=None) as run:
+        run.step()
+        with run.grant(steps=500) as child:
+            child.charge("steps", 299)
+            with pytest.raises(nb.BudgetExceeded) as info:
+                child.step()
+    assert info.value.scope == "run"
+    assert run.consumed == {"steps": 300}
+
+
+def test_S4_3_mixed_amounts_racing_never_exceed_and_leave_less_than_one_charge(clock):
+    """4 threads charge 1 at a time and 4 charge 7 at a time until refused: the run ends with
+    exactly what was granted, never more than the limit, and less than 7 left over."""
+    limit = 50_000
+    granted = [0] * 8
+    with nb.budget(tool_calls=limit, clock=clock) as run:
+        def worker(k: int, amount: int) -> None:
+            misses = 0
+            while misses < 50:
+                try:
+                    run.charge("tool_calls", amount)
+                    granted[k] += amount
+                except nb.BudgetExceeded:
+                    misses += 1
+
+        threads = [threading.Thread(target=worker, args=(k, 1 if k < 4 else 7), name=f"mix-{k}")
+                   for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert run.consumed["tool_calls"] == sum(granted)
+        assert 0 <= limit - sum(granted) < 1  # ones keep taking until the very last permit
+    notices = [e.payload["level"] for e in run.trace.events if e.kind == "approach_notice"]
+    assert notices == [1, 2]
+
+
+def test_the_fast_path_still_gives_each_notice_at_its_threshold(clock):
+    with nb.budget(steps=1000, clock=clock) as run:
+        for _ in range(799):
+            run.step()
+        assert run.notice_level == 0
+        run.step()
+        assert run.notice_level == 1
+        for _ in range(149):
+            run.step()
+        assert run.notice_level == 1
+        run.step()
+        assert run.notice_level == 2
+
+
+def test_a_stop_empties_the_pools_so_the_next_step_raises(clock):
+    with pytest.raises(nb.Cancelled), nb.budget(steps=10**6, clock=clock) as run:
+        run.step()  # a block of permits is now reserved
+        run.cancel()
+        run.step()
+    assert run.consumed == {"steps": 1}
