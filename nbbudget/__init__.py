@@ -1,12 +1,14 @@
 """nbbudget: budgets for Jupyter and for plain Python.
 
 ``import nbbudget as nb``: run limits, step and time grants, cancellation, watched tools and
-traces (`budget`, `Limits`, `Trace`). In IPython, ``%load_ext nbbudget``.
+traces (`budget`, `Limits`, `Trace`); call budgets whose work detaches to a background job or
+pauses at a checkpoint (`call`, `checkpoint`, `jobs`). In IPython, ``%load_ext nbbudget``.
 """
 
 from __future__ import annotations
 
 from ._budget import Budget, Grant, Snapshot, budget, current
+from ._call import call, checkpoint, resume_state
 from ._duration import parse_duration
 from ._errors import (
     BudgetCut,
@@ -16,8 +18,11 @@ from ._errors import (
     ConfigError,
     WideningError,
 )
+from ._jobs import Job, JobState, jobs
 from ._limits import Limits, Manifest
 from ._outcome import Outcome, Status
+from ._response import Response
+from ._store import CheckpointRefused, store
 from ._tool import ToolContext
 from ._trace import Event, Replay, Trace
 
@@ -29,19 +34,28 @@ __all__ = [
     "BudgetError",
     "BudgetExceeded",
     "Cancelled",
+    "CheckpointRefused",
     "ConfigError",
     "Event",
     "Grant",
+    "Job",
+    "JobState",
     "Limits",
     "Manifest",
     "Outcome",
     "Replay",
+    "Response",
     "Snapshot",
     "Status",
     "ToolContext",
     "Trace",
     "WideningError",
     "budget",
+    "call",
+    "checkpoint",
     "current",
+    "jobs",
     "parse_duration",
+    "resume_state",
+    "store",
 ]

@@ -55,6 +55,10 @@ def current() -> Budget | None:
     return _current.get()
 
 
+class _Incomplete(BaseException):
+    """Unwinds work whose call ran out of budget at a checkpoint: the run ends ``incomplete``."""
+
+
 class _Unwind(BaseException):
     """Unwinds a stopped run through user code that catches ``Exception``; the run that owns the
     stop turns it into a public error when its ``with`` block ends."""
@@ -651,6 +655,10 @@ class Budget:
             if child in self._children:
                 self._children.remove(child)
 
+    def _record(self, kind: str, payload: dict[str, Any]) -> None:
+        """Add an event of *kind* to the run's trace."""
+        self._root._trace.add(kind, self._t_ms(), self._run_id, payload)
+
     def set_output(self, output: Any) -> None:
         """Keep *output* (the work produced so far): a failed outcome carries it (S3-2)."""
         self._output = output
@@ -982,6 +990,8 @@ def _trace_mode(mode: object) -> bool:
 
 
 def _outcome_of(exc: BaseException, output: Any) -> Outcome:
+    if isinstance(exc, _Incomplete):
+        return Outcome(Status.INCOMPLETE, "call-budget", None, "Incomplete", str(exc))
     if isinstance(exc, BudgetExceeded):
         return Outcome(Status.FAILED, "budget-cut", exc.kind, exc.code, str(exc), output)
     if isinstance(exc, BudgetCut):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -93,3 +94,31 @@ def plot_trace(trace: Trace, ax: Any = None) -> Any:
     ax.set_ylabel("consumed / limit")
     ax.legend(loc="best", fontsize="small")
     return ax
+
+
+def jobs_frame(jobs: Any) -> pd.DataFrame:
+    """The jobs of this process, then the store's records of other processes (``lost`` among
+    them), one row each."""
+    from ._store import store
+
+    rows = [{"id": j.id, "label": j.label, "state": j.state.value, "pid": os.getpid(),
+             "created": j.created, "ended": j.ended, "error": _first_line(j.traceback)}
+            for j in jobs]
+    seen = {r["id"] for r in rows}
+    for rec in store().jobs():
+        if rec["id"] not in seen:
+            rows.append({"id": rec["id"], "label": rec["label"], "state": rec["state"],
+                         "pid": rec["pid"], "created": rec["created"], "ended": None,
+                         "error": _first_line(rec["error"])})
+    frame = pd.DataFrame(rows, columns=["id", "label", "state", "pid", "created", "ended",
+                                        "error"])
+    for col in ("created", "ended"):
+        frame[col] = pd.to_datetime(frame[col], unit="s", utc=True)
+    return frame.set_index("id")
+
+
+def _first_line(text: str | None) -> str | None:
+    if not text:
+        return None
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else None

@@ -28,21 +28,30 @@ PUBLIC = [
     "BudgetError",
     "BudgetExceeded",
     "Cancelled",
+    "CheckpointRefused",
     "ConfigError",
     "Event",
     "Grant",
+    "Job",
+    "JobState",
     "Limits",
     "Manifest",
     "Outcome",
     "Replay",
+    "Response",
     "Snapshot",
     "Status",
     "ToolContext",
     "Trace",
     "WideningError",
     "budget",
+    "call",
+    "checkpoint",
     "current",
+    "jobs",
     "parse_duration",
+    "resume_state",
+    "store",
 ]
 
 
@@ -99,7 +108,8 @@ def test_every_public_error_is_under_budget_error_or_config_error() -> None:
     errors = [obj for obj in map(nb.__dict__.get, nb.__all__)
               if isinstance(obj, type) and issubclass(obj, BaseException)]
     assert sorted(e.__name__ for e in errors) == [
-        "BudgetCut", "BudgetError", "BudgetExceeded", "Cancelled", "ConfigError", "WideningError",
+        "BudgetCut", "BudgetError", "BudgetExceeded", "Cancelled", "CheckpointRefused",
+        "ConfigError", "WideningError",
     ]
     assert all(issubclass(e, (nb.BudgetError, nb.ConfigError)) for e in errors)
 

@@ -1,0 +1,414 @@
+"""Call budgets (seed 000): a call holds its caller for at most its budget, then the work detaches
+to a background job or pauses at its next checkpoint, and the caller gets INCOMPLETE (exit 14).
+
+Rules: S0-1..S0-12, S4-4, S4-5, S4-7. The identity of an invocation is the work itself (the
+function and its arguments, or ``key``), never the budget or the timeout (S0-11).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import os
+import pickle
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _workers
+from ._budget import Budget, _Incomplete
+from ._clock import Clock, Scheduled, default_clock
+from ._duration import parse_duration
+from ._errors import BudgetCut, BudgetExceeded, Cancelled, ConfigError
+from ._interactive import is_interactive
+from ._jobs import Job, JobState
+from ._limits import Limits, Manifest
+from ._outcome import Status
+from ._response import (
+    EXIT_CANCELLED,
+    EXIT_FAILED,
+    EXIT_INCOMPLETE,
+    EXIT_OK,
+    EXIT_STOPPED,
+    Response,
+)
+from ._store import Checkpoint, CheckpointRefused, Store, store
+
+__all__ = ["DEFAULT_BUDGET_MS", "ENV_BUDGET", "call", "checkpoint", "resume_state"]
+
+DEFAULT_BUDGET_MS = 30_000
+ENV_BUDGET = "AGENT_CALL_BUDGET_MS"
+
+_current_call: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
+    "nbbudget_call", default=None)
+_attached: dict[str, Job] = {}  # detached work by identity, until its result is delivered
+_attached_lock = threading.Lock()
+
+
+class _Pause(_Incomplete):
+    """Unwinds work that reached a checkpoint after its call budget ran out (S0-1, S0-2)."""
+
+    def __init__(self, saved: Checkpoint) -> None:
+        super().__init__("paused at a checkpoint")
+        self.saved = saved
+
+
+@dataclass
+class _Call:
+    """One invocation: what the work sees through `checkpoint` and `resume_state`."""
+
+    identity: str
+    label: str
+    resume: bool
+    store: Store | None
+    run: Budget
+    first_start: float
+    loaded: Checkpoint | None = None
+    saved: Checkpoint | None = None
+    budget_out: threading.Event = field(default_factory=threading.Event)
+    wake: threading.Event = field(default_factory=threading.Event)
+
+
+def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool = False,
+         budget: int | str | None = None, timeout: int | str | None = None,
+         key: str | None = None, estimate_ms: int | str | None = None,
+         limits: Limits | None = None, manifest: str | os.PathLike[str] | Manifest | None = None,
+         clock: Clock | None = None, **kwargs: Any) -> Response:
+    """Run ``fn(*args, **kwargs)`` under a call budget and answer with a `Response`.
+
+    A call that declares interruption (``detach=True`` or ``resume=True``) holds its caller at
+    most its budget: ``budget=`` first, then ``AGENT_CALL_BUDGET_MS``, then 30 s (S0-3); ``0``
+    turns it off (S0-4); a person working interactively gets no default budget (S0-5). When it
+    runs out, ``detach`` leaves the work running as a job in ``nb.jobs``, and ``resume`` stops it
+    at its next `checkpoint`; either way the response is INCOMPLETE (exit code 14) and says how
+    to continue: make the identical call again (S0-11). ``timeout=`` bounds the whole work,
+    across every continuation (S0-6). ``estimate_ms=`` lets a call that knows it cannot finish in
+    time hand off at once (S0-7). ``limits=`` and ``manifest=`` bound the work as a run.
+
+    Keyword arguments with the names above are nbbudget's; pass such arguments to *fn* with
+    `functools.partial`.
+    """
+    started = time.monotonic()
+    clock = clock if clock is not None else default_clock()
+    plan = _plan(fn, args, kwargs, detach, resume, budget, timeout, key, estimate_ms, limits,
+                 manifest)
+    job = _reattach(plan.identity) if plan.detach else None
+    warnings: list[str] = []
+    if job is None:
+        try:
+            ctx, job = _start(fn, args, kwargs, plan, clock, warnings)
+        except CheckpointRefused as exc:
+            return _respond(plan, started, ok=False, exit_code=EXIT_FAILED,
+                            error={"code": exc.code, "message": str(exc)})
+        if ctx is None:  # the wall clock had already run out before this continuation
+            return _respond(plan, started, ok=False, exit_code=EXIT_CANCELLED,
+                            data={"state": "cancelled"}, warnings=warnings,
+                            error={"code": "cancelled", "message": _timeout_message(plan)})
+    return _await(job, plan, clock, started, warnings)
+
+
+# -- planning -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Plan:
+    identity: str
+    label: str
+    detach: bool
+    resume: bool
+    budget_ms: int | None
+    timeout_ms: int | None
+    estimate_ms: int | None
+    limits: Limits
+    envelope_bytes: int | None
+
+
+def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], detach: bool,
+          resume: bool, budget: int | str | None, timeout: int | str | None, key: str | None,
+          estimate_ms: int | str | None, limits: Limits | None,
+          manifest: str | os.PathLike[str] | Manifest | None) -> _Plan:
+    if not callable(fn):
+        raise ConfigError(f"nb.call() takes a function first, not {fn!r}")
+    for name, flag in (("detach", detach), ("resume", resume)):
+        if not isinstance(flag, bool):
+            raise ConfigError(f"{name}={flag!r}: use True or False")
+    limits = _limits(limits, manifest)
+    envelope = manifest.envelope_bytes if isinstance(manifest, Manifest) else (
+        Manifest.load(manifest).envelope_bytes if manifest is not None else None)
+    return _Plan(
+        identity=_identity(fn, args, kwargs, key),
+        label=key or getattr(fn, "__qualname__", None) or repr(fn),
+        detach=detach, resume=resume and not detach,
+        budget_ms=resolve_budget(budget, declares=detach or resume),
+        timeout_ms=None if timeout is None else _positive(timeout, "timeout"),
+        estimate_ms=None if estimate_ms is None else parse_duration(estimate_ms,
+                                                                    field="estimate_ms"),
+        limits=limits, envelope_bytes=envelope,
+    )
+
+
+def resolve_budget(budget: int | str | None, *, declares: bool,
+                   interactive: bool | None = None) -> int | None:
+    """The call budget in force, in ms, or `None` when none applies (S0-3, S0-5, S0-10).
+
+    *interactive* defaults to `is_interactive()`, decided now.
+    """
+    if not declares:
+        if budget is not None:
+            raise ConfigError(
+                f"budget={budget!r} needs detach=True or resume=True: only a call that can "
+                f"detach or pause can return before its work ends (S0-10); drop budget= or "
+                f"declare one of them")
+        return None
+    if budget is not None:
+        return parse_duration(budget, field="budget")
+    if is_interactive() if interactive is None else interactive:
+        return None
+    env = os.environ.get(ENV_BUDGET)
+    if env is not None and env.strip():
+        return parse_duration(env.strip(), field=ENV_BUDGET)
+    return DEFAULT_BUDGET_MS
+
+
+def _positive(value: int | str, field: str) -> int:
+    ms = parse_duration(value, field=field)
+    if ms == 0:
+        raise ConfigError(f"{field}=0 would cancel the work at once; use None for no limit")
+    return ms
+
+
+def _limits(limits: Limits | None, manifest: str | os.PathLike[str] | Manifest | None) -> Limits:
+    if limits is not None and not isinstance(limits, Limits):
+        raise ConfigError(f"limits= takes nb.Limits, not {type(limits).__name__}")
+    out = limits or Limits()
+    if manifest is not None:
+        loaded = manifest if isinstance(manifest, Manifest) else Manifest.load(manifest)
+        out = out.restrict(loaded.limits)
+    return out
+
+
+def _identity(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+              key: str | None) -> str:
+    """The same work gives the same identity: ``key``, or the function and its arguments."""
+    if key is not None:
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"key={key!r}: use a non-empty string that names the work")
+        return "key:" + hashlib.sha256(key.encode()).hexdigest()
+    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    try:
+        blob = pickle.dumps((args, sorted(kwargs.items())), protocol=4)
+    except Exception:  # arguments that cannot be pickled are identified by their repr
+        blob = repr((args, sorted(kwargs.items()))).encode()
+    return "fn:" + hashlib.sha256(name.encode() + b"\0" + blob).hexdigest()
+
+
+# -- starting and reattaching ----------------------------------------------------------------------
+def _reattach(identity: str) -> Job | None:
+    with _attached_lock:
+        return _attached.get(identity)
+
+
+def _start(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], plan: _Plan,
+           clock: Clock, warnings: list[str]) -> tuple[_Call | None, Job]:
+    db = store() if plan.detach or plan.resume else None
+    loaded = db.load_checkpoint(plan.identity) if plan.resume and db is not None else None
+    first_start = loaded.first_start if loaded is not None else time.time()
+    if loaded is not None:
+        run = Budget.resume(loaded.ledger, plan.limits, clock=clock)
+    else:
+        run = Budget(plan.limits, clock=clock, name=plan.label)
+    job = Job(plan.identity, plan.label, run, db)
+    ctx = _Call(plan.identity, plan.label, plan.resume, db, run, first_start, loaded)
+    left = _timeout_left(plan, first_start)
+    if left is not None and left <= 0:
+        job._finish(JobState.CANCELLED, error=Cancelled(_timeout_message(plan)))
+        if db is not None:
+            db.delete_checkpoint(plan.identity)
+        return None, job
+    if left is not None:
+        ctx_timer = clock.call_at(clock.now_ms() + left, lambda: _wall_clock(ctx, plan))
+        job._timers.append(ctx_timer)
+    job._ctx = ctx
+    context = contextvars.copy_context()
+    _workers.submit(lambda: context.run(_work, fn, args, kwargs, ctx, job))
+    return ctx, job
+
+
+def _timeout_left(plan: _Plan, first_start: float) -> float | None:
+    if plan.timeout_ms is None:
+        return None
+    return plan.timeout_ms - (time.time() - first_start) * 1000
+
+
+def _timeout_message(plan: _Plan) -> str:
+    return (f"{plan.label} was cancelled: its wall-clock limit of {plan.timeout_ms} ms, counted "
+            f"from its first start across every continuation, ran out")
+
+
+def _wall_clock(ctx: _Call, plan: _Plan) -> None:
+    """The wall-clock limit fired: cancel the work, across every continuation (S0-6, S4-7)."""
+    run = ctx.run
+    run._halt(run._make_stop(Status.CANCELLED, "wall-clock", "wall-clock", "Cancelled",
+                             _timeout_message(plan)))
+    ctx.wake.set()
+
+
+def _work(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], ctx: _Call,
+          job: Job) -> None:
+    """Runs on a worker thread: the work, under its run, with this call visible to it."""
+    _current_call.set(ctx)
+    try:
+        with ctx.run:
+            value = fn(*args, **kwargs)
+    except _Pause as paused:
+        job.paused = True
+        job._finish(JobState.DONE, value=paused.saved)
+    except Cancelled as exc:
+        job._finish(JobState.CANCELLED, error=exc)
+    except BaseException as exc:  # kept with its traceback: no job is silently dropped
+        job._finish(JobState.FAILED, error=exc)
+    else:
+        job._finish(JobState.DONE, value=value)
+    finally:
+        for timer in job._timers:  # the work has ended: its wall clock no longer matters
+            timer.cancel()
+        ctx.wake.set()
+
+
+# -- waiting and answering -----------------------------------------------------------------------
+def _await(job: Job, plan: _Plan, clock: Clock, started: float, warnings: list[str]) -> Response:
+    ctx: _Call = job._ctx
+    budget_ms = plan.budget_ms
+    out = threading.Event()  # this call's budget has run out
+
+    def budget_out() -> None:
+        out.set()
+        ctx.budget_out.set()  # a resumable work stops at its next checkpoint
+        ctx.wake.set()
+
+    timer: Scheduled | None = None
+    if plan.estimate_ms is not None and budget_ms and plan.estimate_ms > budget_ms:
+        budget_out()  # S0-7: it cannot finish in time: hand off or checkpoint now
+    elif budget_ms:
+        timer = clock.call_at(clock.now_ms() + budget_ms, budget_out)
+    try:
+        while not job.done():
+            ctx.wake.clear()
+            if job.done() or (plan.detach and out.is_set()):
+                break
+            stop = ctx.run._stop
+            if stop is not None and stop.status is Status.CANCELLED:
+                break  # the wall clock fired: the caller is freed even if the work ignores it
+            clock.wait(ctx.wake, None)
+    except KeyboardInterrupt:  # the person interrupted the call: stop the work, then re-raise
+        ctx.run.cancel("interrupted")
+        raise
+    finally:
+        if timer is not None:
+            timer.cancel()
+    return _answer(job, plan, started, warnings)
+
+
+def _answer(job: Job, plan: _Plan, started: float, warnings: list[str]) -> Response:
+    ctx: _Call = job._ctx
+    if not job.done():
+        stop = ctx.run._stop
+        if stop is not None and stop.status is Status.CANCELLED:
+            _deliver(job, plan)
+            return _respond(plan, started, ok=False, exit_code=EXIT_CANCELLED,
+                            data={"state": "cancelled", "job": job.id}, warnings=warnings,
+                            error={"code": "cancelled", "message": stop.message})
+        job._detach()
+        with _attached_lock:
+            _attached[plan.identity] = job
+        ctx.run._record("detached", {"job": job.id})
+        return _respond(plan, started, ok=False, exit_code=EXIT_INCOMPLETE, warnings=warnings,
+                        data={"state": "running", "job": job.id,
+                              "next": f"make the identical call again to wait for the result "
+                                      f"(or nb.jobs[{job.id!r}].result())"})
+    if getattr(job, "paused", False):
+        saved: Checkpoint = job.result()
+        return _respond(plan, started, ok=False, exit_code=EXIT_INCOMPLETE, warnings=warnings,
+                        data={"state": "paused", "checkpoint": saved.id,
+                              "next": "make the identical call again to continue from "
+                                      f"checkpoint {saved.id}"})
+    _deliver(job, plan)
+    error = job.exception()
+    if error is None:
+        return _respond(plan, started, ok=True, exit_code=EXIT_OK, data=job.result(),
+                        warnings=warnings)
+    if isinstance(error, Cancelled):
+        ended = ctx.run.outcome
+        wall = ended is not None and ended.status is Status.CANCELLED
+        return _respond(plan, started, ok=False,
+                        exit_code=EXIT_CANCELLED if wall else EXIT_STOPPED,
+                        data={"state": "cancelled" if wall else "stopped"}, warnings=warnings,
+                        error={"code": "cancelled" if wall else "stopped",
+                               "message": str(error)})
+    return _respond(plan, started, ok=False, exit_code=EXIT_FAILED, warnings=warnings,
+                    error={"code": _error_code(error), "message": str(error)})
+
+
+def _deliver(job: Job, plan: _Plan) -> None:
+    """The final result goes out: the work is complete, the next identical call starts anew."""
+    with _attached_lock:
+        if _attached.get(plan.identity) is job:
+            del _attached[plan.identity]
+    for timer in job._timers:
+        timer.cancel()
+    ctx: _Call = job._ctx
+    if plan.resume and ctx.store is not None:
+        ctx.store.delete_checkpoint(plan.identity)
+
+
+def _error_code(error: BaseException) -> str:
+    if isinstance(error, BudgetExceeded):
+        return str(error.code)
+    if isinstance(error, BudgetCut):
+        return f"budget_cut_{error.by}".replace("-", "_")
+    return type(error).__name__
+
+
+def _respond(plan: _Plan, started: float, *, ok: bool, exit_code: int, data: Any = None,
+             error: dict[str, str] | None = None, warnings: list[str] | None = None) -> Response:
+    meta: dict[str, Any] = {"exit_code": exit_code,
+                            "duration_ms": round((time.monotonic() - started) * 1000)}
+    if plan.budget_ms is not None:
+        meta["budget_ms"] = plan.budget_ms
+    if plan.timeout_ms is not None:
+        meta["timeout_ms"] = plan.timeout_ms
+    return Response(ok, data, error, list(warnings or []), meta, plan.envelope_bytes)
+
+
+# -- inside the work ----------------------------------------------------------------------------
+def checkpoint(state: Any) -> None:
+    """Inside work that declared ``resume``: save *state* durably (signed, atomically) with the
+    run's counters and active time; when the call budget has run out, stop here: the call
+    returns INCOMPLETE (``paused``) and the identical call continues from this state (S0-2).
+
+    In work that declared only ``detach`` it does nothing: that work never pauses.
+    """
+    ctx = _current_call.get()
+    if ctx is None:
+        raise ConfigError("nb.checkpoint() works inside nb.call(fn, ..., resume=True) (or a "
+                          "%%budget --resume cell); outside one there is nothing to resume")
+    if not ctx.resume or ctx.store is None:
+        return
+    ctx.run.check()
+    saved = ctx.store.save_checkpoint(ctx.identity, state, ledger=ctx.run.state(),
+                                      first_start=ctx.first_start, label=ctx.label)
+    ctx.saved = saved
+    ctx.run._record("checkpoint_saved", {"checkpoint": saved.id})
+    if ctx.budget_out.is_set():
+        raise _Pause(saved)
+
+
+def resume_state(default: Any = None) -> Any:
+    """Inside work that declared ``resume``: the state of this invocation's last checkpoint,
+    or *default* when it starts fresh."""
+    ctx = _current_call.get()
+    if ctx is None:
+        raise ConfigError("nb.resume_state() works inside nb.call(fn, ..., resume=True) (or a "
+                          "%%budget --resume cell)")
+    return ctx.loaded.state if ctx.loaded is not None else default
+

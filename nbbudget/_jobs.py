@@ -1,0 +1,168 @@
+"""Background jobs: work that outlived its caller's budget (S0-2, S0-11).
+
+``nb.jobs`` lists them: ``nb.jobs[id]`` is a `Job` of this process; ``nb.jobs.to_frame()`` adds
+the records of other kernels sharing the store (a job whose kernel died is ``lost``).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import os
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ._budget import Budget
+    from ._clock import Scheduled
+    from ._store import Store
+
+__all__ = ["Job", "JobState", "Jobs", "jobs"]
+
+
+class JobState(str, enum.Enum):
+    """Where a job is: ``running``, ``done``, ``failed``, ``cancelled``, or ``lost`` (its kernel
+    died while it ran)."""
+
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_ids = itertools.count(1)
+
+
+class Job:
+    """One piece of work running (or run) on a worker thread.
+
+    Python threads cannot be killed: `cancel` asks the work to stop at its next budget check
+    (``run.step()``, ``run.check()``, a tool call, ``nb.checkpoint``); work that never checks
+    runs to its end, and only then does the job settle as ``cancelled``.
+    """
+
+    def __init__(self, identity: str, label: str, run: Budget, store: Store | None) -> None:
+        self.id = f"{os.getpid():x}-{next(_ids)}"
+        self.identity = identity
+        self.label = label
+        self.run = run
+        self.created = time.time()
+        self.ended: float | None = None
+        self._store = store
+        self._state = JobState.RUNNING
+        self._done = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self.traceback: str | None = None
+        self.detached = False
+        self.paused = False  # the work stopped at a checkpoint (a resumable call)
+        self.output: list[str] = []
+        self._timers: list[Scheduled] = []
+        self._ctx: Any = None
+
+    # -- settled by the worker ------------------------------------------------------------------
+    def _finish(self, state: JobState, value: Any = None,
+                error: BaseException | None = None) -> None:
+        self._value, self._error = value, error
+        if error is not None:
+            self.traceback = "".join(traceback.format_exception(error))
+        self._state = state
+        self.ended = time.time()
+        self._done.set()
+        if self.detached:
+            self._record()
+
+    def _record(self) -> None:
+        if self._store is not None:
+            self._store.record_job(self.id, self.identity, self.label, self._state.value,
+                                   self.traceback)
+
+    def _detach(self) -> None:
+        """The caller's budget ran out: the work goes on as a background job (S0-2)."""
+        self.detached = True
+        jobs._add(self)
+        self._record()
+
+    # -- public -------------------------------------------------------------------------------
+    @property
+    def state(self) -> JobState:
+        return self._state
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait_done(self, timeout: float | None = None) -> bool:
+        """Wait until the job ends, at most *timeout* seconds; whether it ended."""
+        return self._done.wait(timeout)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The job's value once it ends. A failed job raises its exception (its traceback is in
+        ``job.traceback``); a cancelled one raises `nb.Cancelled`; `TimeoutError` if it has not
+        ended within *timeout* seconds."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"job {self.id} ({self.label}) is still running after "
+                               f"{timeout} s; wait longer or call .cancel()")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def exception(self) -> BaseException | None:
+        """The exception the job ended with, if any (does not wait)."""
+        return self._error
+
+    def cancel(self, reason: Any = "cancelled from nb.jobs") -> None:
+        """Ask the work to stop at its next check; idempotent."""
+        self.run.cancel(reason)
+
+    def __repr__(self) -> str:
+        return f"<Job {self.id} {self.label!r} {self._state.value}>"
+
+
+class Jobs:
+    """The background jobs of this process, by id: ``nb.jobs[id]``, ``list(nb.jobs)``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: dict[str, Job] = {}
+
+    def _add(self, job: Job) -> None:
+        with self._lock:
+            self._jobs[job.id] = job
+
+    def __getitem__(self, job_id: str) -> Job:
+        with self._lock:
+            found = self._jobs.get(job_id)
+        if found is None:
+            known = ", ".join(self._jobs) or "none"
+            raise KeyError(f"no job {job_id!r} in this process (jobs here: {known}); "
+                           f"nb.jobs.to_frame() also lists the store's records")
+        return found
+
+    def __iter__(self) -> Iterator[Job]:
+        with self._lock:
+            return iter(list(self._jobs.values()))
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._jobs)
+
+    def running(self) -> list[Job]:
+        return [j for j in self if j.state is JobState.RUNNING]
+
+    def to_frame(self) -> pd.DataFrame:
+        """Every job, this process's and the store's records, as a pandas DataFrame."""
+        from ._frames import jobs_frame
+
+        return jobs_frame(self)
+
+
+jobs = Jobs()

@@ -1,0 +1,91 @@
+"""The response envelope of a call (S0-12)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["EXIT_CANCELLED", "EXIT_FAILED", "EXIT_INCOMPLETE", "EXIT_OK", "EXIT_STOPPED",
+           "Response"]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_INCOMPLETE = 14
+EXIT_CANCELLED = 124  # the wall-clock limit fired, as with timeout(1)
+EXIT_STOPPED = 130  # a person stopped the work, as with Ctrl-C
+
+
+@dataclass
+class Response:
+    """What a call answers: ``{"ok", "data", "error", "warnings", "meta"}``.
+
+    ``meta`` holds ``exit_code``, ``duration_ms``, ``budget_ms`` (the call budget in force; absent
+    when none applies, S0-5, S0-8) and ``timeout_ms`` (when a wall-clock limit is set). Exit codes:
+    0 done, 1 failed, 14 INCOMPLETE (the work goes on or is paused), 124 cancelled by the wall
+    clock, 130 stopped by a person.
+    """
+
+    ok: bool
+    data: Any = None
+    error: dict[str, str] | None = None
+    warnings: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    #: the manifest's ``transport.envelopeBytes`` in force for this response, if any (S2-8)
+    envelope_bytes: int | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def exit_code(self) -> int:
+        return int(self.meta.get("exit_code", EXIT_OK if self.ok else EXIT_FAILED))
+
+    @property
+    def incomplete(self) -> bool:
+        """Whether the work is still running (detach) or paused (resume)."""
+        return self.exit_code == EXIT_INCOMPLETE
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "data": self.data, "error": self.error,
+                "warnings": list(self.warnings), "meta": dict(self.meta)}
+
+    def to_json(self, *, envelope_bytes: int | None = None, indent: int | None = None) -> str:
+        """The envelope as JSON. With *envelope_bytes* (S2-8), a response larger than that many
+        UTF-8 bytes has its ``data`` cut to a preview, with a warning; it is never sent whole."""
+        text = _dump(self.to_dict(), indent)
+        if envelope_bytes is None:
+            envelope_bytes = self.envelope_bytes
+        if envelope_bytes is None or len(text.encode()) <= envelope_bytes:
+            return text
+        return _truncate(self, len(text.encode()), envelope_bytes, indent)
+
+    def __repr__(self) -> str:
+        return (f"Response(ok={self.ok}, exit_code={self.exit_code}, data={_short(self.data)}, "
+                f"error={self.error})")
+
+
+def _dump(obj: Any, indent: int | None) -> str:
+    return json.dumps(obj, default=repr, ensure_ascii=False, indent=indent)
+
+
+def _truncate(resp: Response, size: int, limit: int, indent: int | None) -> str:
+    warning = (f"the response was {size} bytes, more than envelopeBytes={limit}; "
+               f"data was truncated")
+    preview = _dump(resp.data, None)
+    keep = len(preview)
+    while True:
+        env = resp.to_dict()
+        env["data"] = {"truncated": True, "bytes": size, "preview": preview[:keep]}
+        env["warnings"] = [*resp.warnings, warning]
+        text = _dump(env, indent)
+        over = len(text.encode()) - limit
+        if over <= 0:
+            return text
+        if keep == 0:
+            env["data"] = None
+            env["warnings"] = [warning]
+            return _dump({k: env[k] for k in ("ok", "data", "warnings", "meta")}, None)
+        keep = max(0, keep - max(over, keep // 8, 1))
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,304 @@
+"""The durable store under ``NBBUDGET_HOME``: job records and signed checkpoints, in SQLite.
+
+One database file, ``nbbudget.db``, in WAL mode so several kernels of one user can share it;
+each thread has its own connection; every write is a ``BEGIN IMMEDIATE`` transaction with a busy
+timeout. The folder is 0700 and its files 0600. Checkpoints are signed with HMAC-SHA256 using a
+secret made on first use (``secret``, 0600); nothing is unpickled before its signature verifies,
+and a checkpoint that fails a check is refused and left exactly as it was (S4-5).
+
+Threat model: the signature stops tampering by anyone who cannot read the owner's secret
+(copied or downloaded files, shared folders, other users); code running as the same user can
+read the secret and is not kept out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import pickle
+import sqlite3
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._errors import ConfigError
+
+__all__ = ["CHECKPOINT_FORMAT", "Checkpoint", "CheckpointRefused", "Store", "home", "store"]
+
+CHECKPOINT_FORMAT = "nbbudget-ckpt-v1"
+_HEADER_FIELDS = ("format", "identity", "seq", "created", "ledger", "first_start", "label")
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS checkpoints (
+    identity TEXT PRIMARY KEY,
+    format   TEXT NOT NULL,
+    header   TEXT NOT NULL,
+    payload  BLOB NOT NULL,
+    tag      BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    id         TEXT PRIMARY KEY,
+    identity   TEXT NOT NULL,
+    label      TEXT NOT NULL,
+    state      TEXT NOT NULL,
+    pid        INTEGER NOT NULL,
+    created    REAL NOT NULL,
+    updated    REAL NOT NULL,
+    error      TEXT
+);
+"""
+
+
+class CheckpointRefused(ConfigError):
+    """A stored checkpoint failed a check (signature, format, a missing field) and was refused;
+    it is left unchanged. ``code`` is ``"checkpoint_refused"``."""
+
+    code = "checkpoint_refused"
+
+    def __init__(self, identity: str, where: str, why: str) -> None:
+        self.identity = identity
+        self.where = where
+        self.why = why
+        super().__init__(
+            f"checkpoint {identity!r} in {where} is refused: {why}; it was left unchanged. "
+            f"Delete it with nb.store().delete_checkpoint({identity!r}) to start over"
+        )
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A verified checkpoint: the user's state, the ledger state and when the work first began."""
+
+    identity: str
+    seq: int
+    state: Any
+    ledger: dict[str, Any]
+    first_start: float
+    created: float
+    label: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.identity[:12]}:{self.seq}"
+
+
+def home() -> Path:
+    """The store's folder: ``NBBUDGET_HOME``, read now, else ``nbbudget`` in Jupyter's data dir."""
+    configured = os.environ.get("NBBUDGET_HOME")
+    if configured:
+        return Path(configured).expanduser()
+    return Path(_jupyter_data_dir()) / "nbbudget"
+
+
+def _jupyter_data_dir() -> str:
+    try:
+        from jupyter_core.paths import jupyter_data_dir
+    except ImportError:
+        pass
+    else:
+        return str(jupyter_data_dir())
+    if os.environ.get("JUPYTER_DATA_DIR"):
+        return os.environ["JUPYTER_DATA_DIR"]
+    if sys.platform == "darwin":
+        return os.path.expanduser("~/Library/Jupyter")
+    if os.name == "nt":
+        return os.path.join(os.environ.get("APPDATA", os.path.expanduser("~")), "jupyter")
+    xdg = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
+    return os.path.join(xdg, "jupyter")
+
+
+_STORES: dict[Path, Store] = {}
+_STORES_LOCK = threading.Lock()
+
+
+def store() -> Store:
+    """The store of the current ``NBBUDGET_HOME`` (one object per folder, made on first use)."""
+    folder = home().resolve()
+    with _STORES_LOCK:
+        found = _STORES.get(folder)
+        if found is None:
+            found = _STORES[folder] = Store(folder)
+        return found
+
+
+class Store:
+    """Job records and signed checkpoints in one SQLite file under *folder*."""
+
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / "nbbudget.db"
+        self._local = threading.local()
+        self._make_folder()
+        self._secret = self._load_secret()
+        self._init_schema()
+        self.mark_lost_jobs()
+
+    # -- files ----------------------------------------------------------------------------------
+    def _make_folder(self) -> None:
+        try:
+            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create the nbbudget store {str(self.folder)!r} "
+                              f"({exc.strerror}); set NBBUDGET_HOME to a writable folder") from None
+        os.chmod(self.folder, 0o700)
+        for name in ("nbbudget.db", "nbbudget.db-wal", "nbbudget.db-shm"):
+            try:
+                fd = os.open(self.folder / name, os.O_WRONLY | os.O_CREAT, 0o600)
+            except OSError:
+                continue
+            os.close(fd)
+
+    def _load_secret(self) -> bytes:
+        path = self.folder / "secret"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            for _ in range(50):  # another process may be writing it right now
+                data = path.read_bytes()
+                if len(data) == 64:
+                    return bytes.fromhex(data.decode())
+                time.sleep(0.01)
+            raise ConfigError(f"the store's secret {str(path)!r} is damaged; remove it (every "
+                              f"checkpoint signed with it will then be refused)") from None
+        secret = os.urandom(32)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(secret.hex().encode())
+            fh.flush()
+            os.fsync(fh.fileno())
+        return secret
+
+    # -- connections ------------------------------------------------------------------------------
+    def _db(self) -> sqlite3.Connection:
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            self._local.db = db
+        return db
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        db = self._db()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def _init_schema(self) -> None:
+        with self._write() as db:
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+
+    def close(self) -> None:
+        """Close this thread's connection."""
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+            self._local.db = None
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def save_checkpoint(self, identity: str, state: Any, *, ledger: dict[str, Any],
+                        first_start: float, label: str) -> Checkpoint:
+        """Sign and store *state* for *identity*, replacing its previous checkpoint atomically."""
+        payload = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._write() as db:
+            row = db.execute("SELECT header FROM checkpoints WHERE identity = ?",
+                             (identity,)).fetchone()
+            seq = json.loads(row[0]).get("seq", 0) + 1 if row else 1
+            created = time.time()
+            header = json.dumps({
+                "format": CHECKPOINT_FORMAT, "identity": identity, "seq": seq,
+                "created": created, "ledger": ledger, "first_start": first_start,
+                "label": label,
+            }, sort_keys=True, separators=(",", ":"))
+            tag = self._sign(header.encode(), payload)
+            db.execute("INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?)",
+                       (identity, CHECKPOINT_FORMAT, header, payload, tag))
+        return Checkpoint(identity, seq, state, ledger, first_start, created, label)
+
+    def load_checkpoint(self, identity: str) -> Checkpoint | None:
+        """The verified checkpoint of *identity*, `None` when there is none; raises
+        `CheckpointRefused` (and changes nothing) when it fails a check."""
+        row = self._db().execute(
+            "SELECT format, header, payload, tag FROM checkpoints WHERE identity = ?",
+            (identity,)).fetchone()
+        if row is None:
+            return None
+        where = str(self.path)
+        fmt, header_text, payload, tag = row
+        if fmt != CHECKPOINT_FORMAT:
+            raise CheckpointRefused(identity, where, f"its format {fmt!r} is not "
+                                                     f"{CHECKPOINT_FORMAT!r}")
+        if not isinstance(tag, bytes) or not isinstance(payload, bytes) or not hmac.compare_digest(
+                tag, self._sign(str(header_text).encode(), payload)):
+            raise CheckpointRefused(identity, where, "its signature does not match (it was "
+                                                     "changed, truncated or signed elsewhere)")
+        header = json.loads(header_text)
+        missing = [f for f in _HEADER_FIELDS if f not in header]
+        if missing or header["format"] != CHECKPOINT_FORMAT or header["identity"] != identity:
+            raise CheckpointRefused(identity, where, f"it lacks {', '.join(missing) or 'format'}")
+        state = pickle.loads(payload)  # only after the signature verified
+        return Checkpoint(identity, header["seq"], state, header["ledger"],
+                          header["first_start"], header["created"], header["label"])
+
+    def delete_checkpoint(self, identity: str) -> bool:
+        """Remove the checkpoint of *identity*; whether there was one."""
+        with self._write() as db:
+            return db.execute("DELETE FROM checkpoints WHERE identity = ?",
+                              (identity,)).rowcount > 0
+
+    def _sign(self, header: bytes, payload: bytes) -> bytes:
+        mac = hmac.new(self._secret, CHECKPOINT_FORMAT.encode() + b"\0", hashlib.sha256)
+        mac.update(header)
+        mac.update(b"\0")
+        mac.update(payload)
+        return mac.digest()
+
+    # -- job records ------------------------------------------------------------------------------
+    def record_job(self, job_id: str, identity: str, label: str, state: str,
+                   error: str | None = None) -> None:
+        """Insert or update the record of a job of this process."""
+        now = time.time()
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE "
+                "SET state = excluded.state, updated = excluded.updated, error = excluded.error",
+                (job_id, identity, label, state, os.getpid(), now, now, error))
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """Every job record, newest first."""
+        cur = self._db().execute("SELECT id, identity, label, state, pid, created, updated, error "
+                                 "FROM jobs ORDER BY created DESC")
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+    def mark_lost_jobs(self) -> int:
+        """Mark ``lost`` the running jobs whose process has died; how many were marked."""
+        running = self._db().execute("SELECT id, pid FROM jobs WHERE state = 'running'").fetchall()
+        dead = [job_id for job_id, pid in running if pid != os.getpid() and not _alive(pid)]
+        if dead:
+            with self._write() as db:
+                db.executemany("UPDATE jobs SET state = 'lost', updated = ? WHERE id = ? "
+                               "AND state = 'running'", [(time.time(), j) for j in dead])
+        return len(dead)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
