@@ -37,12 +37,16 @@ __all__ = ["Budget", "Grant", "Snapshot", "budget", "current"]
 
 _R = TypeVar("_R")
 _INF = math.inf
+_NO_LIMITS = Limits()
+_DEFAULT_NOTICES = (0.8, 0.95)
 _K = len(KINDS)
 _WINDOW_KINDS = frozenset(KIND_INDEX[k] for k in ("tokens", "cost_usd", "run_ms"))
 _POOLED = tuple(k.integral and k.name != "run_ms" for k in KINDS)
 _BLOCK = 256  # permits a pool reserves at a time
 _PERMITS: list[None] = [None] * _BLOCK
 _REFUSED_CODE = EVENT_KINDS.index(REFUSED)
+_ROOT_CAP = tuple(_INF if pooled else -_INF for pooled in _POOLED)  # with no limit: pool freely
+_NO_CAP = (-_INF,) * _K
 STATE_VERSION = "nbbudget-ledger-v1"
 
 _current: contextvars.ContextVar[Budget | None] = contextvars.ContextVar(
@@ -156,14 +160,16 @@ class Budget:
         self._root = self
         self._trace = Trace(full=_trace_mode(trace), name=self.name)
         self._trace._stats_source = self._stats
-        self._trace.limits = self._limits.to_dict()
+        self._limits_set = self._limits.to_dict()
+        self._trace.limits = dict(self._limits_set)
         self._run_id = self._trace.run_index(self.name)
         self._counts: list[float] = [0] * _K
         self._bulk: list[float] = [0] * _K  # amounts beyond one per charge: ops = used - bulk
         self._exhausted = [False] * _K
         self._suspend = bool(suspend)
         self._totals = _check_totals(totals, suspend)
-        self._total = [getattr(self._totals, k.name) for k in KINDS]
+        self._totals_set = self._totals.to_dict()
+        self._total = [self._totals_set.get(k.name) for k in KINDS]
         self._base: list[float] = [0] * _K
         self._notices = _check_notices(notices)
         self._notice_level = 0
@@ -197,20 +203,21 @@ class Budget:
     def _arm_thresholds(self) -> None:
         """Recompute, per kind: ``_thr`` (the count that may be reached), ``_watch`` (the use at
         which the next notice is due) and ``_cap`` (how far the pool may reserve ahead)."""
-        limits = self._limits.to_dict()
-        totals = self._totals.to_dict()
+        limits, totals = self._limits_set, self._totals_set
+        root = self is self._root
         thr = [_INF] * _K
         watch = [_INF] * _K
-        cap = [-_INF] * _K
-        for i, kind in enumerate(KINDS):
-            window = limits.get(kind.name)
+        cap = list(_ROOT_CAP if root else _NO_CAP)
+        for name in limits.keys() | totals.keys():
+            i = KIND_INDEX[name]
+            window = limits.get(name)
             thr[i] = min(self._base[i] + window if window is not None else _INF,
-                         totals.get(kind.name, _INF))
+                         totals.get(name, _INF))
             if window is not None and self._notices and self._notice_level < 2 and not (
                 self._suspend and i in _WINDOW_KINDS
             ):
                 watch[i] = self._base[i] + window * self._notices[self._notice_level]
-            if _POOLED[i] and self is self._root:
+            if _POOLED[i] and root:
                 cap[i] = min(thr[i], math.ceil(watch[i]) - 1 if watch[i] != _INF else _INF)
         self._thr, self._watch, self._cap = thr, watch, cap
 
@@ -343,7 +350,7 @@ class Budget:
 
     def _highest_ratio(self) -> tuple[str, float]:
         best, best_ratio = "", 0.0
-        for kind, limit in self._limits.to_dict().items():
+        for kind, limit in self._limits_set.items():
             i = KIND_INDEX[kind]
             if self._suspend and i in _WINDOW_KINDS:
                 continue
@@ -641,9 +648,10 @@ class Budget:
             if self._started_ms is not None:
                 self._active_before_ms = self._elapsed_ms()
                 self._started_ms = self._paused_at = None
-            self._root._trace.add("outcome", t_end, self._run_id, outcome.to_dict())
+            ended = outcome.to_dict()
+            self._root._trace.add("outcome", t_end, self._run_id, ended)
             if self is self._root:
-                self._trace.outcome = outcome.to_dict()
+                self._trace.outcome = dict(ended)
             open_children = list(self._children)
         for child in open_children:  # grants still open end with their parent
             child._settle(dataclasses.replace(outcome, origin=outcome.origin or self.name))
@@ -739,7 +747,7 @@ class Budget:
     def snapshot(self) -> Snapshot:
         """A frozen view of this run now."""
         axes = []
-        limits = self._limits.to_dict()
+        limits = self._limits_set
         consumed = self.consumed
         for kind, limit in limits.items():
             if kind == "run_ms":  # whole milliseconds: what a person reads
@@ -870,7 +878,8 @@ class Grant(Budget):
         self._clock = root._clock
         self._limits = limits
         self._suspend = False
-        self._totals = Limits()
+        self._totals = _NO_LIMITS
+        self._limits_set, self._totals_set = limits.to_dict(), {}
         self._total: list[float | None] = [None] * _K
         self._base = [0] * _K
         self._counts = [0] * _K
@@ -943,7 +952,9 @@ def _combine(limits: Limits | None, time: int | str | None, fields: dict[str, An
     if unknown:
         raise ConfigError(f"unknown limit {unknown[0]!r}; known limits are "
                           f"{', '.join(KIND_INDEX)} (and time=)")
-    out = (limits or Limits()) & Limits(**fields)
+    out = limits or _NO_LIMITS
+    if fields:
+        out = out & Limits(**fields)
     if time is not None:
         ms = parse_duration(time, field="time")
         if ms == 0:
@@ -962,7 +973,7 @@ def _amount(kind: str, n: object) -> float:
 
 def _check_totals(totals: Limits | None, suspend: bool) -> Limits:
     if totals is None:
-        return Limits()
+        return _NO_LIMITS
     if not isinstance(totals, Limits):
         raise ConfigError(f"totals must be nb.Limits, not {type(totals).__name__}")
     if not suspend:
@@ -973,6 +984,8 @@ def _check_totals(totals: Limits | None, suspend: bool) -> Limits:
 def _check_notices(notices: object) -> tuple[float, float] | None:
     if notices is None or notices is False:
         return None
+    if notices == _DEFAULT_NOTICES:
+        return _DEFAULT_NOTICES
     if (not isinstance(notices, (tuple, list)) or len(notices) != 2
             or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in notices)):
         raise ConfigError(f"notices={notices!r}: give two thresholds (first, second), or None")

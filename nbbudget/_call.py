@@ -8,6 +8,7 @@ function and its arguments, or ``key``), never the budget or the timeout (S0-11)
 from __future__ import annotations
 
 import contextvars
+import functools
 import hashlib
 import os
 import pickle
@@ -19,7 +20,7 @@ from typing import Any
 
 from . import _workers
 from ._budget import Budget, _Incomplete
-from ._clock import Clock, Scheduled, default_clock
+from ._clock import Clock, default_clock
 from ._duration import parse_duration
 from ._errors import BudgetCut, BudgetExceeded, Cancelled, ConfigError
 from ._interactive import is_interactive
@@ -40,6 +41,7 @@ __all__ = ["DEFAULT_BUDGET_MS", "ENV_BUDGET", "call", "checkpoint", "resume_stat
 
 DEFAULT_BUDGET_MS = 30_000
 ENV_BUDGET = "AGENT_CALL_BUDGET_MS"
+_NO_LIMITS = Limits()
 
 _current_call: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
     "nbbudget_call", default=None)
@@ -67,7 +69,7 @@ class _Call:
     first_start: float
     loaded: Checkpoint | None = None
     saved: Checkpoint | None = None
-    budget_out: threading.Event = field(default_factory=threading.Event)
+    budget_out: bool = False  # the caller's budget ran out: pause at the next checkpoint
     wake: threading.Event = field(default_factory=threading.Event)
 
 
@@ -94,7 +96,7 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     clock = clock if clock is not None else default_clock()
     plan = _plan(fn, args, kwargs, detach, resume, budget, timeout, key, estimate_ms, limits,
                  manifest)
-    job = _reattach(plan.identity) if plan.detach else None
+    job = _reattach(plan) if plan.detach else None
     warnings: list[str] = []
     if job is None:
         try:
@@ -112,7 +114,7 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
 # -- planning -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Plan:
-    identity: str
+    work: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str | None]
     label: str
     detach: bool
     resume: bool
@@ -121,6 +123,11 @@ class _Plan:
     estimate_ms: int | None
     limits: Limits
     envelope_bytes: int | None
+
+    @functools.cached_property
+    def identity(self) -> str:
+        """Worked out only when needed: to reattach, to detach, or to resume."""
+        return _identity(*self.work)
 
 
 def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], detach: bool,
@@ -135,8 +142,10 @@ def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
     limits = _limits(limits, manifest)
     envelope = manifest.envelope_bytes if isinstance(manifest, Manifest) else (
         Manifest.load(manifest).envelope_bytes if manifest is not None else None)
+    if key is not None and (not isinstance(key, str) or not key):
+        raise ConfigError(f"key={key!r}: use a non-empty string that names the work")
     return _Plan(
-        identity=_identity(fn, args, kwargs, key),
+        work=(fn, args, kwargs, key),
         label=key or getattr(fn, "__qualname__", None) or repr(fn),
         detach=detach, resume=resume and not detach,
         budget_ms=resolve_budget(budget, declares=detach or resume),
@@ -180,7 +189,7 @@ def _positive(value: int | str, field: str) -> int:
 def _limits(limits: Limits | None, manifest: str | os.PathLike[str] | Manifest | None) -> Limits:
     if limits is not None and not isinstance(limits, Limits):
         raise ConfigError(f"limits= takes nb.Limits, not {type(limits).__name__}")
-    out = limits or Limits()
+    out = limits or _NO_LIMITS
     if manifest is not None:
         loaded = manifest if isinstance(manifest, Manifest) else Manifest.load(manifest)
         out = out.restrict(loaded.limits)
@@ -191,8 +200,6 @@ def _identity(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
               key: str | None) -> str:
     """The same work gives the same identity: ``key``, or the function and its arguments."""
     if key is not None:
-        if not isinstance(key, str) or not key:
-            raise ConfigError(f"key={key!r}: use a non-empty string that names the work")
         return "key:" + hashlib.sha256(key.encode()).hexdigest()
     name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
     try:
@@ -203,14 +210,16 @@ def _identity(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
 
 
 # -- starting and reattaching ----------------------------------------------------------------------
-def _reattach(identity: str) -> Job | None:
+def _reattach(plan: _Plan) -> Job | None:
+    if not _attached:  # nothing detached: no need to work out the identity
+        return None
     with _attached_lock:
-        return _attached.get(identity)
+        return _attached.get(plan.identity)
 
 
 def _start(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], plan: _Plan,
            clock: Clock, warnings: list[str]) -> tuple[_Call | None, Job]:
-    db = store() if plan.detach or plan.resume else None
+    db = store() if plan.resume else None
     loaded = db.load_checkpoint(plan.identity) if plan.resume and db is not None else None
     first_start = loaded.first_start if loaded is not None else time.time()
     if loaded is not None:
@@ -221,7 +230,8 @@ def _start(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ctx = _Call(plan.identity, plan.label, plan.resume, db, run, first_start, loaded)
     left = _timeout_left(plan, first_start)
     if left is not None and left <= 0:
-        job._finish(JobState.CANCELLED, error=Cancelled(_timeout_message(plan)))
+        job._settle(JobState.CANCELLED, error=Cancelled(_timeout_message(plan)))
+        job._signal()
         if db is not None:
             db.delete_checkpoint(plan.identity)
         return None, job
@@ -230,7 +240,11 @@ def _start(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
         job._timers.append(ctx_timer)
     job._ctx = ctx
     context = contextvars.copy_context()
-    _workers.submit(lambda: context.run(_work, fn, args, kwargs, ctx, job))
+    if plan.budget_ms is None and left is None:
+        # nothing can end the wait early (no budget, no wall clock): run it here, synchronously
+        context.run(_work, fn, args, kwargs, ctx, job)()
+    else:
+        _workers.submit(lambda: context.run(_work, fn, args, kwargs, ctx, job))
     return ctx, job
 
 
@@ -254,58 +268,52 @@ def _wall_clock(ctx: _Call, plan: _Plan) -> None:
 
 
 def _work(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], ctx: _Call,
-          job: Job) -> None:
-    """Runs on a worker thread: the work, under its run, with this call visible to it."""
+          job: Job) -> Callable[[], None]:
+    """Runs on a worker thread: the work, under its run, with this call visible to it. Returns
+    what tells the caller, run once the worker is free again."""
     _current_call.set(ctx)
     try:
         with ctx.run:
             value = fn(*args, **kwargs)
     except _Pause as paused:
         job.paused = True
-        job._finish(JobState.DONE, value=paused.saved)
+        job._settle(JobState.DONE, value=paused.saved)
     except Cancelled as exc:
-        job._finish(JobState.CANCELLED, error=exc)
+        job._settle(JobState.CANCELLED, error=exc)
     except BaseException as exc:  # kept with its traceback: no job is silently dropped
-        job._finish(JobState.FAILED, error=exc)
+        job._settle(JobState.FAILED, error=exc)
     else:
-        job._finish(JobState.DONE, value=value)
-    finally:
-        for timer in job._timers:  # the work has ended: its wall clock no longer matters
-            timer.cancel()
-        ctx.wake.set()
+        job._settle(JobState.DONE, value=value)
+    for timer in job._timers:  # the work has ended: its wall clock no longer matters
+        timer.cancel()
+    return lambda: (job._signal(), ctx.wake.set())
 
 
 # -- waiting and answering -----------------------------------------------------------------------
 def _await(job: Job, plan: _Plan, clock: Clock, started: float, warnings: list[str]) -> Response:
+    """Hold the caller until the work ends, or its budget runs out (then a detached call
+    returns, and a resumable one waits for the pause at the next checkpoint), or the wall clock
+    cancels it. The wait itself is the budget's timer: no thread is woken to end it."""
     ctx: _Call = job._ctx
     budget_ms = plan.budget_ms
-    out = threading.Event()  # this call's budget has run out
-
-    def budget_out() -> None:
-        out.set()
-        ctx.budget_out.set()  # a resumable work stops at its next checkpoint
-        ctx.wake.set()
-
-    timer: Scheduled | None = None
-    if plan.estimate_ms is not None and budget_ms and plan.estimate_ms > budget_ms:
-        budget_out()  # S0-7: it cannot finish in time: hand off or checkpoint now
-    elif budget_ms:
-        timer = clock.call_at(clock.now_ms() + budget_ms, budget_out)
+    out = plan.estimate_ms is not None and bool(budget_ms) and plan.estimate_ms > budget_ms
+    if out:
+        ctx.budget_out = True  # S0-7: it cannot finish in time: hand off or checkpoint now
+    deadline = clock.now_ms() + budget_ms if budget_ms else None
     try:
-        while not job.done():
-            ctx.wake.clear()
-            if job.done() or (plan.detach and out.is_set()):
-                break
+        while not job.done() and not (plan.detach and out):
             stop = ctx.run._stop
             if stop is not None and stop.status is Status.CANCELLED:
                 break  # the wall clock fired: the caller is freed even if the work ignores it
-            clock.wait(ctx.wake, None)
+            until = None if out else deadline
+            if clock.wait(ctx.wake, until):
+                ctx.wake.clear()  # every state is re-read above, so no wake-up is lost
+            elif until is not None:
+                out = True
+                ctx.budget_out = True  # a resumable work stops at its next checkpoint
     except KeyboardInterrupt:  # the person interrupted the call: stop the work, then re-raise
         ctx.run.cancel("interrupted")
         raise
-    finally:
-        if timer is not None:
-            timer.cancel()
     return _answer(job, plan, started, warnings)
 
 
@@ -318,6 +326,7 @@ def _answer(job: Job, plan: _Plan, started: float, warnings: list[str]) -> Respo
             return _respond(plan, started, ok=False, exit_code=EXIT_CANCELLED,
                             data={"state": "cancelled", "job": job.id}, warnings=warnings,
                             error={"code": "cancelled", "message": stop.message})
+        job._store = store()
         job._detach()
         with _attached_lock:
             _attached[plan.identity] = job
@@ -351,9 +360,10 @@ def _answer(job: Job, plan: _Plan, started: float, warnings: list[str]) -> Respo
 
 def _deliver(job: Job, plan: _Plan) -> None:
     """The final result goes out: the work is complete, the next identical call starts anew."""
-    with _attached_lock:
-        if _attached.get(plan.identity) is job:
-            del _attached[plan.identity]
+    if job.detached:
+        with _attached_lock:
+            if _attached.get(plan.identity) is job:
+                del _attached[plan.identity]
     for timer in job._timers:
         timer.cancel()
     ctx: _Call = job._ctx
@@ -399,7 +409,7 @@ def checkpoint(state: Any) -> None:
                                       first_start=ctx.first_start, label=ctx.label)
     ctx.saved = saved
     ctx.run._record("checkpoint_saved", {"checkpoint": saved.id})
-    if ctx.budget_out.is_set():
+    if ctx.budget_out:
         raise _Pause(saved)
 
 

@@ -32,7 +32,7 @@ def parse_duration(value: object, *, field: str = "duration") -> int:
             f"such as '250ms', '5s', '1.5s', '2m' or '1h'"
         )
     if isinstance(value, int):
-        ms: Fraction = Fraction(value)
+        ms: Fraction | int = value
     else:
         match = _PATTERN.fullmatch(value.strip().lower())
         if match is None:
@@ -42,10 +42,12 @@ def parse_duration(value: object, *, field: str = "duration") -> int:
             )
         if len(match.group(1).partition(".")[0]) > _MAX_DIGITS:
             raise ConfigError(f"{shown} is too large; the most is {_MAX_MS} ms")
-        ms = Fraction(match.group(1)) * _UNITS[match.group(2)]
+        number = match.group(1)
+        unit = _UNITS[match.group(2)]
+        ms = int(number) * unit if "." not in number else Fraction(number) * unit
     if ms < 0:
         raise ConfigError(f"{shown} is negative; a duration is 0 or more milliseconds")
-    if ms.denominator != 1:
+    if isinstance(ms, Fraction) and ms.denominator != 1:
         raise ConfigError(
             f"{shown} is not a whole number of milliseconds; round it, e.g. "
             f"'{round(ms)}ms'"

@@ -67,30 +67,41 @@ class Job:
         self.paused = False  # the work stopped at a checkpoint (a resumable call)
         self.output: list[str] = []
         self._timers: list[Scheduled] = []
+        self._record_lock = threading.Lock()
         self._ctx: Any = None
 
     # -- settled by the worker ------------------------------------------------------------------
-    def _finish(self, state: JobState, value: Any = None,
+    def _settle(self, state: JobState, value: Any = None,
                 error: BaseException | None = None) -> None:
+        """Keep how the work ended (on the worker, before anyone is told)."""
         self._value, self._error = value, error
         if error is not None:
             self.traceback = "".join(traceback.format_exception(error))
         self._state = state
         self.ended = time.time()
+
+    def _signal(self) -> None:
+        """Tell waiters the job has ended, and the store if the job was detached."""
         self._done.set()
         if self.detached:
             self._record()
 
     def _record(self) -> None:
+        """Write the job's current state to the store (the latest write always holds the
+        latest state: the state is read under the same lock as the write)."""
         if self._store is not None:
-            self._store.record_job(self.id, self.identity, self.label, self._state.value,
-                                   self.traceback)
+            with self._record_lock:
+                self._store.record_job(self.id, self.identity, self.label, self._state.value,
+                                       self.traceback)
 
     def _detach(self) -> None:
-        """The caller's budget ran out: the work goes on as a background job (S0-2)."""
+        """The caller's budget ran out: the work goes on as a background job (S0-2). The job
+        record is written off the caller's path, so a busy store never delays the caller."""
         self.detached = True
         jobs._add(self)
-        self._record()
+        from ._workers import submit
+
+        submit(lambda: self._record())
 
     # -- public -------------------------------------------------------------------------------
     @property

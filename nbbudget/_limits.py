@@ -100,7 +100,11 @@ class Limits:
     def __and__(self, other: Limits) -> Limits:
         if not isinstance(other, Limits):
             return NotImplemented
-        return Limits(**{name: _min(a, b) for name, a, b in self._pairs(other)})
+        if not other:
+            return self
+        if not self:
+            return other
+        return _trusted(**{name: _min(a, b) for name, a, b in self._pairs(other)})
 
     def restrict(self, other: Limits) -> Limits:
         """The minimum of both; raises `WideningError` when *other* would widen a set field."""
@@ -133,6 +137,14 @@ class Limits:
 
 
 _FIELDS = fields(Limits)
+
+
+def _trusted(**values: Any) -> Limits:
+    """Limits from values that were validated already (the minimum of two valid Limits)."""
+    out = object.__new__(Limits)
+    for f in _FIELDS:
+        object.__setattr__(out, f.name, values.get(f.name))
+    return out
 
 
 def _min(a: Any, b: Any) -> Any:

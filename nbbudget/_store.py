@@ -114,16 +114,22 @@ def _jupyter_data_dir() -> str:
 
 
 _STORES: dict[Path, Store] = {}
+_BY_SETTING: dict[str, Store] = {}  # by the NBBUDGET_HOME text, to skip resolving the path
 _STORES_LOCK = threading.Lock()
 
 
 def store() -> Store:
     """The store of the current ``NBBUDGET_HOME`` (one object per folder, made on first use)."""
+    configured = os.environ.get("NBBUDGET_HOME", "")
+    found = _BY_SETTING.get(configured) if configured else None
+    if found is not None:
+        return found
     folder = home().resolve()
     with _STORES_LOCK:
         found = _STORES.get(folder)
         if found is None:
             found = _STORES[folder] = Store(folder)
+        _BY_SETTING[configured] = found
         return found
 
 

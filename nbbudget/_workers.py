@@ -2,7 +2,9 @@
 
 A worker takes the next task from a queue; a worker whose task runs past its caller's budget
 simply keeps running it (the caller has gone), and the pool starts another when a task finds no
-idle worker. Idle workers end after ``IDLE_SECONDS``: an idle process holds no thread.
+idle worker. A task returns what should happen once the worker is free again (typically: wake
+the caller), so that a caller that submits again at once finds that worker idle. Idle workers end
+after ``IDLE_SECONDS``: an idle process holds no thread.
 """
 
 from __future__ import annotations
@@ -12,17 +14,20 @@ import queue
 import threading
 from collections.abc import Callable
 
-__all__ = ["IDLE_SECONDS", "submit"]
+__all__ = ["IDLE_SECONDS", "Task", "submit"]
 
 IDLE_SECONDS = 1.0
 
-_tasks: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+#: a task runs on a worker and returns what to do once that worker is counted idle (or None)
+Task = Callable[[], Callable[[], object] | None]
+
+_tasks: queue.SimpleQueue[Task] = queue.SimpleQueue()
 _lock = threading.Lock()
 _idle = 0
 _names = itertools.count(1)
 
 
-def submit(task: Callable[[], None]) -> None:
+def submit(task: Task) -> None:
     """Run *task* on a worker thread (an idle one if there is one)."""
     global _idle
     with _lock:
@@ -36,13 +41,14 @@ def submit(task: Callable[[], None]) -> None:
         _tasks.put(task)
 
 
-def _work(task: Callable[[], None] | None) -> None:
+def _work(task: Task | None) -> None:
     global _idle
     while True:
-        if task is not None:
-            task()
+        then = task() if task is not None else None
         with _lock:
             _idle += 1
+        if then is not None:
+            then()
         try:
             task = _tasks.get(timeout=IDLE_SECONDS)
         except queue.Empty:
