@@ -286,7 +286,12 @@ def _work(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
         job._settle(JobState.DONE, value=value)
     for timer in job._timers:  # the work has ended: its wall clock no longer matters
         timer.cancel()
-    return lambda: (job._signal(), ctx.wake.set())
+
+    def tell() -> None:
+        job._signal()
+        ctx.wake.set()
+
+    return tell
 
 
 # -- waiting and answering -----------------------------------------------------------------------
@@ -296,7 +301,7 @@ def _await(job: Job, plan: _Plan, clock: Clock, started: float, warnings: list[s
     cancels it. The wait itself is the budget's timer: no thread is woken to end it."""
     ctx: _Call = job._ctx
     budget_ms = plan.budget_ms
-    out = plan.estimate_ms is not None and bool(budget_ms) and plan.estimate_ms > budget_ms
+    out = bool(budget_ms and plan.estimate_ms is not None and plan.estimate_ms > budget_ms)
     if out:
         ctx.budget_out = True  # S0-7: it cannot finish in time: hand off or checkpoint now
     deadline = clock.now_ms() + budget_ms if budget_ms else None
