@@ -244,6 +244,8 @@ def _start(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
         # nothing can end the wait early (no budget, no wall clock): run it here, synchronously
         context.run(_work, fn, args, kwargs, ctx, job)()
     else:
+        if plan.detach:  # one worker for the work, one to write the job record if it detaches
+            _workers.ensure_idle(2)
         _workers.submit(lambda: context.run(_work, fn, args, kwargs, ctx, job))
     return ctx, job
 
@@ -331,7 +333,6 @@ def _answer(job: Job, plan: _Plan, started: float, warnings: list[str]) -> Respo
             return _respond(plan, started, ok=False, exit_code=EXIT_CANCELLED,
                             data={"state": "cancelled", "job": job.id}, warnings=warnings,
                             error={"code": "cancelled", "message": stop.message})
-        job._store = store()
         job._detach()
         with _attached_lock:
             _attached[plan.identity] = job

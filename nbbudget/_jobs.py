@@ -99,9 +99,15 @@ class Job:
         record is written off the caller's path, so a busy store never delays the caller."""
         self.detached = True
         jobs._add(self)
+        from ._store import store
         from ._workers import submit
 
-        submit(lambda: self._record())
+        def record() -> None:
+            if self._store is None:
+                self._store = store()  # opened here, not on the caller's path
+            self._record()
+
+        submit(record)
 
     # -- public -------------------------------------------------------------------------------
     @property

@@ -14,7 +14,7 @@ import queue
 import threading
 from collections.abc import Callable
 
-__all__ = ["IDLE_SECONDS", "Task", "submit"]
+__all__ = ["IDLE_SECONDS", "Task", "ensure_idle", "submit"]
 
 IDLE_SECONDS = 1.0
 
@@ -41,14 +41,28 @@ def submit(task: Task) -> None:
         _tasks.put(task)
 
 
+def ensure_idle(n: int) -> None:
+    """Start workers until *n* are idle, so that tasks submitted later (when a busy thread may
+    hold the GIL) only queue: ``Thread.start()`` waits for the new thread, which costs a GIL
+    switch interval or more each time the GIL is contended."""
+    global _idle
+    with _lock:
+        missing = max(0, n - _idle)
+        _idle += missing  # counted idle from now: they will wait on the queue
+    for _ in range(missing):
+        threading.Thread(target=_work, args=(None,), name=f"nbbudget-worker-{next(_names)}",
+                         daemon=True).start()
+
+
 def _work(task: Task | None) -> None:
     global _idle
     while True:
-        then = task() if task is not None else None
-        with _lock:
-            _idle += 1
-        if then is not None:
-            then()
+        if task is not None:
+            then = task()
+            with _lock:
+                _idle += 1
+            if then is not None:
+                then()
         try:
             task = _tasks.get(timeout=IDLE_SECONDS)
         except queue.Empty:
