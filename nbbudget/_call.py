@@ -70,6 +70,7 @@ class _Call:
     loaded: Checkpoint | None = None
     saved: Checkpoint | None = None
     budget_out: bool = False  # the caller's budget ran out: pause at the next checkpoint
+    deadline_ms: float | None = None  # when it runs out, on the run's clock
     wake: threading.Event = field(default_factory=threading.Event)
 
 
@@ -282,6 +283,10 @@ def _work(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
         job._settle(JobState.DONE, value=paused.saved)
     except Cancelled as exc:
         job._settle(JobState.CANCELLED, error=exc)
+    except (KeyboardInterrupt, SystemExit) as exc:  # only in place, in the caller's thread
+        job._settle(JobState.CANCELLED, error=exc)
+        job._signal()
+        raise
     except BaseException as exc:  # kept with its traceback: no job is silently dropped
         job._settle(JobState.FAILED, error=exc)
     else:
@@ -307,6 +312,7 @@ def _await(job: Job, plan: _Plan, clock: Clock, started: float, warnings: list[s
     if out:
         ctx.budget_out = True  # S0-7: it cannot finish in time: hand off or checkpoint now
     deadline = clock.now_ms() + budget_ms if budget_ms else None
+    ctx.deadline_ms = deadline
     try:
         while not job.done() and not (plan.detach and out):
             stop = ctx.run._stop
@@ -415,7 +421,8 @@ def checkpoint(state: Any) -> None:
                                       first_start=ctx.first_start, label=ctx.label)
     ctx.saved = saved
     ctx.run._record("checkpoint_saved", {"checkpoint": saved.id})
-    if ctx.budget_out:
+    deadline = ctx.deadline_ms
+    if ctx.budget_out or (deadline is not None and ctx.run._clock.now_ms() >= deadline):
         raise _Pause(saved)
 
 

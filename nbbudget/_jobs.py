@@ -81,33 +81,30 @@ class Job:
         self.ended = time.time()
 
     def _signal(self) -> None:
-        """Tell waiters the job has ended, and the store if the job was detached."""
-        self._done.set()
+        """Tell the store (if the job was detached), then the waiters, that the job ended."""
         if self.detached:
             self._record()
+        self._done.set()
 
     def _record(self) -> None:
         """Write the job's current state to the store (the latest write always holds the
         latest state: the state is read under the same lock as the write)."""
-        if self._store is not None:
-            with self._record_lock:
-                self._store.record_job(self.id, self.identity, self.label, self._state.value,
-                                       self.traceback)
+        with self._record_lock:
+            if self._store is None:
+                from ._store import store
+
+                self._store = store()  # opened here, off the caller's path
+            self._store.record_job(self.id, self.identity, self.label, self._state.value,
+                                   self.traceback)
 
     def _detach(self) -> None:
         """The caller's budget ran out: the work goes on as a background job (S0-2). The job
         record is written off the caller's path, so a busy store never delays the caller."""
         self.detached = True
         jobs._add(self)
-        from ._store import store
         from ._workers import submit
 
-        def record() -> None:
-            if self._store is None:
-                self._store = store()  # opened here, not on the caller's path
-            self._record()
-
-        submit(record)
+        submit(self._record)
 
     # -- public -------------------------------------------------------------------------------
     @property

@@ -67,22 +67,39 @@ def _dump(obj: Any, indent: int | None) -> str:
 
 
 def _truncate(resp: Response, size: int, limit: int, indent: int | None) -> str:
+    """Cut the envelope to *limit* UTF-8 bytes: first the data (to a preview), then the error's
+    message, then the other warnings; the five keys and the error code always stay."""
     warning = (f"the response was {size} bytes, more than envelopeBytes={limit}; "
                f"data was truncated")
+    env = resp.to_dict()
+    env["warnings"] = [*resp.warnings, warning]
     preview = _dump(resp.data, None)
-    keep = len(preview)
+    env["data"] = {"truncated": True, "bytes": size, "preview": preview}
+    cuts = [(env["data"], "preview")]
+    if env["error"] is not None:
+        env["error"] = dict(env["error"])
+        cuts.append((env["error"], "message"))
+    for holder, key in cuts:
+        text = _fit(env, holder, key, limit, indent)
+        if text is not None:
+            return text
+    env["warnings"] = [warning]
+    return _dump(env, indent)  # the smallest envelope there is, even if over a tiny limit
+
+
+def _fit(env: dict[str, Any], holder: dict[str, Any], key: str, limit: int,
+         indent: int | None) -> str | None:
+    """Shorten the text ``holder[key]`` until the envelope fits; None when even "" is too big."""
+    full = holder[key]
+    keep = len(full)
     while True:
-        env = resp.to_dict()
-        env["data"] = {"truncated": True, "bytes": size, "preview": preview[:keep]}
-        env["warnings"] = [*resp.warnings, warning]
+        holder[key] = full[:keep]
         text = _dump(env, indent)
         over = len(text.encode()) - limit
         if over <= 0:
             return text
         if keep == 0:
-            env["data"] = None
-            env["warnings"] = [warning]
-            return _dump({k: env[k] for k in ("ok", "data", "warnings", "meta")}, None)
+            return None
         keep = max(0, keep - max(over, keep // 8, 1))
 
 
