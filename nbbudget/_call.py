@@ -94,14 +94,16 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     `functools.partial`.
     """
     started = time.monotonic()
+    started_wall = time.time()  # the wall clock of a first start counts from here (S0-6)
     clock = clock if clock is not None else default_clock()
+    t0_ms = clock.now_ms()  # the call budget counts from the call, store work included
     plan = _plan(fn, args, kwargs, detach, resume, budget, timeout, key, estimate_ms, limits,
                  manifest)
     job = _reattach(plan) if plan.detach else None
     warnings: list[str] = []
     if job is None:
         try:
-            ctx, job = _start(fn, args, kwargs, plan, clock, warnings)
+            ctx, job = _start(fn, args, kwargs, plan, clock, started_wall)
         except CheckpointRefused as exc:
             return _respond(plan, started, ok=False, exit_code=EXIT_FAILED,
                             error={"code": exc.code, "message": str(exc)})
@@ -109,7 +111,7 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
             return _respond(plan, started, ok=False, exit_code=EXIT_CANCELLED,
                             data={"state": "cancelled"}, warnings=warnings,
                             error={"code": "cancelled", "message": _timeout_message(plan)})
-    return _await(job, plan, clock, started, warnings)
+    return _await(job, plan, clock, t0_ms, started, warnings)
 
 
 # -- planning -----------------------------------------------------------------------------------
@@ -203,10 +205,14 @@ def _identity(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     if key is not None:
         return "key:" + hashlib.sha256(key.encode()).hexdigest()
     name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    code = getattr(fn, "__code__", None)  # two lambdas of one scope differ by their code
+    where = (code.co_filename, code.co_firstlineno, code.co_code, repr(code.co_consts)) \
+        if code is not None else ()
+    parts = (where, args, sorted(kwargs.items()))  # closures are state, not identity
     try:
-        blob = pickle.dumps((args, sorted(kwargs.items())), protocol=4)
-    except Exception:  # arguments that cannot be pickled are identified by their repr
-        blob = repr((args, sorted(kwargs.items()))).encode()
+        blob = pickle.dumps(parts, protocol=4)
+    except Exception:  # what cannot be pickled is identified by its repr
+        blob = repr(parts).encode()
     return "fn:" + hashlib.sha256(name.encode() + b"\0" + blob).hexdigest()
 
 
@@ -219,12 +225,16 @@ def _reattach(plan: _Plan) -> Job | None:
 
 
 def _start(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], plan: _Plan,
-           clock: Clock, warnings: list[str]) -> tuple[_Call | None, Job]:
+           clock: Clock, started_wall: float) -> tuple[_Call | None, Job]:
     db = store() if plan.resume else None
     loaded = db.load_checkpoint(plan.identity) if plan.resume and db is not None else None
-    first_start = loaded.first_start if loaded is not None else time.time()
+    first_start = loaded.first_start if loaded is not None else started_wall
     if loaded is not None:
-        run = Budget.resume(loaded.ledger, plan.limits, clock=clock)
+        try:
+            run = Budget.resume(loaded.ledger, plan.limits, clock=clock)
+        except ConfigError as exc:  # a signed checkpoint whose ledger lacks its state (S4-5)
+            assert db is not None
+            raise CheckpointRefused(plan.identity, str(db.path), str(exc)) from None
     else:
         run = Budget(plan.limits, clock=clock, name=plan.label)
     job = Job(plan.identity, plan.label, run, db)
@@ -302,7 +312,8 @@ def _work(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
 
 
 # -- waiting and answering -----------------------------------------------------------------------
-def _await(job: Job, plan: _Plan, clock: Clock, started: float, warnings: list[str]) -> Response:
+def _await(job: Job, plan: _Plan, clock: Clock, t0_ms: float, started: float,
+           warnings: list[str]) -> Response:
     """Hold the caller until the work ends, or its budget runs out (then a detached call
     returns, and a resumable one waits for the pause at the next checkpoint), or the wall clock
     cancels it. The wait itself is the budget's timer: no thread is woken to end it."""
@@ -311,7 +322,7 @@ def _await(job: Job, plan: _Plan, clock: Clock, started: float, warnings: list[s
     out = bool(budget_ms and plan.estimate_ms is not None and plan.estimate_ms > budget_ms)
     if out:
         ctx.budget_out = True  # S0-7: it cannot finish in time: hand off or checkpoint now
-    deadline = clock.now_ms() + budget_ms if budget_ms else None
+    deadline = t0_ms + budget_ms if budget_ms else None
     ctx.deadline_ms = deadline
     try:
         while not job.done() and not (plan.detach and out):

@@ -9,9 +9,11 @@ from __future__ import annotations
 import enum
 import itertools
 import os
+import sqlite3
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +42,7 @@ class JobState(str, enum.Enum):
 
 
 _ids = itertools.count(1)
+_RECORD_TRIES = 3
 
 
 class Job:
@@ -88,14 +91,25 @@ class Job:
 
     def _record(self) -> None:
         """Write the job's current state to the store (the latest write always holds the
-        latest state: the state is read under the same lock as the write)."""
+        latest state: the state is read under the same lock as the write). A store locked by
+        another process past its busy timeout is tried again a few times, then reported."""
         with self._record_lock:
-            if self._store is None:
-                from ._store import store
+            for attempt in range(_RECORD_TRIES):
+                try:
+                    if self._store is None:
+                        from ._store import store
 
-                self._store = store()  # opened here, off the caller's path
-            self._store.record_job(self.id, self.identity, self.label, self._state.value,
-                                   self.traceback)
+                        self._store = store()  # opened here, off the caller's path
+                    self._store.record_job(self.id, self.identity, self.label,
+                                           self._state.value, self.traceback)
+                    return
+                except sqlite3.OperationalError as exc:
+                    if attempt == _RECORD_TRIES - 1:
+                        warnings.warn(f"nbbudget could not record job {self.id} "
+                                      f"({self._state.value}) in its store: {exc}",
+                                      RuntimeWarning, stacklevel=1)
+                        return
+                    time.sleep(1.0)
 
     def _detach(self) -> None:
         """The caller's budget ran out: the work goes on as a background job (S0-2). The job

@@ -161,23 +161,27 @@ class Store:
             os.close(fd)
 
     def _load_secret(self) -> bytes:
+        """The store's signing key: made once, written whole to a temporary file and linked into
+        place, so no process ever reads a partial secret; a second process reads the first's."""
         path = self.folder / "secret"
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            for _ in range(50):  # another process may be writing it right now
-                data = path.read_bytes()
-                if len(data) == 64:
-                    return bytes.fromhex(data.decode())
-                time.sleep(0.01)
+        if not path.exists():
+            tmp = self.folder / f".secret.{os.getpid()}.{threading.get_ident()}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(os.urandom(32).hex().encode())
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.link(tmp, path)  # fails if another process got there first: use its secret
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink(missing_ok=True)
+        data = path.read_bytes()
+        if len(data) != 64:
             raise ConfigError(f"the store's secret {str(path)!r} is damaged; remove it (every "
-                              f"checkpoint signed with it will then be refused)") from None
-        secret = os.urandom(32)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(secret.hex().encode())
-            fh.flush()
-            os.fsync(fh.fileno())
-        return secret
+                              f"checkpoint signed with it will then be refused)")
+        return bytes.fromhex(data.decode())
 
     # -- connections ------------------------------------------------------------------------------
     def _db(self) -> sqlite3.Connection:
