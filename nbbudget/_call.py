@@ -206,14 +206,23 @@ def _identity(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
         return "key:" + hashlib.sha256(key.encode()).hexdigest()
     name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
     code = getattr(fn, "__code__", None)  # two lambdas of one scope differ by their code
-    where = (code.co_filename, code.co_firstlineno, code.co_code, repr(code.co_consts)) \
-        if code is not None else ()
-    parts = (where, args, sorted(kwargs.items()))  # closures are state, not identity
+    parts = (_code_digest(code) if code is not None else b"", args, sorted(kwargs.items()))
     try:
         blob = pickle.dumps(parts, protocol=4)
     except Exception:  # what cannot be pickled is identified by its repr
         blob = repr(parts).encode()
     return "fn:" + hashlib.sha256(name.encode() + b"\0" + blob).hexdigest()
+
+
+def _code_digest(code: Any) -> bytes:
+    """What a function does, stable across re-runs of a cell and kernel restarts: its bytecode,
+    names and constants (nested code hashed the same way), not where or when it was defined.
+    Closures are state, not identity."""
+    digest = hashlib.sha256(code.co_code)
+    digest.update(repr(code.co_names).encode())
+    for const in code.co_consts:
+        digest.update(_code_digest(const) if hasattr(const, "co_code") else repr(const).encode())
+    return digest.digest()
 
 
 # -- starting and reattaching ----------------------------------------------------------------------

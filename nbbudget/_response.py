@@ -89,18 +89,26 @@ def _truncate(resp: Response, size: int, limit: int, indent: int | None) -> str:
 
 def _fit(env: dict[str, Any], holder: dict[str, Any], key: str, limit: int,
          indent: int | None) -> str | None:
-    """Shorten the text ``holder[key]`` until the envelope fits; None when even "" is too big."""
+    """Shorten the text ``holder[key]`` to the longest prefix whose envelope fits in *limit*
+    UTF-8 bytes (a binary search on characters); None when even "" is too big."""
     full = holder[key]
-    keep = len(full)
-    while True:
+
+    def fits(keep: int) -> str | None:
         holder[key] = full[:keep]
         text = _dump(env, indent)
-        over = len(text.encode()) - limit
-        if over <= 0:
-            return text
-        if keep == 0:
-            return None
-        keep = max(0, keep - max(over, keep // 8, 1))
+        return text if len(text.encode()) <= limit else None
+
+    if fits(0) is None:
+        holder[key] = full
+        return None
+    low, high = 0, len(full)  # fits(low) holds; find the largest such keep
+    while low < high:
+        mid = (low + high + 1) // 2
+        if fits(mid) is not None:
+            low = mid
+        else:
+            high = mid - 1
+    return fits(low)
 
 
 def _short(value: Any) -> str:

@@ -121,6 +121,8 @@ _STORES_LOCK = threading.Lock()
 def store() -> Store:
     """The store of the current ``NBBUDGET_HOME`` (one object per folder, made on first use)."""
     configured = os.environ.get("NBBUDGET_HOME", "")
+    if not os.path.isabs(configured):  # a relative folder depends on the working directory
+        configured = ""
     found = _BY_SETTING.get(configured) if configured else None
     if found is not None:
         return found
@@ -256,8 +258,14 @@ class Store:
                                                      "changed, truncated or signed elsewhere)")
         header = json.loads(header_text)
         missing = [f for f in _HEADER_FIELDS if f not in header]
-        if missing or header["format"] != CHECKPOINT_FORMAT or header["identity"] != identity:
-            raise CheckpointRefused(identity, where, f"it lacks {', '.join(missing) or 'format'}")
+        if missing:
+            raise CheckpointRefused(identity, where, f"it lacks {', '.join(missing)}")
+        if header["format"] != CHECKPOINT_FORMAT:
+            raise CheckpointRefused(identity, where, f"its header says format "
+                                                     f"{header['format']!r}")
+        if header["identity"] != identity:
+            raise CheckpointRefused(identity, where, f"it was saved for another piece of work "
+                                                     f"({header['identity'][:15]}...)")
         state = pickle.loads(payload)  # only after the signature verified
         return Checkpoint(identity, header["seq"], state, header["ledger"],
                           header["first_start"], header["created"], header["label"])

@@ -1,0 +1,459 @@
+"""The store under ``NBBUDGET_HOME``: files for their owner only, signed checkpoints refused
+unchanged when they fail a check (S4-5), several threads and kernels at once, lost jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sqlite3
+import stat
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import nbbudget as nb
+from nbbudget import _workers
+from nbbudget._call import _identity
+from nbbudget._store import CHECKPOINT_FORMAT, Store, home
+from nbbudget.testing import FakeClock
+
+SOON = 5.0
+IDENTITY = "fn:" + "ab12" * 16
+LEDGER = {"version": "nbbudget-ledger-v1", "counts": {"steps": 3}}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def quick_idle_workers():
+    """Idle workers end after IDLE_SECONDS; a short wait keeps each test's thread check quick."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_workers, "IDLE_SECONDS", 0.05)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def folder(tmp_path, monkeypatch):
+    """A store of the test's own, and a non-interactive caller."""
+    path = tmp_path / "home"
+    monkeypatch.setenv("NBBUDGET_HOME", str(path))
+    monkeypatch.setenv("NBBUDGET_INTERACTIVE", "0")
+    monkeypatch.delenv("AGENT_CALL_BUDGET_MS", raising=False)
+    return path
+
+
+class CallerClock(FakeClock):
+    """A `FakeClock` that says when the caller of ``nb.call`` has started to wait on it (its
+    budget is then in force; see test_call.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def wait(self, event: threading.Event, until_ms: float | None) -> bool:
+        self.waiting.set()
+        return super().wait(event, until_ms)
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def rows(db_path) -> list[tuple]:
+    """Every checkpoint row, read through a connection of its own."""
+    with sqlite3.connect(db_path) as db:
+        return db.execute("SELECT identity, format, header, payload, tag FROM checkpoints "
+                          "ORDER BY identity").fetchall()
+
+
+def execute(db_path, sql: str, *params) -> None:
+    db = sqlite3.connect(db_path)
+    try:
+        with db:
+            db.execute(sql, params)
+    finally:
+        db.close()
+
+
+# -- files -----------------------------------------------------------------------------------------
+def test_the_folder_is_0700_and_its_files_0600(folder):
+    old = os.umask(0)  # whatever the umask, the owner alone may read the store
+    try:
+        s = Store(folder)
+        s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
+        s.record_job("job-1", IDENTITY, "crunch", "running")
+    finally:
+        os.umask(old)
+    assert mode(folder) == 0o700
+    assert mode(folder / "nbbudget.db") == 0o600
+    assert mode(folder / "secret") == 0o600
+    for extra in ("nbbudget.db-wal", "nbbudget.db-shm"):
+        if (folder / extra).exists():
+            assert mode(folder / extra) == 0o600
+    assert {p.name for p in folder.iterdir()} <= {"nbbudget.db", "nbbudget.db-wal",
+                                                  "nbbudget.db-shm", "secret"}
+    s.close()
+
+
+def test_an_existing_folder_open_to_others_is_closed_to_them(folder):
+    folder.mkdir(mode=0o755)
+    os.chmod(folder, 0o755)
+    Store(folder).close()
+    assert mode(folder) == 0o700
+
+
+def test_NBBUDGET_HOME_is_read_at_each_call(tmp_path, monkeypatch):
+    def crunch() -> str:
+        assert clock.waiting.wait(SOON)
+        clock.advance("2s")  # past the budget before the first checkpoint
+        nb.checkpoint("saved")
+        return "finished"
+
+    identity = _identity(crunch, (), {}, None)
+    for name in ("first", "second"):
+        monkeypatch.setenv("NBBUDGET_HOME", str(tmp_path / name))
+        clock = CallerClock()
+        resp = nb.call(crunch, resume=True, budget="1s", clock=clock)
+        assert resp.data["state"] == "paused"
+        assert nb.store().folder == (tmp_path / name).resolve()
+    for name in ("first", "second"):  # each call wrote to its own folder, from scratch
+        assert [r[0] for r in rows(tmp_path / name / "nbbudget.db")] == [identity]
+        assert json.loads(rows(tmp_path / name / "nbbudget.db")[0][2])["seq"] == 1
+
+
+def test_the_default_home_is_nbbudget_in_the_jupyter_data_dir(tmp_path, monkeypatch):
+    monkeypatch.delenv("NBBUDGET_HOME")
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "jupyter-data"))
+    assert home() == tmp_path / "jupyter-data" / "nbbudget"
+    assert nb.store().folder == (tmp_path / "jupyter-data" / "nbbudget").resolve()
+    assert (tmp_path / "jupyter-data" / "nbbudget" / "nbbudget.db").exists()
+
+
+def test_a_store_that_cannot_be_made_is_a_config_error_naming_the_folder(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(nb.ConfigError, match="set NBBUDGET_HOME to a writable folder") as info:
+        Store(blocker / "store")
+    assert str(blocker / "store") in str(info.value)
+
+
+def test_stores_opened_at_once_on_a_new_folder_share_one_secret(folder):
+    opened: list[Store] = []
+    start = threading.Barrier(8)
+
+    def open_store() -> None:
+        start.wait()
+        opened.append(Store(folder))
+
+    threads = [threading.Thread(target=open_store) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(opened) == 8
+    first = opened[0]
+    first.save_checkpoint(IDENTITY, "shared", ledger=LEDGER, first_start=0.0, label="crunch")
+    assert all(s.load_checkpoint(IDENTITY).state == "shared" for s in opened)
+    for s in opened:
+        s.close()
+
+
+# -- checkpoints -----------------------------------------------------------------------------------
+def test_a_checkpoint_round_trips_and_each_save_increments_its_seq(folder):
+    s = Store(folder)
+    first = s.save_checkpoint(IDENTITY, {"done": [1, 2]}, ledger=LEDGER, first_start=123.5,
+                              label="crunch")
+    loaded = s.load_checkpoint(IDENTITY)
+    assert loaded == first
+    assert (loaded.seq, loaded.state, loaded.ledger, loaded.first_start, loaded.label) == (
+        1, {"done": [1, 2]}, LEDGER, 123.5, "crunch")
+    assert loaded.id == f"{IDENTITY[:12]}:1"
+    second = s.save_checkpoint(IDENTITY, {"done": [1, 2, 3]}, ledger=LEDGER, first_start=123.5,
+                               label="crunch")
+    assert second.seq == 2
+    assert s.load_checkpoint(IDENTITY).state == {"done": [1, 2, 3]}
+    assert len(rows(folder / "nbbudget.db")) == 1  # replaced, not added
+    assert s.load_checkpoint("fn:unknown") is None
+    assert s.delete_checkpoint(IDENTITY) is True
+    assert s.delete_checkpoint(IDENTITY) is False
+    assert s.load_checkpoint(IDENTITY) is None
+    s.close()
+
+
+class TouchOnLoad:
+    """State whose unpickling creates a file: proof that a payload was (or was not) unpickled."""
+
+    def __init__(self, path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_the_unpickling_probe_works_on_a_checkpoint_that_verifies(tmp_path, folder):
+    marker = tmp_path / "unpickled"
+    s = Store(folder)
+    s.save_checkpoint(IDENTITY, TouchOnLoad(marker), ledger=LEDGER, first_start=0.0,
+                      label="crunch")
+    assert not marker.exists()
+    s.load_checkpoint(IDENTITY).state.close()
+    assert marker.exists()
+    s.close()
+    marker.unlink()
+    with pytest.raises(EOFError):  # a truncated probe still runs before the data runs out
+        pickle.loads(pickle.dumps(TouchOnLoad(marker), protocol=2)[:-1])
+    assert marker.exists()
+
+
+def _payload(db_path, marker, identity=IDENTITY):
+    execute(db_path, "UPDATE checkpoints SET payload = ? WHERE identity = ?",
+            pickle.dumps(TouchOnLoad(marker), protocol=2), identity)
+
+
+def _truncate(db_path, marker, identity=IDENTITY):
+    # an unframed pickle without its final STOP: unpickling it would still call open()
+    payload = pickle.dumps(TouchOnLoad(marker), protocol=2)[:-1]
+    execute(db_path, "UPDATE checkpoints SET payload = ? WHERE identity = ?", payload, identity)
+
+
+def _header(db_path, marker, identity=IDENTITY):
+    (header,) = [r[2] for r in rows(db_path) if r[0] == identity]
+    changed = json.loads(header)
+    changed["ledger"] = {**changed["ledger"], "counts": {"steps": 0}}  # a budget reset
+    execute(db_path, "UPDATE checkpoints SET header = ? WHERE identity = ?",
+            json.dumps(changed, sort_keys=True, separators=(",", ":")), identity)
+
+
+def _old_format(db_path, marker, identity=IDENTITY):
+    execute(db_path, "UPDATE checkpoints SET format = 'nbbudget-ckpt-v0' WHERE identity = ?",
+            identity)
+
+
+TAMPERINGS = {
+    "tampered payload": _payload,
+    "truncated payload": _truncate,
+    "changed header": _header,
+    "old format": _old_format,
+}
+
+
+@pytest.mark.parametrize("tamper", TAMPERINGS.values(), ids=TAMPERINGS.keys())
+def test_S4_5_a_checkpoint_that_fails_a_check_is_refused_unchanged_and_never_unpickled(
+        tmp_path, folder, tamper):
+    marker = tmp_path / "unpickled"
+    s = Store(folder)
+    s.save_checkpoint(IDENTITY, TouchOnLoad(marker), ledger=LEDGER, first_start=0.0,
+                      label="crunch")
+    db_path = folder / "nbbudget.db"
+    tamper(db_path, marker)
+    before = rows(db_path)
+    for _ in range(2):  # refused every time, never migrated, reset or rewritten
+        with pytest.raises(nb.CheckpointRefused) as info:
+            s.load_checkpoint(IDENTITY)
+        assert rows(db_path) == before
+    err = info.value
+    assert isinstance(err, nb.ConfigError)
+    assert err.code == "checkpoint_refused"
+    assert repr(IDENTITY) in str(err)
+    assert str(db_path) in str(err)
+    assert "left unchanged" in str(err)
+    assert not marker.exists()
+    s.close()
+
+
+def test_S4_5_the_old_format_is_named_in_the_refusal(folder):
+    s = Store(folder)
+    s.save_checkpoint(IDENTITY, 1, ledger=LEDGER, first_start=0.0, label="crunch")
+    _old_format(folder / "nbbudget.db", None)
+    with pytest.raises(nb.CheckpointRefused, match="'nbbudget-ckpt-v0' is not "
+                                                   f"'{CHECKPOINT_FORMAT}'"):
+        s.load_checkpoint(IDENTITY)
+    s.close()
+
+
+def test_S4_5_a_checkpoint_signed_with_another_secret_is_refused_unchanged(tmp_path, folder):
+    marker = tmp_path / "unpickled"
+    mine = Store(folder)
+    mine.save_checkpoint(IDENTITY, TouchOnLoad(marker), ledger=LEDGER, first_start=0.0,
+                         label="crunch")
+    theirs = Store(tmp_path / "elsewhere")  # another store: another secret
+    (row,) = rows(folder / "nbbudget.db")
+    execute(theirs.path, "INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?)", *row)
+    before = rows(theirs.path)
+    with pytest.raises(nb.CheckpointRefused, match="signature") as info:
+        theirs.load_checkpoint(IDENTITY)
+    assert str(theirs.path) in str(info.value)
+    assert rows(theirs.path) == before == [row]
+    assert not marker.exists()
+    mine.close()
+    theirs.close()
+
+
+def test_S4_5_a_signed_row_moved_to_another_identity_is_refused_unchanged(tmp_path, folder):
+    marker = tmp_path / "unpickled"
+    s = Store(folder)
+    s.save_checkpoint(IDENTITY, TouchOnLoad(marker), ledger=LEDGER, first_start=0.0,
+                      label="crunch")
+    (row,) = rows(s.path)
+    other = "fn:" + "cd34" * 16
+    execute(s.path, "INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?)", other, *row[1:])
+    before = rows(s.path)
+    with pytest.raises(nb.CheckpointRefused) as info:
+        s.load_checkpoint(other)
+    assert repr(other) in str(info.value)
+    assert rows(s.path) == before
+    assert not marker.exists()
+    s.close()
+
+
+def test_S4_5_a_signed_header_that_lacks_a_field_is_refused_unchanged(tmp_path, folder):
+    """As an older writer with the same secret would have left it."""
+    marker = tmp_path / "unpickled"
+    s = Store(folder)
+    header = json.dumps({"format": CHECKPOINT_FORMAT, "identity": IDENTITY, "seq": 1,
+                         "created": 0.0, "ledger": LEDGER, "first_start": 0.0},
+                        sort_keys=True, separators=(",", ":"))  # no "label"
+    payload = pickle.dumps(TouchOnLoad(marker))
+    execute(s.path, "INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?)", IDENTITY,
+            CHECKPOINT_FORMAT, header, payload, s._sign(header.encode(), payload))
+    before = rows(s.path)
+    with pytest.raises(nb.CheckpointRefused, match="lacks label"):
+        s.load_checkpoint(IDENTITY)
+    assert rows(s.path) == before
+    assert not marker.exists()
+    s.close()
+
+
+# -- S4-5 through nb.call --------------------------------------------------------------------------
+def _resumable(runs: list[object], clock: CallerClock):
+    def crunch() -> str:
+        runs.append(nb.resume_state("fresh"))
+        assert clock.waiting.wait(SOON)
+        clock.advance("2s")
+        nb.checkpoint("half way")  # past the budget: it pauses here
+        return "finished"
+
+    return crunch
+
+
+def test_S4_5_a_tampered_checkpoint_fails_the_identical_call_loudly(folder):
+    runs: list[object] = []
+    clock = CallerClock()
+    crunch = _resumable(runs, clock)
+    identity = _identity(crunch, (), {}, None)
+    first = nb.call(crunch, resume=True, budget="1s", clock=clock)
+    assert first.data["state"] == "paused"
+    db_path = folder / "nbbudget.db"
+    execute(db_path, "UPDATE checkpoints SET payload = ? WHERE identity = ?",
+            pickle.dumps("another state"), identity)
+    before = rows(db_path)
+    for _ in range(2):  # it never resumes, and never silently starts over
+        resp = nb.call(crunch, resume=True, budget="1s", clock=clock)
+        assert resp.ok is False
+        assert resp.exit_code == 1
+        assert resp.error["code"] == "checkpoint_refused"
+        assert repr(identity) in resp.error["message"]
+        assert str(db_path) in resp.error["message"]
+        assert set(json.loads(resp.to_json())) == {"ok", "data", "error", "warnings", "meta"}
+        assert resp.meta["budget_ms"] == 1000
+    assert runs == ["fresh"]  # the work did not run again
+    assert rows(db_path) == before
+
+
+def test_S4_5_a_checkpoint_whose_ledger_lacks_its_state_fails_the_call_as_refused(folder):
+    runs: list[object] = []
+    clock = CallerClock()
+    crunch = _resumable(runs, clock)
+    identity = _identity(crunch, (), {}, None)
+    nb.store().save_checkpoint(identity, "half way", ledger={"version": "nbbudget-ledger-v0"},
+                               first_start=0.0, label="crunch")
+    before = rows(folder / "nbbudget.db")
+    try:
+        resp = nb.call(crunch, resume=True, budget="1s", clock=clock)
+    finally:
+        assert runs == []
+        assert rows(folder / "nbbudget.db") == before
+    assert resp.error["code"] == "checkpoint_refused"
+    assert repr(identity) in resp.error["message"]
+
+
+# -- concurrency -----------------------------------------------------------------------------------
+def _hammer(stores: list[Store], threads: int, per_thread: int) -> list[BaseException]:
+    errors: list[BaseException] = []
+    start = threading.Barrier(threads)
+
+    def writer(n: int) -> None:
+        s = stores[n % len(stores)]
+        try:
+            start.wait()
+            for i in range(per_thread):
+                s.save_checkpoint(f"t{n}-{i}", {"n": n, "i": i}, ledger=LEDGER,
+                                  first_start=0.0, label=f"t{n}")
+                if i % 20 == 0:
+                    s.record_job(f"job-{n}-{i}", f"t{n}-{i}", f"t{n}", "running")
+                    s.record_job(f"job-{n}-{i}", f"t{n}-{i}", f"t{n}", "done")
+        except BaseException as exc:  # collected: the test reports them all
+            errors.append(exc)
+        finally:
+            s.close()
+
+    workers = [threading.Thread(target=writer, args=(n,), name=f"writer-{n}")
+               for n in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    return errors
+
+
+def test_eight_threads_write_to_one_store_without_locking_errors(folder):
+    s = Store(folder)
+    errors = _hammer([s], threads=8, per_thread=200)
+    assert errors == []
+    assert len(rows(s.path)) == 8 * 200
+    assert s.load_checkpoint("t7-199").state == {"n": 7, "i": 199}
+    jobs = s.jobs()
+    assert len(jobs) == 8 * 10
+    assert {j["state"] for j in jobs} == {"done"}
+    s.close()
+
+
+def test_two_stores_on_one_folder_write_concurrently(folder):
+    """Two Store objects, two connections each, as two kernels of one user would have."""
+    first, second = Store(folder), Store(folder)
+    errors = _hammer([first, second], threads=4, per_thread=100)
+    assert errors == []
+    assert len(rows(first.path)) == 4 * 100
+    assert second.load_checkpoint("t0-99").state == {"n": 0, "i": 99}  # written by `first`
+    assert first.load_checkpoint("t1-99").state == {"n": 1, "i": 99}  # written by `second`
+    first.close()
+    second.close()
+
+
+# -- lost jobs -------------------------------------------------------------------------------------
+def test_a_running_job_whose_process_died_is_marked_lost(folder):
+    s = nb.store()
+    s.record_job("mine", "fn:mine", "mine", "running")  # this process is alive
+    code = ("import nbbudget as nb; "
+            "nb.store().record_job('theirs', 'fn:theirs', 'crunch', 'running')")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env=dict(os.environ))
+    assert {j["id"]: j["state"] for j in s.jobs()} == {"mine": "running", "theirs": "running"}
+    assert s.mark_lost_jobs() == 1
+    assert s.mark_lost_jobs() == 0
+    states = {j["id"]: j for j in s.jobs()}
+    assert states["theirs"]["state"] == "lost"
+    assert states["theirs"]["label"] == "crunch"
+    assert states["mine"]["state"] == "running"
+    frame = nb.jobs.to_frame()
+    assert frame.loc["theirs", "state"] == "lost"
+
+
+def test_opening_a_store_marks_the_lost_jobs(folder):
+    code = ("import nbbudget as nb; "
+            "nb.store().record_job('theirs', 'fn:theirs', 'crunch', 'running')")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env=dict(os.environ))
+    s = Store(folder)
+    assert [(j["id"], j["state"]) for j in s.jobs()] == [("theirs", "lost")]
+    s.close()
