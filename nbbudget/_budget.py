@@ -275,15 +275,20 @@ class Budget:
         """Check and reserve every item on the run's counters, all or nothing."""
         if self._stop is not None:
             return self._stop.signal()
-        done: list[tuple[int, float]] = []
-        for i, n in items:
-            if not self._take(i, n):
-                for j, m in done:
-                    self._untake(j, m)
-                return self._refuse(self, i, n, target, "run")
-            done.append((i, n))
+        short = self._take_all(items)
+        if short is not None:
+            return self._refuse(self, *short, target, "run")
         for i, n in items:
             self._after_take(i, n, target, self._run_id)
+        return None
+
+    def _take_all(self, items: tuple[tuple[int, float], ...]) -> tuple[int, float] | None:
+        """Reserve every item, or none: the first item that cannot be had, else None."""
+        for k, (i, n) in enumerate(items):
+            if not self._take(i, n):
+                for j, m in items[:k]:
+                    self._untake(j, m)
+                return i, n
         return None
 
     def _take(self, i: int, n: float) -> bool:
@@ -919,13 +924,9 @@ class Grant(Budget):
                 return self._refuse(self, i, n, target, "grant")
         if root._stop is not None:
             return root._stop.signal()
-        done: list[tuple[int, float]] = []
-        for i, n in items:
-            if not root._take(i, n):
-                for j, m in done:
-                    root._untake(j, m)
-                return self._refuse(root, i, n, target, "run")
-            done.append((i, n))
+        short = root._take_all(items)
+        if short is not None:
+            return self._refuse(root, *short, target, "run")
         for i, n in items:
             self._counts[i] += n
             root._after_take(i, n, target, self._run_id)

@@ -28,6 +28,9 @@ class FakeClock(_Timers):
 
     def __init__(self, start_ms: float = 0.0) -> None:
         super().__init__()
+        #: set the first time a thread waits on this clock (the caller of ``nb.call`` once its
+        #: budget is in force): work that moves the clock can wait for it first
+        self.waiting = threading.Event()
         self._now = float(start_ms)
         self._lock = threading.RLock()
         self._moved = threading.Condition(self._lock)
@@ -63,6 +66,7 @@ class FakeClock(_Timers):
     def wait(self, event: threading.Event, until_ms: float | None) -> bool:
         # Poll the event in short real waits so that a set() from any thread is seen promptly,
         # and the fake deadline only passes when some thread advances the clock.
+        self.waiting.set()
         while not event.is_set():
             if until_ms is not None and self._now >= until_ms:
                 return False

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import pytest
 
@@ -71,6 +72,27 @@ def no_thread_left_running() -> Iterator[None]:
             f"ended: {names}\n{_describe(leftover)}",
             pytrace=False,
         )
+
+
+@pytest.fixture(scope="module")
+def quick_idle_workers() -> Iterator[None]:
+    """Idle call workers end after ``IDLE_SECONDS``; a short wait keeps each test's thread check
+    quick in modules that run many calls."""
+    from nbbudget import _workers
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_workers, "IDLE_SECONDS", 0.05)
+        yield
+
+
+@pytest.fixture
+def home(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A store of the test's own, a non-interactive caller, no budget in the environment."""
+    folder = tmp_path / "home"
+    monkeypatch.setenv("NBBUDGET_HOME", str(folder))
+    monkeypatch.setenv("NBBUDGET_INTERACTIVE", "0")
+    monkeypatch.delenv("AGENT_CALL_BUDGET_MS", raising=False)
+    return folder
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -18,7 +18,6 @@ import time
 import pytest
 
 import nbbudget as nb
-from nbbudget import _workers
 from nbbudget._call import _identity, resolve_budget
 from nbbudget.testing import FakeClock
 
@@ -26,47 +25,15 @@ from nbbudget.testing import FakeClock
 SOON = 5.0
 
 
-@pytest.fixture(autouse=True, scope="module")
-def quick_idle_workers():
-    """Idle workers end after IDLE_SECONDS; a short wait keeps each test's thread check quick."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_workers, "IDLE_SECONDS", 0.05)
-        yield
-
-
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    """A store of the test's own, a non-interactive caller, no budget in the environment."""
-    folder = tmp_path / "home"
-    monkeypatch.setenv("NBBUDGET_HOME", str(folder))
-    monkeypatch.setenv("NBBUDGET_INTERACTIVE", "0")
-    monkeypatch.delenv("AGENT_CALL_BUDGET_MS", raising=False)
-    return folder
-
-
-class CallerClock(FakeClock):
-    """A `FakeClock` that says when the caller of ``nb.call`` has started to wait on it.
-
-    The caller waits on the call's clock once its budget is in force. Work that moves the clock
-    waits for that first (`outlive`), so that a test knows the caller is waiting when the
-    budget runs out.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waiting = threading.Event()
-
-    def wait(self, event: threading.Event, until_ms: float | None) -> bool:
-        self.waiting.set()
-        return super().wait(event, until_ms)
+pytestmark = pytest.mark.usefixtures("quick_idle_workers", "home")
 
 
 @pytest.fixture
-def clock() -> CallerClock:
-    return CallerClock()
+def clock() -> FakeClock:
+    return FakeClock()
 
 
-def outlive(clock: CallerClock, by: str = "2s") -> None:
+def outlive(clock: FakeClock, by: str = "2s") -> None:
     """Inside the work: once the caller waits, move the clock *by* (past the budget)."""
     assert clock.waiting.wait(SOON), "the caller never started waiting"
     clock.advance(by)
@@ -349,7 +316,7 @@ def test_S0_1_the_budget_counts_from_the_start_of_the_call():
     advanced = threading.Event()
     release = threading.Event()
 
-    class SlowCallerClock(FakeClock):
+    class SlowFakeClock(FakeClock):
         held = False
 
         def now_ms(self) -> float:
@@ -358,7 +325,7 @@ def test_S0_1_the_budget_counts_from_the_start_of_the_call():
                 advanced.wait(0.2)
             return super().now_ms()
 
-    clock = SlowCallerClock()
+    clock = SlowFakeClock()
 
     def crunch() -> str:
         clock.advance("2s")  # the whole budget, and more
@@ -373,7 +340,7 @@ def test_S0_1_the_budget_counts_from_the_start_of_the_call():
 
 
 def test_S0_1_a_checkpoint_past_the_budget_pauses_even_before_the_caller_wakes():
-    class SlowToWakeClock(CallerClock):
+    class SlowToWakeClock(FakeClock):
         def wait(self, event: threading.Event, until_ms: float | None) -> bool:
             woke = super().wait(event, until_ms)
             if not woke:
@@ -419,11 +386,11 @@ def test_S0_11_the_identical_call_reattaches_and_returns_the_result_once_done(cl
     finally:
         release.set()
     assert nb.jobs[first.data["job"]].wait_done(SOON)
-    done = nb.call(crunch, 21, detach=True, budget="1s", clock=CallerClock())
+    done = nb.call(crunch, 21, detach=True, budget="1s", clock=FakeClock())
     assert (done.ok, done.data, done.exit_code) == (True, 42, 0)
     assert done.meta["budget_ms"] == 1000
     assert runs == [21]  # the work ran once
-    anew = nb.call(crunch, 21, detach=True, budget="1s", clock=CallerClock())
+    anew = nb.call(crunch, 21, detach=True, budget="1s", clock=FakeClock())
     assert (anew.ok, anew.data) == (True, 42)
     assert runs == [21, 21]  # the result was delivered: the next identical call starts anew
 
@@ -448,7 +415,7 @@ def test_S0_11_a_key_makes_two_functions_the_same_work(clock):
     release.set()
     assert resp.exit_code == 14
     assert nb.jobs[resp.data["job"]].wait_done(SOON)
-    again = nb.call(second, 1, detach=True, key=key, budget="1s", clock=CallerClock())
+    again = nb.call(second, 1, detach=True, key=key, budget="1s", clock=FakeClock())
     assert (again.ok, again.data) == (True, "first's result")
     assert ran == ["first"]
 
@@ -470,7 +437,7 @@ def test_S0_11_different_arguments_are_different_work(clock):
     first = nb.call(crunch, 1, detach=True, budget="1s", clock=clock)
     try:
         assert first.exit_code == 14
-        other = nb.call(crunch, 2, detach=True, budget="1s", clock=CallerClock())
+        other = nb.call(crunch, 2, detach=True, budget="1s", clock=FakeClock())
         assert (other.ok, other.data) == (True, 2)  # not the running job of crunch(1)
     finally:
         release.set()
@@ -494,7 +461,7 @@ def test_S0_11_budget_and_timeout_do_not_change_the_identity(clock):
         assert again.meta["budget_ms"] == 20
     finally:
         release.set()
-    final = nb.call(crunch, detach=True, budget="5s", clock=CallerClock())
+    final = nb.call(crunch, detach=True, budget="5s", clock=FakeClock())
     assert (final.ok, final.data) == (True, "crunched")
 
 
@@ -511,7 +478,7 @@ def test_S0_11_two_different_lambdas_are_different_work(clock):
     resp = nb.call(first, detach=True, budget="1s", clock=clock)
     release.set()
     assert nb.jobs[resp.data["job"]].wait_done(SOON)
-    other = nb.call(second, detach=True, budget="1s", clock=CallerClock())
+    other = nb.call(second, detach=True, budget="1s", clock=FakeClock())
     assert other.data == "second"
 
 
@@ -540,7 +507,7 @@ def crunch(rows):
     ("/tmp/ipykernel_1111/2468013579.py", "/tmp/ipykernel_2222/2468013579.py"),  # restart
 ], ids=["cell-run-again", "kernel-restarted"])
 def test_S0_11_the_same_function_defined_again_is_the_same_work(first_file, second_file):
-    before_clock, after_clock = CallerClock(), CallerClock()
+    before_clock, after_clock = FakeClock(), FakeClock()
     before = _define(CELL, first_file, clock=before_clock)
     after = _define(CELL, second_file, clock=after_clock)
     paused = nb.call(before, [1, 2, 3], resume=True, budget="1s", clock=before_clock)
@@ -596,7 +563,7 @@ def test_S0_1_S0_2_resume_pauses_at_the_first_checkpoint_past_the_budget_and_con
 
 
 # -- S4-4: pause and resume never reset a budget ---------------------------------------------------
-def _stepper(clock: CallerClock, steps_seen: list[int], limits_seen: list[object]):
+def _stepper(clock: FakeClock, steps_seen: list[int], limits_seen: list[object]):
     def stepper() -> int:
         i = nb.resume_state(0)
         run = nb.current()
@@ -871,7 +838,7 @@ def test_an_exception_in_detached_work_is_kept_with_its_traceback(clock):
     assert frame.loc[job.id, "state"] == "failed"
     assert "RowError" in frame.loc[job.id, "error"]
 
-    again = nb.call(explode_after_budget, detach=True, budget="1s", clock=CallerClock())
+    again = nb.call(explode_after_budget, detach=True, budget="1s", clock=FakeClock())
     assert again.error == {"code": "RowError", "message": "row 7 is malformed"}
 
 
@@ -919,7 +886,7 @@ def test_cancelling_a_detached_cooperative_job_ends_it_cancelled(clock):
         job.result()
     _eventually(lambda: {r["id"]: r["state"] for r in nb.store().jobs()}.get(job.id)
                 == "cancelled")
-    again = nb.call(cooperative, detach=True, budget="1s", clock=CallerClock())
+    again = nb.call(cooperative, detach=True, budget="1s", clock=FakeClock())
     assert again.ok is False
     assert again.exit_code == 130  # a stop, not a wall-clock cancel
     assert again.error["code"] == "stopped"

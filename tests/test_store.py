@@ -16,7 +16,6 @@ import threading
 import pytest
 
 import nbbudget as nb
-from nbbudget import _workers
 from nbbudget._call import _identity
 from nbbudget._store import CHECKPOINT_FORMAT, Store, home
 from nbbudget.testing import FakeClock
@@ -26,35 +25,12 @@ IDENTITY = "fn:" + "ab12" * 16
 LEDGER = {"version": "nbbudget-ledger-v1", "counts": {"steps": 3}}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def quick_idle_workers():
-    """Idle workers end after IDLE_SECONDS; a short wait keeps each test's thread check quick."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_workers, "IDLE_SECONDS", 0.05)
-        yield
+pytestmark = pytest.mark.usefixtures("quick_idle_workers", "home")
 
 
-@pytest.fixture(autouse=True)
-def folder(tmp_path, monkeypatch):
-    """A store of the test's own, and a non-interactive caller."""
-    path = tmp_path / "home"
-    monkeypatch.setenv("NBBUDGET_HOME", str(path))
-    monkeypatch.setenv("NBBUDGET_INTERACTIVE", "0")
-    monkeypatch.delenv("AGENT_CALL_BUDGET_MS", raising=False)
-    return path
-
-
-class CallerClock(FakeClock):
-    """A `FakeClock` that says when the caller of ``nb.call`` has started to wait on it (its
-    budget is then in force; see test_call.py)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waiting = threading.Event()
-
-    def wait(self, event: threading.Event, until_ms: float | None) -> bool:
-        self.waiting.set()
-        return super().wait(event, until_ms)
+@pytest.fixture
+def folder(home):
+    return home
 
 
 def mode(path) -> int:
@@ -114,7 +90,7 @@ def test_NBBUDGET_HOME_is_read_at_each_call(tmp_path, monkeypatch):
     identity = _identity(crunch, (), {}, None)
     for name in ("first", "second"):
         monkeypatch.setenv("NBBUDGET_HOME", str(tmp_path / name))
-        clock = CallerClock()
+        clock = FakeClock()
         resp = nb.call(crunch, resume=True, budget="1s", clock=clock)
         assert resp.data["state"] == "paused"
         assert nb.store().folder == (tmp_path / name).resolve()
@@ -327,7 +303,7 @@ def test_S4_5_a_signed_header_that_lacks_a_field_is_refused_unchanged(tmp_path, 
 
 
 # -- S4-5 through nb.call --------------------------------------------------------------------------
-def _resumable(runs: list[object], clock: CallerClock):
+def _resumable(runs: list[object], clock: FakeClock):
     def crunch() -> str:
         runs.append(nb.resume_state("fresh"))
         assert clock.waiting.wait(SOON)
@@ -340,7 +316,7 @@ def _resumable(runs: list[object], clock: CallerClock):
 
 def test_S4_5_a_tampered_checkpoint_fails_the_identical_call_loudly(folder):
     runs: list[object] = []
-    clock = CallerClock()
+    clock = FakeClock()
     crunch = _resumable(runs, clock)
     identity = _identity(crunch, (), {}, None)
     first = nb.call(crunch, resume=True, budget="1s", clock=clock)
@@ -364,7 +340,7 @@ def test_S4_5_a_tampered_checkpoint_fails_the_identical_call_loudly(folder):
 
 def test_S4_5_a_checkpoint_whose_ledger_lacks_its_state_fails_the_call_as_refused(folder):
     runs: list[object] = []
-    clock = CallerClock()
+    clock = FakeClock()
     crunch = _resumable(runs, clock)
     identity = _identity(crunch, (), {}, None)
     nb.store().save_checkpoint(identity, "half way", ledger={"version": "nbbudget-ledger-v0"},
