@@ -298,7 +298,7 @@ class Budget:
         taken = 0
         while taken < short:  # only whole-number kinds have pools; for others this fails at once
             try:
-                pool.pop()
+                list.pop(pool)  # not a charge of its own: a traced pool must not record it
             except IndexError:
                 counts[i] -= taken  # what was taken from the pool is free again
                 if _POOLED[i] and not pool and self._thr[i] - counts[i] < 1:

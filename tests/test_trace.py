@@ -555,3 +555,13 @@ def test_replay_takes_only_limits(clock: FakeClock, limits: object) -> None:
     with pytest.raises(nb.ConfigError) as info:
         ten_steps(clock).trace.replay(limits)  # type: ignore[arg-type]
     assert str(info.value) == f"replay() takes nb.Limits, not {type(limits).__name__}"
+
+
+def test_a_full_trace_keeps_the_target_of_a_charge_that_takes_reserved_permits(clock):
+    """A charge on the locked path may take permits the run reserved for its fast path: the
+    event it records is its own, with its target, and only one."""
+    with nb.budget(tool_calls=300, trace="full", clock=clock, notices=None) as run:
+        run.charge("tool_calls")  # the run now holds a block of reserved permits
+        run.charge("tool_calls", 299, target="tool:bulk")
+    consumed = [e.payload for e in run.trace.events if e.kind == "consumed"]
+    assert [(p["amount"], p.get("target")) for p in consumed] == [(1, None), (299, "tool:bulk")]
