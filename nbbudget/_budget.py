@@ -3,10 +3,13 @@
 Rules: S2-1..S2-4, S3-1..S3-5, S4-3, S4-4.
 
 A run (`Budget`) owns one lock, the run-wide counters and the trace; its grants share them and
-keep their own allowances beside them. Every charge goes through one check-and-reserve path
-driven by the table of kinds: checked and committed under the lock, refused with the counters
-untouched and the refusal raised after the lock is released. Time never costs a clock read per
-step: each deadline is a callback on the run's clock that sets the run's stop flag.
+keep their own allowances beside them. A run reserves permits of each whole-number kind ahead,
+in blocks, into a pool per kind, and ``step()`` or ``charge(kind)`` takes one with ``list.pop()``,
+which is atomic: no lock, no clock. Everything else goes through one check-and-reserve path
+driven by the table of kinds, under the lock; a refusal leaves the counters untouched and is
+raised after the lock is released, and once a limit is spent for good, refusals need no lock at
+all. Time never costs a clock read per step: each deadline is a callback on the run's clock that
+sets the run's stop flag.
 """
 
 from __future__ import annotations
