@@ -28,6 +28,21 @@ from ._trace import Event, Replay, Trace
 
 __version__ = "0.1.0"
 
+
+def load_ipython_extension(shell: object) -> None:
+    """``%load_ext nbbudget``: register nbbudget's magics and settings on the shell."""
+    from ._ipython import load
+
+    load(shell)
+
+
+def unload_ipython_extension(shell: object) -> None:
+    """``%unload_ext nbbudget``: remove everything ``%load_ext`` registered."""
+    from ._ipython import unload
+
+    unload(shell)
+
+
 __all__ = [
     "Budget",
     "BudgetCut",

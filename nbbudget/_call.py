@@ -179,7 +179,18 @@ def resolve_budget(budget: int | str | None, *, declares: bool,
     env = os.environ.get(ENV_BUDGET)
     if env is not None and env.strip():
         return parse_duration(env.strip(), field=ENV_BUDGET)
-    return DEFAULT_BUDGET_MS
+    configured = _default_budget() if _default_budget is not None else None
+    return DEFAULT_BUDGET_MS if configured is None else int(configured)
+
+
+_default_budget: Callable[[], int | None] | None = None
+
+
+def set_default_budget(provider: Callable[[], int | None] | None) -> None:
+    """Install (or remove) where the default budget comes from after the environment: the
+    IPython layer's ``NBBudget.default_budget_ms``."""
+    global _default_budget
+    _default_budget = provider
 
 
 def _positive(value: int | str, field: str) -> int:

@@ -1,0 +1,156 @@
+"""The IPython layer: ``%load_ext nbbudget``, ``%budget``, settings, and interactive detection
+in a real kernel (N-1, S0-3, S0-5)."""
+
+from __future__ import annotations
+
+import re
+import threading
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from traitlets.config import Config
+
+import nbbudget as nb
+from nbbudget import _call, _interactive
+
+pytestmark = pytest.mark.usefixtures("quick_idle_workers", "home")
+
+
+@pytest.fixture
+def shell():
+    config = Config()
+    config.HistoryManager.enabled = False  # no history thread: every test ends with no thread
+    ip = InteractiveShell.instance(config=config)
+    ip.run_line_magic("load_ext", "nbbudget")
+    yield ip
+    ip.run_line_magic("unload_ext", "nbbudget")
+    ip.config.pop("NBBudget", None)  # %config settings live on the shared shell
+
+
+def test_load_ext_registers_budget_and_unload_ext_removes_every_hook(shell):
+    assert "budget" in shell.magics_manager.magics["line"]
+    assert _interactive._detector is not None and _call._default_budget is not None
+    shell.run_line_magic("unload_ext", "nbbudget")
+    assert "budget" not in shell.magics_manager.magics["line"]
+    assert _interactive._detector is None and _call._default_budget is None
+    assert not [c for c in shell.configurables if type(c).__name__ == "NBBudget"]
+    shell.run_line_magic("load_ext", "nbbudget")  # and it loads again
+
+
+def test_budget_help_shows_every_subcommand(shell):
+    doc = shell.magics_manager.magics["line"]["budget"].__doc__
+    for word in ("jobs", "wait", "cancel", "--timeout", "%budget wait 1a2b-3"):
+        assert word in doc
+
+
+def test_budget_jobs_lists_a_detached_call_and_wait_gives_its_result(shell):
+    release = threading.Event()
+
+    def slow() -> str:
+        release.wait(5)
+        return "done"
+
+    resp = nb.call(slow, detach=True, budget="50ms")
+    assert resp.exit_code == 14
+    job_id = resp.data["job"]
+    frame = shell.run_line_magic("budget", "jobs")
+    assert frame.loc[job_id, "state"] == "running"
+    release.set()
+    assert shell.run_line_magic("budget", f"wait {job_id} --timeout 5") == "done"
+    assert shell.run_line_magic("budget", "jobs").loc[job_id, "state"] == "done"
+
+
+def test_budget_cancel_stops_a_cooperative_job(shell):
+    def loop() -> None:
+        run = nb.current()
+        while True:
+            run.step()
+            threading.Event().wait(0.01)
+
+    resp = nb.call(loop, detach=True, budget="50ms")
+    shell.run_line_magic("budget", f"cancel {resp.data['job']}")
+    assert nb.jobs[resp.data["job"]].wait_done(5)
+    assert nb.jobs[resp.data["job"]].state is nb.JobState.CANCELLED
+
+
+@pytest.mark.parametrize("line, message", [
+    ("wait", "%budget wait needs a job id, e.g. %budget wait 1a2b-3 (see %budget jobs)"),
+    ("wait nope", "no job 'nope' in this process"),
+    ("frobnicate", "invalid choice: 'frobnicate'"),
+])
+def test_bad_budget_commands_are_usage_errors(shell, line, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        shell.run_line_magic("budget", line)
+
+
+def test_S0_3_the_configured_default_budget_comes_after_the_environment(shell, monkeypatch):
+    shell.run_line_magic("config", "NBBudget.default_budget_ms = 7000")
+    assert nb.call(lambda: 1, detach=True).meta["budget_ms"] == 7000
+    monkeypatch.setenv("AGENT_CALL_BUDGET_MS", "3000")
+    assert nb.call(lambda: 1, detach=True).meta["budget_ms"] == 3000
+    assert nb.call(lambda: 1, detach=True, budget="1s").meta["budget_ms"] == 1000
+
+
+def test_N_1_the_setting_decides_after_the_environment(shell, monkeypatch):
+    monkeypatch.delenv("NBBUDGET_INTERACTIVE")
+    shell.run_line_magic("config", "NBBudget.interactive = True")
+    assert "budget_ms" not in nb.call(lambda: 1, detach=True).meta  # S0-5: a person
+    shell.run_line_magic("config", "NBBudget.interactive = False")
+    assert nb.call(lambda: 1, detach=True).meta["budget_ms"] == 30000
+    monkeypatch.setenv("NBBUDGET_INTERACTIVE", "1")  # the environment comes first
+    assert "budget_ms" not in nb.call(lambda: 1, detach=True).meta
+
+
+# -- N-1 in a real kernel ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    from jupyter_client.manager import start_new_kernel
+
+    home = tmp_path_factory.mktemp("kernel-home")
+    env_overrides = {"NBBUDGET_HOME": str(home)}
+    import os
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NBBUDGET_INTERACTIVE", "AGENT_CALL_BUDGET_MS")}
+    km, kc = start_new_kernel(kernel_name="python3", env={**env, **env_overrides})
+    try:
+        yield kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def _execute_with_metadata(kc, code: str, *, allow_stdin: bool, metadata: dict) -> str:
+    """Send an execute_request carrying *metadata* (as JupyterLab sends ``cellId``)."""
+    content = {"code": code, "silent": False, "store_history": True, "user_expressions": {},
+               "allow_stdin": allow_stdin, "stop_on_error": True}
+    msg = kc.session.msg("execute_request", content, metadata=metadata)
+    kc.shell_channel.send(msg)
+    msg_id = msg["header"]["msg_id"]
+    out = []
+    while True:
+        reply = kc.get_iopub_msg(timeout=30)
+        if reply["parent_header"].get("msg_id") != msg_id:
+            continue
+        if reply["msg_type"] == "stream":
+            out.append(reply["content"]["text"])
+        if reply["msg_type"] == "error":
+            raise AssertionError("\n".join(reply["content"]["traceback"]))
+        if reply["msg_type"] == "status" and reply["content"]["execution_state"] == "idle":
+            return "".join(out)
+
+
+PROBE = "%load_ext nbbudget\nfrom nbbudget._interactive import is_interactive\n" \
+        "print(is_interactive())"
+
+
+@pytest.mark.parametrize("allow_stdin, metadata, expected", [
+    (False, {}, "False"),                       # nbclient, papermill, nbval
+    (True, {"cellId": "c-1"}, "True"),          # JupyterLab, Notebook 7
+    (True, {}, "False"),                        # an agent harness: stdin, but no cell
+])
+def test_N_1_a_kernel_tells_a_person_from_a_program_by_the_request(kernel, allow_stdin,
+                                                                    metadata, expected):
+    out = _execute_with_metadata(kernel, PROBE, allow_stdin=allow_stdin, metadata=metadata)
+    assert out.strip().splitlines()[-1] == expected
