@@ -28,6 +28,9 @@ from ._trace import Event, Replay, Trace
 
 __version__ = "0.1.0"
 
+#: the envelope of the last ``%%budget`` cell (set by the IPython layer)
+last_response: Response | None = None
+
 
 def load_ipython_extension(shell: object) -> None:
     """``%load_ext nbbudget``: register nbbudget's magics and settings on the shell."""
@@ -70,6 +73,7 @@ __all__ = [
     "checkpoint",
     "current",
     "jobs",
+    "last_response",
     "parse_duration",
     "resume_state",
     "store",

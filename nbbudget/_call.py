@@ -368,19 +368,21 @@ def _answer(job: Job, plan: _Plan, started: float, warnings: list[str]) -> Respo
         if stop is not None and stop.status is Status.CANCELLED:
             _deliver(job, plan)
             return _respond(plan, started, ok=False, exit_code=EXIT_CANCELLED,
-                            data={"state": "cancelled", "job": job.id}, warnings=warnings,
+                            data={"state": "cancelled", "job": job.id}, warnings=warnings, job=job,
                             error={"code": "cancelled", "message": stop.message})
         job._detach()
         with _attached_lock:
             _attached[plan.identity] = job
         ctx.run._record("detached", {"job": job.id})
         return _respond(plan, started, ok=False, exit_code=EXIT_INCOMPLETE, warnings=warnings,
+                        job=job,
                         data={"state": "running", "job": job.id,
                               "next": f"make the identical call again to wait for the result "
                                       f"(or nb.jobs[{job.id!r}].result())"})
     if getattr(job, "paused", False):
         saved: Checkpoint = job.result()
         return _respond(plan, started, ok=False, exit_code=EXIT_INCOMPLETE, warnings=warnings,
+                        job=job,
                         data={"state": "paused", "checkpoint": saved.id,
                               "next": "make the identical call again to continue from "
                                       f"checkpoint {saved.id}"})
@@ -388,16 +390,17 @@ def _answer(job: Job, plan: _Plan, started: float, warnings: list[str]) -> Respo
     error = job.exception()
     if error is None:
         return _respond(plan, started, ok=True, exit_code=EXIT_OK, data=job.result(),
-                        warnings=warnings)
+                        warnings=warnings, job=job)
     if isinstance(error, Cancelled):
         ended = ctx.run.outcome
         wall = ended is not None and ended.status is Status.CANCELLED
         return _respond(plan, started, ok=False,
                         exit_code=EXIT_CANCELLED if wall else EXIT_STOPPED,
                         data={"state": "cancelled" if wall else "stopped"}, warnings=warnings,
+                        job=job,
                         error={"code": "cancelled" if wall else "stopped",
                                "message": str(error)})
-    return _respond(plan, started, ok=False, exit_code=EXIT_FAILED, warnings=warnings,
+    return _respond(plan, started, ok=False, exit_code=EXIT_FAILED, warnings=warnings, job=job,
                     error={"code": _error_code(error), "message": str(error)})
 
 
@@ -423,14 +426,15 @@ def _error_code(error: BaseException) -> str:
 
 
 def _respond(plan: _Plan, started: float, *, ok: bool, exit_code: int, data: Any = None,
-             error: dict[str, str] | None = None, warnings: list[str] | None = None) -> Response:
+             error: dict[str, str] | None = None, warnings: list[str] | None = None,
+             job: Job | None = None) -> Response:
     meta: dict[str, Any] = {"exit_code": exit_code,
                             "duration_ms": round((time.monotonic() - started) * 1000)}
     if plan.budget_ms is not None:
         meta["budget_ms"] = plan.budget_ms
     if plan.timeout_ms is not None:
         meta["timeout_ms"] = plan.timeout_ms
-    return Response(ok, data, error, list(warnings or []), meta, plan.envelope_bytes)
+    return Response(ok, data, error, list(warnings or []), meta, plan.envelope_bytes, job)
 
 
 # -- inside the work ----------------------------------------------------------------------------

@@ -56,6 +56,10 @@ class BudgetError(Exception):
 
     outcome: Outcome | None = None
 
+    def _render_traceback_(self) -> list[str]:
+        """How IPython shows it: one line, what happened and what to do, no traceback."""
+        return [f"{type(self).__name__}: {self}"]
+
 
 class BudgetExceeded(BudgetError):
     """A charge was refused before anything was spent; the counters are as they were.

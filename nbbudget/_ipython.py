@@ -6,16 +6,22 @@ every piece of state; this layer only reads it and shows it.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from traitlets import Bool, Int
 from traitlets.config import Configurable
 
 from . import _call, _interactive
+from ._cell import compile_cell, pin_output
+from ._duration import parse_duration
+from ._errors import ConfigError
 from ._jobs import jobs
+from ._limits import Limits, Manifest
+from ._response import EXIT_INCOMPLETE, Response
 
 __all__ = ["BudgetMagics", "NBBudget", "load", "unload"]
 
@@ -67,13 +73,123 @@ def make_detector(shell: Any, config: NBBudget) -> Any:
     return detect
 
 
+MIME = "application/vnd.nbbudget.response+json"
+_LIMIT_FLAGS = (("steps", "steps"), ("tool_calls", "tool_calls"),
+                ("agent_invocations", "agent_invocations"), ("provider_calls", "provider_calls"),
+                ("turns", "turns"), ("tokens", "tokens"), ("output_tokens", "output_tokens"),
+                ("cost", "cost_usd"))
+
+
+class Incomplete(Exception):
+    """How a non-interactive driver sees an INCOMPLETE cell: an error whose value is the one
+    line that says how to continue, so batch runs stop before cells that need its result."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"Incomplete: {self}"]
+
+
 @magics_class
 class BudgetMagics(Magics):
-    """``%budget``: the jobs of this kernel."""
+    """``%%budget``: run a cell under a budget; ``%budget``: the jobs of this kernel."""
 
     def __init__(self, shell: Any, config: NBBudget) -> None:
         super().__init__(shell)
         self.settings = config
+
+    @magic_arguments()
+    @argument("--budget", metavar="DUR",
+              help="the call budget: how long the cell may hold you (needs --detach or "
+                   "--resume), e.g. --budget 2s; 0 turns it off")
+    @argument("--detach", action="store_true",
+              help="when the budget runs out, the work goes on as a background job")
+    @argument("--resume", action="store_true",
+              help="when the budget runs out, the work stops at its next nb.checkpoint(state); "
+                   "running the same cell again continues from there")
+    @argument("--key", metavar="NAME",
+              help="name the work (instead of the cell's source and flags), to continue it "
+                   "from another cell")
+    @argument("--timeout", metavar="DUR",
+              help="wall-clock limit of the whole work, across every continuation")
+    @argument("--time", metavar="DUR",
+              help="time grant of the run (run_ms): when it is spent the run fails")
+    @argument("--steps", type=int, metavar="N", help="limit on steps")
+    @argument("--tool-calls", type=int, metavar="N", help="limit on tool calls")
+    @argument("--agent-invocations", type=int, metavar="N", help="limit on sub-agents")
+    @argument("--provider-calls", type=int, metavar="N", help="limit on model calls")
+    @argument("--turns", type=int, metavar="N", help="limit on turns")
+    @argument("--tokens", type=int, metavar="N", help="limit on tokens")
+    @argument("--output-tokens", type=int, metavar="N", help="limit on output tokens")
+    @argument("--cost", type=float, metavar="USD", help="limit on cost, in dollars")
+    @argument("--run-limits-json", metavar="JSON",
+              help="run limits as JSON, e.g. '{\"max_steps\": 100}'")
+    @argument("--manifest", metavar="PATH", help="an nbbudget-manifest-v1 file of run limits")
+    @argument("--trace", metavar="PATH", help="save the run's trace to PATH")
+    @argument("--no-widget", action="store_true", help="show a text summary only")
+    @cell_magic("budget")  # type: ignore[arg-type]  # IPython's decorator is loosely typed
+    def budget_cell(self, line: str, cell: str) -> Any:
+        """Run the cell under a budget; ``nb.current()`` is the cell's run.
+
+        A spent limit stops the cell with a one-line error. With ``--detach`` or ``--resume``
+        the cell holds you at most its call budget (``--budget``, else AGENT_CALL_BUDGET_MS, else
+        30 s; a person at a notebook gets none by default), then answers INCOMPLETE while the
+        work goes on in the background or waits at its next checkpoint. Limits from several
+        sources combine by minimum, and a later source may not widen an earlier one: the
+        manifest, then --run-limits-json, then the flags.
+
+        Examples::
+
+            %%budget --steps 1000 --time 30s
+            for row in rows:
+                nb.current().step()
+
+            %%budget --detach --budget 2s
+            model = train()                     # goes on in the background after 2 s
+
+            %%budget --resume --budget 2s
+            done = nb.resume_state(0)
+            for i in range(done, 100):
+                work(i)
+                nb.checkpoint(i + 1)            # pauses here once the 2 s are spent
+        """
+        args = parse_argstring(self.budget_cell, line)
+        if args.detach and args.resume:
+            raise UsageError("--detach and --resume exclude each other: choose how the work "
+                             "outlives the budget")
+        if args.budget is not None and not (args.detach or args.resume):
+            raise UsageError("--budget needs --detach or --resume: only a cell that can detach "
+                             "or pause can return before its work ends (S0-10); drop --budget "
+                             "or add one of them")
+        limits = _cell_limits(args)
+        compiled = compile_cell(self.shell, cell)
+        key = args.key or compiled.identity(_identity_flags(line))
+        try:
+            resp = _call.call(pin_output(self.shell, compiled.run), detach=args.detach,
+                              resume=args.resume, budget=args.budget, timeout=args.timeout,
+                              key=key, limits=limits)
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+        return self._finish(resp, args)
+
+    def _finish(self, resp: Response, args: Any) -> Any:
+        """Show the envelope, save the trace, and end the cell as the contract says."""
+        import nbbudget
+
+        nbbudget.last_response = resp
+        job = resp.job
+        if args.trace and job is not None:
+            job.run.trace.save(args.trace, overwrite=True)
+        if args.detach or args.resume:
+            _display_envelope(resp)
+        if resp.ok:
+            return resp.data
+        if resp.exit_code == EXIT_INCOMPLETE:
+            if _interactive.is_interactive():
+                return None  # a person asked for the budget: the work is safe
+            raise Incomplete(resp.data["next"])
+        error = job.exception() if job is not None else None
+        if error is not None:
+            raise error
+        raise UsageError((resp.error or {}).get("message", "the cell did not finish"))
 
     @magic_arguments()
     @argument("command", choices=["jobs", "wait", "cancel"],
@@ -111,6 +227,57 @@ class BudgetMagics(Magics):
             raise UsageError(str(exc)) from None
 
 
+def _cell_limits(args: Any) -> Limits:
+    """S4-2: the manifest, then --run-limits-json, then the flags; each restricts, never widens."""
+    try:
+        limits = Manifest.load(args.manifest).limits if args.manifest else Limits()
+        if args.run_limits_json:
+            limits = limits.restrict(Limits.from_json(args.run_limits_json))
+        fields = {name: getattr(args, flag) for flag, name in _LIMIT_FLAGS
+                  if getattr(args, flag) is not None}
+        flags = Limits(**fields)
+        if args.time is not None:
+            ms = parse_duration(args.time, field="--time")
+            if ms == 0:
+                raise ConfigError("--time 0 is not a time grant; leave --time out for none")
+            flags = flags & Limits(run_ms=ms)
+        return limits.restrict(flags)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _identity_flags(line: str) -> str:
+    """The flags that name the work: all but --budget and --timeout and their values."""
+    kept: list[str] = []
+    skip = False
+    for word in line.split():
+        if skip:
+            skip = False
+            continue
+        name = word.split("=", 1)[0]
+        if name in ("--budget", "--timeout"):
+            skip = "=" not in word
+            continue
+        kept.append(word)
+    return " ".join(kept)
+
+
+def _display_envelope(resp: Response) -> None:
+    from IPython.display import display
+
+    display({MIME: json.loads(resp.to_json()), "text/plain": _summary(resp)}, raw=True)
+
+
+def _summary(resp: Response) -> str:
+    meta = resp.meta
+    budget = f", budget {meta['budget_ms']} ms" if "budget_ms" in meta else ""
+    if resp.exit_code == EXIT_INCOMPLETE:
+        return (f"INCOMPLETE (exit 14): {resp.data['state']} after {meta['duration_ms']} ms"
+                f"{budget}; {resp.data['next']}")
+    state = "done" if resp.ok else f"failed ({(resp.error or {}).get('code')})"
+    return f"nbbudget: {state} in {meta['duration_ms']} ms{budget} (exit {resp.exit_code})"
+
+
 _LOADED: dict[int, tuple[NBBudget, BudgetMagics]] = {}
 
 
@@ -133,9 +300,10 @@ def unload(shell: Any) -> None:
     if loaded is None:
         return
     config, magics = loaded
-    line_magics = shell.magics_manager.magics["line"]
-    if line_magics.get("budget") == magics.budget:
-        del line_magics["budget"]
+    for kind, method in (("line", magics.budget), ("cell", magics.budget_cell)):
+        registered = shell.magics_manager.magics[kind]
+        if registered.get("budget") == method:
+            del registered["budget"]
     shell.magics_manager.registry.pop(type(magics).__name__, None)
     if config in shell.configurables:
         shell.configurables.remove(config)

@@ -33,6 +33,8 @@ class Response:
     meta: dict[str, Any] = field(default_factory=dict)
     #: the manifest's ``transport.envelopeBytes`` in force for this response, if any (S2-8)
     envelope_bytes: int | None = field(default=None, repr=False, compare=False)
+    #: the `nb.Job` that ran the work (its exception, traceback and run), when there was one
+    job: Any = field(default=None, repr=False, compare=False)
 
     @property
     def exit_code(self) -> int:

@@ -49,6 +49,7 @@ PUBLIC = [
     "checkpoint",
     "current",
     "jobs",
+    "last_response",
     "parse_duration",
     "resume_state",
     "store",
