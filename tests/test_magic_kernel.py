@@ -1,0 +1,165 @@
+"""``%%budget`` in a real kernel, driven as nbclient drives it (``allow_stdin`` false): the
+call budget, detach, resume, the envelope, and how a cell ends (S0-1, S0-3, S0-5, S0-10, S0-11,
+S0-12, N-1)."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+import time
+
+import pytest
+
+MIME = "application/vnd.nbbudget.response+json"
+pytestmark = pytest.mark.realclock
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    from jupyter_client.manager import start_new_kernel
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NBBUDGET_INTERACTIVE", "AGENT_CALL_BUDGET_MS")}
+    env["NBBUDGET_HOME"] = str(tmp_path_factory.mktemp("kernel-store"))
+    env["AGENT_CALL_BUDGET_MS"] = "2000"
+    km, kc = start_new_kernel(kernel_name="python3", env=env)
+    try:
+        run(kc, "%load_ext nbbudget\nimport nbbudget as nb")
+        yield kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+class Cell:
+    """What a driver saw of one execution: the reply, the outputs, the time it took."""
+
+    def __init__(self, reply: dict, outputs: list[dict], seconds: float) -> None:
+        self.reply = reply
+        self.outputs = outputs
+        self.seconds = seconds
+
+    @property
+    def status(self) -> str:
+        return self.reply["content"]["status"]
+
+    @property
+    def envelope(self) -> dict | None:
+        found = [o["content"]["data"][MIME] for o in self.outputs
+                 if o["msg_type"] == "display_data" and MIME in o["content"]["data"]]
+        return found[-1] if found else None
+
+    @property
+    def stdout(self) -> str:
+        return "".join(o["content"]["text"] for o in self.outputs if o["msg_type"] == "stream")
+
+    @property
+    def result(self) -> str | None:
+        found = [o["content"]["data"]["text/plain"] for o in self.outputs
+                 if o["msg_type"] == "execute_result"]
+        return found[-1] if found else None
+
+
+def run(kc, code: str, timeout: float = 60) -> Cell:
+    """Execute *code* as nbclient does and collect what it sends until the kernel is idle."""
+    started = time.monotonic()
+    msg_id = kc.execute(textwrap.dedent(code), allow_stdin=False, stop_on_error=False)
+    reply = kc.get_shell_msg(timeout=timeout)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=timeout)
+    seconds = time.monotonic() - started
+    outputs = []
+    while True:
+        msg = kc.get_iopub_msg(timeout=timeout)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return Cell(reply, outputs, seconds)
+        outputs.append(msg)
+
+
+def test_S0_1_a_detach_cell_replies_incomplete_within_3s_and_its_work_completes(kernel):
+    cell = run(kernel, """\
+        %%budget --detach
+        import time
+        for i in range(100):
+            time.sleep(0.1)
+            nb.current().step()
+        trained = "model"
+        """)
+    assert cell.seconds < 3.0
+    assert cell.status == "error"  # a program stops here: the next cells need the result
+    assert cell.reply["content"]["ename"] == "Incomplete"
+    assert "make the identical call again" in cell.reply["content"]["evalue"]
+    envelope = cell.envelope
+    assert envelope["meta"]["exit_code"] == 14
+    assert envelope["meta"]["budget_ms"] == 2000
+    assert envelope["data"]["state"] == "running"
+    deadline = time.monotonic() + 20
+    while run(kernel, "print('trained' in dir())").stdout.strip() != "True":
+        assert time.monotonic() < deadline, "the detached cell never finished"
+        time.sleep(0.5)
+    assert run(kernel, "trained").result == "'model'"
+
+
+def test_S0_1_S0_11_a_resume_cell_pauses_past_its_budget_and_the_same_cell_continues(kernel):
+    source = """\
+        %%budget --resume{flags}
+        import time
+        done = nb.resume_state([])
+        for item in range(len(done), 8):
+            time.sleep(0.5)
+            done = done + [item]
+            seen.append(item)
+            nb.checkpoint(done)
+        done
+        """
+    run(kernel, "seen = []")
+    first = run(kernel, source.format(flags=""))
+    assert first.reply["content"]["ename"] == "Incomplete"
+    assert first.envelope["data"]["state"] == "paused"
+    assert 2.0 <= first.seconds < 3.5
+    second = run(kernel, source.format(flags=" --budget 0"))  # the budget is not the work
+    assert second.status == "ok"
+    assert second.envelope["meta"]["budget_ms"] == 0
+    assert second.result == str(list(range(8)))
+    assert run(kernel, "seen").result == str(list(range(8)))  # each item once
+
+
+def test_S0_3_the_budget_flag_beats_the_environment(kernel):
+    cell = run(kernel, "%%budget --detach --budget 5s\n6 * 7")
+    assert cell.status == "ok"
+    assert cell.result == "42"
+    assert cell.envelope["meta"]["budget_ms"] == 5000
+    assert cell.envelope["ok"] is True
+
+
+def test_S0_10_budget_without_detach_or_resume_is_a_usage_error(kernel):
+    cell = run(kernel, "%%budget --budget 5s\n1")
+    assert cell.status == "error"
+    assert cell.reply["content"]["ename"] == "UsageError"
+    assert "--budget needs --detach or --resume" in cell.reply["content"]["evalue"]
+
+
+def test_a_spent_limit_ends_the_cell_with_one_line(kernel):
+    cell = run(kernel, "%%budget --steps 2\nfor i in range(5):\n    nb.current().step()")
+    assert cell.status == "error"
+    content = cell.reply["content"]
+    assert content["ename"] == "BudgetExceeded"
+    errors = [o for o in cell.outputs if o["msg_type"] == "error"]
+    assert len(errors[0]["content"]["traceback"]) == 1
+
+
+def test_a_cells_own_error_shows_as_the_cells_error(kernel):
+    cell = run(kernel, "%%budget --steps 10\n1 / 0")
+    assert (cell.status, cell.reply["content"]["ename"]) == ("error", "ZeroDivisionError")
+
+
+def test_S0_5_N_1_a_person_runs_without_a_default_budget(kernel):
+    run(kernel, "%env NBBUDGET_INTERACTIVE=1")
+    try:
+        cell = run(kernel, "%%budget --detach\n'person'")
+        assert cell.status == "ok"
+        assert "budget_ms" not in cell.envelope["meta"]
+    finally:
+        run(kernel, "%env NBBUDGET_INTERACTIVE=")
