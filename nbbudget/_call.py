@@ -149,7 +149,8 @@ def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
         raise ConfigError(f"key={key!r}: use a non-empty string that names the work")
     return _Plan(
         work=(fn, args, kwargs, key),
-        label=key or getattr(fn, "__qualname__", None) or repr(fn),
+        label=getattr(fn, "__nbbudget_label__", None) or key
+        or getattr(fn, "__qualname__", None) or repr(fn),
         detach=detach, resume=resume and not detach,
         budget_ms=resolve_budget(budget, declares=detach or resume),
         timeout_ms=None if timeout is None else _positive(timeout, "timeout"),

@@ -162,8 +162,10 @@ class BudgetMagics(Magics):
         limits = _cell_limits(args)
         compiled = compile_cell(self.shell, cell)
         key = args.key or compiled.identity(_identity_flags(line))
+        work = pin_output(self.shell, compiled.run)
+        work.__nbbudget_label__ = args.key or _label(cell)  # type: ignore[attr-defined]
         try:
-            resp = _call.call(pin_output(self.shell, compiled.run), detach=args.detach,
+            resp = _call.call(work, detach=args.detach,
                               resume=args.resume, budget=args.budget, timeout=args.timeout,
                               key=key, limits=limits)
         except ConfigError as exc:
@@ -246,6 +248,15 @@ def _cell_limits(args: Any) -> Limits:
         raise UsageError(str(exc)) from None
 
 
+def _label(cell: str) -> str:
+    """A cell's name in ``%budget jobs``: its first line of code."""
+    for text in cell.splitlines():
+        if text.strip() and not text.lstrip().startswith("#"):
+            text = text.strip()
+            return f"cell: {text[:47]}..." if len(text) > 50 else f"cell: {text}"
+    return "cell"
+
+
 def _identity_flags(line: str) -> str:
     """The flags that name the work: all but --budget and --timeout and their values."""
     kept: list[str] = []
@@ -278,7 +289,25 @@ def _summary(resp: Response) -> str:
     return f"nbbudget: {state} in {meta['duration_ms']} ms{budget} (exit {resp.exit_code})"
 
 
-_LOADED: dict[int, tuple[NBBudget, BudgetMagics]] = {}
+class _EndedJobs:
+    """Before each execution, say which background jobs ended since the last one: drivers such
+    as nbclient drop output sent after a cell ended, so this is how they learn it (N-2)."""
+
+    def __init__(self) -> None:
+        self.told: set[str] = set()
+
+    def __call__(self, *args: Any) -> None:
+        for job in jobs:
+            if job.done() and job.id not in self.told:
+                self.told.add(job.id)
+                error = job.exception()
+                how = f"failed: {type(error).__name__}: {error}" if error is not None and \
+                    job.state.value == "failed" else job.state.value
+                print(f"nbbudget: job {job.id} ({job.label}) ended since the last cell: {how}; "
+                      f"see nb.jobs[{job.id!r}]")
+
+
+_LOADED: dict[int, tuple[NBBudget, BudgetMagics, _EndedJobs]] = {}
 
 
 def load(shell: Any) -> None:
@@ -291,7 +320,10 @@ def load(shell: Any) -> None:
     shell.configurables.append(config)
     _interactive.set_detector(make_detector(shell, config))
     _call.set_default_budget(lambda: config.default_budget_ms)
-    _LOADED[id(shell)] = (config, magics)
+    ended = _EndedJobs()
+    ended.told.update(job.id for job in jobs if job.done())
+    shell.events.register("pre_run_cell", ended)
+    _LOADED[id(shell)] = (config, magics, ended)
 
 
 def unload(shell: Any) -> None:
@@ -299,7 +331,8 @@ def unload(shell: Any) -> None:
     loaded = _LOADED.pop(id(shell), None)
     if loaded is None:
         return
-    config, magics = loaded
+    config, magics, ended = loaded
+    shell.events.unregister("pre_run_cell", ended)
     for kind, method in (("line", magics.budget), ("cell", magics.budget_cell)):
         registered = shell.magics_manager.magics[kind]
         if registered.get("budget") == method:

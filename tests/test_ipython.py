@@ -34,6 +34,8 @@ def test_load_ext_registers_budget_and_unload_ext_removes_every_hook(shell):
     shell.run_line_magic("unload_ext", "nbbudget")
     assert "budget" not in shell.magics_manager.magics["line"]
     assert _interactive._detector is None and _call._default_budget is None
+    assert not [f for f in shell.events.callbacks["pre_run_cell"]
+                if type(f).__name__ == "_EndedJobs"]
     assert not [c for c in shell.configurables if type(c).__name__ == "NBBudget"]
     shell.run_line_magic("load_ext", "nbbudget")  # and it loads again
 
@@ -154,3 +156,19 @@ def test_N_1_a_kernel_tells_a_person_from_a_program_by_the_request(kernel, allow
                                                                     metadata, expected):
     out = _execute_with_metadata(kernel, PROBE, allow_stdin=allow_stdin, metadata=metadata)
     assert out.strip().splitlines()[-1] == expected
+
+
+def test_N_2_the_next_cell_says_which_jobs_ended_since_the_last_one(shell, capsys):
+    release = threading.Event()
+    resp = nb.call(lambda: release.wait(5), detach=True, budget="50ms", key="ends-later")
+    job = nb.jobs[resp.data["job"]]
+    shell.run_cell("pass")
+    assert "ended since the last cell" not in capsys.readouterr().out
+    release.set()
+    assert job.wait_done(5)
+    shell.run_cell("pass")
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"nbbudget: job {job.id} (ends-later) ended since the last cell: done; "
+        f"see nb.jobs[{job.id!r}]")
+    shell.run_cell("pass")
+    assert "ended since" not in capsys.readouterr().out  # said once
