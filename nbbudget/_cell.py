@@ -58,10 +58,10 @@ def pin_output(shell: Any, fn: Callable[[], Any]) -> Callable[[], Any]:
     kernel) needs nothing."""
     get_parent = getattr(shell, "get_parent", None)
     parent = get_parent() if get_parent is not None else None
-    if not parent:
-        return fn
 
     def pinned() -> Any:
+        if not parent:
+            return fn()
         tokens = _pin(shell, parent)
         try:
             return fn()

@@ -12,10 +12,10 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-from traitlets import Bool, Int
+from traitlets import Bool, Dict, Int, Unicode
 from traitlets.config import Configurable
 
-from . import _call, _interactive
+from . import _call, _interactive, _store
 from ._cell import compile_cell, pin_output
 from ._duration import parse_duration
 from ._errors import ConfigError
@@ -36,12 +36,28 @@ class NBBudget(Configurable):
              "program, when it gives no budget; AGENT_CALL_BUDGET_MS still comes first. None: "
              "30000.",
     ).tag(config=True)
+    limits = Dict(
+        {}, help="Default run limits of every %%budget cell, as in --run-limits-json, e.g. "
+                 "{'max_steps': 1000}. A cell's own flags may restrict them, never widen them.",
+    ).tag(config=True)
+    home = Unicode(
+        "", help="The store's folder when NBBUDGET_HOME is not set (empty: nbbudget in "
+                 "Jupyter's data directory).",
+    ).tag(config=True)
     interactive = Bool(
         None, allow_none=True,
         help="True: treat every execution as a person's (no default budget); False: as a "
              "program's; None: detect it from the request (a person's front end sends a "
              "cellId and allows stdin). NBBUDGET_INTERACTIVE=1|0 overrides this.",
     ).tag(config=True)
+    def default_limits(self) -> Limits:
+        """The configured limits, checked (a bad entry is a UsageError naming it)."""
+        try:
+            return Limits.from_json(self.limits)
+        except ConfigError as exc:
+            raise UsageError(f"NBBudget.limits: {exc}") from None
+
+
 def _kernel_request(shell: Any) -> dict[str, Any] | None:
     """The execute request being run, when the shell belongs to a kernel."""
     get_parent = getattr(shell, "get_parent", None)
@@ -152,6 +168,8 @@ class BudgetMagics(Magics):
                 nb.checkpoint(i + 1)            # pauses here once the 2 s are spent
         """
         args = parse_argstring(self.budget_cell, line)
+        for name in ("run_limits_json", "manifest", "key", "trace"):
+            setattr(args, name, _unquote(getattr(args, name)))
         if args.detach and args.resume:
             raise UsageError("--detach and --resume exclude each other: choose how the work "
                              "outlives the budget")
@@ -159,7 +177,7 @@ class BudgetMagics(Magics):
             raise UsageError("--budget needs --detach or --resume: only a cell that can detach "
                              "or pause can return before its work ends (S0-10); drop --budget "
                              "or add one of them")
-        limits = _cell_limits(args)
+        limits = _cell_limits(args, self.settings.default_limits())
         compiled = compile_cell(self.shell, cell)
         key = args.key or compiled.identity(_identity_flags(line))
         work = pin_output(self.shell, compiled.run)
@@ -194,25 +212,30 @@ class BudgetMagics(Magics):
         raise UsageError((resp.error or {}).get("message", "the cell did not finish"))
 
     @magic_arguments()
-    @argument("command", choices=["jobs", "wait", "cancel"],
+    @argument("command", choices=["jobs", "wait", "cancel", "status", "trace"],
               help="jobs: list the background jobs; wait ID: wait for job ID and show its "
-                   "result; cancel ID: ask job ID to stop")
+                   "result; cancel ID: ask job ID to stop; status: what the last %%budget "
+                   "cell's run used, per axis; trace: its trace events")
     @argument("job", nargs="?", help="the job id, as in %%budget jobs")
     @argument("--timeout", type=float, default=None,
               help="with wait: give up after this many seconds")
     @line_magic
     def budget(self, line: str) -> Any:
-        """Background jobs of nbbudget.
+        """Background jobs of nbbudget, and what the last ``%%budget`` cell used.
 
         Examples::
 
             %budget jobs
             %budget wait 1a2b-3
             %budget cancel 1a2b-3
+            %budget status
+            %budget trace
         """
         args = parse_argstring(self.budget, line)
         if args.command == "jobs":
             return jobs.to_frame()
+        if args.command in ("status", "trace"):
+            return _last_run_frame(args.command)
         if not args.job:
             raise UsageError(f"%budget {args.command} needs a job id, e.g. "
                              f"%budget {args.command} 1a2b-3 (see %budget jobs)")
@@ -229,10 +252,26 @@ class BudgetMagics(Magics):
             raise UsageError(str(exc)) from None
 
 
-def _cell_limits(args: Any) -> Limits:
-    """S4-2: the manifest, then --run-limits-json, then the flags; each restricts, never widens."""
+def _last_run_frame(command: str) -> Any:
+    """``%budget status`` / ``%budget trace``: frames of the last %%budget cell's run (N-4)."""
+    import nbbudget
+
+    resp = nbbudget.last_response
+    job = resp.job if resp is not None else None
+    if job is None:
+        raise UsageError(f"%budget {command} shows the last %%budget cell's run, and no "
+                         f"%%budget cell has run yet in this kernel")
+    run = job.run
+    return run.usage() if command == "status" else run.trace.to_frame()
+
+
+def _cell_limits(args: Any, defaults: Limits) -> Limits:
+    """S4-2: the configured defaults, the manifest, --run-limits-json, then the flags; each
+    later source restricts, never widens."""
     try:
-        limits = Manifest.load(args.manifest).limits if args.manifest else Limits()
+        limits = defaults
+        if args.manifest:
+            limits = limits.restrict(Manifest.load(args.manifest).limits)
         if args.run_limits_json:
             limits = limits.restrict(Limits.from_json(args.run_limits_json))
         fields = {name: getattr(args, flag) for flag, name in _LIMIT_FLAGS
@@ -246,6 +285,13 @@ def _cell_limits(args: Any) -> Limits:
         return limits.restrict(flags)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _unquote(value: str | None) -> str | None:
+    """A flag's value without the quotes a person types around it (``'{"steps": 5}'``)."""
+    if value and len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
 
 
 def _label(cell: str) -> str:
@@ -320,6 +366,7 @@ def load(shell: Any) -> None:
     shell.configurables.append(config)
     _interactive.set_detector(make_detector(shell, config))
     _call.set_default_budget(lambda: config.default_budget_ms)
+    _store.set_default_home(lambda: config.home or None)
     ended = _EndedJobs()
     ended.told.update(job.id for job in jobs if job.done())
     shell.events.register("pre_run_cell", ended)
@@ -342,3 +389,4 @@ def unload(shell: Any) -> None:
         shell.configurables.remove(config)
     _interactive.set_detector(None)
     _call.set_default_budget(None)
+    _store.set_default_home(None)

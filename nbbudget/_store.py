@@ -22,7 +22,7 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,11 +89,22 @@ class Checkpoint:
 
 
 def home() -> Path:
-    """The store's folder: ``NBBUDGET_HOME``, read now, else ``nbbudget`` in Jupyter's data dir."""
-    configured = os.environ.get("NBBUDGET_HOME")
+    """The store's folder: ``NBBUDGET_HOME``, read now, else the IPython layer's
+    ``NBBudget.home``, else ``nbbudget`` in Jupyter's data directory."""
+    configured = os.environ.get("NBBUDGET_HOME") or (
+        _default_home() if _default_home is not None else None)
     if configured:
         return Path(configured).expanduser()
     return Path(_jupyter_data_dir()) / "nbbudget"
+
+
+_default_home: Callable[[], str | None] | None = None
+
+
+def set_default_home(provider: Callable[[], str | None] | None) -> None:
+    """Install (or remove) where the store's folder comes from after ``NBBUDGET_HOME``."""
+    global _default_home
+    _default_home = provider
 
 
 def _jupyter_data_dir() -> str:

@@ -172,3 +172,61 @@ def test_N_2_the_next_cell_says_which_jobs_ended_since_the_last_one(shell, capsy
         f"see nb.jobs[{job.id!r}]")
     shell.run_cell("pass")
     assert "ended since" not in capsys.readouterr().out  # said once
+
+
+def test_N_4_budget_status_and_trace_show_the_last_cell_run_as_frames(shell):
+    shell.run_line_magic("budget", "jobs")  # no cell yet: jobs still work
+    with pytest.raises(UsageError, match="no %%budget cell has run yet"):
+        nb.last_response = None
+        shell.run_line_magic("budget", "status")
+    result = shell.run_cell("%%budget --steps 10 --tokens 100\n"
+                            "import nbbudget as nb\n"
+                            "for _ in range(4):\n    nb.current().step()\n"
+                            "nb.current().charge('tokens', 30)")
+    assert result.error_in_exec is None
+    status = shell.run_line_magic("budget", "status")
+    assert status.loc["steps", "consumed"] == 4 and status.loc["tokens", "remaining"] == 70
+    trace = shell.run_line_magic("budget", "trace")
+    assert list(trace["kind"]) == ["outcome"]
+
+
+def test_S4_2_configured_limits_apply_and_a_cell_may_only_restrict_them(shell):
+    shell.run_line_magic("config", "NBBudget.limits = {'max_steps': 3}")
+    result = shell.run_cell("%%budget\nimport nbbudget as nb\nfor _ in range(5):\n"
+                            "    nb.current().step()")
+    assert isinstance(result.error_in_exec, nb.BudgetExceeded)
+    assert result.error_in_exec.limit == 3
+    result = shell.run_cell("%%budget --steps 10\npass")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "steps=10 would widen the limit steps=3" in str(result.error_in_exec)
+    result = shell.run_cell("%%budget --run-limits-json '{\"steps\": 2}'\npass")
+    assert result.error_in_exec is None
+
+
+def test_the_configured_home_is_used_when_NBBUDGET_HOME_is_unset(shell, monkeypatch, tmp_path):
+    monkeypatch.delenv("NBBUDGET_HOME")
+    shell.run_line_magic("config", f"NBBudget.home = {str(tmp_path / 'configured')!r}")
+    assert nb.store().folder == (tmp_path / "configured").resolve()
+
+
+@pytest.mark.parametrize("line, message", [
+    ("--detach --resume", "--detach and --resume exclude each other"),
+    ("--steps 0", "steps=0 must be greater than 0"),
+    ("--steps lots", "argument --steps: invalid int value: 'lots'"),
+    ("--time soon", "--time='soon' is not a duration"),
+    ("--run-limits-json '{\"stepz\": 1}'", "unknown run limit 'stepz'"),
+    ("--manifest /nowhere.json", "cannot read manifest '/nowhere.json'"),
+])
+def test_bad_cell_flags_are_usage_errors_naming_the_value(shell, line, message):
+    result = shell.run_cell(f"%%budget {line}\npass")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert message in str(result.error_in_exec)
+
+
+def test_budget_cell_help_lists_every_flag_with_an_example(shell):
+    doc = shell.magics_manager.magics["cell"]["budget"].__doc__
+    for flag in ("--budget", "--detach", "--resume", "--key", "--timeout", "--time", "--steps",
+                 "--tool-calls", "--agent-invocations", "--provider-calls", "--turns",
+                 "--tokens", "--output-tokens", "--cost", "--run-limits-json", "--manifest",
+                 "--trace", "--no-widget", "%%budget --detach --budget 2s"):
+        assert flag in doc, flag
