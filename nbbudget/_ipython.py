@@ -16,11 +16,13 @@ from traitlets import Bool, Dict, Int, Unicode
 from traitlets.config import Configurable
 
 from . import _call, _interactive, _store
+from ._budget import current
 from ._cell import compile_cell, pin_output
 from ._duration import parse_duration
 from ._errors import ConfigError
 from ._jobs import jobs
 from ._limits import Limits, Manifest
+from ._panel import Panel
 from ._response import EXIT_INCOMPLETE, Response
 
 __all__ = ["BudgetMagics", "NBBudget", "load", "unload"]
@@ -43,6 +45,11 @@ class NBBudget(Configurable):
     home = Unicode(
         "", help="The store's folder when NBBUDGET_HOME is not set (empty: nbbudget in "
                  "Jupyter's data directory).",
+    ).tag(config=True)
+    widget = Bool(True, help="Show the live panel under each %%budget cell (a text summary "
+                             "stands in where widgets cannot render).").tag(config=True)
+    update_interval_ms = Int(
+        100, help="How often the panel redraws, in ms; at least 100 (ten times a second)."
     ).tag(config=True)
     interactive = Bool(
         None, allow_none=True,
@@ -111,6 +118,7 @@ class BudgetMagics(Magics):
     def __init__(self, shell: Any, config: NBBudget) -> None:
         super().__init__(shell)
         self.settings = config
+        self.last_panel: Panel | None = None
 
     @magic_arguments()
     @argument("--budget", metavar="DUR",
@@ -180,14 +188,28 @@ class BudgetMagics(Magics):
         limits = _cell_limits(args, self.settings.default_limits())
         compiled = compile_cell(self.shell, cell)
         key = args.key or compiled.identity(_identity_flags(line))
-        work = pin_output(self.shell, compiled.run)
+        panel = Panel(limits, widgets=self.settings.widget and not args.no_widget,
+                      interval_ms=self.settings.update_interval_ms, pausable=args.resume)
+        self.last_panel = panel
+        panel.show()
+        panel.start()
+
+        def work() -> Any:
+            run = current()
+            assert run is not None  # nb.call runs the work inside its run
+            panel.attach(run, _call._current_call.get())
+            return compiled.run()
+
+        work = pin_output(self.shell, work)
         work.__nbbudget_label__ = args.key or _label(cell)  # type: ignore[attr-defined]
         try:
-            resp = _call.call(work, detach=args.detach,
-                              resume=args.resume, budget=args.budget, timeout=args.timeout,
-                              key=key, limits=limits)
+            resp = _call.call(work, detach=args.detach, resume=args.resume, budget=args.budget,
+                              timeout=args.timeout, key=key, limits=limits)
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
+        finally:
+            if panel.run is None:
+                panel.close()  # the work never started: nothing to watch
         return self._finish(resp, args)
 
     def _finish(self, resp: Response, args: Any) -> Any:

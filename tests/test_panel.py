@@ -1,0 +1,127 @@
+"""The live panel (N-3): a bar per armed axis, the clocks and the state, Stop and Pause, and a
+text summary wherever widgets cannot render."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+from traitlets.config import Config
+
+import nbbudget as nb
+from nbbudget._panel import Panel, summary
+from nbbudget.testing import FakeClock
+
+pytestmark = pytest.mark.usefixtures("quick_idle_workers", "home")
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
+@pytest.fixture
+def shell():
+    config = Config()
+    config.HistoryManager.enabled = False
+    ip = InteractiveShell.instance(config=config)
+    ip.run_line_magic("load_ext", "nbbudget")
+    yield ip
+    ip.run_line_magic("unload_ext", "nbbudget")
+    ip.config.pop("NBBudget", None)
+
+
+def test_N_3_the_panel_follows_the_run_axis_by_axis():
+    clock = FakeClock()
+    limits = nb.Limits(steps=10, tokens=100)
+    panel = Panel(limits, widgets=True)
+    view = panel._view
+    assert set(view.bars) == {"steps", "tokens"}
+    with nb.budget(limits, clock=clock, name="cell") as run:
+        panel.attach(run)
+        run.charge("steps", 5)
+        panel._draw(run.snapshot())
+        assert (view.bars["steps"].value, view.labels["steps"].value) == (0.5, "5 / 10")
+        assert view.bars["steps"].bar_style == "info"
+        run.charge("tokens", 85)  # past the first notice threshold
+        panel._draw(run.snapshot())
+        assert view.bars["tokens"].bar_style == "warning"
+        run.charge("tokens", 12)  # past the second
+        panel._draw(run.snapshot())
+        assert view.bars["steps"].bar_style == "danger"
+    panel._draw(run.snapshot())
+    assert {b.bar_style for b in view.bars.values()} == {"success"}
+    assert view.stop.disabled
+    assert view.status.value == "<b>nbbudget cell: completed, 0.0 s; steps 5/10, tokens 97/100</b>"
+
+
+def test_N_3_the_text_summary_names_the_state_and_each_axis():
+    clock = FakeClock()
+    with pytest.raises(nb.BudgetCut), nb.budget(steps=3, time="2s", clock=clock,
+                                               name="etl") as run:
+        run.step()
+        clock.advance("2s")
+        run.step()
+    assert summary(run.snapshot()) == ("nbbudget etl: failed (by timeout), 2.0 s; "
+                                       "run_ms 2000/2000, steps 1/3")
+
+
+def test_N_3_stop_only_sets_an_event_and_the_updater_stops_the_run():
+    panel = Panel(nb.Limits(steps=10**6), widgets=True)
+    panel.start()
+    with pytest.raises(nb.Cancelled), nb.budget(steps=10**6) as run:
+        panel.attach(run)
+        panel._view.stop.click()
+        assert panel.stop_requested.is_set()
+        for _ in range(500):  # the updater acts within its interval
+            if run.cancelled:
+                break
+            time.sleep(0.01)
+        run.step()
+    assert run.outcome.status == "stopped"
+    panel._thread.join(5)
+    assert not panel._thread.is_alive()
+
+
+def test_N_3_a_cell_shows_the_widget_and_its_text_then_the_final_state(shell):
+    with capture_output() as captured:
+        result = shell.run_cell("%%budget --steps 5\nimport nbbudget as nb\n"
+                                "for _ in range(3):\n    nb.current().step()")
+    assert result.error_in_exec is None
+    panel = shell.magics_manager.registry["BudgetMagics"].last_panel
+    panel._thread.join(5)
+    first = captured.outputs[0].data
+    assert WIDGET in first and first["text/plain"].startswith("nbbudget: starting")
+    assert panel.text.startswith("nbbudget cell: import nbbudget as nb: completed, ")
+    assert panel.text.endswith("; steps 3/5")
+
+
+def test_N_3_no_widget_shows_text_only(shell):
+    with capture_output() as captured:
+        shell.run_cell("%%budget --no-widget --steps 5\npass")
+    assert [set(o.data) for o in captured.outputs] == [{"text/plain"}]
+
+
+def test_N_3_a_widget_failure_never_breaks_the_cell(shell, monkeypatch):
+    import ipywidgets
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no widgets today")
+
+    monkeypatch.setattr(ipywidgets, "FloatProgress", broken)
+    with capture_output() as captured:
+        result = shell.run_cell("%%budget --steps 5\n6 * 7")
+    assert result.error_in_exec is None and result.result == 42
+    assert [set(o.data) for o in captured.outputs] == [{"text/plain"}]
+
+
+def test_N_3_stop_on_the_panel_stops_a_detached_cell(shell):
+    with capture_output():
+        result = shell.run_cell("%%budget --detach --budget 100ms\nimport nbbudget as nb, time\n"
+                                "while True:\n    nb.current().check()\n    time.sleep(0.01)")
+    assert type(result.error_in_exec).__name__ == "Incomplete"
+    panel = shell.magics_manager.registry["BudgetMagics"].last_panel
+    panel._view.stop.click()
+    job = nb.last_response.job
+    assert job.wait_done(5)
+    assert job.state is nb.JobState.CANCELLED
+    panel._thread.join(5)
+    assert not panel._thread.is_alive()
