@@ -6,6 +6,7 @@ every piece of state; this layer only reads it and shows it.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -16,13 +17,13 @@ from traitlets import Bool, Dict, Int, Unicode
 from traitlets.config import Configurable
 
 from . import _call, _interactive, _store
-from ._budget import current
-from ._cell import compile_cell, pin_output
+from ._budget import Budget, current
+from ._cell import CompiledCell, compile_cell, pin_output
 from ._duration import parse_duration
 from ._errors import ConfigError
 from ._jobs import jobs
 from ._limits import Limits, Manifest
-from ._panel import Panel
+from ._panel import Panel, summary
 from ._response import EXIT_INCOMPLETE, Response
 
 __all__ = ["BudgetMagics", "NBBudget", "load", "unload"]
@@ -59,6 +60,8 @@ class NBBudget(Configurable):
     ).tag(config=True)
     def default_limits(self) -> Limits:
         """The configured limits, checked (a bad entry is a UsageError naming it)."""
+        if not self.limits:
+            return _NO_LIMITS
         try:
             return Limits.from_json(self.limits)
         except ConfigError as exc:
@@ -97,6 +100,7 @@ def make_detector(shell: Any, config: NBBudget) -> Any:
 
 
 MIME = "application/vnd.nbbudget.response+json"
+_NO_LIMITS = Limits()
 _LIMIT_FLAGS = (("steps", "steps"), ("tool_calls", "tool_calls"),
                 ("agent_invocations", "agent_invocations"), ("provider_calls", "provider_calls"),
                 ("turns", "turns"), ("tokens", "tokens"), ("output_tokens", "output_tokens"),
@@ -118,7 +122,8 @@ class BudgetMagics(Magics):
     def __init__(self, shell: Any, config: NBBudget) -> None:
         super().__init__(shell)
         self.settings = config
-        self.last_panel: Panel | None = None
+        self.last_panel: Panel | None = None  # the panel of the last cell, if it had one
+        self.last_run: Budget | None = None  # the run of the last cell
 
     @magic_arguments()
     @argument("--budget", metavar="DUR",
@@ -175,9 +180,7 @@ class BudgetMagics(Magics):
                 work(i)
                 nb.checkpoint(i + 1)            # pauses here once the 2 s are spent
         """
-        args = parse_argstring(self.budget_cell, line)
-        for name in ("run_limits_json", "manifest", "key", "trace"):
-            setattr(args, name, _unquote(getattr(args, name)))
+        args = self._parse_cell_line(line)
         if args.detach and args.resume:
             raise UsageError("--detach and --resume exclude each other: choose how the work "
                              "outlives the budget")
@@ -187,30 +190,78 @@ class BudgetMagics(Magics):
                              "or add one of them")
         limits = _cell_limits(args, self.settings.default_limits())
         compiled = compile_cell(self.shell, cell)
-        key = args.key or compiled.identity(_identity_flags(line))
-        panel = Panel(limits, widgets=self.settings.widget and not args.no_widget,
-                      interval_ms=self.settings.update_interval_ms, pausable=args.resume)
+        panel = self._panel(limits, args)
+        try:
+            if args.detach or args.resume or args.timeout:
+                return self._call(compiled, line, cell, args, limits, panel)
+            return self._run_here(compiled, cell, args, limits, panel)
+        finally:
+            if panel is not None and panel.run is None:
+                panel.close()  # the work never started: nothing to watch
+
+    def _panel(self, limits: Limits, args: Any) -> Panel | None:
+        """The live panel, shown before the work starts; None where widgets are off or fail."""
+        panel = None
+        if self.settings.widget and not args.no_widget:
+            panel = Panel(limits, widgets=True, interval_ms=self.settings.update_interval_ms,
+                          pausable=args.resume)
+            if not panel.live:
+                panel = None  # no widgets here: one line of text at the end stands in
         self.last_panel = panel
-        panel.show()
-        panel.start()
+        if panel is not None:
+            panel.show()
+            panel.start()
+        return panel
+
+    def _run_here(self, compiled: CompiledCell, cell: str, args: Any, limits: Limits,
+                  panel: Panel | None) -> Any:
+        """A cell that cannot end early (no --detach, --resume or --timeout) runs here, in its
+        own run, as a plain cell would."""
+        run = Budget(limits, name=_label(cell))
+        self.last_run = run
+        if panel is not None:
+            panel.attach(run)
+        try:
+            with run:
+                return compiled.run()
+        finally:
+            if args.trace:
+                run.trace.save(args.trace, overwrite=True)
+            if panel is None:
+                _display_text(summary(run.snapshot()))
+
+    def _call(self, compiled: CompiledCell, line: str, cell: str, args: Any, limits: Limits,
+              panel: Panel | None) -> Any:
+        """A cell that may end early runs under `nb.call`, on a worker whose output is tied to
+        this cell (N-2)."""
 
         def work() -> Any:
             run = current()
             assert run is not None  # nb.call runs the work inside its run
-            panel.attach(run, _call._current_call.get())
+            self.last_run = run
+            if panel is not None:
+                panel.attach(run, _call._current_call.get())
             return compiled.run()
 
         work = pin_output(self.shell, work)
         work.__nbbudget_label__ = args.key or _label(cell)  # type: ignore[attr-defined]
+        key = args.key or compiled.identity(_identity_flags(line))
         try:
             resp = _call.call(work, detach=args.detach, resume=args.resume, budget=args.budget,
                               timeout=args.timeout, key=key, limits=limits)
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
-        finally:
-            if panel.run is None:
-                panel.close()  # the work never started: nothing to watch
+        if panel is None and not (args.detach or args.resume) and resp.job is not None:
+            _display_text(summary(resp.job.run.snapshot()))
         return self._finish(resp, args)
+
+    @functools.lru_cache(maxsize=64)  # noqa: B019 - one magics object per shell, kept for life
+    def _parse_cell_line(self, line: str) -> Any:
+        """The flags of a cell line (the same line parses the same: parsed once)."""
+        args = parse_argstring(self.budget_cell, line)
+        for name in ("run_limits_json", "manifest", "key", "trace"):
+            setattr(args, name, _unquote(getattr(args, name)))
+        return args
 
     def _finish(self, resp: Response, args: Any) -> Any:
         """Show the envelope, save the trace, and end the cell as the contract says."""
@@ -257,7 +308,11 @@ class BudgetMagics(Magics):
         if args.command == "jobs":
             return jobs.to_frame()
         if args.command in ("status", "trace"):
-            return _last_run_frame(args.command)
+            run = self.last_run
+            if run is None:
+                raise UsageError(f"%budget {args.command} shows the last %%budget cell's run, "
+                                 f"and no %%budget cell has run yet in this kernel")
+            return run.usage() if args.command == "status" else run.trace.to_frame()
         if not args.job:
             raise UsageError(f"%budget {args.command} needs a job id, e.g. "
                              f"%budget {args.command} 1a2b-3 (see %budget jobs)")
@@ -274,19 +329,6 @@ class BudgetMagics(Magics):
             raise UsageError(str(exc)) from None
 
 
-def _last_run_frame(command: str) -> Any:
-    """``%budget status`` / ``%budget trace``: frames of the last %%budget cell's run (N-4)."""
-    import nbbudget
-
-    resp = nbbudget.last_response
-    job = resp.job if resp is not None else None
-    if job is None:
-        raise UsageError(f"%budget {command} shows the last %%budget cell's run, and no "
-                         f"%%budget cell has run yet in this kernel")
-    run = job.run
-    return run.usage() if command == "status" else run.trace.to_frame()
-
-
 def _cell_limits(args: Any, defaults: Limits) -> Limits:
     """S4-2: the configured defaults, the manifest, --run-limits-json, then the flags; each
     later source restricts, never widens."""
@@ -298,7 +340,7 @@ def _cell_limits(args: Any, defaults: Limits) -> Limits:
             limits = limits.restrict(Limits.from_json(args.run_limits_json))
         fields = {name: getattr(args, flag) for flag, name in _LIMIT_FLAGS
                   if getattr(args, flag) is not None}
-        flags = Limits(**fields)
+        flags = Limits(**fields) if fields else _NO_LIMITS
         if args.time is not None:
             ms = parse_duration(args.time, field="--time")
             if ms == 0:
@@ -339,6 +381,12 @@ def _identity_flags(line: str) -> str:
             continue
         kept.append(word)
     return " ".join(kept)
+
+
+def _display_text(text: str) -> None:
+    from IPython.display import display
+
+    display({"text/plain": text}, raw=True)
 
 
 def _display_envelope(resp: Response) -> None:

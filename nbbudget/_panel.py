@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
+import time
 from typing import Any
 
 from ._budget import Budget, Snapshot
@@ -44,6 +45,7 @@ class Panel:
         self.interval = max(interval_ms, 100) / 1000  # at most ten redraws a second
         self.run: Budget | None = None
         self.call: Any = None
+        self.cpu_seconds: float | None = None
         self.stop_requested = threading.Event()
         self.pause_requested = threading.Event()
         self._attached = threading.Event()
@@ -56,6 +58,11 @@ class Panel:
                 self._view = _View(limits, self, pausable)
             except Exception:  # no widgets here (or broken): the text stands in
                 self._view = None
+
+    @property
+    def live(self) -> bool:
+        """Whether there are widgets to show and keep up to date."""
+        return self._view is not None
 
     # -- the main thread ------------------------------------------------------------------------
     def show(self) -> None:
@@ -99,6 +106,7 @@ class Panel:
             self._draw(run.snapshot())
             if finished:
                 self._final(run.snapshot())
+                self.cpu_seconds = time.thread_time()  # what the updater cost, for benchmarks
                 return
             self._done.wait(self.interval)
 
