@@ -384,9 +384,8 @@ def _identity_flags(line: str) -> str:
 
 
 def _display_text(text: str) -> None:
-    from IPython.display import display
-
-    display({"text/plain": text}, raw=True)
+    """The summary where no panel is shown: printed, as %%time prints its timing."""
+    print(text)
 
 
 def _display_envelope(resp: Response) -> None:
