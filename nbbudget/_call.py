@@ -61,8 +61,8 @@ class _Pause(_Incomplete):
 class _Call:
     """One invocation: what the work sees through `checkpoint` and `resume_state`."""
 
-    identity: str
-    label: str
+    plan: _Plan
+    job: Job
     resume: bool
     store: Store | None
     run: Budget
@@ -72,6 +72,14 @@ class _Call:
     budget_out: bool = False  # the caller's budget ran out: pause at the next checkpoint
     deadline_ms: float | None = None  # when it runs out, on the run's clock
     wake: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def identity(self) -> str:
+        return self.plan.identity
+
+    @property
+    def label(self) -> str:
+        return self.plan.label
 
 
 def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool = False,
@@ -258,8 +266,8 @@ def _start(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
             raise CheckpointRefused(plan.identity, str(db.path), str(exc)) from None
     else:
         run = Budget(plan.limits, clock=clock, name=plan.label)
-    job = Job(plan.identity, plan.label, run, db)
-    ctx = _Call(plan.identity, plan.label, plan.resume, db, run, first_start, loaded)
+    job = Job(lambda: plan.identity, plan.label, run, db)
+    ctx = _Call(plan, job, plan.resume, db, run, first_start, loaded)
     left = _timeout_left(plan, first_start)
     if left is not None and left <= 0:
         job._settle(JobState.CANCELLED, error=Cancelled(_timeout_message(plan)))

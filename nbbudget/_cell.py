@@ -7,9 +7,14 @@ Rules: S0-1..S0-12 through `nb.call`, N-1, N-2.
 from __future__ import annotations
 
 import ast
+import asyncio
+import contextlib
+import contextvars
 import hashlib
+import inspect
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = ["CompiledCell", "compile_cell", "pin_output"]
@@ -28,16 +33,18 @@ class CompiledCell:
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = ast.Expression(tree.body.pop().value)
-        self.body = shell.compile(tree, filename, "exec")
-        self.last = shell.compile(last, filename, "eval") if last is not None else None
+        flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT  # a cell may await at its top level
+        self.body = compile(tree, filename, "exec", shell.compile.flags | flags, dont_inherit=True)
+        self.last = compile(last, filename, "eval", shell.compile.flags | flags,
+                            dont_inherit=True) if last is not None else None
         self.transformed = transformed
 
     def run(self) -> Any:
         """Execute the cell in the user's namespace; the value of its last expression."""
         __tracebackhide__ = True
         ns = self.shell.user_ns
-        exec(self.body, ns)
-        return eval(self.last, ns) if self.last is not None else None
+        _settle(eval(self.body, ns))
+        return _settle(eval(self.last, ns)) if self.last is not None else None
 
     def identity(self, flags: str) -> str:
         """The work a cell does: its transformed source and its flags, ``--budget`` and
@@ -45,6 +52,31 @@ class CompiledCell:
         digest = hashlib.sha256(self.transformed.encode())
         digest.update(b"\0" + flags.encode())
         return f"cell:{digest.hexdigest()}"
+
+
+def _settle(value: Any) -> Any:
+    """A cell that awaits at its top level evaluates to a coroutine: run it to its end, on an
+    event loop of its own (in a helper thread when this thread's loop is the kernel's)."""
+    if not inspect.iscoroutine(value):
+        return value
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(value)
+    box: dict[str, Any] = {}
+
+    def helper() -> None:
+        try:
+            box["value"] = asyncio.run(value)
+        except BaseException as exc:  # re-raised in the cell's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=helper, name="nbbudget-await", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
 
 
 def compile_cell(shell: Any, source: str) -> CompiledCell:
@@ -91,3 +123,57 @@ def _unpin(shell: Any, tokens: Any) -> None:
         return
     for var, token in reversed(value):
         var.reset(token)
+
+
+#: where the current work's printed text is kept, besides being shown (a job's output)
+_capture: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "nbbudget_capture", default=None)
+
+
+class _Tee:
+    """``sys.stdout``/``sys.stderr`` as they were, plus a copy of what the work of a job writes
+    into that job's output (set per context, so other threads and cells are untouched). Every
+    other attribute is read from the stream; one set on the tee (IPython wraps ``write`` to keep
+    output history) stays on the tee, so such wrappers keep calling the tee's own ``write``."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> Any:
+        kept = _capture.get()
+        if kept is not None:
+            kept.append(text)
+        return self._stream.write(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def install_tee() -> None:
+    """Keep a copy of job output from now on (``%load_ext``)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _Tee):
+            setattr(sys, name, _Tee(stream))
+
+
+def remove_tee() -> None:
+    """Put the streams back as they were (``%unload_ext``), if nobody replaced them since."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if isinstance(stream, _Tee):
+            setattr(sys, name, stream._stream)
+
+
+@contextlib.contextmanager
+def keep_output(into: list[str]) -> Iterator[None]:
+    """While the block runs (in this context), what is printed is also kept in *into*."""
+    token = _capture.set(into)
+    try:
+        yield
+    finally:
+        _capture.reset(token)

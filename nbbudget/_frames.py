@@ -102,16 +102,17 @@ def jobs_frame(jobs: Any) -> pd.DataFrame:
     from ._store import store
 
     rows = [{"id": j.id, "label": j.label, "state": j.state.value, "pid": os.getpid(),
-             "created": j.created, "ended": j.ended, "error": _first_line(j.traceback)}
+             "created": j.created, "ended": j.ended, "error": _first_line(j.traceback),
+             "output": j.output_text}
             for j in jobs]
     seen = {r["id"] for r in rows}
     for rec in store().jobs():
         if rec["id"] not in seen:
             rows.append({"id": rec["id"], "label": rec["label"], "state": rec["state"],
                          "pid": rec["pid"], "created": rec["created"], "ended": None,
-                         "error": _first_line(rec["error"])})
+                         "error": _first_line(rec["error"]), "output": None})
     frame = pd.DataFrame(rows, columns=["id", "label", "state", "pid", "created", "ended",
-                                        "error"])
+                                        "error", "output"])
     for col in ("created", "ended"):
         frame[col] = pd.to_datetime(frame[col], unit="s", utc=True)
     return frame.set_index("id")

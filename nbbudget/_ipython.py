@@ -18,7 +18,14 @@ from traitlets.config import Configurable
 
 from . import _call, _interactive, _store
 from ._budget import Budget, current
-from ._cell import CompiledCell, compile_cell, pin_output
+from ._cell import (
+    CompiledCell,
+    compile_cell,
+    install_tee,
+    keep_output,
+    pin_output,
+    remove_tee,
+)
 from ._duration import parse_duration
 from ._errors import ConfigError
 from ._jobs import jobs
@@ -236,12 +243,13 @@ class BudgetMagics(Magics):
         this cell (N-2)."""
 
         def work() -> Any:
-            run = current()
-            assert run is not None  # nb.call runs the work inside its run
+            run, call = current(), _call._current_call.get()
+            assert run is not None and call is not None  # nb.call runs the work in its run
             self.last_run = run
             if panel is not None:
-                panel.attach(run, _call._current_call.get())
-            return compiled.run()
+                panel.attach(run, call)
+            with keep_output(call.job.output):  # N-2: a driver that drops late output loses
+                return compiled.run()           # nothing: the job keeps it
 
         work = pin_output(self.shell, work)
         work.__nbbudget_label__ = args.key or _label(cell)  # type: ignore[attr-defined]
@@ -439,6 +447,7 @@ def load(shell: Any) -> None:
     ended = _EndedJobs()
     ended.told.update(job.id for job in jobs if job.done())
     shell.events.register("pre_run_cell", ended)
+    install_tee()
     _LOADED[id(shell)] = (config, magics, ended)
 
 
@@ -449,6 +458,7 @@ def unload(shell: Any) -> None:
         return
     config, magics, ended = loaded
     shell.events.unregister("pre_run_cell", ended)
+    remove_tee()
     for kind, method in (("line", magics.budget), ("cell", magics.budget_cell)):
         registered = shell.magics_manager.magics[kind]
         if registered.get("budget") == method:

@@ -14,7 +14,7 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -53,9 +53,10 @@ class Job:
     runs to its end, and only then does the job settle as ``cancelled``.
     """
 
-    def __init__(self, identity: str, label: str, run: Budget, store: Store | None) -> None:
+    def __init__(self, identity: Callable[[], str], label: str, run: Budget,
+                 store: Store | None) -> None:
         self.id = f"{os.getpid():x}-{next(_ids)}"
-        self.identity = identity
+        self._identity = identity
         self.label = label
         self.run = run
         self.created = time.time()
@@ -72,6 +73,16 @@ class Job:
         self._timers: list[Scheduled] = []
         self._record_lock = threading.Lock()
         self._ctx: Any = None
+
+    @property
+    def identity(self) -> str:
+        """The work this job does (worked out when first needed)."""
+        return self._identity()
+
+    @property
+    def output_text(self) -> str:
+        """Everything the job printed (kept for drivers that drop late output)."""
+        return "".join(self.output)
 
     # -- settled by the worker ------------------------------------------------------------------
     def _settle(self, state: JobState, value: Any = None,

@@ -172,3 +172,37 @@ def test_S0_5_N_1_a_person_runs_without_a_default_budget(kernel):
         assert "budget_ms" not in cell.envelope["meta"]
     finally:
         run(kernel, "%env NBBUDGET_INTERACTIVE=")
+
+
+def test_N_2_a_detached_cell_keeps_its_output_for_drivers_that_drop_it(kernel):
+    cell = run(kernel, """\
+        %%budget --detach --budget 300ms
+        import time
+        for i in range(6):
+            print(f"tick {i}", flush=True)
+            time.sleep(0.15)
+        """)
+    job = cell.envelope["data"]["job"]
+    deadline = time.monotonic() + 10
+    while run(kernel, f"print(nb.jobs[{job!r}].done())").stdout.strip().splitlines()[-1] != "True":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    kept = run(kernel, f"print(nb.jobs[{job!r}].output_text, end='')").stdout
+    assert [line for line in kept.splitlines() if line.startswith("tick")] == [
+        f"tick {i}" for i in range(6)]
+    listed = run(kernel, f"print(nb.jobs.to_frame().loc[{job!r}, 'output'], end='')").stdout
+    assert "tick 5" in listed
+
+
+def test_N_3_the_panel_widget_appears_in_the_cell_output_with_its_text(kernel):
+    cell = run(kernel, "%%budget --steps 10\nnb.current().step()")
+    shown = [o["content"]["data"] for o in cell.outputs if o["msg_type"] == "display_data"]
+    assert "application/vnd.jupyter.widget-view+json" in shown[0]
+    assert shown[0]["text/plain"].startswith("nbbudget: starting")
+
+
+def test_top_level_await_and_nested_magics_keep_working(kernel):
+    cell = run(kernel, "%%budget --steps 10\nimport asyncio\n%time x = 1\n"
+                       "await asyncio.sleep(0.01)\nx + 1")
+    assert cell.status == "ok", cell.reply["content"]
+    assert cell.result == "2"
