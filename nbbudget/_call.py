@@ -86,7 +86,8 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
          budget: int | str | None = None, timeout: int | str | None = None,
          key: str | None = None, estimate_ms: int | str | None = None,
          limits: Limits | None = None, manifest: str | os.PathLike[str] | Manifest | None = None,
-         clock: Clock | None = None, **kwargs: Any) -> Response:
+         clock: Clock | None = None, notices: tuple[float, float] | None = (0.8, 0.95),
+         **kwargs: Any) -> Response:
     """Run ``fn(*args, **kwargs)`` under a call budget and answer with a `Response`.
 
     A call that declares interruption (``detach=True`` or ``resume=True``) holds its caller at
@@ -96,7 +97,8 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     at its next `checkpoint`; either way the response is INCOMPLETE (exit code 14) and says how
     to continue: make the identical call again (S0-11). ``timeout=`` bounds the whole work,
     across every continuation (S0-6). ``estimate_ms=`` lets a call that knows it cannot finish in
-    time hand off at once (S0-7). ``limits=`` and ``manifest=`` bound the work as a run.
+    time hand off at once (S0-7). ``limits=`` and ``manifest=`` bound the work as a run, and
+    ``notices=`` sets its approach-notice thresholds (S3-5).
 
     Keyword arguments with the names above are nbbudget's; pass such arguments to *fn* with
     `functools.partial`.
@@ -106,7 +108,7 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     clock = clock if clock is not None else default_clock()
     t0_ms = clock.now_ms()  # the call budget counts from the call, store work included
     plan = _plan(fn, args, kwargs, detach, resume, budget, timeout, key, estimate_ms, limits,
-                 manifest)
+                 manifest, notices)
     job = _reattach(plan) if plan.detach else None
     warnings: list[str] = []
     if job is None:
@@ -134,6 +136,7 @@ class _Plan:
     estimate_ms: int | None
     limits: Limits
     envelope_bytes: int | None
+    notices: tuple[float, float] | None
 
     @functools.cached_property
     def identity(self) -> str:
@@ -144,7 +147,8 @@ class _Plan:
 def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], detach: bool,
           resume: bool, budget: int | str | None, timeout: int | str | None, key: str | None,
           estimate_ms: int | str | None, limits: Limits | None,
-          manifest: str | os.PathLike[str] | Manifest | None) -> _Plan:
+          manifest: str | os.PathLike[str] | Manifest | None,
+          notices: tuple[float, float] | None) -> _Plan:
     if not callable(fn):
         raise ConfigError(f"nb.call() takes a function first, not {fn!r}")
     for name, flag in (("detach", detach), ("resume", resume)):
@@ -164,7 +168,7 @@ def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
         timeout_ms=None if timeout is None else _positive(timeout, "timeout"),
         estimate_ms=None if estimate_ms is None else parse_duration(estimate_ms,
                                                                     field="estimate_ms"),
-        limits=limits, envelope_bytes=envelope,
+        limits=limits, envelope_bytes=envelope, notices=notices,
     )
 
 
@@ -265,7 +269,7 @@ def _start(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
             assert db is not None
             raise CheckpointRefused(plan.identity, str(db.path), str(exc)) from None
     else:
-        run = Budget(plan.limits, clock=clock, name=plan.label)
+        run = Budget(plan.limits, clock=clock, name=plan.label, notices=plan.notices)
     job = Job(lambda: plan.identity, plan.label, run, db)
     ctx = _Call(plan, job, plan.resume, db, run, first_start, loaded)
     left = _timeout_left(plan, first_start)

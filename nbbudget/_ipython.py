@@ -13,11 +13,11 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-from traitlets import Bool, Dict, Int, Unicode
+from traitlets import Bool, Dict, Int, List, Unicode
 from traitlets.config import Configurable
 
 from . import _call, _interactive, _store
-from ._budget import Budget, current
+from ._budget import Budget, _check_notices, current
 from ._cell import (
     CompiledCell,
     compile_cell,
@@ -59,12 +59,29 @@ class NBBudget(Configurable):
     update_interval_ms = Int(
         100, help="How often the panel redraws, in ms; at least 100 (ten times a second)."
     ).tag(config=True)
+    approach_notice = List(
+        [0.8, 0.95], allow_none=True,
+        help="The two approach-notice thresholds of a cell's run (S3-5), each in (0, 1], first "
+             "<= second: the panel turns amber, then red, and the run's notice level rises. "
+             "None turns them off.",
+    ).tag(config=True)
     interactive = Bool(
         None, allow_none=True,
         help="True: treat every execution as a person's (no default budget); False: as a "
              "program's; None: detect it from the request (a person's front end sends a "
              "cellId and allows stdin). NBBUDGET_INTERACTIVE=1|0 overrides this.",
     ).tag(config=True)
+
+    def notices(self) -> tuple[float, float] | None:
+        """The configured approach-notice thresholds, checked."""
+        value: Any = self.approach_notice  # a traitlets List, None allowed
+        if value is None:
+            return None
+        try:
+            return _check_notices(tuple(value))
+        except ConfigError as exc:
+            raise UsageError(f"NBBudget.approach_notice: {exc}") from None
+
     def default_limits(self) -> Limits:
         """The configured limits, checked (a bad entry is a UsageError naming it)."""
         if not self.limits:
@@ -224,7 +241,7 @@ class BudgetMagics(Magics):
                   panel: Panel | None) -> Any:
         """A cell that cannot end early (no --detach, --resume or --timeout) runs here, in its
         own run, as a plain cell would."""
-        run = Budget(limits, name=_label(cell))
+        run = Budget(limits, name=_label(cell), notices=self.settings.notices())
         self.last_run = run
         if panel is not None:
             panel.attach(run)
@@ -256,7 +273,8 @@ class BudgetMagics(Magics):
         key = args.key or compiled.identity(_identity_flags(line))
         try:
             resp = _call.call(work, detach=args.detach, resume=args.resume, budget=args.budget,
-                              timeout=args.timeout, key=key, limits=limits)
+                              timeout=args.timeout, key=key, limits=limits,
+                              notices=self.settings.notices())
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         if panel is None and not (args.detach or args.resume) and resp.job is not None:

@@ -230,3 +230,15 @@ def test_budget_cell_help_lists_every_flag_with_an_example(shell):
                  "--tokens", "--output-tokens", "--cost", "--run-limits-json", "--manifest",
                  "--trace", "--no-widget", "%%budget --detach --budget 2s"):
         assert flag in doc, flag
+
+
+def test_S3_5_the_configured_approach_notices_apply_to_a_cells_run(shell):
+    shell.run_line_magic("config", "NBBudget.approach_notice = [0.5, 0.6]")
+    shell.run_cell("%%budget --steps 10 --no-widget\nimport nbbudget as nb\n"
+                   "nb.current().charge('steps', 5)")
+    run = shell.magics_manager.registry["BudgetMagics"].last_run
+    assert run.notice_level == 1
+    shell.run_line_magic("config", "NBBudget.approach_notice = [0.9, 0.5]")
+    result = shell.run_cell("%%budget --steps 10\npass")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "NBBudget.approach_notice: notices=(0.9, 0.5)" in str(result.error_in_exec)
