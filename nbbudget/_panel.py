@@ -125,6 +125,9 @@ class Panel:
     def _bundle(self, snap: Snapshot | None) -> dict[str, Any]:
         text = summary(snap) if snap is not None else (
             "nbbudget: starting; limits " + (repr(self.limits) if self.limits else "none"))
+        job = getattr(self.call, "job", None)
+        if snap is not None and job is not None and job.detached:
+            text += _late_result(job)  # the cell's caller has gone: its result shows here
         bundle: dict[str, Any] = {"text/plain": text}
         if self._view is not None:
             bundle.update(self._view.mimebundle())
@@ -183,6 +186,20 @@ class _View:
         bundle = self.box._repr_mimebundle_()
         bundle.pop("text/plain", None)
         return dict(bundle)
+
+
+def _late_result(job: Any) -> str:
+    """What a detached cell ended with, for its panel (the job may still be settling)."""
+    if not job.wait_done(1.0):
+        return ""
+    error = job.exception()
+    if error is not None:
+        return f"\n{type(error).__name__}: {error}"
+    value = job.result()
+    if value is None:
+        return ""
+    text = repr(value)
+    return f"\nresult: {text if len(text) <= 200 else text[:197] + '...'}"
 
 
 def _num(x: float) -> str:

@@ -23,6 +23,7 @@ def kernel(tmp_path_factory):
     env["NBBUDGET_HOME"] = str(tmp_path_factory.mktemp("kernel-store"))
     env["AGENT_CALL_BUDGET_MS"] = "2000"
     km, kc = start_new_kernel(kernel_name="python3", env=env)
+    kc.manager = km  # to interrupt the kernel with
     try:
         run(kc, "%load_ext nbbudget\nimport nbbudget as nb")
         yield kc
@@ -206,3 +207,28 @@ def test_top_level_await_and_nested_magics_keep_working(kernel):
                        "await asyncio.sleep(0.01)\nx + 1")
     assert cell.status == "ok", cell.reply["content"]
     assert cell.result == "2"
+
+
+def test_an_interrupt_while_the_cell_holds_its_caller_stops_the_run(kernel):
+    source = """\
+        %%budget --detach --budget 30s
+        import time
+        while True:
+            nb.current().step()
+            time.sleep(0.01)
+        """
+    msg_id = kernel.execute(textwrap.dedent(source), allow_stdin=False, stop_on_error=True)
+    time.sleep(1.0)
+    kernel.manager.interrupt_kernel()
+    reply = kernel.get_shell_msg(timeout=30)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kernel.get_shell_msg(timeout=30)
+    assert reply["content"]["ename"] == "KeyboardInterrupt"
+    run(kernel, "pass")
+    runs = "get_ipython().magics_manager.registry['BudgetMagics'].last_run"
+    deadline = time.monotonic() + 10
+    while run(kernel, f"print({runs}.outcome is not None)").stdout.strip().splitlines()[-1] \
+            != "True":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert run(kernel, f"print({runs}.outcome.status)").stdout.strip() == "stopped"

@@ -128,3 +128,15 @@ def test_N_3_stop_on_the_panel_stops_a_detached_cell(shell):
     assert job.state is nb.JobState.CANCELLED
     panel._thread.join(5)
     assert not panel._thread.is_alive()
+
+
+def test_N_2_a_detached_cells_result_and_final_state_reach_its_panel(shell):
+    with capture_output():
+        result = shell.run_cell("%%budget --detach --budget 50ms\nimport time\n"
+                                "time.sleep(0.3)\n'model'")
+    assert type(result.error_in_exec).__name__ == "Incomplete"
+    panel = shell.magics_manager.registry["BudgetMagics"].last_panel
+    panel._thread.join(5)
+    assert not panel._thread.is_alive()
+    assert "completed" in panel.text
+    assert panel.text.endswith("\nresult: 'model'")
