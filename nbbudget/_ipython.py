@@ -1,4 +1,5 @@
-"""The IPython layer: configuration, interactive detection in the kernel, and ``%budget``.
+"""The IPython layer: ``%%budget`` and ``%budget``, the ``NBBudget`` settings, and interactive
+detection in the kernel.
 
 Loaded by ``%load_ext nbbudget``; nothing here is imported by ``import nbbudget``. The core owns
 every piece of state; this layer only reads it and shows it.
