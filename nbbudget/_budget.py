@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import functools
 import itertools
 import math
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex, TypeVar, overload
@@ -711,6 +712,34 @@ class Budget:
         if fn is None:
             return lambda f: make_tool(self, f, name, max_silence)
         return make_tool(self, fn, name, max_silence)
+
+    # -- sub-agents and parallel branches -------------------------------------------------------
+    def agent(self, name: str, *, time: int | str | None = None,
+              **limit_fields: Any) -> Grant:
+        """A sub-agent: counts one ``agent_invocations`` against the run (refused like any
+        charge), then opens its own grant (S2-1, S2-2). Use it as a context manager; its outcome
+        tells the caller how it ended, and a stopped sub-agent is never retried (S2-3)."""
+        from ._parallel import agent
+
+        return agent(self, name, time, limit_fields)
+
+    def parallel(self, branches: Iterable[Callable[[], _R]], *,
+                 max_concurrency: int | None = None, max_items: int | None = None,
+                 return_exceptions: bool = False) -> list[Any]:
+        """Run *branches* (functions of no arguments) at once and return their results in
+        order. All of them draw on this run's counters (S4-3). *max_concurrency* bounds the
+        branches alive at once and *max_items* how many there may be (S4-11). The first error
+        is raised once every branch has ended, unless *return_exceptions*."""
+        from ._parallel import parallel
+
+        return parallel(self, branches, max_concurrency=max_concurrency, max_items=max_items,
+                        return_exceptions=return_exceptions)
+
+    def map(self, fn: Callable[[Any], _R], items: Iterable[Any], *,
+            max_concurrency: int | None = None, max_items: int | None = None) -> list[_R]:
+        """``fn(item)`` for each item, as parallel branches; the results in order."""
+        return self.parallel([functools.partial(fn, item) for item in items],
+                             max_concurrency=max_concurrency, max_items=max_items)
 
     # -- reading ----------------------------------------------------------------------------
     @property

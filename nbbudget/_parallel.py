@@ -1,0 +1,71 @@
+"""Sub-agents and parallel branches of a run (S2-1..S2-3, S4-3, S4-11).
+
+Every branch and every sub-agent draws on the run's counters: a permit is checked and reserved
+atomically before dispatch, so two branches never get the same last one.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ._errors import ConfigError
+from ._kinds import KIND_INDEX
+
+if TYPE_CHECKING:
+    from ._budget import Budget, Grant
+
+__all__ = ["agent", "parallel"]
+
+_T = TypeVar("_T")
+_AGENTS = KIND_INDEX["agent_invocations"]
+_groups = itertools.count(1)
+
+
+def agent(run: Budget, name: str, time: int | str | None, fields: dict[str, Any]) -> Grant:
+    """Count one ``agent_invocations`` on the run (refused like any charge), then open the
+    sub-agent's own grant."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"agent({name!r}): name the sub-agent with a non-empty string")
+    run._charge(_AGENTS, 1, f"agent:{name}")
+    return run.grant(time=time, name=name, **fields)
+
+
+def parallel(run: Budget, branches: Iterable[Callable[[], _T]], *,
+             max_concurrency: int | None, max_items: int | None,
+             return_exceptions: bool) -> list[Any]:
+    """Run *branches* at once, at most *max_concurrency* alive at a time, each in the caller's
+    context (``nb.current()`` is the run); their results in order."""
+    items: Sequence[Callable[[], _T]] = list(branches)
+    _check_bound("max_concurrency", max_concurrency)
+    _check_bound("max_items", max_items)
+    if max_items is not None and len(items) > max_items:
+        raise ConfigError(f"{len(items)} branches exceed max_items={max_items}; split the work "
+                          f"or raise max_items")
+    for item in items:
+        if not callable(item):
+            raise ConfigError(f"parallel() takes functions of no arguments, not {item!r}")
+    if not items:
+        return []
+    workers = min(len(items), max_concurrency or len(items))
+    prefix = f"nbbudget-branch-{next(_groups)}"
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=prefix) as pool:
+        futures = [pool.submit(contextvars.copy_context().run, item) for item in items]
+        outcomes: list[Any] = []
+        for future in futures:
+            error = future.exception()
+            outcomes.append(error if error is not None else future.result())
+    errors = [o for o in outcomes if isinstance(o, BaseException)]
+    if errors and not return_exceptions:
+        raise errors[0]
+    return outcomes
+
+
+def _check_bound(name: str, value: object) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name}={value!r} must be a positive integer, or None for no bound")
