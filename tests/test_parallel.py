@@ -3,6 +3,7 @@ branches (S2-1, S2-3, S2-5, S4-3, S4-8, S4-11)."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -20,19 +21,18 @@ def clock() -> FakeClock:
 def test_S4_3_sixteen_branches_racing_for_the_last_ten_permits_get_exactly_ten(clock):
     """1000 rounds: each round, exactly 10 of 16 branches get a tool call; the other 6 are
     refused with the S4-8 payload."""
+    def branch(run: nb.Budget, barrier: threading.Barrier) -> bool:
+        barrier.wait()
+        try:
+            run.charge("tool_calls", target="tool:search")
+            return True
+        except nb.BudgetExceeded:
+            return False
+
     for _ in range(1000):
         with nb.budget(tool_calls=10, clock=clock, notices=None) as run:
             barrier = threading.Barrier(16)
-
-            def branch() -> bool:
-                barrier.wait()
-                try:
-                    run.charge("tool_calls", target="tool:search")
-                    return True
-                except nb.BudgetExceeded:
-                    return False
-
-            granted = run.parallel([branch] * 16)
+            granted = run.parallel([functools.partial(branch, run, barrier)] * 16)
         assert granted.count(True) == 10
         refusals = [e.payload for e in run.trace.events
                     if e.kind == "dispatch_refused_budget_exceeded"]
