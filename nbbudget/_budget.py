@@ -368,6 +368,35 @@ class Budget:
                 best, best_ratio = kind, used / limit
         return best, best_ratio
 
+    def _spend(self, amounts: Mapping[str, float], target: str | None) -> None:
+        """Record spending that already happened (what a model reply used, S4-10): counted
+        even past a limit, then the run (or this grant) fails ``budget-cut`` by the first limit
+        passed, in the attribution order (S2-9, S3-3)."""
+        pairs = ((kind_index(k, chargeable=True), _amount(k, n)) for k, n in amounts.items())
+        items = sorted(pairs, key=lambda item: KINDS[item[0]].rank)
+        root = self._root
+        with self._lock:
+            for i, n in items:
+                if self is not root:
+                    self._counts[i] += n
+                root._counts[i] += n
+                root._bulk[i] += n - 1
+                root._after_take(i, n, target, self._run_id)
+            over = next(((holder, i) for i, _ in items for holder in (self, root)
+                         if holder._used(i) + holder._base[i] > holder._thr[i]), None)
+        if over is None:
+            return
+        holder, i = over
+        kind = KINDS[i]
+        limit = _plain(holder._thr[i] - holder._base[i])
+        holder._halt(holder._make_stop(
+            Status.FAILED, "budget-cut", kind.name, kind.code,
+            f"{kind.name} passed {holder.name}'s limit of {limit}: "
+            f"{_plain(holder._used(i))} used; raise the limit or ask for less"))
+        stop = holder._stop
+        assert stop is not None
+        raise stop.signal()
+
     # -- refusals ----------------------------------------------------------------------------------
     def _refuse(self, holder: Budget, i: int, n: float, target: str | None,
                 scope: str) -> BudgetExceeded:
@@ -712,6 +741,25 @@ class Budget:
         if fn is None:
             return lambda f: make_tool(self, f, name, max_silence)
         return make_tool(self, fn, name, max_silence)
+
+    # -- provider calls -------------------------------------------------------------------------
+    def provider(self, fn: Callable[..., _R] | None = None, *, name: str | None = None,
+                 prices: Mapping[str, float] | None = None,
+                 price: Callable[[Any], float] | None = None, retries: int = 0,
+                 guardrail: int | str | None = None) -> Any:
+        """Decorate the function that calls a model. Each attempt (``retries`` included)
+        reserves a ``provider_calls`` permit first (S4-6); a ``max_output_tokens`` argument is
+        clamped to what remains (S2-9); the reply's usage (``input_tokens``, ``output_tokens``,
+        ``cost_usd``, or a cost from ``prices={"input": usd_per_1k, "output": usd_per_1k}`` or
+        ``price(usage)``) is charged after the fact, and a passed limit fails the run
+        (S3-3); a call that does not answer within ``guardrail`` (default 1 h, 0 off) is cut
+        (S3-8)."""
+        from ._provider import make_provider
+
+        def wrap(f: Callable[..., _R]) -> Callable[..., _R]:
+            return make_provider(self, f, name, prices, price, retries, guardrail)
+
+        return wrap if fn is None else wrap(fn)
 
     # -- sub-agents and parallel branches -------------------------------------------------------
     def agent(self, name: str, *, time: int | str | None = None,

@@ -9,13 +9,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from ._clock import Scheduled, _Timers
 from ._duration import parse_duration
 
-__all__ = ["FakeClock"]
+__all__ = ["FakeClock", "Reply", "ScriptedProvider"]
 
 
 class FakeClock(_Timers):
@@ -72,3 +76,58 @@ class FakeClock(_Timers):
                 return False
             event.wait(0.005)
         return True
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One canned model reply: its text and what it used. ``error`` makes the attempt fail
+    (a transport error, say) instead; ``latency_ms`` is how long it takes."""
+
+    text: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None
+    latency_ms: int = 0
+    error: BaseException | None = None
+
+    @property
+    def usage(self) -> dict[str, float]:
+        used: dict[str, float] = {"input_tokens": self.input_tokens,
+                                  "output_tokens": self.output_tokens}
+        if self.cost_usd is not None:
+            used["cost_usd"] = self.cost_usd
+        return used
+
+
+class ScriptedProvider:
+    """A model that replays canned `Reply` objects in order, for tests, docs and teaching.
+
+    Call it as a provider function: ``provider(prompt, max_output_tokens=None)``. It records
+    each prompt and cap it was called with (``calls``), waits ``latency_ms`` on *clock* (a
+    `FakeClock` moves; the real clock sleeps), raises a reply's ``error``, and truncates a reply
+    to the cap it was given. Running out of script is an `AssertionError`.
+    """
+
+    def __init__(self, replies: list[Reply], *, clock: Any = None) -> None:
+        self.replies = list(replies)
+        self.clock = clock
+        self.calls: list[tuple[Any, int | None]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, prompt: Any = None, max_output_tokens: int | None = None) -> Reply:
+        with self._lock:
+            self.calls.append((prompt, max_output_tokens))
+            if not self.replies:
+                raise AssertionError(f"the scripted provider has no reply left for call "
+                                     f"{len(self.calls)}")
+            reply = self.replies.pop(0)
+        if reply.latency_ms:
+            if isinstance(self.clock, FakeClock):
+                self.clock.advance(reply.latency_ms)
+            else:
+                time.sleep(reply.latency_ms / 1000)
+        if reply.error is not None:
+            raise reply.error
+        if max_output_tokens is not None and reply.output_tokens > max_output_tokens:
+            reply = dataclasses.replace(reply, output_tokens=max_output_tokens)
+        return reply

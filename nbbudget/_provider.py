@@ -1,0 +1,149 @@
+"""Provider calls: the function that asks a model, bounded by the run (S2-9, S3-3, S3-6, S3-8,
+S4-6).
+
+Every attempt reserves a ``provider_calls`` permit before dispatch, retries included, and a
+failed attempt is not refunded. What a reply used is read from it through a small protocol (an
+object or mapping with ``input_tokens``, ``output_tokens`` and optionally ``cost_usd``, found as
+the reply's ``usage`` or the reply itself) and charged after the fact: spending that already
+happened is recorded, and when it passes a limit the run fails ``budget-cut`` by that limit
+(tokens > cost > ...), never with a made-up reply. A per-request ``max_output_tokens`` is clamped
+to what remains of the output-token grant. A guardrail (one hour by default, 0 to turn it off)
+stops waiting for a call that never returns, whether or not the call cooperates.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ._duration import parse_duration
+from ._errors import BudgetCut, BudgetExceeded, ConfigError
+from ._kinds import KIND_INDEX, KINDS
+
+if TYPE_CHECKING:
+    from ._budget import Budget
+
+__all__ = ["Usage", "make_provider", "usage_of"]
+
+_PROVIDER_CALLS = KIND_INDEX["provider_calls"]
+GUARDRAIL_MS = 3_600_000
+
+
+class Usage(dict[str, float]):
+    """What one reply used: ``input_tokens``, ``output_tokens``, ``cost_usd``."""
+
+
+def usage_of(reply: Any) -> Usage:
+    """Read a reply's usage: ``reply.usage`` (object or mapping) or the reply itself."""
+    source = getattr(reply, "usage", None)
+    if source is None and isinstance(reply, Mapping):
+        source = reply.get("usage", reply)
+    if source is None:
+        source = reply
+    out = Usage()
+    for key in ("input_tokens", "output_tokens", "cost_usd"):
+        value = source.get(key) if isinstance(source, Mapping) else getattr(source, key, None)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def make_provider(run: Budget, fn: Callable[..., Any], name: str | None,
+                  prices: Mapping[str, float] | None,
+                  price: Callable[[Usage], float] | None, retries: int,
+                  guardrail: int | str | None) -> Callable[..., Any]:
+    if not callable(fn):
+        raise ConfigError(f"provider() decorates a function, not {fn!r}")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ConfigError(f"retries={retries!r} must be a whole number >= 0")
+    if prices is not None and price is not None:
+        raise ConfigError("give prices= (per 1,000 tokens) or price= (a function), not both")
+    limit_ms = GUARDRAIL_MS if guardrail is None else parse_duration(guardrail,
+                                                                     field="guardrail")
+    label = name or getattr(fn, "__name__", None) or "provider"
+    takes_cap = "max_output_tokens" in inspect.signature(fn).parameters
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if takes_cap:
+            kwargs["max_output_tokens"] = _clamp(run, kwargs.get("max_output_tokens"))
+        for attempt in range(retries + 1):
+            run._charge(_PROVIDER_CALLS, 1, f"provider:{label}")  # S4-6: every attempt
+            try:
+                reply = _guarded(run, label, limit_ms, fn, args, kwargs)
+            except (BudgetCut, BudgetExceeded):
+                raise
+            except Exception:
+                if attempt == retries:
+                    raise
+                continue
+            _spend(run, usage_of(reply), prices, price, label)
+            return reply
+        raise AssertionError("unreachable")
+
+    return call
+
+
+def _clamp(run: Budget, asked: Any) -> int | None:
+    """S2-9, S3-6: a reply may not ask for more output than the grant has left."""
+    left = run.remaining("output_tokens")
+    if left == float("inf"):
+        return asked if asked is None else int(asked)
+    if left < 1:
+        raise BudgetExceeded("output_tokens", run.limits.output_tokens or 0,
+                             run.consumed.get("output_tokens", 0), 1, None,
+                             KINDS[KIND_INDEX["output_tokens"]].code)
+    return int(left) if asked is None else int(min(asked, left))
+
+
+def _guarded(run: Budget, label: str, limit_ms: int, fn: Callable[..., Any],
+             args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """S3-8: wait for the call at most the guardrail (0: as long as it takes)."""
+    if limit_ms == 0:
+        return fn(*args, **kwargs)
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def attempt() -> None:
+        try:
+            box["reply"] = fn(*args, **kwargs)
+        except BaseException as exc:  # re-raised in the caller
+            box["error"] = exc
+        finally:
+            done.set()
+
+    deadline = run._clock.now_ms() + limit_ms  # from the dispatch, before the call can run
+    thread = threading.Thread(target=attempt, name=f"nbbudget-provider-{label}", daemon=True)
+    thread.start()
+    if not run._clock.wait(done, deadline):
+        run._record("cut", {"by": "guardrail", "provider": label, "code": "guardrail_timeout"})
+        raise BudgetCut("guardrail", f"provider {label} did not answer within its guardrail of "
+                                     f"{limit_ms} ms (guardrail_timeout); the run stopped "
+                                     f"waiting for it")
+    if "error" in box:
+        raise box["error"]
+    return box["reply"]
+
+
+def _spend(run: Budget, usage: Usage, prices: Mapping[str, float] | None,
+           price: Callable[[Usage], float] | None, label: str) -> None:
+    """Charge what a reply used: it was spent, so it is recorded even past a limit, and then
+    the run fails by the first limit it passed (S3-3)."""
+    inp, out = usage.get("input_tokens", 0), usage.get("output_tokens", 0)
+    amounts: dict[str, float] = {}
+    if inp or out:
+        amounts["tokens"] = inp + out
+    if out:
+        amounts["output_tokens"] = out
+    cost = usage.get("cost_usd")
+    if cost is None and prices is not None:
+        cost = inp / 1000 * prices.get("input", 0) + out / 1000 * prices.get("output", 0)
+    if cost is None and price is not None:
+        cost = price(usage)
+    if cost:
+        amounts["cost_usd"] = cost
+    if amounts:
+        run._spend(amounts, f"provider:{label}")

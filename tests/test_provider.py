@@ -1,0 +1,128 @@
+"""Provider calls: a permit per attempt, usage charged after the fact, the output-token grant,
+the guardrail (S2-9, S3-3, S3-6, S3-8, S4-6, S4-10)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import nbbudget as nb
+from nbbudget.testing import FakeClock, Reply, ScriptedProvider
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def test_S4_6_a_retrying_provider_spends_one_permit_per_attempt_never_refunded(clock):
+    model = ScriptedProvider([Reply(error=ConnectionError("reset")),
+                              Reply(error=ConnectionError("reset")),
+                              Reply("hello", input_tokens=10, output_tokens=5)])
+    with nb.budget(provider_calls=5, clock=clock) as run:
+        ask = run.provider(model, name="chat", retries=2)
+        assert ask("hi").text == "hello"
+    assert run.consumed["provider_calls"] == 3
+    assert run.consumed["tokens"] == 15 and run.consumed["output_tokens"] == 5
+
+
+def test_S4_6_the_permit_is_reserved_before_dispatch_and_a_refusal_sends_nothing(clock):
+    model = ScriptedProvider([Reply("a"), Reply("b")])
+    with nb.budget(provider_calls=1, clock=clock) as run:
+        ask = run.provider(model, name="chat")
+        ask("one")
+        with pytest.raises(nb.BudgetExceeded) as info:
+            ask("two")
+    assert info.value.target == "provider:chat"
+    assert len(model.calls) == 1
+
+
+def test_S4_6_retries_give_up_when_the_permits_run_out(clock):
+    model = ScriptedProvider([Reply(error=ConnectionError("reset"))] * 3)
+    with nb.budget(provider_calls=2, clock=clock) as run:
+        ask = run.provider(model, retries=5)
+        with pytest.raises(nb.BudgetExceeded):
+            ask("hi")
+    assert run.consumed["provider_calls"] == 2
+
+
+def test_S2_9_S3_6_max_output_tokens_is_clamped_to_what_remains(clock):
+    model = ScriptedProvider([Reply("x", output_tokens=300), Reply("y", output_tokens=300)])
+    with nb.budget(output_tokens=500, clock=clock) as run:
+        ask = run.provider(model)
+        ask("a", max_output_tokens=400)
+        ask("b", max_output_tokens=400)
+    assert [cap for _, cap in model.calls] == [400, 200]
+    assert run.consumed["output_tokens"] == 500
+
+
+def test_S2_9_an_exhausted_output_grant_fails_the_run_never_a_made_up_reply(clock):
+    model = ScriptedProvider([Reply("x", output_tokens=100)])
+    with pytest.raises(nb.BudgetExceeded) as info, nb.budget(output_tokens=100,
+                                                            clock=clock) as run:
+        ask = run.provider(model)
+        ask("a", max_output_tokens=100)
+        ask("b", max_output_tokens=100)  # nothing left: refused before dispatch
+    assert info.value.kind == "output_tokens"
+    assert len(model.calls) == 1
+    assert (run.outcome.status, run.outcome.by) == ("failed", "output_tokens")
+
+
+def test_S4_10_S3_3_usage_past_a_limit_is_recorded_then_fails_by_the_first_in_order(clock):
+    model = ScriptedProvider([Reply("long", input_tokens=900, output_tokens=300,
+                                    cost_usd=2.0)])
+    with pytest.raises(nb.BudgetCut) as info, nb.budget(tokens=1000, cost_usd=1.0,
+                                                       clock=clock) as run:
+        run.provider(model)("a")
+        pytest.fail("the run goes on after a reply passed its limits")
+    assert info.value.by == "tokens"  # tokens > cost at the same boundary
+    assert run.consumed["tokens"] == 1200 and run.consumed["cost_usd"] == 2.0
+    assert (run.outcome.status, run.outcome.cause, run.outcome.code) == (
+        "failed", "budget-cut", "TokenBudgetExceeded")
+
+
+def test_cost_comes_from_a_price_table_or_a_price_function(clock):
+    with nb.budget(clock=clock) as run:
+        run.provider(ScriptedProvider([Reply(input_tokens=2000, output_tokens=1000)]),
+                     prices={"input": 0.5, "output": 1.5})("a")
+        run.provider(ScriptedProvider([Reply(input_tokens=10, output_tokens=10)]),
+                     price=lambda usage: 0.25)("b")
+    assert run.consumed["cost_usd"] == 2.5 + 0.25
+
+
+@pytest.mark.parametrize("usage", [
+    {"input_tokens": 3, "output_tokens": 4},
+    {"usage": {"input_tokens": 3, "output_tokens": 4}},
+])
+def test_usage_is_read_from_a_mapping_or_its_usage_entry(clock, usage):
+    with nb.budget(clock=clock) as run:
+        run.provider(lambda: usage)()
+    assert run.consumed["tokens"] == 7
+
+
+def test_S3_8_the_guardrail_stops_waiting_for_a_call_that_never_answers(clock):
+    release = threading.Event()
+
+    def hangs() -> str:
+        clock.advance("2s")  # the call goes silent past its guardrail
+        release.wait(5)
+        return "late"
+
+    with nb.budget(clock=clock) as run:
+        ask = run.provider(hangs, name="slow", guardrail="1s")
+        with pytest.raises(nb.BudgetCut) as info:
+            ask()
+        release.set()
+    assert info.value.by == "guardrail"
+    assert "guardrail_timeout" in str(info.value)
+
+
+def test_bad_provider_arguments_are_config_errors(clock):
+    run = nb.budget(clock=clock)
+    with pytest.raises(nb.ConfigError, match="retries=-1"):
+        run.provider(lambda: None, retries=-1)
+    with pytest.raises(nb.ConfigError, match="not both"):
+        run.provider(lambda: None, prices={"input": 1}, price=lambda u: 1)
+    with pytest.raises(nb.ConfigError, match="guardrail='soon'"):
+        run.provider(lambda: None, guardrail="soon")
