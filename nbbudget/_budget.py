@@ -181,6 +181,8 @@ class Budget:
         self._init_common()
         self._arm_thresholds()
 
+    _degraded: dict[str, str] | None = None  # S3-7: set once, when the run degrades
+
     def _init_common(self) -> None:
         self._full = full = self._root._trace.full
         traced = full and self is self._root  # a grant's pools stay empty: it charges locked
@@ -678,6 +680,9 @@ class Budget:
         with self._lock:
             if self._outcome is not None:
                 return
+            degraded = self._root._degraded
+            if degraded is not None and outcome.degraded is None:
+                outcome = dataclasses.replace(outcome, degraded=dict(degraded))
             self._outcome = outcome
             t_end = self._t_ms()
             for t in self._timers:
@@ -746,18 +751,22 @@ class Budget:
     def provider(self, fn: Callable[..., _R] | None = None, *, name: str | None = None,
                  prices: Mapping[str, float] | None = None,
                  price: Callable[[Any], float] | None = None, retries: int = 0,
-                 guardrail: int | str | None = None) -> Any:
+                 guardrail: int | str | None = None,
+                 degrade: tuple[Callable[..., Any], float] | None = None) -> Any:
         """Decorate the function that calls a model. Each attempt (``retries`` included)
         reserves a ``provider_calls`` permit first (S4-6); a ``max_output_tokens`` argument is
         clamped to what remains (S2-9); the reply's usage (``input_tokens``, ``output_tokens``,
         ``cost_usd``, or a cost from ``prices={"input": usd_per_1k, "output": usd_per_1k}`` or
         ``price(usage)``) is charged after the fact, and a passed limit fails the run
         (S3-3); a call that does not answer within ``guardrail`` (default 1 h, 0 off) is cut
-        (S3-8)."""
+        (S3-8). A reply that is an iterator is a stream: each chunk's usage is charged as it
+        comes and the stream is closed the moment a limit is passed (S3-9); a stream that fails
+        after content is cut ``by="stream-error"``. ``degrade=(cheaper, fraction)`` switches,
+        once, to the cheaper model past that fraction of the cost limit (S3-7)."""
         from ._provider import make_provider
 
         def wrap(f: Callable[..., _R]) -> Callable[..., _R]:
-            return make_provider(self, f, name, prices, price, retries, guardrail)
+            return make_provider(self, f, name, prices, price, retries, guardrail, degrade)
 
         return wrap if fn is None else wrap(fn)
 

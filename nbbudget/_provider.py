@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._duration import parse_duration
@@ -54,9 +54,18 @@ def usage_of(reply: Any) -> Usage:
 def make_provider(run: Budget, fn: Callable[..., Any], name: str | None,
                   prices: Mapping[str, float] | None,
                   price: Callable[[Usage], float] | None, retries: int,
-                  guardrail: int | str | None) -> Callable[..., Any]:
+                  guardrail: int | str | None,
+                  degrade: tuple[Callable[..., Any], float] | None = None) -> Callable[..., Any]:
     if not callable(fn):
         raise ConfigError(f"provider() decorates a function, not {fn!r}")
+    if degrade is not None:
+        cheaper, fraction = degrade
+        if not callable(cheaper) or isinstance(fraction, bool) or not (
+                isinstance(fraction, (int, float)) and 0 < fraction <= 1):
+            raise ConfigError(f"degrade={degrade!r}: give (cheaper_function, fraction of the "
+                              f"cost limit in (0, 1])")
+        if run.limits.cost_usd is None:
+            raise ConfigError("degrade= needs a cost limit (cost_usd=): the fraction is of it")
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ConfigError(f"retries={retries!r} must be a whole number >= 0")
     if prices is not None and price is not None:
@@ -70,21 +79,67 @@ def make_provider(run: Budget, fn: Callable[..., Any], name: str | None,
     def call(*args: Any, **kwargs: Any) -> Any:
         if takes_cap:
             kwargs["max_output_tokens"] = _clamp(run, kwargs.get("max_output_tokens"))
+        model = degrade[0] if degrade is not None and run._degraded else fn
         for attempt in range(retries + 1):
             run._charge(_PROVIDER_CALLS, 1, f"provider:{label}")  # S4-6: every attempt
             try:
-                reply = _guarded(run, label, limit_ms, fn, args, kwargs)
+                reply = _guarded(run, label, limit_ms, model, args, kwargs)
             except (BudgetCut, BudgetExceeded):
                 raise
             except Exception:
                 if attempt == retries:
                     raise
                 continue
+            if isinstance(reply, Iterator):  # a streamed reply
+                return _stream(run, reply, prices, price, label, degrade)
             _spend(run, usage_of(reply), prices, price, label)
+            _maybe_degrade(run, degrade, label)
             return reply
         raise AssertionError("unreachable")
 
     return call
+
+
+def _stream(run: Budget, chunks: Iterator[Any], prices: Mapping[str, float] | None,
+            price: Callable[[Usage], float] | None, label: str,
+            degrade: tuple[Callable[..., Any], float] | None) -> Iterator[Any]:
+    """A streamed reply: each chunk's usage is charged as it arrives, and the stream is closed
+    the moment a limit is passed (S3-9); a stream that fails after content is a cut by
+    ``stream-error`` (S2-4)."""
+    started = False
+    try:
+        while True:
+            try:
+                chunk = next(chunks)
+            except StopIteration:
+                _maybe_degrade(run, degrade, label)
+                return
+            except Exception as exc:
+                if not started:
+                    raise
+                raise BudgetCut("stream-error", f"the stream of provider {label} failed after "
+                                                f"content: {type(exc).__name__}: {exc}") from exc
+            started = True
+            used = usage_of(chunk)
+            if used:
+                _spend(run, used, prices, price, label)  # raises once a limit is passed
+            yield chunk
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()  # S3-9: the provider stops streaming
+
+
+def _maybe_degrade(run: Budget, degrade: tuple[Callable[..., Any], float] | None,
+                   label: str) -> None:
+    """S3-7: past a fraction of the cost limit, later calls use the cheaper model (once)."""
+    if degrade is None or run._degraded:
+        return
+    limit = run.limits.cost_usd
+    if limit is not None and run.consumed.get("cost_usd", 0) >= degrade[1] * limit:
+        to = getattr(degrade[0], "__name__", repr(degrade[0]))
+        run._degraded = {"from": label, "to": to, "reason": "budget"}
+        run._record("degraded", dict(run._degraded))
 
 
 def _clamp(run: Budget, asked: Any) -> int | None:

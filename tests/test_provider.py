@@ -126,3 +126,59 @@ def test_bad_provider_arguments_are_config_errors(clock):
         run.provider(lambda: None, prices={"input": 1}, price=lambda u: 1)
     with pytest.raises(nb.ConfigError, match="guardrail='soon'"):
         run.provider(lambda: None, guardrail="soon")
+
+
+def _chunks(n: int, tokens: int, *, fail_after: int | None = None, closed: list | None = None):
+    try:
+        for i in range(n):
+            if fail_after is not None and i == fail_after:
+                raise ConnectionError("stream reset")
+            yield {"text": f"part {i}", "usage": {"output_tokens": tokens}}
+    finally:
+        if closed is not None:
+            closed.append(True)
+
+
+def test_S3_9_a_stream_is_cancelled_the_moment_it_passes_a_limit(clock):
+    closed: list = []
+    seen = []
+    with pytest.raises(nb.BudgetCut) as info, nb.budget(tokens=250, clock=clock) as run:
+        stream = run.provider(lambda: _chunks(10, 100, closed=closed))()
+        for chunk in stream:
+            seen.append(chunk["text"])
+    assert seen == ["part 0", "part 1"]  # the third chunk passed the limit: not handed on
+    assert closed == [True]
+    assert info.value.by == "tokens"
+    assert run.consumed["tokens"] == 300
+
+
+def test_S2_4_a_stream_that_fails_after_content_is_cut_by_stream_error(clock):
+    with nb.budget(clock=clock) as run:
+        stream = run.provider(lambda: _chunks(5, 1, fail_after=2))()
+        got = []
+        with pytest.raises(nb.BudgetCut) as info:
+            for chunk in stream:
+                got.append(chunk)
+    assert info.value.by == "stream-error" and len(got) == 2
+    assert "stream reset" in str(info.value)
+
+
+def test_S3_7_past_a_fraction_of_the_cost_limit_the_run_degrades_once(clock):
+    cheap = ScriptedProvider([Reply("cheap", cost_usd=0.01)] * 3)
+    cheap.__name__ = "small_model"
+    big = ScriptedProvider([Reply("big", cost_usd=0.5), Reply("big", cost_usd=0.35)])
+    with nb.budget(cost_usd=1.0, clock=clock) as run:
+        ask = run.provider(big, name="large_model", degrade=(cheap, 0.8))
+        assert [ask("q").text for _ in range(4)] == ["big", "big", "cheap", "cheap"]
+    assert run.outcome.degraded == {"from": "large_model", "to": "small_model",
+                                    "reason": "budget"}
+    assert [e.payload for e in run.trace.events if e.kind == "degraded"] == [
+        {"from": "large_model", "to": "small_model", "reason": "budget"}]
+
+
+def test_degrade_needs_a_cost_limit_and_a_fraction(clock):
+    run = nb.budget(clock=clock)
+    with pytest.raises(nb.ConfigError, match="needs a cost limit"):
+        run.provider(lambda: None, degrade=(lambda: None, 0.5))
+    with pytest.raises(nb.ConfigError, match="degrade="):
+        nb.budget(cost_usd=1, clock=clock).provider(lambda: None, degrade=(lambda: None, 2))
