@@ -30,6 +30,7 @@ from ._duration import parse_duration
 from ._errors import BudgetCut, BudgetError, BudgetExceeded, Cancelled, ConfigError
 from ._kinds import CHARGE_INDEX as _CHARGE_INDEX
 from ._kinds import KIND_INDEX, KINDS, RUN_MS, STEPS, kind_index
+from ._limits import NO_LIMITS as _NO_LIMITS
 from ._limits import Limits
 from ._outcome import Outcome, Status
 from ._trace import _GIL, _ROW, EVENT_KINDS, REFUSED, Trace
@@ -41,7 +42,6 @@ __all__ = ["Budget", "Grant", "Snapshot", "budget", "current"]
 
 _R = TypeVar("_R")
 _INF = math.inf
-_NO_LIMITS = Limits()
 _DEFAULT_NOTICES = (0.8, 0.95)
 _K = len(KINDS)
 _WINDOW_KINDS = frozenset(KIND_INDEX[k] for k in ("tokens", "cost_usd", "run_ms"))

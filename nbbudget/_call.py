@@ -25,6 +25,7 @@ from ._duration import parse_duration
 from ._errors import BudgetCut, BudgetExceeded, Cancelled, ConfigError
 from ._interactive import is_interactive
 from ._jobs import Job, JobState
+from ._limits import NO_LIMITS as _NO_LIMITS
 from ._limits import Limits, Manifest
 from ._outcome import Status
 from ._response import (
@@ -41,7 +42,6 @@ __all__ = ["DEFAULT_BUDGET_MS", "ENV_BUDGET", "call", "checkpoint", "resume_stat
 
 DEFAULT_BUDGET_MS = 30_000
 ENV_BUDGET = "AGENT_CALL_BUDGET_MS"
-_NO_LIMITS = Limits()
 
 _current_call: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
     "nbbudget_call", default=None)

@@ -30,6 +30,7 @@ from ._cell import (
 from ._duration import parse_duration
 from ._errors import ConfigError
 from ._jobs import jobs
+from ._limits import NO_LIMITS as _NO_LIMITS
 from ._limits import Limits, Manifest
 from ._panel import Panel, summary
 from ._response import EXIT_INCOMPLETE, Response
@@ -125,7 +126,6 @@ def make_detector(shell: Any, config: NBBudget) -> Any:
 
 
 MIME = "application/vnd.nbbudget.response+json"
-_NO_LIMITS = Limits()
 _LIMIT_FLAGS = (("steps", "steps"), ("tool_calls", "tool_calls"),
                 ("agent_invocations", "agent_invocations"), ("provider_calls", "provider_calls"),
                 ("turns", "turns"), ("tokens", "tokens"), ("output_tokens", "output_tokens"),

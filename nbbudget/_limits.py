@@ -13,7 +13,7 @@ from typing import Any
 from ._errors import ConfigError, WideningError, show
 from ._kinds import KIND_INDEX, KINDS
 
-__all__ = ["MANIFEST_VERSION", "MAX_INT", "Limits", "Manifest"]
+__all__ = ["MANIFEST_VERSION", "MAX_INT", "NO_LIMITS", "Limits", "Manifest"]
 
 MAX_INT = 2**53 - 1
 MANIFEST_VERSION = "nbbudget-manifest-v1"
@@ -137,6 +137,8 @@ class Limits:
 
 
 _FIELDS = fields(Limits)
+#: no limit at all (the empty source, shared)
+NO_LIMITS = Limits()
 
 
 def _trusted(**values: Any) -> Limits:
