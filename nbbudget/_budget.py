@@ -325,11 +325,12 @@ class Budget:
             self._trace.add_charge(i, n, self._t_ms(), run_id, target)
         if self._used(i) >= self._watch[i]:
             self._maybe_notice()
+        pool = self._pools[i]
         room = self._cap[i] - self._counts[i]
-        if room >= 1:
+        if room >= 1 and not pool:  # refill an empty pool only: it never holds over a block
             k = int(min(_BLOCK, room))
             self._counts[i] += k
-            self._pools[i].extend(_PERMITS[:k])
+            pool.extend(_PERMITS[:k])
 
     def _drain(self, i: int) -> None:
         """Give back the permits waiting in pool *i* (lock held; pops may race, each is one)."""

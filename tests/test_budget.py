@@ -422,3 +422,14 @@ def test_a_stop_empties_the_pools_so_the_next_step_raises(clock):
         run.cancel()
         run.step()
     assert run.consumed == {"steps": 1}
+
+
+def test_a_pool_never_holds_more_than_one_block_whatever_the_charges(clock):
+    """Charges of other amounts take the locked path; they must not pile up reserved permits
+    (an unbounded kind would otherwise grow its pool without end)."""
+    with nb.budget(clock=clock) as run:
+        run.charge("tokens")  # the pool of tokens gets its block
+        for _ in range(1000):
+            run.charge("tokens", 7)
+        assert len(run._pools[0]) <= 256
+        assert run.consumed["tokens"] == 1 + 7000
