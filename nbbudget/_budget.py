@@ -20,12 +20,13 @@ import functools
 import itertools
 import math
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex, TypeVar, overload
 
-from ._clock import Clock, Scheduled, default_clock
+from ._clock import Clock, MonotonicClock, Scheduled, default_clock
 from ._duration import parse_duration
 from ._errors import BudgetCut, BudgetError, BudgetExceeded, Cancelled, ConfigError
 from ._kinds import CHARGE_INDEX as _CHARGE_INDEX
@@ -944,12 +945,14 @@ class _TracedPool(list[None]):
     """The pool of a run with ``trace="full"``: each permit it hands out is also recorded as a
     ``consumed`` event (one atomic append), so the fast path stays free of the lock."""
 
-    __slots__ = ("_now", "_packed", "_ref", "_rows", "_run")
+    __slots__ = ("_now", "_ns", "_packed", "_ref", "_rows", "_run")
 
     def __init__(self, run: Budget, kind: int) -> None:
         super().__init__()
         self._run = run
         self._now = run._clock.now_ms
+        # the real clock's reading without a Python call in between (its now_ms is this / 1e6)
+        self._ns = time.monotonic_ns if isinstance(run._clock, MonotonicClock) else None
         self._rows = run._trace._rows.frombytes if _GIL else run._trace._locked_append_bytes
         self._ref = -1 - kind
         self._packed = 256 * run._run_id
@@ -957,7 +960,11 @@ class _TracedPool(list[None]):
     def pop(self, index: SupportsIndex = -1) -> None:
         list.pop(self, index)  # IndexError when empty: the caller takes the locked path
         started = self._run._started_ms
-        t = self._now() - started if started is not None else 0.0
+        if started is None:
+            t = 0.0
+        else:
+            ns = self._ns
+            t = (ns() / 1e6 if ns is not None else self._now()) - started
         self._rows(_ROW.pack(t, 1.0, self._ref, self._packed))  # one atomic append
 
 
