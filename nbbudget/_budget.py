@@ -924,16 +924,11 @@ class Budget:
         run._notice_level = int(saved["notice_level"])
         if run._suspend:
             run._base = [run._counts[i] if i in _WINDOW_KINDS else 0 for i in range(_K)]
-            run._base[RUN_MS] = run._active_before_ms
-            run._active_window_start()
+            run._base[RUN_MS] = run._active_before_ms  # a fresh time window (S3-1)
         run._arm_thresholds()
         run._trace.add("resumed", 0.0, run._run_id, {"counts": dict(saved["counts"]),
                                                      "active_ms": saved["active_ms"]})
         return run
-
-    def _active_window_start(self) -> None:
-        # a fresh time window: the deadline counts from the active time already spent
-        self._base[RUN_MS] = self._active_before_ms
 
     def __repr__(self) -> str:
         snap = self.snapshot()

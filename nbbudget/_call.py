@@ -63,12 +63,9 @@ class _Call:
 
     plan: _Plan
     job: Job
-    resume: bool
     store: Store | None
-    run: Budget
     first_start: float
     loaded: Checkpoint | None = None
-    saved: Checkpoint | None = None
     budget_out: bool = False  # the caller's budget ran out: pause at the next checkpoint
     deadline_ms: float | None = None  # when it runs out, on the run's clock
     wake: threading.Event = field(default_factory=threading.Event)
@@ -76,6 +73,14 @@ class _Call:
     @property
     def identity(self) -> str:
         return self.plan.identity
+
+    @property
+    def resume(self) -> bool:
+        return self.plan.resume
+
+    @property
+    def run(self) -> Budget:
+        return self.job.run
 
     @property
     def label(self) -> str:
@@ -110,18 +115,17 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     plan = _plan(fn, args, kwargs, detach, resume, budget, timeout, key, estimate_ms, limits,
                  manifest, notices)
     job = _reattach(plan) if plan.detach else None
-    warnings: list[str] = []
     if job is None:
         try:
-            ctx, job = _start(fn, args, kwargs, plan, clock, started_wall)
+            ctx, job = _start(plan, clock, started_wall)
         except CheckpointRefused as exc:
             return _respond(plan, started, ok=False, exit_code=EXIT_FAILED,
                             error={"code": exc.code, "message": str(exc)})
         if ctx is None:  # the wall clock had already run out before this continuation
             return _respond(plan, started, ok=False, exit_code=EXIT_CANCELLED,
-                            data={"state": "cancelled"}, warnings=warnings,
+                            data={"state": "cancelled"},
                             error={"code": "cancelled", "message": _timeout_message(plan)})
-    return _await(job, plan, clock, t0_ms, started, warnings)
+    return _await(job, plan, clock, t0_ms, started)
 
 
 # -- planning -----------------------------------------------------------------------------------
@@ -257,8 +261,8 @@ def _reattach(plan: _Plan) -> Job | None:
         return _attached.get(plan.identity)
 
 
-def _start(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], plan: _Plan,
-           clock: Clock, started_wall: float) -> tuple[_Call | None, Job]:
+def _start(plan: _Plan, clock: Clock, started_wall: float) -> tuple[_Call | None, Job]:
+    fn, args, kwargs, _ = plan.work
     db = store() if plan.resume else None
     loaded = db.load_checkpoint(plan.identity) if plan.resume and db is not None else None
     first_start = loaded.first_start if loaded is not None else started_wall
@@ -271,7 +275,7 @@ def _start(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     else:
         run = Budget(plan.limits, clock=clock, name=plan.label, notices=plan.notices)
     job = Job(lambda: plan.identity, plan.label, run, db)
-    ctx = _Call(plan, job, plan.resume, db, run, first_start, loaded)
+    ctx = _Call(plan, job, db, first_start, loaded)
     left = _timeout_left(plan, first_start)
     if left is not None and left <= 0:
         job._settle(JobState.CANCELLED, error=Cancelled(_timeout_message(plan)))
@@ -345,8 +349,7 @@ def _work(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
 
 
 # -- waiting and answering -----------------------------------------------------------------------
-def _await(job: Job, plan: _Plan, clock: Clock, t0_ms: float, started: float,
-           warnings: list[str]) -> Response:
+def _await(job: Job, plan: _Plan, clock: Clock, t0_ms: float, started: float) -> Response:
     """Hold the caller until the work ends, or its budget runs out (then a detached call
     returns, and a resumable one waits for the pause at the next checkpoint), or the wall clock
     cancels it. The wait itself is the budget's timer: no thread is woken to end it."""
@@ -371,30 +374,30 @@ def _await(job: Job, plan: _Plan, clock: Clock, t0_ms: float, started: float,
     except KeyboardInterrupt:  # the person interrupted the call: stop the work, then re-raise
         ctx.run.cancel("interrupted")
         raise
-    return _answer(job, plan, started, warnings)
+    return _answer(job, plan, started)
 
 
-def _answer(job: Job, plan: _Plan, started: float, warnings: list[str]) -> Response:
+def _answer(job: Job, plan: _Plan, started: float) -> Response:
     ctx: _Call = job._ctx
     if not job.done():
         stop = ctx.run._stop
         if stop is not None and stop.status is Status.CANCELLED:
             _deliver(job, plan)
             return _respond(plan, started, ok=False, exit_code=EXIT_CANCELLED,
-                            data={"state": "cancelled", "job": job.id}, warnings=warnings, job=job,
+                            data={"state": "cancelled", "job": job.id}, job=job,
                             error={"code": "cancelled", "message": stop.message})
         job._detach()
         with _attached_lock:
             _attached[plan.identity] = job
         ctx.run._record("detached", {"job": job.id})
-        return _respond(plan, started, ok=False, exit_code=EXIT_INCOMPLETE, warnings=warnings,
+        return _respond(plan, started, ok=False, exit_code=EXIT_INCOMPLETE,
                         job=job,
                         data={"state": "running", "job": job.id,
                               "next": f"make the identical call again to wait for the result "
                                       f"(or nb.jobs[{job.id!r}].result())"})
-    if getattr(job, "paused", False):
+    if job.paused:
         saved: Checkpoint = job.result()
-        return _respond(plan, started, ok=False, exit_code=EXIT_INCOMPLETE, warnings=warnings,
+        return _respond(plan, started, ok=False, exit_code=EXIT_INCOMPLETE,
                         job=job,
                         data={"state": "paused", "checkpoint": saved.id,
                               "next": "make the identical call again to continue from "
@@ -403,17 +406,17 @@ def _answer(job: Job, plan: _Plan, started: float, warnings: list[str]) -> Respo
     error = job.exception()
     if error is None:
         return _respond(plan, started, ok=True, exit_code=EXIT_OK, data=job.result(),
-                        warnings=warnings, job=job)
+                        job=job)
     if isinstance(error, Cancelled):
         ended = ctx.run.outcome
         wall = ended is not None and ended.status is Status.CANCELLED
         return _respond(plan, started, ok=False,
                         exit_code=EXIT_CANCELLED if wall else EXIT_STOPPED,
-                        data={"state": "cancelled" if wall else "stopped"}, warnings=warnings,
+                        data={"state": "cancelled" if wall else "stopped"},
                         job=job,
                         error={"code": "cancelled" if wall else "stopped",
                                "message": str(error)})
-    return _respond(plan, started, ok=False, exit_code=EXIT_FAILED, warnings=warnings, job=job,
+    return _respond(plan, started, ok=False, exit_code=EXIT_FAILED, job=job,
                     error={"code": _error_code(error), "message": str(error)})
 
 
@@ -439,7 +442,7 @@ def _error_code(error: BaseException) -> str:
 
 
 def _respond(plan: _Plan, started: float, *, ok: bool, exit_code: int, data: Any = None,
-             error: dict[str, str] | None = None, warnings: list[str] | None = None,
+             error: dict[str, str] | None = None,
              job: Job | None = None) -> Response:
     meta: dict[str, Any] = {"exit_code": exit_code,
                             "duration_ms": round((time.monotonic() - started) * 1000)}
@@ -447,7 +450,7 @@ def _respond(plan: _Plan, started: float, *, ok: bool, exit_code: int, data: Any
         meta["budget_ms"] = plan.budget_ms
     if plan.timeout_ms is not None:
         meta["timeout_ms"] = plan.timeout_ms
-    return Response(ok, data, error, list(warnings or []), meta, plan.envelope_bytes, job)
+    return Response(ok, data, error, [], meta, plan.envelope_bytes, job)
 
 
 # -- inside the work ----------------------------------------------------------------------------
@@ -467,7 +470,6 @@ def checkpoint(state: Any) -> None:
     ctx.run.check()
     saved = ctx.store.save_checkpoint(ctx.identity, state, ledger=ctx.run.state(),
                                       first_start=ctx.first_start, label=ctx.label)
-    ctx.saved = saved
     ctx.run._record("checkpoint_saved", {"checkpoint": saved.id})
     deadline = ctx.deadline_ms
     if ctx.budget_out or (deadline is not None and ctx.run._clock.now_ms() >= deadline):

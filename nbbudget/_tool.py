@@ -99,14 +99,13 @@ class _ToolCall:
         context = contextvars.copy_context()
         thread = threading.Thread(target=context.run, args=(self._work, fn, args, kwargs),
                                   name=self.thread_name, daemon=True)
-        self.run_stop = self._on_run_stop
-        self.run._add_listener(self.run_stop)
+        self.run._add_listener(self._on_run_stop)
         self._arm_watchdog()
         thread.start()
         try:
             self.run._clock.wait(self.wake, None)
         finally:
-            self.run._remove_listener(self.run_stop)
+            self.run._remove_listener(self._on_run_stop)  # bound methods compare equal
             if self.timer is not None:
                 self.timer.cancel()
         return self._finish(thread)
