@@ -4,8 +4,10 @@
 #
 # Usage: bash scripts/setup.sh [EXTRAS]    (default: test; e.g. "test,bench")
 #
-# Idempotent: the install is skipped when .venv/.nbbudget-stamp records the same
-# pyproject.toml hash and extras as the ones requested now.
+# Idempotent and cumulative: .venv/.nbbudget-stamp records the pyproject.toml hash
+# and every extra installed so far; the install is skipped when the hash is the
+# same and the requested extras are already there, and otherwise installs the
+# union, so scripts that need different extras share one environment.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -26,9 +28,20 @@ else
     "$python" -m venv "$venv"
 fi
 
-hash="$("$py" -c 'import hashlib; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest())')"
-want="$hash extras=$extras"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+# Prints "skip" when nothing is to install, else the union of extras to install.
+plan="$("$py" - "$stamp" "$extras" <<'PY'
+import hashlib, sys
+stamp, wanted = sys.argv[1], {e for e in sys.argv[2].split(",") if e}
+digest = hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest()
+try:
+    old_digest, _, old = open(stamp).read().strip().partition(" extras=")
+except OSError:
+    old_digest, old = "", ""
+have = {e for e in old.split(",") if e} if old_digest == digest else set()
+print("skip" if wanted <= have else ",".join(sorted(wanted | have)))
+PY
+)"
+if [ "$plan" = "skip" ]; then
     log "dependencies up to date (extras: $extras); skipping install"
     exit 0
 fi
@@ -36,7 +49,8 @@ fi
 rm -f "$stamp"
 log "upgrading pip"
 "$py" -m pip install -q --disable-pip-version-check --upgrade pip
-log "installing nbbudget in editable mode with extras [$extras]"
-"$py" -m pip install -q --disable-pip-version-check -e ".[$extras]"
-printf '%s\n' "$want" > "$stamp"
+log "installing nbbudget in editable mode with extras [$plan]"
+"$py" -m pip install -q --disable-pip-version-check -e ".[$plan]"
+hash="$("$py" -c 'import hashlib; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest())')"
+printf '%s extras=%s\n' "$hash" "$plan" > "$stamp"
 log "done"
