@@ -654,7 +654,9 @@ class Budget:
                 error = exc.stop.error()  # a grant used without `with` stopped: surface it here
         elif stop is not None:
             outcome = stop.outcome(self, self._output)
-            if stop.origin is self and stop.status is not Status.SUSPENDED:
+            if stop.origin is self and stop.status is not Status.SUSPENDED and (
+                getattr(exc, "_stop", None) is not stop  # an error that reports it already
+            ):
                 error = stop.error()
         elif exc is None:
             outcome = Outcome(Status.COMPLETED)

@@ -1,0 +1,182 @@
+"""Budgets around pydantic-ai agents (the ``pydantic-ai`` extra).
+
+Install with ``pip install 'nbbudget[pydantic-ai]'``. `Budgeted` is a pydantic-ai capability:
+give it to an agent run and the run's model requests and tool calls go through an nbbudget
+run, with no change to the agent, its tools or its prompts::
+
+    import nbbudget as nb
+    from nbbudget.pydantic_ai import Budgeted
+
+    with nb.budget(tool_calls=3, provider_calls=10, tokens=20_000) as run:
+        result = agent.run_sync("Plan the trip", capabilities=[Budgeted(run)])
+
+(In a notebook, ``await agent.run(...)``: a cell already runs an event loop.) What it does:
+
+- **Model requests.** Each attempt at a model request reserves a ``provider_calls`` permit before
+  it is sent, retries included (S4-6), and is never refunded. Each request step counts one
+  ``turns``. The request's ``max_tokens`` setting is clamped to what remains of the
+  ``output_tokens`` grant (S2-9); an exhausted grant refuses the request. What the response used
+  (its ``usage``: input and output tokens, and cost from ``prices=`` per 1,000 tokens or a
+  ``price=`` function) is charged after the fact, so spending past a limit is recorded and the
+  run fails ``budget-cut`` by the first limit passed, in the order tokens > cost (S3-3).
+- **Tool calls.** Each call reserves a ``tool_calls`` permit before it runs (S4-3); a refused call
+  never runs. The run's time and cancellation are checked before every dispatch.
+- **Errors.** A refusal ends the agent run with pydantic-ai's own error, `UsageLimitExceeded`,
+  as its `UsageLimits` would: here the subclass `UsageLimitRefused`, which is also an
+  `nbbudget.BudgetExceeded` (``kind``, ``limit``, ``consumed``, ``target``) and carries the run's
+  ``outcome`` once the run has ended. A limit passed after the fact is `UsageLimitCut`, also an
+  `nbbudget.BudgetCut`. Both appear in the run's trace (``dispatch_refused_budget_exceeded``,
+  ``outcome``). A stop of the run itself (``run.cancel()``, the panel's Stop button, its time
+  running out) unwinds the agent run like any other nbbudget stop.
+
+``Budgeted()`` with no run uses `nbbudget.current()` when the agent run starts, so inside a
+``%%budget`` cell ``capabilities=[Budgeted()]`` bounds the agent by the cell's limits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import KW_ONLY, dataclass
+from typing import Any
+
+try:
+    from pydantic_ai.capabilities import AbstractCapability
+    from pydantic_ai.exceptions import UsageLimitExceeded
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "nbbudget.pydantic_ai needs pydantic-ai: pip install 'nbbudget[pydantic-ai]'"
+    ) from exc
+
+from ._budget import Budget, _Unwind, current
+from ._errors import BudgetCut, BudgetExceeded, ConfigError
+from ._provider import _clamp, _spend, usage_of
+
+__all__ = ["Budgeted", "UsageLimitCut", "UsageLimitRefused"]
+
+
+class UsageLimitRefused(UsageLimitExceeded, BudgetExceeded):
+    """A model request or tool call the budget refused before it was sent (S4-3, S4-6).
+
+    pydantic-ai's `UsageLimitExceeded` and nbbudget's `BudgetExceeded` at once: ``except``
+    either. ``outcome`` is the run's `nbbudget.Outcome` once the run's ``with`` block has ended.
+    """
+
+    def __init__(self, kind: str, limit: float, consumed: float, requested: float = 1,
+                 target: str | None = None, code: str = "", scope: str = "run") -> None:
+        BudgetExceeded.__init__(self, kind, limit, consumed, requested, target, code, scope)
+        self.message = f"{BudgetExceeded.__str__(self)}. {UsageLimitExceeded._HINT}"
+
+
+class UsageLimitCut(UsageLimitExceeded, BudgetCut):
+    """A limit passed by what a model response had already used: the run failed ``budget-cut``.
+
+    pydantic-ai's `UsageLimitExceeded` and nbbudget's `BudgetCut` (``by`` is the limit's kind).
+    """
+
+    _stop: Any = None
+
+    def __init__(self, by: str, message: str) -> None:
+        BudgetCut.__init__(self, by, message)
+        self.message = message
+
+
+def _refused(err: BudgetExceeded) -> UsageLimitRefused:
+    new = UsageLimitRefused(*err.args)
+    new.window = err.window
+    return new
+
+
+@dataclass
+class Budgeted(AbstractCapability[Any]):
+    """Put an nbbudget run around a pydantic-ai agent run (see the module's documentation).
+
+    ``run``: the `nbbudget.Budget` to charge; `None` takes `nbbudget.current()` when the agent
+    run starts. ``prices``: ``{"input": usd, "output": usd}`` per 1,000 tokens, or ``price``: a
+    function of the usage mapping returning dollars, when the responses carry no cost.
+    """
+
+    run: Budget | None = None
+    _: KW_ONLY
+    prices: Mapping[str, float] | None = None
+    price: Callable[[Mapping[str, float]], float] | None = None
+    id: str | None = "nbbudget"
+
+    def __post_init__(self) -> None:
+        if self.run is not None and not isinstance(self.run, Budget):
+            raise ConfigError(f"Budgeted(run={self.run!r}): give an nbbudget run "
+                              f"(nb.budget(...)) or None for the current one")
+        if self.prices is not None and self.price is not None:
+            raise ConfigError("give prices= (per 1,000 tokens) or price= (a function), not both")
+
+    async def for_run(self, ctx: Any) -> Budgeted:
+        if self.run is not None:
+            return self
+        run = current()
+        if run is None:
+            raise ConfigError("Budgeted() found no active run: call the agent inside "
+                              "`with nb.budget(...)` or a %%budget cell, or pass the run: "
+                              "Budgeted(run)")
+        return dataclasses.replace(self, run=run)
+
+    def _run(self) -> Budget:
+        run = self.run
+        if run is None:  # for_run() binds it before any hook runs
+            raise ConfigError("Budgeted() is not bound to a run")
+        return run
+
+    async def before_model_request(self, ctx: Any, request_context: Any) -> Any:
+        """One request step of the agent loop: one ``turns``."""
+        run = self._run()
+        try:
+            run.check()
+            run.charge("turns", target="agent:turn")
+        except BudgetExceeded as err:
+            raise _refused(err) from None
+        return request_context
+
+    async def prepare_model_request(self, ctx: Any, request_context: Any) -> Any:
+        """Every attempt: a ``provider_calls`` permit before dispatch, ``max_tokens`` clamped."""
+        run = self._run()
+        label = _model_name(request_context.model)
+        settings = dict(request_context.model_settings or {})
+        try:
+            run.charge("provider_calls", target=f"provider:{label}")
+            asked = settings.get("max_tokens")
+            clamped = _clamp(run, asked)
+        except BudgetExceeded as err:
+            raise _refused(err) from None
+        if clamped != asked:
+            settings["max_tokens"] = clamped
+            request_context = dataclasses.replace(request_context, model_settings=settings)
+        return request_context
+
+    async def after_model_request(self, ctx: Any, *, request_context: Any,
+                                  response: Any) -> Any:
+        """Charge what the response used; past a limit the run fails ``budget-cut`` (S3-3)."""
+        run = self._run()
+        usage = usage_of(response)
+        try:
+            _spend(run, usage, self.prices, self.price, _model_name(request_context.model))
+        except _Unwind as signal:
+            cut = signal.stop  # the run, or the run it draws on, failed budget-cut
+            err = UsageLimitCut(cut.by or "budget", cut.message)
+            err._stop = cut  # so the run's `with` block raises this error, not a new one
+            raise err from None
+        return response
+
+    async def wrap_tool_execute(self, ctx: Any, *, call: Any, tool_def: Any, args: Any,
+                                handler: Any) -> Any:
+        """Every tool call: a ``tool_calls`` permit before it runs; a refused call never runs."""
+        run = self._run()
+        try:
+            run.check()
+            run.charge("tool_calls", target=f"tool:{call.tool_name}")
+        except BudgetExceeded as err:
+            raise _refused(err) from None
+        return await handler(args)
+
+
+def _model_name(model: Any) -> str:
+    name = getattr(model, "model_name", None)
+    return str(name) if name else type(model).__name__

@@ -1,0 +1,233 @@
+"""The pydantic-ai adapter, with real pydantic-ai agents run offline (FunctionModel, TestModel)."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+
+import pytest
+
+pytest.importorskip("pydantic_ai")
+
+from pydantic_ai import Agent
+from pydantic_ai.exceptions import UsageLimitExceeded
+from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.models.test import TestModel
+from pydantic_ai.usage import RequestUsage
+
+import nbbudget as nb
+from nbbudget.pydantic_ai import Budgeted, UsageLimitCut, UsageLimitRefused
+
+
+def looping_agent(*, usage=(10, 5), answer_after=None, seen_settings=None):
+    """An agent whose model asks for the ``lookup`` tool on every request (a tool-calling loop),
+    or answers after *answer_after* requests. Returns the agent and the list of tool calls run."""
+    ran: list[str] = []
+    requests = [0]
+
+    def model(messages, info: AgentInfo) -> ModelResponse:
+        requests[0] += 1
+        if seen_settings is not None:
+            seen_settings.append(dict(info.model_settings or {}))
+        used = RequestUsage(input_tokens=usage[0], output_tokens=usage[1])
+        if answer_after is not None and requests[0] > answer_after:
+            return ModelResponse(parts=[TextPart("done")], usage=used)
+        return ModelResponse(parts=[ToolCallPart("lookup", {"q": f"q{requests[0]}"})],
+                             usage=used)
+
+    agent = Agent(FunctionModel(model, model_name="scripted"))
+
+    @agent.tool_plain
+    def lookup(q: str) -> str:
+        ran.append(q)
+        return q.upper()
+
+    return agent, ran
+
+
+def refusals(run):
+    return [e for e in run.trace.events if e.kind == "dispatch_refused_budget_exceeded"]
+
+
+def test_tool_loop_stops_at_the_third_tool_call_with_the_frameworks_error():
+    """The issue's acceptance: a tool-calling loop stops at tool_calls=3 (S4-3, S4-8)."""
+    agent, ran = looping_agent()
+    with pytest.raises(UsageLimitExceeded) as info, nb.budget(tool_calls=3) as run:
+        agent.run_sync("find it", capabilities=[Budgeted(run)])
+    err = info.value
+    assert isinstance(err, UsageLimitRefused) and isinstance(err, nb.BudgetExceeded)
+    assert ran == ["q1", "q2", "q3"]  # the refused fourth call never ran
+    assert (err.kind, err.limit, err.consumed, err.target) == ("tool_calls", 3, 3, "tool:lookup")
+    assert "tool_calls for tool:lookup would exceed the run's limit of 3" in str(err)
+    assert "usage limits" in str(err)  # pydantic-ai's own hint, as its UsageLimits would give
+    # our outcome, on the error and on the run
+    assert run.outcome.status == "failed" and run.outcome.cause == "budget-cut"
+    assert run.outcome.by == "tool_calls"
+    assert err.outcome == run.outcome
+    # the refusal is in the trace with the S4-8 payload
+    (refused,) = refusals(run)
+    assert refused.payload == {
+        "budget_kind": "tool_calls", "limit_value": 3, "consumed_value": 3,
+        "target_ref": "tool:lookup", "runtime_error_code": "ToolCallBudgetExceeded",
+    }
+    assert run.consumed["tool_calls"] == 3
+    assert run.consumed["provider_calls"] == 4 and run.consumed["turns"] == 4
+
+
+def test_the_refusal_is_also_caught_as_a_budget_error_and_pickles():
+    agent, _ = looping_agent()
+    with nb.budget(tool_calls=1) as run, pytest.raises(nb.BudgetError) as info:
+        agent.run_sync("go", capabilities=[Budgeted(run)])
+    err = info.value
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is UsageLimitRefused and back.kind == "tool_calls" and str(back) == str(err)
+
+
+def test_testmodel_agent_is_bounded_by_provider_calls():
+    """TestModel calls every tool once, then answers: the second request is refused (S4-6)."""
+    agent = Agent(TestModel())
+    ran = []
+
+    @agent.tool_plain
+    def weather(city: str) -> str:
+        ran.append(city)
+        return "sunny"
+
+    with pytest.raises(UsageLimitRefused) as info, nb.budget(provider_calls=1) as run:
+        agent.run_sync("weather?", capabilities=[Budgeted(run)])
+    assert info.value.kind == "provider_calls" and info.value.target == "provider:test"
+    assert len(ran) == 1
+    assert run.outcome.by == "provider_calls"
+
+
+def test_within_limits_the_agent_answers_and_usage_is_charged():
+    agent, ran = looping_agent(answer_after=2, usage=(100, 20))
+    with nb.budget(tool_calls=5, tokens=1000, cost_usd=1.0) as run:
+        result = agent.run_sync("go", capabilities=[
+            Budgeted(run, prices={"input": 1.0, "output": 2.0})])
+    assert result.output == "done" and ran == ["q1", "q2"]
+    assert run.outcome.status == "completed"
+    assert run.consumed["tokens"] == 3 * 120 and run.consumed["output_tokens"] == 60
+    assert run.consumed["cost_usd"] == pytest.approx(3 * (0.1 + 0.04))
+
+
+def test_max_tokens_is_clamped_to_the_output_token_grant():
+    """S2-9: each request asks for at most what remains of the output-token grant."""
+    seen: list[dict] = []
+    agent, _ = looping_agent(answer_after=2, usage=(10, 20), seen_settings=seen)
+    with nb.budget(output_tokens=70) as run:
+        agent.run_sync("go", model_settings={"max_tokens": 1000},
+                       capabilities=[Budgeted(run)])
+    assert [s["max_tokens"] for s in seen] == [70, 50, 30]
+
+
+def test_exhausted_output_grant_refuses_the_request_instead_of_asking_for_nothing():
+    agent, _ = looping_agent(usage=(10, 20))
+    with pytest.raises(UsageLimitRefused) as info, nb.budget(output_tokens=40) as run:
+        agent.run_sync("go", capabilities=[Budgeted(run)])
+    assert info.value.kind == "output_tokens"
+    assert run.outcome.cause == "budget-cut" and run.outcome.by == "output_tokens"
+
+
+def test_tokens_passed_after_the_fact_cut_the_run_with_the_frameworks_error():
+    """S3-3, S4-10: spending that happened is recorded, then the run fails by that limit."""
+    agent, ran = looping_agent(usage=(10, 5))
+    with pytest.raises(UsageLimitExceeded) as info, nb.budget(tokens=40) as run:
+        agent.run_sync("go", capabilities=[Budgeted(run)])
+    err = info.value
+    assert isinstance(err, UsageLimitCut) and isinstance(err, nb.BudgetCut)
+    assert err.by == "tokens"
+    assert run.consumed["tokens"] == 45  # recorded past the limit
+    assert len(ran) == 2  # the third response passed the limit: its tool call never ran
+    assert run.outcome.status == "failed" and run.outcome.by == "tokens"
+    assert err.outcome == run.outcome
+
+
+def test_every_attempt_takes_a_provider_call_permit():
+    """S4-6: a request retried by a capability spends one permit per attempt."""
+    from pydantic_ai.capabilities import AbstractCapability
+    from pydantic_ai.exceptions import RetryModelRequest
+
+    class RetryFirst(AbstractCapability):
+        attempts = 0
+
+        async def after_model_request(self, ctx, *, request_context, response):
+            RetryFirst.attempts += 1
+            if request_context.attempt == 1:
+                raise RetryModelRequest()
+            return response
+
+    agent, _ = looping_agent(answer_after=0)
+    with nb.budget(provider_calls=10) as run:
+        result = agent.run_sync("go", capabilities=[Budgeted(run), RetryFirst()])
+    assert result.output == "done"
+    assert RetryFirst.attempts == 2
+    assert run.consumed["provider_calls"] == 2 and run.consumed["turns"] == 1
+
+
+def test_budgeted_without_a_run_uses_the_current_one():
+    agent, ran = looping_agent()
+    with pytest.raises(UsageLimitRefused), nb.budget(tool_calls=2) as run:
+        agent.run_sync("go", capabilities=[Budgeted()])
+    assert len(ran) == 2 and run.outcome.by == "tool_calls"
+
+
+def test_budgeted_outside_any_run_is_a_clear_error():
+    agent, ran = looping_agent()
+    with pytest.raises(nb.ConfigError, match="no active run"):
+        agent.run_sync("go", capabilities=[Budgeted()])
+    assert ran == []
+
+
+def test_bad_arguments_are_config_errors():
+    with pytest.raises(nb.ConfigError, match="run="):
+        Budgeted("not a run")
+    with pytest.raises(nb.ConfigError, match="not both"):
+        Budgeted(prices={"input": 1}, price=lambda usage: 0.0)
+
+
+def test_cancelling_the_run_from_a_tool_unwinds_the_agent_run():
+    """S2-3: a stop of the run ends the agent run too; nothing after it is dispatched."""
+    ran: list[str] = []
+
+    def model(messages, info):
+        return ModelResponse(parts=[ToolCallPart("stop_now", {})])
+
+    agent = Agent(FunctionModel(model))
+
+    with pytest.raises(nb.Cancelled), nb.budget(tool_calls=10) as run:
+        @agent.tool_plain
+        def stop_now() -> str:
+            ran.append("x")
+            run.cancel("enough")
+            return "ok"
+
+        agent.run_sync("go", capabilities=[Budgeted(run)])
+    assert ran == ["x"]
+    assert run.outcome.status == "stopped"
+    assert run.consumed["provider_calls"] == 1  # the next request was never sent
+
+
+def test_async_agent_run_in_an_event_loop():
+    agent, ran = looping_agent()
+
+    async def main(run):
+        return await agent.run("go", capabilities=[Budgeted(run)])
+
+    with pytest.raises(UsageLimitRefused), nb.budget(tool_calls=2) as run:
+        asyncio.run(main(run))
+    assert len(ran) == 2
+
+
+def test_a_grant_bounds_a_sub_agent_and_draws_on_the_run():
+    """S2-1: an agent given a child grant is bounded by it; the run sees its use."""
+    agent, ran = looping_agent()
+    with nb.budget(tool_calls=10) as run:
+        with pytest.raises(UsageLimitRefused) as info, run.agent("researcher",
+                                                                 tool_calls=2) as child:
+            agent.run_sync("go", capabilities=[Budgeted(child)])
+        assert info.value.scope == "grant"
+        assert len(ran) == 2 and run.consumed["tool_calls"] == 2
+        assert run.consumed["agent_invocations"] == 1
+    assert run.outcome.status == "completed"
