@@ -94,13 +94,18 @@ class Budgeted(AbstractCapability[Any]):
     ``run``: the `nbbudget.Budget` to charge; `None` takes `nbbudget.current()` when the agent
     run starts. ``prices``: ``{"input": usd, "output": usd}`` per 1,000 tokens, or ``price``: a
     function of the usage mapping returning dollars, when the responses carry no cost.
+    ``steer=True`` tells the model about approach notices (S3-5): when the run passes a notice
+    threshold, the next request carries a line such as ``Budget notice: start converging
+    (tool_calls at 80% of its limit).``; the loop itself can read ``run.notice_level``.
     """
 
     run: Budget | None = None
     _: KW_ONLY
     prices: Mapping[str, float] | None = None
     price: Callable[[Mapping[str, float]], float] | None = None
+    steer: bool = False
     id: str | None = "nbbudget"
+    _told: int = dataclasses.field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.run is not None and not isinstance(self.run, Budget):
@@ -110,9 +115,8 @@ class Budgeted(AbstractCapability[Any]):
             raise ConfigError("give prices= (per 1,000 tokens) or price= (a function), not both")
 
     async def for_run(self, ctx: Any) -> Budgeted:
-        if self.run is not None:
-            return self
-        run = current()
+        """A copy for one agent run, bound to its nbbudget run."""
+        run = self.run if self.run is not None else current()
         if run is None:
             raise ConfigError("Budgeted() found no active run: call the agent inside "
                               "`with nb.budget(...)` or a %%budget cell, or pass the run: "
@@ -133,6 +137,9 @@ class Budgeted(AbstractCapability[Any]):
             run.charge("turns", target="agent:turn")
         except BudgetExceeded as err:
             raise _refused(err) from None
+        if self.steer and run.notice_level > self._told:
+            self._told = run.notice_level
+            ctx.enqueue(_notice_text(run))
         return request_context
 
     async def prepare_model_request(self, ctx: Any, request_context: Any) -> Any:
@@ -175,6 +182,14 @@ class Budgeted(AbstractCapability[Any]):
         except BudgetExceeded as err:
             raise _refused(err) from None
         return await handler(args)
+
+
+def _notice_text(run: Budget) -> str:
+    notices = [e.payload for e in run.trace.events if e.kind == "approach_notice"]
+    last = notices[-1] if notices else {"advice": "start converging", "budget_kind": "budget",
+                                        "ratio": 0.8}
+    return (f"Budget notice: {last['advice']} ({last['budget_kind']} at "
+            f"{last['ratio']:.0%} of its limit).")
 
 
 def _model_name(model: Any) -> str:

@@ -231,3 +231,49 @@ def test_a_grant_bounds_a_sub_agent_and_draws_on_the_run():
         assert len(ran) == 2 and run.consumed["tool_calls"] == 2
         assert run.consumed["agent_invocations"] == 1
     assert run.outcome.status == "completed"
+
+
+def test_steer_tells_the_model_about_approach_notices():
+    """S3-5: past 80% and 95% of a limit the next request carries the notice, once each."""
+    prompts: list[list[str]] = []
+
+    def model(messages, info):
+        from pydantic_ai.messages import ModelRequest, UserPromptPart
+
+        last = messages[-1]
+        assert isinstance(last, ModelRequest)
+        prompts.append([p.content for p in last.parts if isinstance(p, UserPromptPart)])
+        return ModelResponse(parts=[ToolCallPart("noop", {})])
+
+    agent = Agent(FunctionModel(model))
+
+    @agent.tool_plain
+    def noop() -> str:
+        return "ok"
+
+    with pytest.raises(UsageLimitRefused), nb.budget(tool_calls=20) as run:
+        agent.run_sync("go", capabilities=[Budgeted(run, steer=True)])
+    told = [(i, text) for i, texts in enumerate(prompts) for text in texts if "notice" in text]
+    assert told == [
+        (16, "Budget notice: start converging (tool_calls at 80% of its limit)."),
+        (19, "Budget notice: deliver now (tool_calls at 95% of its limit)."),
+    ]
+    assert run.notice_level == 2
+
+
+def test_without_steer_the_conversation_is_unchanged():
+    seen: list[int] = []
+
+    def model(messages, info):
+        seen.append(len(messages))
+        return ModelResponse(parts=[ToolCallPart("noop", {})])
+
+    agent = Agent(FunctionModel(model))
+
+    @agent.tool_plain
+    def noop() -> str:
+        return "ok"
+
+    with pytest.raises(UsageLimitRefused), nb.budget(tool_calls=5) as run:
+        agent.run_sync("go", capabilities=[Budgeted(run)])
+    assert seen == [1, 3, 5, 7, 9, 11] and run.notice_level == 2
