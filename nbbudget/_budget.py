@@ -21,7 +21,7 @@ import itertools
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex, TypeVar, overload
@@ -372,13 +372,14 @@ class Budget:
                 best, best_ratio = kind, used / limit
         return best, best_ratio
 
-    def _spend(self, amounts: Mapping[str, float], target: str | None) -> None:
+    def _spend(self, items: Sequence[tuple[int, float]], target: str | None) -> None:
         """Record spending that already happened (what a model reply used, S4-10): counted
         even past a limit, then the run (or this grant) fails ``budget-cut`` by the first limit
-        passed, in the attribution order (S2-9, S3-3)."""
-        pairs = ((kind_index(k, chargeable=True), _amount(k, n)) for k, n in amounts.items())
-        items = sorted(pairs, key=lambda item: KINDS[item[0]].rank)
+        passed, in the attribution order (S2-9, S3-3). *items* are ``(kind index, amount)``
+        pairs in that order, their amounts already checked."""
         root = self._root
+        holders = (self,) if self is root else (self, root)
+        over: tuple[Budget, int] | None = None
         with self._lock:
             for i, n in items:
                 if self is not root:
@@ -386,8 +387,14 @@ class Budget:
                 root._counts[i] += n
                 root._bulk[i] += n - 1
                 root._after_take(i, n, target, self._run_id)
-            over = next(((holder, i) for i, _ in items for holder in (self, root)
-                         if holder._used(i) + holder._base[i] > holder._thr[i]), None)
+            for i, _ in items:
+                for holder in holders:
+                    thr = holder._thr[i]
+                    if thr != _INF and holder._used(i) + holder._base[i] > thr:
+                        over = holder, i
+                        break
+                if over is not None:
+                    break
         if over is None:
             return
         holder, i = over

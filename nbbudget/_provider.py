@@ -28,8 +28,11 @@ if TYPE_CHECKING:
 
 __all__ = ["Usage", "make_provider", "usage_of"]
 
-_PROVIDER_CALLS = KIND_INDEX["provider_calls"]
 GUARDRAIL_MS = 3_600_000
+
+
+_USAGE_KEYS = ("input_tokens", "output_tokens", "cost_usd")
+_TOKENS, _OUTPUT_TOKENS, _COST = (KIND_INDEX[k] for k in ("tokens", "output_tokens", "cost_usd"))
 
 
 class Usage(dict[str, float]):
@@ -38,16 +41,22 @@ class Usage(dict[str, float]):
 
 def usage_of(reply: Any) -> Usage:
     """Read a reply's usage: ``reply.usage`` (object or mapping) or the reply itself."""
-    source = getattr(reply, "usage", None)
+    source = reply.get("usage", reply) if type(reply) is dict else getattr(reply, "usage", None)
     if source is None and isinstance(reply, Mapping):
         source = reply.get("usage", reply)
     if source is None:
         source = reply
     out = Usage()
-    for key in ("input_tokens", "output_tokens", "cost_usd"):
-        value = source.get(key) if isinstance(source, Mapping) else getattr(source, key, None)
-        if value is not None:
-            out[key] = value
+    if type(source) is dict or isinstance(source, Mapping):
+        for key in _USAGE_KEYS:
+            value = source.get(key)
+            if value is not None:
+                out[key] = value
+    else:
+        for key in _USAGE_KEYS:
+            value = getattr(source, key, None)
+            if value is not None:
+                out[key] = value
     return out
 
 
@@ -74,6 +83,7 @@ def make_provider(run: Budget, fn: Callable[..., Any], name: str | None,
                                                                      field="guardrail")
     label = name or getattr(fn, "__name__", None) or "provider"
     takes_cap = "max_output_tokens" in inspect.signature(fn).parameters
+    target = f"provider:{label}"
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -81,7 +91,7 @@ def make_provider(run: Budget, fn: Callable[..., Any], name: str | None,
             kwargs["max_output_tokens"] = _clamp(run, kwargs.get("max_output_tokens"))
         model = degrade[0] if degrade is not None and run._degraded else fn
         for attempt in range(retries + 1):
-            run._charge(_PROVIDER_CALLS, 1, f"provider:{label}")  # S4-6: every attempt
+            run.charge("provider_calls", target=target)  # S4-6: every attempt
             try:
                 reply = _guarded(run, label, limit_ms, model, args, kwargs)
             except (BudgetCut, BudgetExceeded):
@@ -187,18 +197,30 @@ def _spend(run: Budget, usage: Usage, prices: Mapping[str, float] | None,
            price: Callable[[Usage], float] | None, label: str) -> None:
     """Charge what a reply used: it was spent, so it is recorded even past a limit, and then
     the run fails by the first limit it passed (S3-3)."""
-    inp, out = usage.get("input_tokens", 0), usage.get("output_tokens", 0)
-    amounts: dict[str, float] = {}
+    inp = _amount("input_tokens", usage.get("input_tokens", 0), label)
+    out = _amount("output_tokens", usage.get("output_tokens", 0), label)
+    items: list[tuple[int, float]] = []  # in the attribution order: tokens > output > cost
     if inp or out:
-        amounts["tokens"] = inp + out
+        items.append((_TOKENS, inp + out))
     if out:
-        amounts["output_tokens"] = out
+        items.append((_OUTPUT_TOKENS, out))
     cost = usage.get("cost_usd")
     if cost is None and prices is not None:
         cost = inp / 1000 * prices.get("input", 0) + out / 1000 * prices.get("output", 0)
     if cost is None and price is not None:
         cost = price(usage)
     if cost:
-        amounts["cost_usd"] = cost
-    if amounts:
-        run._spend(amounts, f"provider:{label}")
+        items.append((_COST, _amount("cost_usd", cost, label)))
+    if items:
+        run._spend(items, f"provider:{label}")
+
+
+def _amount(key: str, value: Any, label: str) -> float:
+    """A usage figure as reported: a finite number >= 0 (tokens whole)."""
+    if type(value) is int and value >= 0:
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            0 <= value < float("inf")) or (key != "cost_usd" and not float(value).is_integer()):
+        raise ConfigError(f"provider {label} reported {key}={value!r}: usage must be a finite "
+                          f"number >= 0 (tokens in whole numbers)")
+    return value
