@@ -182,3 +182,13 @@ def test_degrade_needs_a_cost_limit_and_a_fraction(clock):
         run.provider(lambda: None, degrade=(lambda: None, 0.5))
     with pytest.raises(nb.ConfigError, match="degrade="):
         nb.budget(cost_usd=1, clock=clock).provider(lambda: None, degrade=(lambda: None, 2))
+
+
+@pytest.mark.parametrize("usage", [{"input_tokens": -1}, {"output_tokens": 2.5},
+                                   {"cost_usd": float("nan")}, {"output_tokens": True}])
+def test_a_reply_that_reports_impossible_usage_is_a_config_error_naming_it(clock, usage):
+    with nb.budget(tokens=100, clock=clock) as run:
+        ask = run.provider(lambda: {"usage": usage}, name="odd", guardrail=0)
+        with pytest.raises(nb.ConfigError, match=r"provider odd reported \w+="):
+            ask()
+        assert run.consumed.get("tokens", 0) == 0
