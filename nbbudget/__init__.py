@@ -16,6 +16,7 @@ from ._errors import (
     BudgetExceeded,
     Cancelled,
     ConfigError,
+    RunsPerDayExceeded,
     WideningError,
 )
 from ._jobs import Job, JobState, jobs
@@ -63,6 +64,7 @@ __all__ = [
     "Outcome",
     "Replay",
     "Response",
+    "RunsPerDayExceeded",
     "Snapshot",
     "Status",
     "ToolContext",

@@ -22,7 +22,7 @@ from . import _workers
 from ._budget import Budget, _Incomplete
 from ._clock import Clock, default_clock
 from ._duration import parse_duration
-from ._errors import BudgetCut, BudgetExceeded, Cancelled, ConfigError
+from ._errors import BudgetCut, BudgetExceeded, Cancelled, ConfigError, RunsPerDayExceeded
 from ._interactive import is_interactive
 from ._jobs import Job, JobState
 from ._limits import NO_LIMITS as _NO_LIMITS
@@ -92,7 +92,7 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
          key: str | None = None, estimate_ms: int | str | None = None,
          limits: Limits | None = None, manifest: str | os.PathLike[str] | Manifest | None = None,
          clock: Clock | None = None, notices: tuple[float, float] | None = (0.8, 0.95),
-         **kwargs: Any) -> Response:
+         runs_per_day: int | None = None, **kwargs: Any) -> Response:
     """Run ``fn(*args, **kwargs)`` under a call budget and answer with a `Response`.
 
     A call that declares interruption (``detach=True`` or ``resume=True``) holds its caller at
@@ -103,17 +103,20 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     to continue: make the identical call again (S0-11). ``timeout=`` bounds the whole work,
     across every continuation (S0-6). ``estimate_ms=`` lets a call that knows it cannot finish in
     time hand off at once (S0-7). ``limits=`` and ``manifest=`` bound the work as a run, and
-    ``notices=`` sets its approach-notice thresholds (S3-5).
+    ``notices=`` sets its approach-notice thresholds (S3-5). ``runs_per_day=`` is a quota of
+    starts of this work (by identity: ``key``, or the function and its arguments) per calendar
+    day, UTC, kept in the store across kernel restarts; a continuation is not a new start, and a
+    start over the quota fails with the code ``RunsPerDayExceeded`` and runs nothing (S4-12).
 
     Keyword arguments with the names above are nbbudget's; pass such arguments to *fn* with
     `functools.partial`.
     """
     started = time.monotonic()
-    started_wall = time.time()  # the wall clock of a first start counts from here (S0-6)
+    started_wall = _wall()  # the wall clock of a first start counts from here (S0-6)
     clock = clock if clock is not None else default_clock()
     t0_ms = clock.now_ms()  # the call budget counts from the call, store work included
     plan = _plan(fn, args, kwargs, detach, resume, budget, timeout, key, estimate_ms, limits,
-                 manifest, notices)
+                 manifest, notices, runs_per_day)
     job = _reattach(plan) if plan.detach else None
     if job is None:
         try:
@@ -121,6 +124,9 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
         except CheckpointRefused as exc:
             return _respond(plan, started, ok=False, exit_code=EXIT_FAILED,
                             error={"code": exc.code, "message": str(exc)})
+        except _QuotaSpent as exc:
+            return _respond(plan, started, ok=False, exit_code=EXIT_FAILED,
+                            error={"code": RunsPerDayExceeded.code, "message": str(exc)})
         if ctx is None:  # the wall clock had already run out before this continuation
             return _respond(plan, started, ok=False, exit_code=EXIT_CANCELLED,
                             data={"state": "cancelled"},
@@ -141,6 +147,7 @@ class _Plan:
     limits: Limits
     envelope_bytes: int | None
     notices: tuple[float, float] | None
+    runs_per_day: int | None
 
     @functools.cached_property
     def identity(self) -> str:
@@ -152,7 +159,7 @@ def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
           resume: bool, budget: int | str | None, timeout: int | str | None, key: str | None,
           estimate_ms: int | str | None, limits: Limits | None,
           manifest: str | os.PathLike[str] | Manifest | None,
-          notices: tuple[float, float] | None) -> _Plan:
+          notices: tuple[float, float] | None, runs_per_day: int | None = None) -> _Plan:
     if not callable(fn):
         raise ConfigError(f"nb.call() takes a function first, not {fn!r}")
     for name, flag in (("detach", detach), ("resume", resume)):
@@ -163,6 +170,10 @@ def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
         Manifest.load(manifest).envelope_bytes if manifest is not None else None)
     if key is not None and (not isinstance(key, str) or not key):
         raise ConfigError(f"key={key!r}: use a non-empty string that names the work")
+    if runs_per_day is not None and (isinstance(runs_per_day, bool) or not isinstance(
+            runs_per_day, int) or not 0 < runs_per_day <= 1_000_000):
+        raise ConfigError(f"runs_per_day={runs_per_day!r}: use a whole number from 1 to "
+                          f"1000000, or None for no quota")
     return _Plan(
         work=(fn, args, kwargs, key),
         label=getattr(fn, "__nbbudget_label__", None) or key
@@ -172,7 +183,7 @@ def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
         timeout_ms=None if timeout is None else _positive(timeout, "timeout"),
         estimate_ms=None if estimate_ms is None else parse_duration(estimate_ms,
                                                                     field="estimate_ms"),
-        limits=limits, envelope_bytes=envelope, notices=notices,
+        limits=limits, envelope_bytes=envelope, notices=notices, runs_per_day=runs_per_day,
     )
 
 
@@ -266,6 +277,8 @@ def _start(plan: _Plan, clock: Clock, started_wall: float) -> tuple[_Call | None
     db = store() if plan.resume else None
     loaded = db.load_checkpoint(plan.identity) if plan.resume and db is not None else None
     first_start = loaded.first_start if loaded is not None else started_wall
+    if plan.runs_per_day is not None and loaded is None:  # a start, not a continuation
+        _take_run(plan, db if db is not None else store(), started_wall)
     if loaded is not None:
         try:
             run = Budget.resume(loaded.ledger, plan.limits, clock=clock)
@@ -298,10 +311,30 @@ def _start(plan: _Plan, clock: Clock, started_wall: float) -> tuple[_Call | None
     return ctx, job
 
 
+#: the wall clock: dates a start for its day's quota, and a first start for its timeout
+_wall = time.time
+
+
+class _QuotaSpent(Exception):
+    """This work has started its quota of times today (S4-12)."""
+
+
+def _take_run(plan: _Plan, db: Store, now: float) -> None:
+    """S4-12: count this start against the work's quota for the day (UTC), or refuse it."""
+    quota = plan.runs_per_day
+    assert quota is not None
+    day = time.strftime("%Y-%m-%d", time.gmtime(now))
+    if db.take_run(plan.identity, day, quota) is None:
+        raise _QuotaSpent(
+            f"{plan.label} has already started {quota} time{'s' if quota != 1 else ''} on "
+            f"{day} (UTC), its quota of runs_per_day={quota}; nothing was run. Try again "
+            f"after 00:00 UTC, or raise runs_per_day")
+
+
 def _timeout_left(plan: _Plan, first_start: float) -> float | None:
     if plan.timeout_ms is None:
         return None
-    return plan.timeout_ms - (time.time() - first_start) * 1000
+    return plan.timeout_ms - (_wall() - first_start) * 1000
 
 
 def _timeout_message(plan: _Plan) -> str:

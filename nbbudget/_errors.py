@@ -7,6 +7,7 @@ Every error keeps its data as attributes and builds its message from them::
      |    +-- BudgetExceeded         a charge was refused (S4-3, S4-8); nothing was spent
      |    +-- BudgetCut              work was cut: time spent, silent tool, failed stream (S2-4)
      |    +-- Cancelled              the run was stopped by a person or by its wall-clock limit
+     |    +-- RunsPerDayExceeded     a start over the work's quota of runs per day (S4-12)
      +-- ValueError
           +-- ConfigError            a bad value: a limit, a duration, a manifest (S3-4)
                +-- WideningError     a later source tried to widen a limit (S4-2)
@@ -30,6 +31,7 @@ __all__ = [
     "BudgetExceeded",
     "Cancelled",
     "ConfigError",
+    "RunsPerDayExceeded",
     "WideningError",
 ]
 
@@ -115,6 +117,15 @@ class Cancelled(BudgetError):
 
     def __reduce__(self) -> Any:
         return (type(self), (str(self), self.reason))
+
+
+class RunsPerDayExceeded(BudgetError):
+    """The work has started its quota of times today (UTC); this start ran nothing (S4-12).
+
+    `nb.call` answers it as a failed response with the code ``RunsPerDayExceeded``; a
+    ``%%budget --runs-per-day`` cell raises it."""
+
+    code = "RunsPerDayExceeded"
 
 
 def _num(v: float) -> str:

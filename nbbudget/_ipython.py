@@ -28,7 +28,7 @@ from ._cell import (
     remove_tee,
 )
 from ._duration import parse_duration
-from ._errors import ConfigError
+from ._errors import ConfigError, RunsPerDayExceeded
 from ._jobs import jobs
 from ._limits import NO_LIMITS as _NO_LIMITS
 from ._limits import Limits, Manifest
@@ -177,6 +177,9 @@ class BudgetMagics(Magics):
     @argument("--run-limits-json", metavar="JSON",
               help="run limits as JSON, e.g. '{\"max_steps\": 100}'")
     @argument("--manifest", metavar="PATH", help="an nbbudget-manifest-v1 file of run limits")
+    @argument("--runs-per-day", type=int, metavar="N",
+              help="a quota of starts of this work per calendar day (UTC), kept in the store "
+                   "across kernel restarts; a continuation is not a start")
     @argument("--trace", metavar="PATH", help="save the run's trace to PATH")
     @argument("--no-widget", action="store_true", help="show a text summary only")
     @cell_magic("budget")  # type: ignore[arg-type]  # IPython's decorator is loosely typed
@@ -217,7 +220,7 @@ class BudgetMagics(Magics):
         compiled = compile_cell(self.shell, cell)
         panel = self._panel(limits, args)
         try:
-            if args.detach or args.resume or args.timeout:
+            if args.detach or args.resume or args.timeout or args.runs_per_day is not None:
                 return self._call(compiled, line, cell, args, limits, panel)
             return self._run_here(compiled, cell, args, limits, panel)
         finally:
@@ -275,7 +278,7 @@ class BudgetMagics(Magics):
         try:
             resp = _call.call(work, detach=args.detach, resume=args.resume, budget=args.budget,
                               timeout=args.timeout, key=key, limits=limits,
-                              notices=self.settings.notices())
+                              notices=self.settings.notices(), runs_per_day=args.runs_per_day)
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         if panel is None and not (args.detach or args.resume) and resp.job is not None:
@@ -309,6 +312,8 @@ class BudgetMagics(Magics):
         error = job.exception() if job is not None else None
         if error is not None:
             raise error
+        if resp.error is not None and resp.error.get("code") == "RunsPerDayExceeded":
+            raise RunsPerDayExceeded(resp.error["message"])
         raise UsageError((resp.error or {}).get("message", "the cell did not finish"))
 
     @magic_arguments()
@@ -395,7 +400,8 @@ def _label(cell: str) -> str:
 
 
 def _identity_flags(line: str) -> str:
-    """The flags that name the work: all but --budget and --timeout and their values."""
+    """The flags that name the work: all but --budget, --timeout and --runs-per-day and their
+    values."""
     kept: list[str] = []
     skip = False
     for word in line.split():
@@ -403,7 +409,7 @@ def _identity_flags(line: str) -> str:
             skip = False
             continue
         name = word.split("=", 1)[0]
-        if name in ("--budget", "--timeout"):
+        if name in ("--budget", "--timeout", "--runs-per-day"):
             skip = "=" not in word
             continue
         kept.append(word)

@@ -13,6 +13,7 @@ read the secret and is not kept out.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import hmac
 import json
@@ -51,6 +52,12 @@ CREATE TABLE IF NOT EXISTS jobs (
     created    REAL NOT NULL,
     updated    REAL NOT NULL,
     error      TEXT
+);
+CREATE TABLE IF NOT EXISTS runs (
+    identity TEXT NOT NULL,
+    day      TEXT NOT NULL,
+    count    INTEGER NOT NULL,
+    PRIMARY KEY (identity, day)
 );
 """
 
@@ -294,6 +301,28 @@ class Store:
         mac.update(payload)
         return mac.digest()
 
+    # -- runs per day (S4-12) ---------------------------------------------------------------------
+    def take_run(self, identity: str, day: str, quota: int) -> int | None:
+        """Count one start of *identity* on *day* (``YYYY-MM-DD``, UTC) if fewer than *quota*
+        have started that day, atomically across processes: the number of this start, or
+        `None` (nothing counted) when the quota is spent."""
+        with self._write() as db:
+            row = db.execute("SELECT count FROM runs WHERE identity = ? AND day = ?",
+                             (identity, day)).fetchone()
+            count = row[0] if row is not None else 0
+            if count >= quota:
+                return None
+            db.execute("INSERT INTO runs VALUES (?, ?, 1) ON CONFLICT(identity, day) "
+                       "DO UPDATE SET count = count + 1", (identity, day))
+            db.execute("DELETE FROM runs WHERE day < ?", (_days_before(day, 7),))
+            return count + 1
+
+    def runs_on(self, identity: str, day: str) -> int:
+        """How many times *identity* started on *day* (UTC)."""
+        row = self._db().execute("SELECT count FROM runs WHERE identity = ? AND day = ?",
+                                 (identity, day)).fetchone()
+        return int(row[0]) if row is not None else 0
+
     # -- job records ------------------------------------------------------------------------------
     def record_job(self, job_id: str, identity: str, label: str, state: str,
                    error: str | None = None) -> None:
@@ -321,6 +350,11 @@ class Store:
                 db.executemany("UPDATE jobs SET state = 'lost', updated = ? WHERE id = ? "
                                "AND state = 'running'", [(time.time(), j) for j in dead])
         return len(dead)
+
+
+def _days_before(day: str, n: int) -> str:
+    """The day *n* days before *day* (both ``YYYY-MM-DD``): older counts are dropped."""
+    return (datetime.date.fromisoformat(day) - datetime.timedelta(days=n)).isoformat()
 
 
 def _alive(pid: int) -> bool:

@@ -216,6 +216,7 @@ def test_the_configured_home_is_used_when_NBBUDGET_HOME_is_unset(shell, monkeypa
     ("--time soon", "--time='soon' is not a duration"),
     ("--run-limits-json '{\"stepz\": 1}'", "unknown run limit 'stepz'"),
     ("--manifest /nowhere.json", "cannot read manifest '/nowhere.json'"),
+    ("--runs-per-day 0", "runs_per_day=0: use a whole number from 1"),
 ])
 def test_bad_cell_flags_are_usage_errors_naming_the_value(shell, line, message):
     result = shell.run_cell(f"%%budget {line}\npass")
@@ -228,7 +229,7 @@ def test_budget_cell_help_lists_every_flag_with_an_example(shell):
     for flag in ("--budget", "--detach", "--resume", "--key", "--timeout", "--time", "--steps",
                  "--tool-calls", "--agent-invocations", "--provider-calls", "--turns",
                  "--tokens", "--output-tokens", "--cost", "--run-limits-json", "--manifest",
-                 "--trace", "--no-widget", "%%budget --detach --budget 2s"):
+                 "--runs-per-day", "--trace", "--no-widget", "%%budget --detach --budget 2s"):
         assert flag in doc, flag
 
 
@@ -242,3 +243,21 @@ def test_S3_5_the_configured_approach_notices_apply_to_a_cells_run(shell):
     result = shell.run_cell("%%budget --steps 10\npass")
     assert isinstance(result.error_in_exec, UsageError)
     assert "NBBudget.approach_notice: notices=(0.9, 0.5)" in str(result.error_in_exec)
+
+
+def test_S4_12_a_cell_over_its_runs_per_day_stops_with_one_line_and_runs_nothing(shell):
+    cell = "%%budget --runs-per-day 2 --no-widget\nimport builtins\nbuiltins.ran_here += 1"
+    import builtins
+
+    builtins.ran_here = 0
+    try:
+        assert shell.run_cell(cell).error_in_exec is None
+        assert shell.run_cell(cell.replace("--runs-per-day 2", "--runs-per-day=2")).success
+        result = shell.run_cell(cell)
+        assert builtins.ran_here == 2  # the third start ran nothing
+    finally:
+        del builtins.ran_here
+    err = result.error_in_exec
+    assert isinstance(err, nb.RunsPerDayExceeded) and isinstance(err, nb.BudgetError)
+    assert "already started 2 times on" in str(err) and "raise runs_per_day" in str(err)
+    assert err._render_traceback_() == [f"RunsPerDayExceeded: {err}"]

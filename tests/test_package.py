@@ -39,6 +39,7 @@ PUBLIC = [
     "Outcome",
     "Replay",
     "Response",
+    "RunsPerDayExceeded",
     "Snapshot",
     "Status",
     "ToolContext",
@@ -112,7 +113,7 @@ def test_every_public_error_is_under_budget_error_or_config_error() -> None:
               if isinstance(obj, type) and issubclass(obj, BaseException)]
     assert sorted(e.__name__ for e in errors) == [
         "BudgetCut", "BudgetError", "BudgetExceeded", "Cancelled", "CheckpointRefused",
-        "ConfigError", "WideningError",
+        "ConfigError", "RunsPerDayExceeded", "WideningError",
     ]
     assert all(issubclass(e, (nb.BudgetError, nb.ConfigError)) for e in errors)
 
