@@ -150,7 +150,7 @@ class BudgetMagics(Magics):
         self.last_panel: Panel | None = None  # the panel of the last cell, if it had one
         self.last_run: Budget | None = None  # the run of the last cell
 
-    @magic_arguments()
+    @magic_arguments("%budget")  # IPython adds a % for a cell magic: shown as %%budget
     @argument("--budget", metavar="DUR",
               help="the call budget: how long the cell may hold you (needs --detach or "
                    "--resume), e.g. --budget 2s; 0 turns it off")
@@ -319,7 +319,7 @@ class BudgetMagics(Magics):
     @magic_arguments()
     @argument("command", choices=["jobs", "wait", "cancel", "status", "trace"],
               help="jobs: list the background jobs; wait ID: wait for job ID and show its "
-                   "result; cancel ID: ask job ID to stop; status: what the last %%budget "
+                   "result; cancel ID: ask job ID to stop; status: what the last %%%%budget "
                    "cell's run used, per axis; trace: its trace events")
     @argument("job", nargs="?", help="the job id, as in %%budget jobs")
     @argument("--timeout", type=float, default=None,
