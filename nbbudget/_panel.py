@@ -11,6 +11,7 @@ panel falls back to text.
 from __future__ import annotations
 
 import contextlib
+import html
 import itertools
 import threading
 import time
@@ -118,6 +119,12 @@ class Panel:
                 self._view = None
 
     def _final(self, snap: Snapshot) -> None:
+        job = getattr(self.call, "job", None)
+        if self._view is not None and job is not None and job.detached:
+            try:  # a front end that renders the widget does not show the text below
+                self._view.show_late(_late_result(job))
+            except Exception:  # a widget failure never breaks the cell
+                self._view = None
         if self._handle is not None:
             with contextlib.suppress(Exception):  # the kernel may have gone: no one to show
                 self._handle.update(self._bundle(snap), raw=True)
@@ -181,6 +188,12 @@ class _View:
                     bar.bar_style = end
                 self.stop.disabled = True
             self.status.value = f"<b>{summary(snap)}</b>"
+
+    def show_late(self, text: str) -> None:
+        """What a detached cell ended with (its result or error), under its final state."""
+        if text.strip():
+            lines = (html.escape(line) for line in text.strip().splitlines())
+            self.status.value += "<br>" + "<br>".join(lines)
 
     def mimebundle(self) -> dict[str, Any]:
         bundle = self.box._repr_mimebundle_()

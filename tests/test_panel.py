@@ -140,3 +140,5 @@ def test_N_2_a_detached_cells_result_and_final_state_reach_its_panel(shell):
     assert not panel._thread.is_alive()
     assert "completed" in panel.text
     assert panel.text.endswith("\nresult: 'model'")
+    # where the widget renders, its text/plain is not shown: the result is in the widget too
+    assert panel._view.status.value.endswith("<br>result: &#x27;model&#x27;")
