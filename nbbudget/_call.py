@@ -445,7 +445,7 @@ def _answer(job: Job, plan: _Plan, started: float) -> Response:
         wall = ended is not None and ended.status is Status.CANCELLED
         return _respond(plan, started, ok=False,
                         exit_code=EXIT_CANCELLED if wall else EXIT_STOPPED,
-                        data={"state": "cancelled" if wall else "stopped"},
+                        data={"state": "cancelled" if wall else "stopped", "job": job.id},
                         job=job,
                         error={"code": "cancelled" if wall else "stopped",
                                "message": str(error)})

@@ -655,6 +655,24 @@ def test_S0_6_S4_7_the_wall_clock_cancels_a_continuation_and_ends_the_work(clock
     assert nb.store().load_checkpoint(identity) is None
 
 
+def test_S4_7_a_cancelled_call_answers_the_same_envelope_whoever_notices_first():
+    """The caller may see the wall clock fire before or after the work settles: the envelope is
+    the same either way."""
+    shapes = set()
+    for _ in range(30):
+        clock = FakeClock()
+
+        def poll() -> None:
+            while True:
+                clock.advance("1s")
+                nb.current().check()
+
+        resp = nb.call(poll, timeout="3s", clock=clock)
+        shapes.add((resp.exit_code, tuple(sorted(resp.data)), resp.data["state"],
+                    resp.error["code"]))
+    assert shapes == {(124, ("job", "state"), "cancelled", "cancelled")}
+
+
 # -- S0-7: a cheap estimate ------------------------------------------------------------------------
 def test_S0_7_detach_with_an_estimate_over_budget_hands_off_at_once():
     clock = FakeClock()  # never moved: only the estimate can free the caller
