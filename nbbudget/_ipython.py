@@ -394,7 +394,7 @@ def _label(cell: str) -> str:
     """A cell's name in ``%budget jobs``: its first line of code."""
     for text in cell.splitlines():
         if text.strip() and not text.lstrip().startswith("#"):
-            text = text.strip()
+            text = text.strip().rstrip(":").rstrip()  # "for row in rows:" reads "for row in rows"
             return f"cell: {text[:47]}..." if len(text) > 50 else f"cell: {text}"
     return "cell"
 

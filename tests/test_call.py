@@ -662,7 +662,7 @@ def test_S4_7_a_cancelled_call_answers_the_same_envelope_whoever_notices_first()
     for _ in range(30):
         clock = FakeClock()
 
-        def poll() -> None:
+        def poll(clock: FakeClock = clock) -> None:
             while True:
                 clock.advance("1s")
                 nb.current().check()

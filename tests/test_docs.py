@@ -16,21 +16,14 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from rules import NOTEBOOK_RULE_IDS
+from rules import SEMANTIC_RULE_IDS as RULE_IDS
 
 import nbbudget as nb
 import nbbudget.testing
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
-#: Every rule id of the model: S0 (call budget) 12, S2 (grants) 9, S3 (task limits) 9 and
-#: S4 (run limits) 12, 42 in all; and the four notebook rules, N-1..N-4.
-RULE_IDS = (
-    [f"S0-{i}" for i in range(1, 13)]
-    + [f"S2-{i}" for i in range(1, 10)]
-    + [f"S3-{i}" for i in range(1, 10)]
-    + [f"S4-{i}" for i in range(1, 13)]
-)
-NOTEBOOK_RULE_IDS = ["N-1", "N-2", "N-3", "N-4"]
 PAGES = ["index", "quickstart", "concepts", "magics", "api", "cli", "configuration", "limits"]
 AUTODOC = re.compile(
     r"^\.\. auto(?:function|class|exception|data|attribute|method)::\s+([\w.]+)", re.M
