@@ -177,6 +177,7 @@ class Budget:
         self._total = [self._totals_set.get(k.name) for k in KINDS]
         self._base: list[float] = [0] * _K
         self._notices = _check_notices(notices)
+        self._trace.notices = list(self._notices or ())
         self._notice_level = 0
         self._active_before_ms = 0.0
         self._init_common()

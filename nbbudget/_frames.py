@@ -76,24 +76,58 @@ def _unique(names: list[str]) -> list[str]:
 
 
 def plot_trace(trace: Trace, ax: Any = None) -> Any:
-    """Cumulative consumption per axis over time, against each limit; refusals marked."""
+    """Consumption over time of each limited axis, as a fraction of its limit (1.0 is the
+    limit), with the notice thresholds, the approach notices, refusals and cuts marked.
+
+    Charges are drawn from a full trace (``trace="full"``); time (``run_ms``) is drawn from the
+    clock, so it shows in a counts trace too. Axes without a limit are left out.
+    """
     import matplotlib.pyplot as plt
 
     frame = trace_frame(trace)
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, 3.5))
+        _, ax = plt.subplots(figsize=(7, 3.5), layout="constrained")
+    end = float(frame["t_ms"].max()) if len(frame) else 0.0
     charges = frame[frame["kind"] == "consumed"]
     for kind, rows in charges.groupby("budget_kind", observed=True):
         limit = trace.limits.get(str(kind))
-        used = rows["amount"].cumsum()
-        ax.step(rows["t_ms"], used / limit if limit else used, where="post", label=str(kind))
-    refusals = frame[frame["kind"] == "dispatch_refused_budget_exceeded"]
-    ax.scatter(refusals["t_ms"], [1.0] * len(refusals), marker="x", color="red", label="refused")
-    ax.axhline(1.0, color="grey", linewidth=0.8)
+        if not limit:
+            continue
+        t = [0.0, *rows["t_ms"], end]
+        used = [0.0, *(rows["amount"].cumsum() / limit)]
+        ax.step(t, [*used, used[-1]], where="post", label=f"{kind} (limit {limit:g})")
+    run_ms = trace.limits.get("run_ms")
+    if run_ms and end:
+        ax.plot([0.0, end], [0.0, end / run_ms], label=f"run_ms (limit {run_ms:g})")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    for fraction in trace.notices:
+        ax.axhline(fraction, color="orange", linewidth=0.8, linestyle=":")
+    _marks(ax, frame[frame["kind"] == "approach_notice"],
+           lambda p: p.get("threshold", 1.0), marker="^", color="orange",
+           label="approach notice")
+    _marks(ax, frame[frame["kind"] == "dispatch_refused_budget_exceeded"],
+           lambda p: 1.0, marker="x", color="red", label="refused")
+    stops = frame[frame["kind"].isin(["cut", "watchdog_cut", "cancelled"])]
+    for t_ms, payload in zip(stops["t_ms"], stops["payload"], strict=True):
+        by = (payload or {}).get("by") or "stop"
+        ax.axvline(t_ms, color="red", linestyle="--", linewidth=1, label=f"cut ({by})")
+    for t_ms, payload in zip(frame.loc[frame["kind"] == "outcome", "t_ms"],
+                             frame.loc[frame["kind"] == "outcome", "payload"], strict=True):
+        if payload and payload.get("status") in ("failed", "stopped", "cancelled"):
+            what = payload.get("by") or payload.get("cause") or payload["status"]
+            ax.axvline(t_ms, color="red", linestyle="--", linewidth=1,
+                       label=f"{payload['status']} ({what})")
     ax.set_xlabel("t (ms)")
     ax.set_ylabel("consumed / limit")
-    ax.legend(loc="best", fontsize="small")
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))  # one legend entry per label
+    ax.legend(unique.values(), unique.keys(), loc="best", fontsize="small")
     return ax
+
+
+def _marks(ax: Any, rows: pd.DataFrame, height: Any, **style: Any) -> None:
+    if len(rows):
+        ax.scatter(rows["t_ms"], [height(p or {}) for p in rows["payload"]], zorder=3, **style)
 
 
 def jobs_frame(jobs: Any) -> pd.DataFrame:

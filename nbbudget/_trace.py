@@ -73,6 +73,7 @@ class Trace:
         self._stats_source: Any = None
         self._saved_stats: dict[str, dict[str, float]] | None = None
         self.limits: dict[str, float] = {}
+        self.notices: list[float] = []  # the approach-notice thresholds, fractions of a limit
         self.outcome: dict[str, Any] | None = None
 
     # -- recording (safe from any thread) ----------------------------------------------------
@@ -209,7 +210,10 @@ class Trace:
         return _replay_full(self, limits) if self.full else _replay_totals(self, limits)
 
     def plot(self, **kwargs: Any) -> Any:
-        """Consumption over time for each axis against its limit (needs matplotlib)."""
+        """Consumption over time for each axis as a fraction of its limit, with the notice
+        thresholds, the approach notices, refusals and cuts marked (needs matplotlib: the
+        ``plot`` extra). Keyword arguments: ``ax``, a matplotlib Axes to draw on. Returns the
+        Axes."""
         from ._frames import plot_trace
 
         return plot_trace(self, **kwargs)
@@ -221,6 +225,7 @@ class Trace:
             "run": self.name,
             "mode": "full" if self.full else "counts",
             "limits": self.limits,
+            "notices": self.notices,
             "stats": self.stats(),
             "outcome": self.outcome,
             "runs": list(self._runs),
@@ -269,6 +274,7 @@ class Trace:
         try:
             trace = cls(full=data["mode"] == "full", name=data.get("run"))
             trace.limits = dict(data["limits"])
+            trace.notices = [float(f) for f in data.get("notices", ())]
             trace.outcome = data.get("outcome")
             trace._saved_stats = {n: dict(data["stats"][n]) for n in _STAT_NAMES}
             trace._runs = [str(r) for r in data["runs"]]

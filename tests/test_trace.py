@@ -10,6 +10,7 @@ equal. A `FakeClock` makes every ``t_ms`` exact.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -565,3 +566,39 @@ def test_a_full_trace_keeps_the_target_of_a_charge_that_takes_reserved_permits(c
         run.charge("tool_calls", 299, target="tool:bulk")
     consumed = [e.payload for e in run.trace.events if e.kind == "consumed"]
     assert [(p["amount"], p.get("target")) for p in consumed] == [(1, None), (299, "tool:bulk")]
+
+
+def test_plot_draws_each_limited_axis_against_its_limit_with_notices_refusals_and_cuts():
+    """Trace.plot(): consumption as a fraction of each limit, the notice thresholds, the
+    approach notices, the refusals and the cut that ended the run."""
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    clock = FakeClock()
+    with pytest.raises(nb.BudgetExceeded), nb.budget(
+            steps=20, tool_calls=5, time="10s", clock=clock, trace="full") as run:
+        for i in range(30):
+            clock.advance("200ms")
+            run.step()
+            if i % 3 == 0:
+                with contextlib.suppress(nb.BudgetExceeded):
+                    run.charge("tool_calls", target="search")
+    ax = run.trace.plot()
+    try:
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert {"steps (limit 20)", "tool_calls (limit 5)", "run_ms (limit 10000)",
+                "failed (steps)"} <= set(lines)
+        steps = lines["steps (limit 20)"]
+        assert max(steps.get_ydata()) == 1.0  # 20 of 20 steps
+        assert lines["tool_calls (limit 5)"].get_ydata()[-1] == 1.0
+        assert list(lines["failed (steps)"].get_xdata()) == [4200.0] * 2  # the cut, at 4.2 s
+        levels = sorted(line.get_ydata()[0] for line in ax.get_lines()
+                        if line.get_linestyle() == ":")
+        assert levels == [0.8, 0.95]  # the notice thresholds
+        marks = {c.get_label(): c.get_offsets().tolist() for c in ax.collections}
+        assert marks["approach notice"] == [[2000.0, 0.8], [2600.0, 0.95]]
+        assert marks["refused"] == [[3200.0, 1.0], [3800.0, 1.0], [4200.0, 1.0]]
+        assert [t.get_text() for t in ax.get_legend().get_texts()].count("refused") == 1
+    finally:
+        plt.close(ax.figure)
