@@ -82,9 +82,8 @@ class UsageLimitCut(UsageLimitExceeded, BudgetCut):
 
 
 def _refused(err: BudgetExceeded) -> UsageLimitRefused:
-    new = UsageLimitRefused(*err.args)
-    new.window = err.window
-    return new
+    """The refusal, in pydantic-ai's shape (a spent window never gets here: it suspends)."""
+    return UsageLimitRefused(*err.args)
 
 
 @dataclass
