@@ -107,12 +107,15 @@ def _pin(shell: Any, parent: dict[str, Any]) -> Any:
     setter = getattr(shell, "set_thread_parent", None)
     if setter is not None:  # ipykernel >= 7.4
         return ("public", setter(parent))
+    from jupyter_client.session import extract_header
+
+    header = extract_header(parent)  # what the streams and publishers keep, as set_parent does
     tokens = []
     for target in (sys.stdout, sys.stderr, getattr(shell, "display_pub", None),
                    getattr(shell, "displayhook", None)):
         var = getattr(target, "_parent_header", None)
         if var is not None and hasattr(var, "set"):
-            tokens.append((var, var.set(parent)))
+            tokens.append((var, var.set(header)))
     return ("private", tokens)
 
 

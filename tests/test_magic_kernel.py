@@ -4,7 +4,9 @@ S0-12, N-1)."""
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import textwrap
 import time
 
@@ -16,13 +18,27 @@ pytestmark = pytest.mark.realclock
 
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
-    from jupyter_client.manager import start_new_kernel
+    """A kernel of this Python, or of ``$NBBUDGET_KERNEL_PYTHON`` (``bash scripts/compat.sh``
+    runs this module against kernels of older ipykernel releases that way)."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
 
     env = {k: v for k, v in os.environ.items()
            if k not in ("NBBUDGET_INTERACTIVE", "AGENT_CALL_BUDGET_MS")}
     env["NBBUDGET_HOME"] = str(tmp_path_factory.mktemp("kernel-store"))
     env["AGENT_CALL_BUDGET_MS"] = "2000"
-    km, kc = start_new_kernel(kernel_name="python3", env=env)
+    kernels = tmp_path_factory.mktemp("kernels")
+    (kernels / "under-test").mkdir()
+    (kernels / "under-test" / "kernel.json").write_text(json.dumps({
+        "argv": [os.environ.get("NBBUDGET_KERNEL_PYTHON", sys.executable), "-m",
+                 "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "kernel under test", "language": "python"}))
+    km = KernelManager(kernel_name="under-test",
+                       kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernels)]))
+    km.start_kernel(env=env)
+    kc = km.client()
+    kc.start_channels()
+    kc.wait_for_ready(timeout=60)
     kc.manager = km  # to interrupt the kernel with
     try:
         run(kc, "%load_ext nbbudget\nimport nbbudget as nb")
@@ -193,6 +209,38 @@ def test_N_2_a_detached_cell_keeps_its_output_for_drivers_that_drop_it(kernel):
         f"tick {i}" for i in range(6)]
     listed = run(kernel, f"print(nb.jobs.to_frame().loc[{job!r}, 'output'], end='')").stdout
     assert "tick 5" in listed
+
+
+def test_N_2_late_output_reaches_the_cell_that_started_the_work(kernel):
+    """What a detached job prints after its cell has ended is sent as that cell's output (the
+    originating request is its parent), so JupyterLab shows it under that cell."""
+    msg_id = kernel.execute(textwrap.dedent("""\
+        %%budget --detach --budget 300ms --no-widget
+        import time
+        for i in range(6):
+            print(f"late {i}", flush=True)
+            time.sleep(0.15)
+        """), allow_stdin=False, stop_on_error=False)
+    seen: list[str] = []
+    ended = False
+    deadline = time.monotonic() + 15
+    while len(seen) < 6:
+        assert time.monotonic() < deadline, f"late output under the cell: {seen}"
+        try:
+            msg = kernel.get_iopub_msg(timeout=1)
+        except Exception:  # queue.Empty: nothing yet
+            continue
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            ended = True
+            seen_when_ended = len(seen)
+        if msg["msg_type"] == "stream":
+            seen += [line for line in msg["content"]["text"].splitlines()
+                     if line.startswith("late")]
+    assert seen == [f"late {i}" for i in range(6)]
+    assert ended and seen_when_ended < 6  # some of it came after the cell had ended
+    run(kernel, "pass")
 
 
 def test_N_3_the_panel_widget_appears_in_the_cell_output_with_its_text(kernel):
