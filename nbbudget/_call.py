@@ -124,9 +124,9 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
         except CheckpointRefused as exc:
             return _respond(plan, started, ok=False, exit_code=EXIT_FAILED,
                             error={"code": exc.code, "message": str(exc)})
-        except _QuotaSpent as exc:
+        except RunsPerDayExceeded as exc:  # nothing started (S4-12)
             return _respond(plan, started, ok=False, exit_code=EXIT_FAILED,
-                            error={"code": RunsPerDayExceeded.code, "message": str(exc)})
+                            error={"code": exc.code, "message": str(exc)})
         if ctx is None:  # the wall clock had already run out before this continuation
             return _respond(plan, started, ok=False, exit_code=EXIT_CANCELLED,
                             data={"state": "cancelled"},
@@ -315,17 +315,13 @@ def _start(plan: _Plan, clock: Clock, started_wall: float) -> tuple[_Call | None
 _wall = time.time
 
 
-class _QuotaSpent(Exception):
-    """This work has started its quota of times today (S4-12)."""
-
-
 def _take_run(plan: _Plan, db: Store, now: float) -> None:
     """S4-12: count this start against the work's quota for the day (UTC), or refuse it."""
     quota = plan.runs_per_day
     assert quota is not None
     day = time.strftime("%Y-%m-%d", time.gmtime(now))
     if db.take_run(plan.identity, day, quota) is None:
-        raise _QuotaSpent(
+        raise RunsPerDayExceeded(
             f"{plan.label} has already started {quota} time{'s' if quota != 1 else ''} on "
             f"{day} (UTC), its quota of runs_per_day={quota}; nothing was run. Try again "
             f"after 00:00 UTC, or raise runs_per_day")
