@@ -391,11 +391,14 @@ def _unquote(value: str | None) -> str | None:
 
 
 def _label(cell: str) -> str:
-    """A cell's name in ``%budget jobs``: its first line of code."""
-    for text in cell.splitlines():
-        if text.strip() and not text.lstrip().startswith("#"):
-            text = text.strip().rstrip(":").rstrip()  # "for row in rows:" reads "for row in rows"
-            return f"cell: {text[:47]}..." if len(text) > 50 else f"cell: {text}"
+    """A cell's name in its panel and in ``%budget jobs``: its first line of code that is not
+    an import or a magic (else its first line of code), without a closing colon."""
+    lines = [text.strip() for text in cell.splitlines()
+             if text.strip() and not text.lstrip().startswith("#")]
+    telling = [text for text in lines if not text.startswith(("import ", "from ", "%"))]
+    for text in telling or lines:
+        text = text.rstrip(":").rstrip()  # "for row in rows:" reads "for row in rows"
+        return f"cell: {text[:47]}..." if len(text) > 50 else f"cell: {text}"
     return "cell"
 
 

@@ -34,6 +34,7 @@ def test_the_headless_quickstart_runs_every_cell_and_reports_each_budget_cell(tm
                      out)
     assert re.search(r"%%budget --resume --budget 1s .* INCOMPLETE: paused", out)
     assert re.search(r"%%budget --resume --budget 1s .* completed; value \[0, 1, 2, 3, 4\]", out)
-    assert re.search(r"\n%budget jobs:?\n(.*\n)*.*cell: import time +done", out)
+    assert re.search(r"\n%budget jobs:?\n(.*\n)*"
+                     r".*cell: print\(\"training started\", flush=True\) +done", out)
     assert re.search(r"\d+ code cells ran in [\d.]+ s", out)
     assert saved.exists()

@@ -90,7 +90,7 @@ def test_N_3_a_cell_shows_the_widget_and_its_text_then_the_final_state(shell):
     panel._thread.join(5)
     first = captured.outputs[0].data
     assert WIDGET in first and first["text/plain"].startswith("nbbudget: starting")
-    assert panel.text.startswith("nbbudget cell: import nbbudget as nb: completed, ")
+    assert panel.text.startswith("nbbudget cell: for _ in range(3): completed, ")
     assert panel.text.endswith("; steps 3/5")
 
 
