@@ -20,4 +20,8 @@ if [ "${1:-}" = "--headless" ]; then
     shift
     exec .venv/bin/python scripts/run_quickstart.py "$@"
 fi
-exec .venv/bin/jupyter lab notebooks/quickstart.ipynb "$@"
+extra=()
+if [ "$(id -u)" -eq 0 ]; then
+    extra+=(--allow-root)  # JupyterLab refuses root without it (containers, CI machines)
+fi
+exec .venv/bin/jupyter lab notebooks/quickstart.ipynb ${extra[@]+"${extra[@]}"} "$@"
