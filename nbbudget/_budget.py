@@ -173,7 +173,7 @@ class Budget:
         self._exhausted = [False] * _K
         self._suspend = bool(suspend)
         self._totals = _check_totals(totals, suspend)
-        self._totals_set = self._totals.to_dict()
+        self._totals_set = {} if self._totals is _NO_LIMITS else self._totals.to_dict()
         self._total = [self._totals_set.get(k.name) for k in KINDS]
         self._base: list[float] = [0] * _K
         self._notices = _check_notices(notices)
@@ -1055,7 +1055,7 @@ def _combine(limits: Limits | None, time: int | str | None, fields: dict[str, An
     if unknown:
         raise ConfigError(f"unknown limit {unknown[0]!r}; known limits are "
                           f"{', '.join(KIND_INDEX)} (and time=)")
-    out = limits or _NO_LIMITS
+    out = limits if limits is not None else _NO_LIMITS
     if fields:
         out = out & Limits(**fields)
     if time is not None:
