@@ -111,8 +111,8 @@ def plot_trace(trace: Trace, ax: Any = None) -> Any:
     for t_ms, payload in zip(stops["t_ms"], stops["payload"], strict=True):
         by = (payload or {}).get("by") or "stop"
         ax.axvline(t_ms, color="red", linestyle="--", linewidth=1, label=f"cut ({by})")
-    for t_ms, payload in zip(frame.loc[frame["kind"] == "outcome", "t_ms"],
-                             frame.loc[frame["kind"] == "outcome", "payload"], strict=True):
+    ended = frame[frame["kind"] == "outcome"]
+    for t_ms, payload in zip(ended["t_ms"], ended["payload"], strict=True):
         if payload and payload.get("status") in ("failed", "stopped", "cancelled"):
             what = payload.get("by") or payload.get("cause") or payload["status"]
             ax.axvline(t_ms, color="red", linestyle="--", linewidth=1,

@@ -184,11 +184,16 @@ class Budgeted(AbstractCapability[Any]):
 
 
 def _notice_text(run: Budget) -> str:
-    notices = [e.payload for e in run.trace.events if e.kind == "approach_notice"]
-    last = notices[-1] if notices else {"advice": "start converging", "budget_kind": "budget",
-                                        "ratio": 0.8}
-    return (f"Budget notice: {last['advice']} ({last['budget_kind']} at "
-            f"{last['ratio']:.0%} of its limit).")
+    """The line for the model: the advice of the run's notice level, and which limit is how
+    near from the latest notice of its trace (a run resumed from a checkpoint may have none)."""
+    advice = "start converging" if run.notice_level == 1 else "deliver now"
+    trace = run.trace
+    for i in reversed(range(len(trace))):  # the latest notice is near the end: stop there
+        event = trace._event(i)
+        if event.kind == "approach_notice":
+            return (f"Budget notice: {advice} ({event.payload['budget_kind']} at "
+                    f"{event.payload['ratio']:.0%} of its limit).")
+    return f"Budget notice: {advice}."
 
 
 def _model_name(model: Any) -> str:

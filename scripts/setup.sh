@@ -28,8 +28,9 @@ else
     "$python" -m venv "$venv"
 fi
 
-# Prints "skip" when nothing is to install, else the union of extras to install.
-plan="$("$py" - "$stamp" "$extras" <<'PY'
+# Prints "skip" when nothing is to install, else the stamp to write once the union of the
+# extras asked for and those installed before is installed: "<pyproject hash> extras=<union>".
+want="$("$py" - "$stamp" "$extras" <<'PY'
 import hashlib, sys
 stamp, wanted = sys.argv[1], {e for e in sys.argv[2].split(",") if e}
 digest = hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest()
@@ -38,19 +39,19 @@ try:
 except OSError:
     old_digest, old = "", ""
 have = {e for e in old.split(",") if e} if old_digest == digest else set()
-print("skip" if wanted <= have else ",".join(sorted(wanted | have)))
+print("skip" if wanted <= have else f"{digest} extras={','.join(sorted(wanted | have))}")
 PY
 )"
-if [ "$plan" = "skip" ]; then
+if [ "$want" = "skip" ]; then
     log "dependencies up to date (extras: $extras); skipping install"
     exit 0
 fi
 
+plan="${want#* extras=}"
 rm -f "$stamp"
 log "upgrading pip"
 "$py" -m pip install -q --disable-pip-version-check --upgrade pip
 log "installing nbbudget in editable mode with extras [$plan]"
 "$py" -m pip install -q --disable-pip-version-check -e ".[$plan]"
-hash="$("$py" -c 'import hashlib; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest())')"
-printf '%s extras=%s\n' "$hash" "$plan" > "$stamp"
+printf '%s\n' "$want" > "$stamp"
 log "done"
