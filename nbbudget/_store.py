@@ -2,7 +2,8 @@
 
 One database file, ``nbbudget.db``, in WAL mode so several kernels of one user can share it;
 each thread has its own connection; every write is a ``BEGIN IMMEDIATE`` transaction with a busy
-timeout. The folder is 0700 and its files 0600. Checkpoints are signed with HMAC-SHA256 using a
+timeout. Every folder made for it is 0700 and its files are 0600, whatever the umask, and files
+found wider are narrowed when the store opens. Checkpoints are signed with HMAC-SHA256 using a
 secret made on first use (``secret``, 0600); nothing is unpickled before its signature verifies,
 and a checkpoint that fails a check is refused and left exactly as it was (S4-5).
 
@@ -24,7 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from ._errors import ConfigError
 __all__ = ["CHECKPOINT_FORMAT", "Checkpoint", "CheckpointRefused", "Store", "home", "store"]
 
 CHECKPOINT_FORMAT = "nbbudget-ckpt-v1"
+_PRIVATE_FILES = ("nbbudget.db", "nbbudget.db-wal", "nbbudget.db-shm", "secret")
 _HEADER_FIELDS = ("format", "identity", "seq", "created", "ledger", "first_start", "label")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS checkpoints (
@@ -167,18 +169,18 @@ class Store:
 
     # -- files ----------------------------------------------------------------------------------
     def _make_folder(self) -> None:
+        """The folder and its files, for their owner only: each folder made here is 0700 whatever
+        the umask, and files left wider (by an older release, a copy) are closed to others, so
+        SQLite, which gives its -wal and -shm files the database's mode, makes them 0600 too."""
         try:
-            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _make_private_folders(self.folder)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+            os.close(fd)
+            for name in _PRIVATE_FILES:
+                _chmod_if_there(self.folder / name, 0o600)
         except OSError as exc:
             raise ConfigError(f"cannot create the nbbudget store {str(self.folder)!r} "
                               f"({exc.strerror}); set NBBUDGET_HOME to a writable folder") from None
-        os.chmod(self.folder, 0o700)
-        for name in ("nbbudget.db", "nbbudget.db-wal", "nbbudget.db-shm"):
-            try:
-                fd = os.open(self.folder / name, os.O_WRONLY | os.O_CREAT, 0o600)
-            except OSError:
-                continue
-            os.close(fd)
 
     def _load_secret(self) -> bytes:
         """The store's signing key: made once, written whole to a temporary file and linked into
@@ -350,6 +352,21 @@ class Store:
                 db.executemany("UPDATE jobs SET state = 'lost', updated = ? WHERE id = ? "
                                "AND state = 'running'", [(time.time(), j) for j in dead])
         return len(dead)
+
+
+def _make_private_folders(folder: Path) -> None:
+    """Make *folder* and each missing folder above it 0700, whatever the umask; *folder* itself
+    is made 0700 even if it was there (the folders above it that were there are left alone)."""
+    for made in reversed([p for p in (folder, *folder.parents) if not p.exists()]):
+        with suppress(FileExistsError):  # another process made it at the same moment
+            made.mkdir(mode=0o700)
+        os.chmod(made, 0o700)
+    os.chmod(folder, 0o700)
+
+
+def _chmod_if_there(path: Path, mode: int) -> None:
+    with suppress(FileNotFoundError):
+        os.chmod(path, mode)
 
 
 def _days_before(day: str, n: int) -> str:

@@ -1,5 +1,5 @@
-"""The store under ``NBBUDGET_HOME``: files for their owner only, signed checkpoints refused
-unchanged when they fail a check (S4-5), several threads and kernels at once, lost jobs.
+"""The store under ``NBBUDGET_HOME``: files and folders for their owner only, signed checkpoints
+refused unchanged when they fail a check (S4-5), several threads and kernels at once, lost jobs.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import textwrap
 import threading
 
 import pytest
@@ -78,6 +79,61 @@ def test_an_existing_folder_open_to_others_is_closed_to_them(folder):
     os.chmod(folder, 0o755)
     Store(folder).close()
     assert mode(folder) == 0o700
+
+
+STORE_FILES = ("nbbudget.db", "nbbudget.db-wal", "nbbudget.db-shm", "secret")
+
+
+def test_existing_files_open_to_others_are_closed_to_them_and_sqlite_remakes_its_own_0600(folder):
+    s = Store(folder)
+    s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
+    holder = sqlite3.connect(s.path)  # another reader: the -wal and -shm files stay in place
+    assert holder.execute("SELECT count(*) FROM checkpoints").fetchone() == (1,)
+    s.close()
+    old = os.umask(0)
+    try:
+        for name in STORE_FILES:  # as an older release, or a copy, left them
+            os.chmod(folder / name, 0o644)
+        Store(folder).close()
+        assert {name: mode(folder / name) for name in STORE_FILES} == dict.fromkeys(
+            STORE_FILES, 0o600)
+        holder.close()  # the last connection: SQLite removes its -wal and -shm files
+        assert not (folder / "nbbudget.db-wal").exists()
+        s = Store(folder)
+        s.save_checkpoint(IDENTITY, "again", ledger=LEDGER, first_start=0.0, label="crunch")
+        assert (folder / "nbbudget.db-wal").exists()  # made again by SQLite, with the db's mode
+        assert {name: mode(folder / name) for name in STORE_FILES} == dict.fromkeys(
+            STORE_FILES, 0o600)
+    finally:
+        os.umask(old)
+        s.close()
+
+
+NESTED_HOME = textwrap.dedent("""
+    import os
+    os.umask(0)  # whatever the umask, every folder made for the store is its owner's alone
+    import nbbudget as nb
+
+    def crunch():
+        nb.checkpoint("saved")
+        return "finished"
+
+    assert nb.call(crunch, resume=True, budget="30s", key="nested").ok
+""")
+
+
+def test_every_folder_made_for_a_nested_NBBUDGET_HOME_is_0700_whatever_the_umask(
+        tmp_path, monkeypatch):
+    nested = tmp_path / "a" / "b" / "home"
+    monkeypatch.setenv("NBBUDGET_HOME", str(nested))
+    os.chmod(tmp_path, 0o755)
+    subprocess.run([sys.executable, "-c", NESTED_HOME], check=True, timeout=60,
+                   env=dict(os.environ))
+    made = [tmp_path / "a", tmp_path / "a" / "b", nested]
+    assert {str(p): mode(p) for p in made} == dict.fromkeys(map(str, made), 0o700)
+    assert mode(tmp_path) == 0o755  # a folder that was already there is not the store's
+    assert {p.name: mode(p) for p in nested.iterdir()} == dict.fromkeys(
+        [p.name for p in nested.iterdir()], 0o600)
 
 
 def test_NBBUDGET_HOME_is_read_at_each_call(tmp_path, monkeypatch):
