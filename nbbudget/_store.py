@@ -5,11 +5,15 @@ each thread has its own connection; every write is a ``BEGIN IMMEDIATE`` transac
 timeout. Every folder made for it is 0700 and its files are 0600, whatever the umask, and files
 found wider are narrowed when the store opens. Checkpoints are signed with HMAC-SHA256 using a
 secret made on first use (``secret``, 0600); nothing is unpickled before its signature verifies,
-and a checkpoint that fails a check is refused and left exactly as it was (S4-5).
+and a checkpoint that fails a check is refused and left exactly as it was (S4-5). Each
+checkpoint's signed header holds its number in its work's sequence, and the store keeps each
+work's last number (in ``sequences``, kept when the checkpoint is deleted), so an older
+checkpoint put back is refused too.
 
 Threat model: the signature stops tampering by anyone who cannot read the owner's secret
 (copied or downloaded files, shared folders, other users); code running as the same user can
-read the secret and is not kept out.
+read the secret and is not kept out. A copy of the whole store put back (a backup) is that
+earlier store, and resumes as it would have then.
 """
 
 from __future__ import annotations
@@ -54,6 +58,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     created    REAL NOT NULL,
     updated    REAL NOT NULL,
     error      TEXT
+);
+CREATE TABLE IF NOT EXISTS sequences (
+    identity TEXT PRIMARY KEY,
+    seq      INTEGER NOT NULL,
+    live     INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS runs (
     identity TEXT NOT NULL,
@@ -217,20 +226,36 @@ class Store:
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._transaction("BEGIN IMMEDIATE") as db:
+            yield db
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """Several reads that see one moment of the store."""
+        with self._transaction("BEGIN") as db:
+            yield db
+
+    @contextmanager
+    def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
         db = self._db()
-        db.execute("BEGIN IMMEDIATE")
+        db.execute(begin)
         try:
             yield db
         except BaseException:
-            db.execute("ROLLBACK")
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
 
     def _init_schema(self) -> None:
         with self._write() as db:
+            tables = {name for (name,) in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     db.execute(statement)
+            if "sequences" not in tables:
+                _seed_sequences(db)
 
     def close(self) -> None:
         """Close this thread's connection."""
@@ -242,12 +267,14 @@ class Store:
     # -- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(self, identity: str, state: Any, *, ledger: dict[str, Any],
                         first_start: float, label: str) -> Checkpoint:
-        """Sign and store *state* for *identity*, replacing its previous checkpoint atomically."""
+        """Sign and store *state* for *identity*, replacing its previous checkpoint atomically.
+        Its sequence number follows the last one the store saved for *identity*, deleted or
+        not, and is kept as that work's last."""
         payload = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
         with self._write() as db:
-            row = db.execute("SELECT header FROM checkpoints WHERE identity = ?",
+            row = db.execute("SELECT seq FROM sequences WHERE identity = ?",
                              (identity,)).fetchone()
-            seq = json.loads(row[0]).get("seq", 0) + 1 if row else 1
+            seq = row[0] + 1 if row else 1
             created = time.time()
             header = json.dumps({
                 "format": CHECKPOINT_FORMAT, "identity": identity, "seq": seq,
@@ -257,16 +284,35 @@ class Store:
             tag = self._sign(header.encode(), payload)
             db.execute("INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?)",
                        (identity, CHECKPOINT_FORMAT, header, payload, tag))
+            db.execute("INSERT OR REPLACE INTO sequences VALUES (?, ?, 1)", (identity, seq))
         return Checkpoint(identity, seq, state, ledger, first_start, created, label)
 
     def load_checkpoint(self, identity: str) -> Checkpoint | None:
         """The verified checkpoint of *identity*, `None` when there is none; raises
-        `CheckpointRefused` (and changes nothing) when it fails a check."""
-        row = self._db().execute(
-            "SELECT format, header, payload, tag FROM checkpoints WHERE identity = ?",
-            (identity,)).fetchone()
+        `CheckpointRefused` (and changes nothing) when it fails a check, when it is not the
+        last one the store saved for *identity* (one put back from earlier), or when that one
+        is gone."""
+        with self._read() as db:
+            row = db.execute("SELECT format, header, payload, tag FROM checkpoints "
+                             "WHERE identity = ?", (identity,)).fetchone()
+            last = db.execute("SELECT seq, live FROM sequences WHERE identity = ?",
+                              (identity,)).fetchone()
+        where = str(self.path)
         if row is None:
+            if last is not None and last[1]:
+                raise CheckpointRefused(identity, where, f"checkpoint {last[0]} of this work was "
+                                                         f"saved and is no longer in the store")
             return None
+        header = self._verified_header(identity, row)
+        if last is None or header["seq"] != last[0] or not last[1]:
+            raise CheckpointRefused(identity, where, _not_the_last(header["seq"], last))
+        state = pickle.loads(row[2])  # only after the signature verified
+        return Checkpoint(identity, header["seq"], state, header["ledger"],
+                          header["first_start"], header["created"], header["label"])
+
+    def _verified_header(self, identity: str, row: tuple[Any, ...]) -> dict[str, Any]:
+        """The header of a stored checkpoint row, once its format, signature and fields check
+        out; else `CheckpointRefused`."""
         where = str(self.path)
         fmt, header_text, payload, tag = row
         if fmt != CHECKPOINT_FORMAT:
@@ -276,7 +322,7 @@ class Store:
                 tag, self._sign(str(header_text).encode(), payload)):
             raise CheckpointRefused(identity, where, "its signature does not match (it was "
                                                      "changed, truncated or signed elsewhere)")
-        header = json.loads(header_text)
+        header: dict[str, Any] = json.loads(header_text)
         missing = [f for f in _HEADER_FIELDS if f not in header]
         if missing:
             raise CheckpointRefused(identity, where, f"it lacks {', '.join(missing)}")
@@ -286,13 +332,13 @@ class Store:
         if header["identity"] != identity:
             raise CheckpointRefused(identity, where, f"it was saved for another piece of work "
                                                      f"({header['identity'][:15]}...)")
-        state = pickle.loads(payload)  # only after the signature verified
-        return Checkpoint(identity, header["seq"], state, header["ledger"],
-                          header["first_start"], header["created"], header["label"])
+        return header
 
     def delete_checkpoint(self, identity: str) -> bool:
-        """Remove the checkpoint of *identity*; whether there was one."""
+        """Remove the checkpoint of *identity*; whether there was one. The store keeps its
+        sequence number, so that checkpoint put back later is refused."""
         with self._write() as db:
+            db.execute("UPDATE sequences SET live = 0 WHERE identity = ?", (identity,))
             return db.execute("DELETE FROM checkpoints WHERE identity = ?",
                               (identity,)).rowcount > 0
 
@@ -352,6 +398,25 @@ class Store:
                 db.executemany("UPDATE jobs SET state = 'lost', updated = ? WHERE id = ? "
                                "AND state = 'running'", [(time.time(), j) for j in dead])
         return len(dead)
+
+
+def _not_the_last(seq: int, last: tuple[int, int] | None) -> str:
+    """Why a signed checkpoint numbered *seq* is not its work's last one saved."""
+    if last is None:
+        said = f"the store has no record of saving checkpoint {seq} of this work"
+    else:
+        said = (f"it is checkpoint {seq} of this work, but the last one saved was {last[0]}"
+                f"{'' if last[1] else ' and then deleted'}")
+    return f"{said} (a checkpoint put back from earlier is never resumed)"
+
+
+def _seed_sequences(db: sqlite3.Connection) -> None:
+    """A store made before it kept sequences: each checkpoint it holds is its work's last (its
+    header, checked at load, says which)."""
+    for identity, header in db.execute("SELECT identity, header FROM checkpoints").fetchall():
+        with suppress(ValueError, KeyError, TypeError):
+            db.execute("INSERT INTO sequences VALUES (?, ?, 1)",
+                       (identity, int(json.loads(header)["seq"])))
 
 
 def _make_private_folders(folder: Path) -> None:

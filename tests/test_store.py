@@ -1,5 +1,6 @@
 """The store under ``NBBUDGET_HOME``: files and folders for their owner only, signed checkpoints
-refused unchanged when they fail a check (S4-5), several threads and kernels at once, lost jobs.
+refused unchanged when they fail a check or are put back from earlier (S4-5), several threads and
+kernels at once, lost jobs.
 """
 
 from __future__ import annotations
@@ -358,6 +359,74 @@ def test_S4_5_a_signed_header_that_lacks_a_field_is_refused_unchanged(tmp_path, 
     s.close()
 
 
+def _put_back(db_path, row) -> None:
+    execute(db_path, "INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?)", *row)
+
+
+def test_S4_5_an_older_checkpoint_of_the_same_work_put_back_is_refused_unchanged(tmp_path,
+                                                                                 folder):
+    marker = tmp_path / "unpickled"
+    s = Store(folder)
+    s.save_checkpoint(IDENTITY, TouchOnLoad(marker), ledger=LEDGER, first_start=0.0,
+                      label="crunch")
+    (older,) = rows(s.path)  # validly signed, by this store, for this work
+    s.save_checkpoint(IDENTITY, "later", ledger=LEDGER, first_start=0.0, label="crunch")
+    _put_back(s.path, older)
+    before = rows(s.path)
+    for _ in range(2):
+        with pytest.raises(nb.CheckpointRefused) as info:
+            s.load_checkpoint(IDENTITY)
+        assert rows(s.path) == before
+    assert str(info.value) == (
+        f"checkpoint {IDENTITY!r} in {s.path} is refused: it is checkpoint 1 of this work, "
+        f"but the last one saved was 2 (a checkpoint put back from earlier is never resumed); "
+        f"it was left unchanged. Delete it with nb.store().delete_checkpoint({IDENTITY!r}) to "
+        f"start over")
+    assert not marker.exists()
+    s.close()
+
+
+def test_S4_5_a_checkpoint_put_back_after_its_work_completed_is_refused(folder):
+    s = Store(folder)
+    s.save_checkpoint(IDENTITY, "first", ledger=LEDGER, first_start=0.0, label="crunch")
+    (older,) = rows(s.path)
+    assert s.delete_checkpoint(IDENTITY)  # the work delivered its result
+    _put_back(s.path, older)
+    with pytest.raises(nb.CheckpointRefused, match="it is checkpoint 1 of this work, but the "
+                                                   "last one saved was 1 and then deleted"):
+        s.load_checkpoint(IDENTITY)
+    assert rows(s.path) == [older]
+    assert s.delete_checkpoint(IDENTITY)  # the way out the refusal names
+    again = s.save_checkpoint(IDENTITY, "anew", ledger=LEDGER, first_start=0.0, label="crunch")
+    assert again.seq == 2  # the work starts anew and its checkpoints go on counting
+    assert s.load_checkpoint(IDENTITY).state == "anew"
+    s.close()
+
+
+def test_a_checkpoint_removed_behind_the_stores_back_is_refused_not_started_over(folder):
+    s = Store(folder)
+    s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
+    execute(s.path, "DELETE FROM checkpoints")
+    with pytest.raises(nb.CheckpointRefused, match="checkpoint 1 of this work was saved and is "
+                                                   "no longer in the store"):
+        s.load_checkpoint(IDENTITY)
+    assert s.delete_checkpoint(IDENTITY) is False  # nothing to delete, and now it starts over
+    assert s.load_checkpoint(IDENTITY) is None
+    s.close()
+
+
+def test_a_store_made_before_it_kept_sequences_resumes_its_checkpoints(folder):
+    s = Store(folder)
+    s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
+    s.close()
+    execute(s.path, "DROP TABLE sequences")  # as the previous release left its store
+    s = Store(folder)
+    assert s.load_checkpoint(IDENTITY).state == "state"
+    assert s.save_checkpoint(IDENTITY, "next", ledger=LEDGER, first_start=0.0,
+                             label="crunch").seq == 2
+    s.close()
+
+
 # -- S4-5 through nb.call --------------------------------------------------------------------------
 def _resumable(runs: list[object], clock: FakeClock):
     def crunch() -> str:
@@ -409,6 +478,41 @@ def test_S4_5_a_checkpoint_whose_ledger_lacks_its_state_fails_the_call_as_refuse
         assert rows(folder / "nbbudget.db") == before
     assert resp.error["code"] == "checkpoint_refused"
     assert repr(identity) in resp.error["message"]
+
+
+def _pausing(runs: list[object], clock: FakeClock):
+    """Work that pauses at each of its checkpoints: one step per identical call."""
+
+    def crunch() -> str:
+        done = nb.resume_state(0)
+        runs.append(done)
+        assert clock.waiting.wait(SOON)
+        clock.advance("2s")  # past the budget of 1 s
+        nb.checkpoint(done + 1)
+        return "finished"
+
+    return crunch
+
+
+def test_S4_5_the_identical_call_refuses_an_older_checkpoint_put_back_and_runs_nothing(folder):
+    runs: list[object] = []
+    clock = FakeClock()
+    crunch = _pausing(runs, clock)
+    identity = _identity(crunch, (), {}, None)
+    assert nb.call(crunch, resume=True, budget="1s", clock=clock).data["state"] == "paused"
+    (older,) = rows(folder / "nbbudget.db")
+    clock.waiting.clear()
+    second = nb.call(crunch, resume=True, budget="1s", clock=clock)
+    assert second.data["checkpoint"] == f"{identity[:12]}:2"
+    execute(folder / "nbbudget.db", "UPDATE checkpoints SET header = ?, payload = ?, tag = ? "
+            "WHERE identity = ?", *older[2:], identity)  # a copy kept from the first pause
+    before = rows(folder / "nbbudget.db")
+    resp = nb.call(crunch, resume=True, budget="1s", clock=clock)
+    assert (resp.ok, resp.exit_code, resp.error["code"]) == (False, 1, "checkpoint_refused")
+    assert ("it is checkpoint 1 of this work, but the last one saved was 2"
+            in resp.error["message"])
+    assert runs == [0, 1]  # the work did not run from the older state
+    assert rows(folder / "nbbudget.db") == before
 
 
 # -- concurrency -----------------------------------------------------------------------------------
