@@ -23,7 +23,7 @@ from ._jobs import Job, JobState, jobs
 from ._limits import Limits, Manifest
 from ._outcome import Outcome, Status
 from ._response import Response
-from ._store import CheckpointRefused, store
+from ._store import CheckpointRefused, StoreDamaged, store
 from ._tool import ToolContext
 from ._trace import Event, Replay, Trace
 
@@ -67,6 +67,7 @@ __all__ = [
     "RunsPerDayExceeded",
     "Snapshot",
     "Status",
+    "StoreDamaged",
     "ToolContext",
     "Trace",
     "WideningError",

@@ -36,7 +36,7 @@ from ._response import (
     EXIT_STOPPED,
     Response,
 )
-from ._store import Checkpoint, CheckpointRefused, Store, store
+from ._store import Checkpoint, CheckpointRefused, Store, StoreDamaged, store
 
 __all__ = ["DEFAULT_BUDGET_MS", "ENV_BUDGET", "call", "checkpoint", "resume_state"]
 
@@ -121,10 +121,7 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     if job is None:
         try:
             ctx, job = _start(plan, clock, started_wall)
-        except CheckpointRefused as exc:
-            return _respond(plan, started, ok=False, exit_code=EXIT_FAILED,
-                            error={"code": exc.code, "message": str(exc)})
-        except RunsPerDayExceeded as exc:  # nothing started (S4-12)
+        except (CheckpointRefused, StoreDamaged, RunsPerDayExceeded) as exc:  # nothing started
             return _respond(plan, started, ok=False, exit_code=EXIT_FAILED,
                             error={"code": exc.code, "message": str(exc)})
         if ctx is None:  # the wall clock had already run out before this continuation

@@ -10,6 +10,11 @@ checkpoint's signed header holds its number in its work's sequence, and the stor
 work's last number (in ``sequences``, kept when the checkpoint is deleted), so an older
 checkpoint put back is refused too.
 
+The store is never started over behind its owner's back: the secret is made only once the
+database holds the store's tables, so a secret beside a database that is missing, empty or
+without them is a store that lost what it held; that, or a file SQLite reports malformed, raises
+`StoreDamaged` and the file is left as it is. A process killed mid-write leaves neither.
+
 Threat model: the signature stops tampering by anyone who cannot read the owner's secret
 (copied or downloaded files, shared folders, other users); code running as the same user can
 read the secret and is not kept out. A copy of the whole store put back (a backup) is that
@@ -29,17 +34,19 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import closing, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ._errors import ConfigError
 
-__all__ = ["CHECKPOINT_FORMAT", "Checkpoint", "CheckpointRefused", "Store", "home", "store"]
+__all__ = ["CHECKPOINT_FORMAT", "Checkpoint", "CheckpointRefused", "Store", "StoreDamaged", "home",
+           "store"]
 
 CHECKPOINT_FORMAT = "nbbudget-ckpt-v1"
 _PRIVATE_FILES = ("nbbudget.db", "nbbudget.db-wal", "nbbudget.db-shm", "secret")
+_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
 _HEADER_FIELDS = ("format", "identity", "seq", "created", "ledger", "first_start", "label")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS checkpoints (
@@ -86,6 +93,25 @@ class CheckpointRefused(ConfigError):
         super().__init__(
             f"checkpoint {identity!r} in {where} is refused: {why}; it was left unchanged. "
             f"Delete it with nb.store().delete_checkpoint({identity!r}) to start over"
+        )
+
+
+class StoreDamaged(ConfigError):
+    """The store's database is damaged: SQLite reports it malformed, or it has lost what it held
+    (it is missing, empty or without the store's tables while the secret made after them is
+    still there). Nothing was run on it and it was left as it is; ``path`` names it and
+    ``code`` is ``"store_damaged"``."""
+
+    code = "store_damaged"
+
+    def __init__(self, path: Path, why: str) -> None:
+        self.path = path
+        self.why = why
+        super().__init__(
+            f"the nbbudget store {str(path)!r} is damaged: {why}; nothing was run and it was "
+            f"left as it is. Restore it from a backup, or move the folder {str(path.parent)!r} "
+            f"aside to start an empty store (its paused work then starts over), and restart "
+            f"the kernel"
         )
 
 
@@ -172,17 +198,24 @@ class Store:
         self.path = self.folder / "nbbudget.db"
         self._local = threading.local()
         self._make_folder()
-        self._secret = self._load_secret()
-        self._init_schema()
-        self.mark_lost_jobs()
+        try:
+            self._init_schema()
+            self._secret = self._load_secret()  # after the tables: see `_check_held`
+            self.mark_lost_jobs()
+        except BaseException:
+            self.close()
+            raise
 
     # -- files ----------------------------------------------------------------------------------
     def _make_folder(self) -> None:
         """The folder and its files, for their owner only: each folder made here is 0700 whatever
         the umask, and files left wider (by an older release, a copy) are closed to others, so
-        SQLite, which gives its -wal and -shm files the database's mode, makes them 0600 too."""
+        SQLite, which gives its -wal and -shm files the database's mode, makes them 0600 too.
+        A store that held records and lost them is left as it is (`StoreDamaged`)."""
         try:
             _make_private_folders(self.folder)
+            if (self.folder / "secret").exists():
+                self._check_held()
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
             os.close(fd)
             for name in _PRIVATE_FILES:
@@ -190,6 +223,27 @@ class Store:
         except OSError as exc:
             raise ConfigError(f"cannot create the nbbudget store {str(self.folder)!r} "
                               f"({exc.strerror}); set NBBUDGET_HOME to a writable folder") from None
+
+    def _check_held(self) -> None:
+        """The secret is made once the database holds the store's tables, so beside a secret a
+        database that is missing, empty or without them has lost what it held."""
+        self._check_file()
+        with self._damage_named(), closing(sqlite3.connect(self.path, timeout=10.0)) as db:
+            tables = {name for (name,) in db.execute(_TABLES)}
+        if "checkpoints" not in tables:
+            raise StoreDamaged(self.path, "it has none of the store's tables, though the secret "
+                                          "beside it shows it had them")
+
+    def _check_file(self) -> None:
+        """`StoreDamaged` if the database of a store that held records is gone or empty."""
+        try:
+            size = os.stat(self.path).st_size
+        except FileNotFoundError:
+            raise StoreDamaged(self.path, "it is missing, though the secret beside it shows it "
+                                          "held records") from None
+        if size == 0:
+            raise StoreDamaged(self.path, "it is empty (0 bytes), though the secret beside it "
+                                          "shows it held records")
 
     def _load_secret(self) -> bytes:
         """The store's signing key: made once, written whole to a temporary file and linked into
@@ -219,8 +273,12 @@ class Store:
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
         if db is None:
             db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=FULL")
+            except BaseException:
+                db.close()
+                raise
             self._local.db = db
         return db
 
@@ -237,20 +295,32 @@ class Store:
 
     @contextmanager
     def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
-        db = self._db()
-        db.execute(begin)
+        with self._damage_named():
+            db = self._db()
+            db.execute(begin)
+            try:
+                yield db
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    @contextmanager
+    def _damage_named(self) -> Iterator[None]:
+        """SQLite's word that the file is damaged becomes `StoreDamaged`, naming it: corrupt and
+        not-a-database errors are exactly `sqlite3.DatabaseError` (a locked or busy store, a
+        full disk are `sqlite3.OperationalError`, and pass as they are)."""
         try:
-            yield db
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+            yield
+        except sqlite3.DatabaseError as exc:
+            if type(exc) is not sqlite3.DatabaseError:
+                raise
+            raise StoreDamaged(self.path, f"SQLite reports {str(exc)!r}") from None
 
     def _init_schema(self) -> None:
         with self._write() as db:
-            tables = {name for (name,) in db.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+            tables = {name for (name,) in db.execute(_TABLES)}
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     db.execute(statement)
@@ -291,7 +361,8 @@ class Store:
         """The verified checkpoint of *identity*, `None` when there is none; raises
         `CheckpointRefused` (and changes nothing) when it fails a check, when it is not the
         last one the store saved for *identity* (one put back from earlier), or when that one
-        is gone."""
+        is gone; raises `StoreDamaged` when the store has lost what it held."""
+        self._check_file()  # emptied under this process, whose connections may not see it yet
         with self._read() as db:
             row = db.execute("SELECT format, header, payload, tag FROM checkpoints "
                              "WHERE identity = ?", (identity,)).fetchone()
@@ -367,8 +438,9 @@ class Store:
 
     def runs_on(self, identity: str, day: str) -> int:
         """How many times *identity* started on *day* (UTC)."""
-        row = self._db().execute("SELECT count FROM runs WHERE identity = ? AND day = ?",
-                                 (identity, day)).fetchone()
+        with self._read() as db:
+            row = db.execute("SELECT count FROM runs WHERE identity = ? AND day = ?",
+                             (identity, day)).fetchone()
         return int(row[0]) if row is not None else 0
 
     # -- job records ------------------------------------------------------------------------------
@@ -384,14 +456,16 @@ class Store:
 
     def jobs(self) -> list[dict[str, Any]]:
         """Every job record, newest first."""
-        cur = self._db().execute("SELECT id, identity, label, state, pid, created, updated, error "
-                                 "FROM jobs ORDER BY created DESC")
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        with self._read() as db:
+            cur = db.execute("SELECT id, identity, label, state, pid, created, updated, error "
+                             "FROM jobs ORDER BY created DESC")
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
     def mark_lost_jobs(self) -> int:
         """Mark ``lost`` the running jobs whose process has died; how many were marked."""
-        running = self._db().execute("SELECT id, pid FROM jobs WHERE state = 'running'").fetchall()
+        with self._read() as db:
+            running = db.execute("SELECT id, pid FROM jobs WHERE state = 'running'").fetchall()
         dead = [job_id for job_id, pid in running if pid != os.getpid() and not _alive(pid)]
         if dead:
             with self._write() as db:

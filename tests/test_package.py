@@ -42,6 +42,7 @@ PUBLIC = [
     "RunsPerDayExceeded",
     "Snapshot",
     "Status",
+    "StoreDamaged",
     "ToolContext",
     "Trace",
     "WideningError",
@@ -113,7 +114,7 @@ def test_every_public_error_is_under_budget_error_or_config_error() -> None:
               if isinstance(obj, type) and issubclass(obj, BaseException)]
     assert sorted(e.__name__ for e in errors) == [
         "BudgetCut", "BudgetError", "BudgetExceeded", "Cancelled", "CheckpointRefused",
-        "ConfigError", "RunsPerDayExceeded", "WideningError",
+        "ConfigError", "RunsPerDayExceeded", "StoreDamaged", "WideningError",
     ]
     assert all(issubclass(e, (nb.BudgetError, nb.ConfigError)) for e in errors)
 

@@ -1,5 +1,6 @@
 """The store under ``NBBUDGET_HOME``: files and folders for their owner only, signed checkpoints
-refused unchanged when they fail a check or are put back from earlier (S4-5), several threads and
+refused unchanged when they fail a check or are put back from earlier (S4-5), a store that lost
+what it held answered with ``store_damaged`` and never resumed from nothing, several threads and
 kernels at once, lost jobs.
 """
 
@@ -16,6 +17,9 @@ import textwrap
 import threading
 
 import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from traitlets.config import Config
 
 import nbbudget as nb
 from nbbudget._call import _identity
@@ -513,6 +517,169 @@ def test_S4_5_the_identical_call_refuses_an_older_checkpoint_put_back_and_runs_n
             in resp.error["message"])
     assert runs == [0, 1]  # the work did not run from the older state
     assert rows(folder / "nbbudget.db") == before
+
+
+# -- a store that lost what it held ----------------------------------------------------------------
+def _truncated(db_path) -> None:
+    os.truncate(db_path, 0)
+
+
+def _deleted(db_path) -> None:
+    db_path.unlink()
+
+
+def _replaced(db_path) -> None:
+    db_path.unlink()
+    execute(db_path, "CREATE TABLE notes (text TEXT)")
+
+
+def _malformed(db_path) -> None:
+    with open(db_path, "r+b") as fh:
+        fh.seek(100)  # the first page's b-tree header, just after the file header
+        fh.write(b"\xff" * 8)
+
+
+def _not_a_database(db_path) -> None:
+    with open(db_path, "r+b") as fh:
+        fh.write(b"not a database!!")  # over the file's magic header
+
+
+def _cut_in_half(db_path) -> None:
+    os.truncate(db_path, os.path.getsize(db_path) // 2)
+
+
+DAMAGES = {
+    "truncated to zero bytes": _truncated,
+    "deleted": _deleted,
+    "replaced by another database": _replaced,
+    "malformed": _malformed,
+    "not a database": _not_a_database,
+    "cut in half": _cut_in_half,
+}
+
+
+def snapshot(folder) -> dict[str, bytes]:
+    """The bytes of each file in the store's folder."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def assert_damaged(message: str, folder) -> None:
+    assert f"the nbbudget store {str(folder / 'nbbudget.db')!r} is damaged" in message
+    assert "nothing was run and it was left as it is" in message
+    assert f"move the folder {str(folder)!r} aside to start an empty store" in message
+
+
+def test_a_new_folder_and_a_store_killed_before_it_made_its_secret_open_as_new_stores(folder):
+    Store(folder).close()  # a brand-new folder
+    for name in ("secret", "nbbudget.db-wal", "nbbudget.db-shm"):
+        (folder / name).unlink(missing_ok=True)
+    _truncated(folder / "nbbudget.db")  # its database made, no secret yet
+    s = Store(folder)
+    s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
+    assert s.load_checkpoint(IDENTITY).state == "state"
+    s.close()
+
+
+@pytest.mark.parametrize("damage", DAMAGES.values(), ids=DAMAGES.keys())
+def test_a_store_that_lost_what_it_held_is_damaged_and_left_as_it_is(folder, damage):
+    s = Store(folder)
+    s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
+    s.close()  # the last connection: everything is in nbbudget.db
+    damage(folder / "nbbudget.db")
+    before = snapshot(folder)
+    for _ in range(2):  # damaged every time, never made over
+        with pytest.raises(nb.StoreDamaged) as info:
+            Store(folder)
+        assert snapshot(folder) == before
+    err = info.value
+    assert isinstance(err, nb.ConfigError)
+    assert err.code == "store_damaged"
+    assert err.path == folder / "nbbudget.db"
+    assert_damaged(str(err), folder)
+
+
+#: the first call, paused, in a process of its own (the kernel is restarted after it)
+PAUSE = textwrap.dedent("""
+    import sys, time
+    import nbbudget as nb
+
+    def crunch():
+        time.sleep(0.5)  # past the budget
+        nb.checkpoint("half way")
+        return "finished"
+
+    resp = nb.call(crunch, resume=True, budget="100ms", key="damaged")
+    assert resp.data["state"] == "paused", resp.to_json()
+""")
+
+
+@pytest.mark.parametrize("damage", DAMAGES.values(), ids=DAMAGES.keys())
+def test_the_identical_call_after_a_restart_on_a_damaged_store_fails_and_runs_nothing(
+        folder, damage):
+    subprocess.run([sys.executable, "-c", PAUSE], check=True, timeout=60, env=dict(os.environ))
+    damage(folder / "nbbudget.db")
+    before = snapshot(folder)
+    runs: list[object] = []
+
+    def crunch() -> str:
+        runs.append(nb.resume_state("fresh"))
+        return "finished"
+
+    for _ in range(2):  # it never resumes, and never silently starts over
+        resp = nb.call(crunch, resume=True, budget="30s", key="damaged")
+        assert (resp.ok, resp.exit_code, resp.error["code"]) == (False, 1, "store_damaged")
+        assert_damaged(resp.error["message"], folder)
+        assert resp.meta["budget_ms"] == 30_000
+        assert snapshot(folder) == before
+    assert runs == []
+
+
+@pytest.mark.parametrize("damage", [_truncated, _deleted], ids=["truncated", "deleted"])
+def test_the_identical_call_in_the_same_process_on_an_emptied_store_fails_and_runs_nothing(
+        folder, damage):
+    runs: list[object] = []
+    clock = FakeClock()
+    crunch = _pausing(runs, clock)
+    assert nb.call(crunch, resume=True, budget="1s", clock=clock).data["state"] == "paused"
+    damage(folder / "nbbudget.db")
+    for _ in range(2):
+        resp = nb.call(crunch, resume=True, budget="1s", clock=clock)
+        assert (resp.ok, resp.exit_code, resp.error["code"]) == (False, 1, "store_damaged")
+        assert_damaged(resp.error["message"], folder)
+    assert runs == [0]
+    assert not (folder / "nbbudget.db").exists() or os.path.getsize(folder / "nbbudget.db") == 0
+
+
+@pytest.fixture
+def shell():
+    config = Config()
+    config.HistoryManager.enabled = False  # no history thread: every test ends with no thread
+    ip = InteractiveShell.instance(config=config)
+    ip.run_line_magic("load_ext", "nbbudget")
+    ip.run_cell("import nbbudget as nb")
+    yield ip
+    ip.run_line_magic("unload_ext", "nbbudget")
+
+
+def test_a_resume_cell_on_a_store_emptied_after_its_pause_stops_and_runs_nothing(shell, folder):
+    import builtins
+
+    cell = ("%%budget --resume --budget 100ms --no-widget\n"
+            "import builtins, time\n"
+            "builtins.ran_here += 1\n"
+            "time.sleep(0.5)\n"
+            "nb.checkpoint('half way')\n")
+    builtins.ran_here = 0
+    try:
+        assert type(shell.run_cell(cell).error_in_exec).__name__ == "Incomplete"
+        _truncated(folder / "nbbudget.db")
+        result = shell.run_cell(cell)
+        assert builtins.ran_here == 1
+    finally:
+        del builtins.ran_here
+    assert isinstance(result.error_in_exec, UsageError)
+    assert_damaged(str(result.error_in_exec), folder)
+    assert nb.last_response.error["code"] == "store_damaged"
 
 
 # -- concurrency -----------------------------------------------------------------------------------
