@@ -28,7 +28,7 @@ from ._cell import (
     remove_tee,
 )
 from ._duration import parse_duration
-from ._errors import ConfigError, RunsPerDayExceeded
+from ._errors import Cancelled, ConfigError, RunsPerDayExceeded
 from ._jobs import jobs
 from ._limits import NO_LIMITS as _NO_LIMITS
 from ._limits import Limits, Manifest
@@ -138,6 +138,38 @@ class Incomplete(Exception):
 
     def _render_traceback_(self) -> list[str]:
         return [f"Incomplete: {self}"]
+
+
+class CallFailed(Exception):
+    """How a cell ends when its call failed and its work raised nothing: a refused checkpoint,
+    for one. One line, the response's error message; ``code`` is the response's error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"CallFailed: {self}"]
+
+
+#: the documented error of a failed response whose work raised nothing, by the response's code
+_FAILURES: dict[str, type[Exception]] = {
+    "cancelled": Cancelled,  # the wall clock fired (S4-7), or had run out before a continuation
+    RunsPerDayExceeded.code: RunsPerDayExceeded,  # nothing was started (S4-12)
+}
+
+
+def _failure(resp: Response) -> BaseException:
+    """What a failed response ends its cell with: the work's own error, with its traceback;
+    else the documented error of the response's code; else `CallFailed` with the code."""
+    error: BaseException | None = resp.job.exception() if resp.job is not None else None
+    if error is not None:
+        return error
+    failed = resp.error or {}
+    code = failed.get("code", "failed")
+    message = failed.get("message", "the cell did not finish")
+    known = _FAILURES.get(code)
+    return known(message) if known is not None else CallFailed(code, message)
 
 
 @magics_class
@@ -309,12 +341,7 @@ class BudgetMagics(Magics):
             if _interactive.is_interactive():
                 return None  # a person asked for the budget: the work is safe
             raise Incomplete(resp.data["next"])
-        error = job.exception() if job is not None else None
-        if error is not None:
-            raise error
-        if resp.error is not None and resp.error.get("code") == "RunsPerDayExceeded":
-            raise RunsPerDayExceeded(resp.error["message"])
-        raise UsageError((resp.error or {}).get("message", "the cell did not finish"))
+        raise _failure(resp)
 
     @magic_arguments()
     @argument("command", choices=["jobs", "wait", "cancel", "status", "trace"],

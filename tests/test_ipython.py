@@ -261,3 +261,33 @@ def test_S4_12_a_cell_over_its_runs_per_day_stops_with_one_line_and_runs_nothing
     assert isinstance(err, nb.RunsPerDayExceeded) and isinstance(err, nb.BudgetError)
     assert "already started 2 times on" in str(err) and "raise runs_per_day" in str(err)
     assert err._render_traceback_() == [f"RunsPerDayExceeded: {err}"]
+
+
+RESUMABLE = ("import nbbudget as nb, time\n"
+             "done = nb.resume_state(0)\n"
+             "time.sleep(0.3)\n"
+             "nb.checkpoint(done + 1)\n"
+             "done + 1")
+
+
+def test_S0_6_a_continuation_after_the_wall_clock_ran_out_ends_as_Cancelled(shell):
+    line = "%%budget --resume --budget 50ms --timeout 1s --no-widget"
+    first = shell.run_cell(f"{line}\n{RESUMABLE}")
+    assert type(first.error_in_exec).__name__ == "Incomplete"
+    threading.Event().wait(1.2)  # past the wall clock, counted from the first start
+    again = shell.run_cell(f"{line}\n{RESUMABLE}")
+    err = again.error_in_exec
+    assert type(err) is nb.Cancelled
+    assert "its wall-clock limit of 1000 ms, counted from its first start" in str(err)
+    assert err._render_traceback_() == [f"Cancelled: {err}"]
+
+
+def test_S4_5_a_refused_checkpoint_ends_the_cell_with_its_code_not_as_a_usage_error(shell):
+    identity = _call._identity(print, (), {}, "refused-work")
+    nb.store().save_checkpoint(identity, "half way", ledger={"version": "nbbudget-ledger-v0"},
+                               first_start=0.0, label="refused-work")
+    result = shell.run_cell("%%budget --resume --key refused-work --no-widget\nprint('ran')")
+    err = result.error_in_exec
+    assert type(err).__name__ == "CallFailed" and err.code == "checkpoint_refused"
+    assert str(err).startswith(f"checkpoint {identity!r} in ")
+    assert err._render_traceback_() == [f"CallFailed: {err}"]

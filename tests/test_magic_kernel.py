@@ -167,6 +167,18 @@ def test_S0_10_budget_without_detach_or_resume_is_a_usage_error(kernel):
     assert "--budget needs --detach or --resume" in cell.reply["content"]["evalue"]
 
 
+@pytest.mark.parametrize("work", ["time.sleep(1.5)",  # ignores its signal
+                                  "while True:\n    nb.current().step()\n    time.sleep(0.01)"])
+def test_S4_7_a_wall_clock_that_fires_ends_the_cell_as_Cancelled_in_one_line(kernel, work):
+    cell = run(kernel, f"%%budget --timeout 300ms --no-widget\nimport time\n{work}")
+    content = cell.reply["content"]
+    assert (cell.status, content["ename"]) == ("error", "Cancelled")
+    assert "was cancelled: its wall-clock limit of 300 ms" in content["evalue"]
+    errors = [o for o in cell.outputs if o["msg_type"] == "error"]
+    assert errors[0]["content"]["traceback"] == [f"Cancelled: {content['evalue']}"]
+    time.sleep(1.5)  # the work that ignored its signal ends before the next test
+
+
 def test_a_spent_limit_ends_the_cell_with_one_line(kernel):
     cell = run(kernel, "%%budget --steps 2\nfor i in range(5):\n    nb.current().step()")
     assert cell.status == "error"
