@@ -50,8 +50,9 @@ def _write_replace(tmp: str, target: str, data: bytes) -> None:
 def check_target(path: str) -> None:
     """Check, before any work is done, that a file can be written at *path*: its folder exists
     and is writable, and *path* is not a folder. A `ConfigError` names *path* and the fix."""
-    if "\0" in path:
-        raise ConfigError(f"{path!r} is not a file path: it holds a null character")
+    if not path or "\0" in path:
+        why = "it holds a null character" if path else "it is empty"
+        raise ConfigError(f"{path!r} is not a file path: {why}")
     if os.path.isdir(path):
         inside = os.path.join(path, "trace.json")
         raise ConfigError(f"{path!r} is a folder; name a file in it, e.g. {inside!r}")

@@ -84,3 +84,7 @@ def target_error(path: Path | str) -> str:
 def test_check_target_refuses_a_null_character_naming_the_path() -> None:
     assert target_error("a\0b.json") == (
         "'a\\x00b.json' is not a file path: it holds a null character")
+
+
+def test_check_target_refuses_an_empty_path() -> None:
+    assert target_error("") == "'' is not a file path: it is empty"
