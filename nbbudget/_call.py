@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import _workers
 from ._budget import Budget, _Incomplete
@@ -38,7 +38,8 @@ from ._response import (
 )
 from ._store import Checkpoint, CheckpointRefused, Store, StoreDamaged, store
 
-__all__ = ["DEFAULT_BUDGET_MS", "ENV_BUDGET", "call", "checkpoint", "resume_state"]
+__all__ = ["DEFAULT_BUDGET_MS", "ENV_BUDGET", "Spelling", "call", "check_interruption",
+           "checkpoint", "resume_state"]
 
 DEFAULT_BUDGET_MS = 30_000
 ENV_BUDGET = "AGENT_CALL_BUDGET_MS"
@@ -159,9 +160,7 @@ def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
           notices: tuple[float, float] | None, runs_per_day: int | None = None) -> _Plan:
     if not callable(fn):
         raise ConfigError(f"nb.call() takes a function first, not {fn!r}")
-    for name, flag in (("detach", detach), ("resume", resume)):
-        if not isinstance(flag, bool):
-            raise ConfigError(f"{name}={flag!r}: use True or False")
+    check_interruption(detach, resume, budget)
     limits = _limits(limits, manifest)
     envelope = manifest.envelope_bytes if isinstance(manifest, Manifest) else (
         Manifest.load(manifest).envelope_bytes if manifest is not None else None)
@@ -175,13 +174,44 @@ def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
         work=(fn, args, kwargs, key),
         label=getattr(fn, "__nbbudget_label__", None) or key
         or getattr(fn, "__qualname__", None) or repr(fn),
-        detach=detach, resume=resume and not detach,
+        detach=detach, resume=resume,
         budget_ms=resolve_budget(budget, declares=detach or resume),
         timeout_ms=None if timeout is None else _positive(timeout, "timeout"),
         estimate_ms=None if estimate_ms is None else parse_duration(estimate_ms,
                                                                     field="estimate_ms"),
         limits=limits, envelope_bytes=envelope, notices=notices, runs_per_day=runs_per_day,
     )
+
+
+class Spelling(NamedTuple):
+    """How a caller writes the flags of a call, so that an error names them as it wrote them."""
+
+    detach: str
+    resume: str
+    budget: str  #: the budget with its value, a format string
+    budget_flag: str  #: the budget alone, to drop it
+
+
+#: `nb.call`'s keywords
+CALL_SPELLING = Spelling("detach=True", "resume=True", "budget={!r}", "budget=")
+
+
+def check_interruption(detach: object, resume: object, budget: object, *,
+                       spelling: Spelling = CALL_SPELLING) -> None:
+    """How a call may end before its work does, checked in one place for `nb.call` and
+    ``%%budget``: *detach* and *resume* are booleans that exclude each other, and a budget needs
+    one of them (S0-10). A `ConfigError` names the flags as *spelling* writes them."""
+    for name, flag in (("detach", detach), ("resume", resume)):
+        if not isinstance(flag, bool):
+            raise ConfigError(f"{name}={flag!r}: use True or False")
+    if detach and resume:
+        raise ConfigError(f"{spelling.detach} and {spelling.resume} exclude each other: choose "
+                          f"how the work outlives its budget")
+    if budget is not None and not (detach or resume):
+        raise ConfigError(
+            f"{spelling.budget.format(budget)} needs {spelling.detach} or {spelling.resume}: "
+            f"only a call that can detach or pause can return before its work ends (S0-10); "
+            f"drop {spelling.budget_flag} or declare one of them")
 
 
 def resolve_budget(budget: int | str | None, *, declares: bool,
@@ -191,11 +221,7 @@ def resolve_budget(budget: int | str | None, *, declares: bool,
     *interactive* defaults to `is_interactive()`, decided now.
     """
     if not declares:
-        if budget is not None:
-            raise ConfigError(
-                f"budget={budget!r} needs detach=True or resume=True: only a call that can "
-                f"detach or pause can return before its work ends (S0-10); drop budget= or "
-                f"declare one of them")
+        check_interruption(False, False, budget)  # a budget needs detach or resume (S0-10)
         return None
     if budget is not None:
         return parse_duration(budget, field="budget")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shlex
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -28,7 +29,8 @@ from ._cell import (
     remove_tee,
 )
 from ._duration import parse_duration
-from ._errors import ConfigError, RunsPerDayExceeded
+from ._errors import Cancelled, ConfigError, RunsPerDayExceeded, show
+from ._files import check_target
 from ._jobs import jobs
 from ._limits import NO_LIMITS as _NO_LIMITS
 from ._limits import Limits, Manifest
@@ -140,6 +142,38 @@ class Incomplete(Exception):
         return [f"Incomplete: {self}"]
 
 
+class CallFailed(Exception):
+    """How a cell ends when its call failed and its work raised nothing: a refused checkpoint,
+    for one. One line, the response's error message; ``code`` is the response's error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"CallFailed: {self}"]
+
+
+#: the documented error of a failed response whose work raised nothing, by the response's code
+_FAILURES: dict[str, type[Exception]] = {
+    "cancelled": Cancelled,  # the wall clock fired (S4-7), or had run out before a continuation
+    RunsPerDayExceeded.code: RunsPerDayExceeded,  # nothing was started (S4-12)
+}
+
+
+def _failure(resp: Response) -> BaseException:
+    """What a failed response ends its cell with: the work's own error, with its traceback;
+    else the documented error of the response's code; else `CallFailed` with the code."""
+    error: BaseException | None = resp.job.exception() if resp.job is not None else None
+    if error is not None:
+        return error
+    failed = resp.error or {}
+    code = failed.get("code", "failed")
+    message = failed.get("message", "the cell did not finish")
+    known = _FAILURES.get(code)
+    return known(message) if known is not None else CallFailed(code, message)
+
+
 @magics_class
 class BudgetMagics(Magics):
     """``%%budget``: run a cell under a budget; ``%budget``: the jobs of this kernel."""
@@ -208,15 +242,7 @@ class BudgetMagics(Magics):
                 work(i)
                 nb.checkpoint(i + 1)            # pauses here once the 2 s are spent
         """
-        args = self._parse_cell_line(line)
-        if args.detach and args.resume:
-            raise UsageError("--detach and --resume exclude each other: choose how the work "
-                             "outlives the budget")
-        if args.budget is not None and not (args.detach or args.resume):
-            raise UsageError("--budget needs --detach or --resume: only a cell that can detach "
-                             "or pause can return before its work ends (S0-10); drop --budget "
-                             "or add one of them")
-        limits = _cell_limits(args, self.settings.default_limits())
+        args, limits = _read_flags(line, self.settings.default_limits())
         compiled = compile_cell(self.shell, cell)
         panel = self._panel(limits, args)
         try:
@@ -285,14 +311,6 @@ class BudgetMagics(Magics):
             _display_text(summary(resp.job.run.snapshot()))
         return self._finish(resp, args)
 
-    @functools.lru_cache(maxsize=64)  # noqa: B019 - one magics object per shell, kept for life
-    def _parse_cell_line(self, line: str) -> Any:
-        """The flags of a cell line (the same line parses the same: parsed once)."""
-        args = parse_argstring(self.budget_cell, line)
-        for name in ("run_limits_json", "manifest", "key", "trace"):
-            setattr(args, name, _unquote(getattr(args, name)))
-        return args
-
     def _finish(self, resp: Response, args: Any) -> Any:
         """Show the envelope, save the trace, and end the cell as the contract says."""
         import nbbudget
@@ -309,12 +327,7 @@ class BudgetMagics(Magics):
             if _interactive.is_interactive():
                 return None  # a person asked for the budget: the work is safe
             raise Incomplete(resp.data["next"])
-        error = job.exception() if job is not None else None
-        if error is not None:
-            raise error
-        if resp.error is not None and resp.error.get("code") == "RunsPerDayExceeded":
-            raise RunsPerDayExceeded(resp.error["message"])
-        raise UsageError((resp.error or {}).get("message", "the cell did not finish"))
+        raise _failure(resp)
 
     @magic_arguments()
     @argument("command", choices=["jobs", "wait", "cancel", "status", "trace"],
@@ -361,14 +374,47 @@ class BudgetMagics(Magics):
             raise UsageError(str(exc)) from None
 
 
+#: how ``%%budget`` writes a call's flags, for the errors of `_call.check_interruption`
+_FLAG_SPELLING = _call.Spelling("--detach", "--resume", "--budget {}", "--budget")
+
+
+def _read_flags(line: str, defaults: Limits) -> tuple[Any, Limits]:
+    """A cell line's flags and limits, all checked before the cell runs: how the call may end
+    (S0-10), where its trace goes, and its limits (S4-2). A bad one is a `UsageError` naming
+    it."""
+    args = _parse_cell_line(line)
+    try:
+        _call.check_interruption(args.detach, args.resume, args.budget, spelling=_FLAG_SPELLING)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    if args.trace is not None:
+        try:
+            check_target(args.trace)
+        except ConfigError as exc:
+            raise UsageError(f"--trace {exc}") from None
+    return args, _cell_limits(args, defaults)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_cell_line(line: str) -> Any:
+    """The flags of a cell line, its words read as a shell reads them (a value quoted in single
+    or double quotes is read without them); the same line is parsed once."""
+    try:
+        words = shlex.split(line)
+    except ValueError as exc:  # an unclosed quote, a backslash at the end
+        raise UsageError(f"cannot read %%budget {show(line)}: {str(exc).lower()}; quote a value "
+                         f"as a shell does, e.g. --key 'my work' or --key \"my work\"") from None
+    return BudgetMagics.budget_cell.parser.parse_args(words)
+
+
 def _cell_limits(args: Any, defaults: Limits) -> Limits:
     """S4-2: the configured defaults, the manifest, --run-limits-json, then the flags; each
     later source restricts, never widens."""
     try:
         limits = defaults
-        if args.manifest:
+        if args.manifest is not None:
             limits = limits.restrict(Manifest.load(args.manifest).limits)
-        if args.run_limits_json:
+        if args.run_limits_json is not None:
             limits = limits.restrict(Limits.from_json(args.run_limits_json))
         fields = {name: getattr(args, flag) for flag, name in _LIMIT_FLAGS
                   if getattr(args, flag) is not None}
@@ -383,13 +429,6 @@ def _cell_limits(args: Any, defaults: Limits) -> Limits:
         raise UsageError(str(exc)) from None
 
 
-def _unquote(value: str | None) -> str | None:
-    """A flag's value without the quotes a person types around it (``'{"steps": 5}'``)."""
-    if value and len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-        return value[1:-1]
-    return value
-
-
 def _label(cell: str) -> str:
     """A cell's name in its panel and in ``%budget jobs``: its first line of code that is not
     an import or a magic (else its first line of code), without a closing colon."""
@@ -402,21 +441,17 @@ def _label(cell: str) -> str:
     return "cell"
 
 
+#: flags that do not name the work: a continuation may change them (S0-11)
+_NOT_THE_WORK = frozenset({"budget", "timeout", "runs_per_day"})
+
+
 def _identity_flags(line: str) -> str:
-    """The flags that name the work: all but --budget, --timeout and --runs-per-day and their
-    values."""
-    kept: list[str] = []
-    skip = False
-    for word in line.split():
-        if skip:
-            skip = False
-            continue
-        name = word.split("=", 1)[0]
-        if name in ("--budget", "--timeout", "--runs-per-day"):
-            skip = "=" not in word
-            continue
-        kept.append(word)
-    return " ".join(kept)
+    """The flags that name the work, as read: all but --budget, --timeout and --runs-per-day.
+    However a value is quoted and wherever a flag is placed, the same flags name the same
+    work."""
+    named = {name: value for name, value in vars(_parse_cell_line(line)).items()
+             if name not in _NOT_THE_WORK and value is not None and value is not False}
+    return json.dumps(named, sort_keys=True)
 
 
 def _display_text(text: str) -> None:

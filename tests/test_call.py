@@ -238,6 +238,23 @@ def test_S0_10_budget_without_detach_or_resume_is_a_usage_error(budget):
     assert ran == []
 
 
+@pytest.mark.parametrize("budget", [None, "5s"])
+def test_detach_and_resume_exclude_each_other_and_nothing_runs(budget):
+    ran = []
+    with pytest.raises(nb.ConfigError) as info:
+        nb.call(lambda: ran.append(1), detach=True, resume=True, budget=budget)
+    assert str(info.value) == (
+        "detach=True and resume=True exclude each other: choose how the work outlives its budget")
+    assert ran == []
+
+
+@pytest.mark.parametrize("flags", [{"detach": 1}, {"resume": "yes"}])
+def test_detach_and_resume_are_booleans(flags):
+    [(name, value)] = flags.items()
+    with pytest.raises(nb.ConfigError, match=f"^{name}={value!r}: use True or False$"):
+        nb.call(lambda: None, **flags)
+
+
 @pytest.mark.parametrize("env", ["1", "soon"])
 def test_S0_10_a_plain_call_ignores_AGENT_CALL_BUDGET_MS(clock, monkeypatch, env):
     monkeypatch.setenv("AGENT_CALL_BUDGET_MS", env)

@@ -217,6 +217,14 @@ def test_the_configured_home_is_used_when_NBBUDGET_HOME_is_unset(shell, monkeypa
     ("--run-limits-json '{\"stepz\": 1}'", "unknown run limit 'stepz'"),
     ("--manifest /nowhere.json", "cannot read manifest '/nowhere.json'"),
     ("--runs-per-day 0", "runs_per_day=0: use a whole number from 1"),
+    ("--budget 5s", "--budget 5s needs --detach or --resume: only a call that can detach or "
+                    "pause can return before its work ends (S0-10); drop --budget or declare"),
+    ("--time '5s", """cannot read %%budget "--time '5s": no closing quotation"""),
+    ("--key x\\", "cannot read %%budget '--key x\\\\': no escaped character"),
+    ("--trace /no/such/t.json", "--trace '/no/such/t.json': the folder '/no/such' does not exist"),
+    ("--time '5 days'", "--time='5 days' is not a duration"),
+    ("--manifest ''", "cannot read manifest ''"),
+    ("--trace ''", "--trace '' is not a file path"),
 ])
 def test_bad_cell_flags_are_usage_errors_naming_the_value(shell, line, message):
     result = shell.run_cell(f"%%budget {line}\npass")
@@ -261,3 +269,53 @@ def test_S4_12_a_cell_over_its_runs_per_day_stops_with_one_line_and_runs_nothing
     assert isinstance(err, nb.RunsPerDayExceeded) and isinstance(err, nb.BudgetError)
     assert "already started 2 times on" in str(err) and "raise runs_per_day" in str(err)
     assert err._render_traceback_() == [f"RunsPerDayExceeded: {err}"]
+
+
+@pytest.mark.parametrize(("line", "same"), [
+    ("--run-limits-json '{\"steps\": 5}'", r'--run-limits-json "{\"steps\": 5}"'),
+    ("--time 5s --steps 5", "--steps '5' --time \"5s\""),
+    ("--cost 1.5 --key 'a b'", '--key="a b" --cost "1.5"'),
+])
+def test_a_flag_quoted_or_placed_otherwise_reads_the_same(shell, line, same):
+    first = shell.run_cell(f"%%budget {line} --no-widget\nimport nbbudget as nb\nnb.current()")
+    second = shell.run_cell(f"%%budget {same} --no-widget\nimport nbbudget as nb\nnb.current()")
+    assert first.result.limits == second.result.limits != nb.Limits()
+
+
+RESUMABLE = ("import nbbudget as nb, time\n"
+             "done = nb.resume_state(0)\n"
+             "time.sleep(0.3)\n"
+             "nb.checkpoint(done + 1)\n"
+             "done + 1")
+
+
+def test_S0_11_the_same_flags_however_quoted_name_the_same_work(shell):
+    first = shell.run_cell(f"%%budget --resume --budget 100ms --steps 5 --no-widget\n{RESUMABLE}")
+    assert type(first.error_in_exec).__name__ == "Incomplete"
+    other = shell.run_cell(f"%%budget --resume --budget 5s --steps 6 --no-widget\n{RESUMABLE}")
+    assert other.result == 1  # another limit is other work: it starts anew
+    again = shell.run_cell(f"%%budget --resume --budget 5s --steps '5' --no-widget\n{RESUMABLE}")
+    assert again.result == 2  # continued from the checkpoint of the first
+
+
+def test_S0_6_a_continuation_after_the_wall_clock_ran_out_ends_as_Cancelled(shell):
+    line = "%%budget --resume --budget 50ms --timeout 2s --no-widget"
+    first = shell.run_cell(f"{line}\n{RESUMABLE}")
+    assert type(first.error_in_exec).__name__ == "Incomplete"
+    threading.Event().wait(2.2)  # past the wall clock, counted from the first start
+    again = shell.run_cell(f"{line}\n{RESUMABLE}")
+    err = again.error_in_exec
+    assert type(err) is nb.Cancelled
+    assert "its wall-clock limit of 2000 ms, counted from its first start" in str(err)
+    assert err._render_traceback_() == [f"Cancelled: {err}"]
+
+
+def test_S4_5_a_refused_checkpoint_ends_the_cell_with_its_code_not_as_a_usage_error(shell):
+    identity = _call._identity(print, (), {}, "refused-work")
+    nb.store().save_checkpoint(identity, "half way", ledger={"version": "nbbudget-ledger-v0"},
+                               first_start=0.0, label="refused-work")
+    result = shell.run_cell("%%budget --resume --key refused-work --no-widget\nprint('ran')")
+    err = result.error_in_exec
+    assert type(err).__name__ == "CallFailed" and err.code == "checkpoint_refused"
+    assert str(err).startswith(f"checkpoint {identity!r} in ")
+    assert err._render_traceback_() == [f"CallFailed: {err}"]
