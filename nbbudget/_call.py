@@ -123,7 +123,7 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
         try:
             ctx, job = _start(plan, clock, started_wall)
         except (CheckpointRefused, StoreDamaged, RunsPerDayExceeded) as exc:  # nothing started
-            return _respond(plan, started, ok=False, exit_code=EXIT_FAILED,
+            return _respond(plan, started, ok=False, exit_code=EXIT_FAILED, refusal=exc,
                             error={"code": exc.code, "message": str(exc)})
         if ctx is None:  # the wall clock had already run out before this continuation
             return _respond(plan, started, ok=False, exit_code=EXIT_CANCELLED,
@@ -494,15 +494,15 @@ def _error_code(error: BaseException) -> str:
 
 
 def _respond(plan: _Plan, started: float, *, ok: bool, exit_code: int, data: Any = None,
-             error: dict[str, str] | None = None,
-             job: Job | None = None) -> Response:
+             error: dict[str, str] | None = None, job: Job | None = None,
+             refusal: BaseException | None = None) -> Response:
     meta: dict[str, Any] = {"exit_code": exit_code,
                             "duration_ms": round((time.monotonic() - started) * 1000)}
     if plan.budget_ms is not None:
         meta["budget_ms"] = plan.budget_ms
     if plan.timeout_ms is not None:
         meta["timeout_ms"] = plan.timeout_ms
-    return Response(ok, data, error, [], meta, plan.envelope_bytes, job)
+    return Response(ok, data, error, [], meta, plan.envelope_bytes, job, refusal)
 
 
 # -- inside the work ----------------------------------------------------------------------------

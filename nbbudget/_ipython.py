@@ -29,7 +29,7 @@ from ._cell import (
     remove_tee,
 )
 from ._duration import parse_duration
-from ._errors import Cancelled, ConfigError, RunsPerDayExceeded, show
+from ._errors import Cancelled, ConfigError, show
 from ._files import check_target
 from ._jobs import jobs
 from ._limits import NO_LIMITS as _NO_LIMITS
@@ -157,14 +157,16 @@ class CallFailed(Exception):
 #: the documented error of a failed response whose work raised nothing, by the response's code
 _FAILURES: dict[str, type[Exception]] = {
     "cancelled": Cancelled,  # the wall clock fired (S4-7), or had run out before a continuation
-    RunsPerDayExceeded.code: RunsPerDayExceeded,  # nothing was started (S4-12)
 }
 
 
 def _failure(resp: Response) -> BaseException:
-    """What a failed response ends its cell with: the work's own error, with its traceback;
-    else the documented error of the response's code; else `CallFailed` with the code."""
+    """What a failed response ends its cell with: the work's own error, with its traceback, or
+    the error that refused the call before it started (a refused checkpoint, a damaged store, a
+    spent quota); else the documented error of the response's code; else `CallFailed`."""
     error: BaseException | None = resp.job.exception() if resp.job is not None else None
+    if error is None:
+        error = resp.refusal
     if error is not None:
         return error
     failed = resp.error or {}

@@ -80,7 +80,16 @@ CREATE TABLE IF NOT EXISTS runs (
 """
 
 
-class CheckpointRefused(ConfigError):
+class _Refused(ConfigError):
+    """A refusal of the store: shown by IPython as one line, what happened and what to do."""
+
+    code = ""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
+
+
+class CheckpointRefused(_Refused):
     """A stored checkpoint failed a check (signature, format, a missing field) and was refused;
     it is left unchanged. ``code`` is ``"checkpoint_refused"``."""
 
@@ -96,7 +105,7 @@ class CheckpointRefused(ConfigError):
         )
 
 
-class StoreDamaged(ConfigError):
+class StoreDamaged(_Refused):
     """The store's database is damaged: SQLite reports it malformed, or it has lost what it held
     (it is missing, empty or without the store's tables while the secret made after them is
     still there). Nothing was run on it and it was left as it is; ``path`` names it and

@@ -316,6 +316,6 @@ def test_S4_5_a_refused_checkpoint_ends_the_cell_with_its_code_not_as_a_usage_er
                                first_start=0.0, label="refused-work")
     result = shell.run_cell("%%budget --resume --key refused-work --no-widget\nprint('ran')")
     err = result.error_in_exec
-    assert type(err).__name__ == "CallFailed" and err.code == "checkpoint_refused"
+    assert type(err) is nb.CheckpointRefused and err.code == "checkpoint_refused"
     assert str(err).startswith(f"checkpoint {identity!r} in ")
-    assert err._render_traceback_() == [f"CallFailed: {err}"]
+    assert err._render_traceback_() == [f"CheckpointRefused: {err}"]

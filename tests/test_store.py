@@ -17,7 +17,6 @@ import textwrap
 import threading
 
 import pytest
-from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
@@ -677,7 +676,8 @@ def test_a_resume_cell_on_a_store_emptied_after_its_pause_stops_and_runs_nothing
         assert builtins.ran_here == 1
     finally:
         del builtins.ran_here
-    assert isinstance(result.error_in_exec, UsageError)
+    assert type(result.error_in_exec) is nb.StoreDamaged
+    assert result.error_in_exec._render_traceback_() == [f"StoreDamaged: {result.error_in_exec}"]
     assert_damaged(str(result.error_in_exec), folder)
     assert nb.last_response.error["code"] == "store_damaged"
 
