@@ -22,7 +22,13 @@ from . import _workers
 from ._budget import Budget, _Incomplete
 from ._clock import Clock, default_clock
 from ._duration import parse_duration
-from ._errors import BudgetCut, BudgetExceeded, Cancelled, ConfigError, RunsPerDayExceeded
+from ._errors import (
+    BudgetCut,
+    BudgetError,
+    Cancelled,
+    ConfigError,
+    RunsPerDayExceeded,
+)
 from ._interactive import is_interactive
 from ._jobs import Job, JobState
 from ._limits import NO_LIMITS as _NO_LIMITS
@@ -486,11 +492,12 @@ def _deliver(job: Job, plan: _Plan) -> None:
 
 
 def _error_code(error: BaseException) -> str:
-    if isinstance(error, BudgetExceeded):
-        return str(error.code)
+    """The envelope's ``error.code``: a cut names what cut it, nbbudget's other errors carry
+    their code (``StepBudgetExceeded``, ``store_damaged``...), anything else is its class name."""
     if isinstance(error, BudgetCut):
         return f"budget_cut_{error.by}".replace("-", "_")
-    return type(error).__name__
+    code = getattr(error, "code", None) if isinstance(error, (BudgetError, ConfigError)) else None
+    return code if isinstance(code, str) and code else type(error).__name__
 
 
 def _respond(plan: _Plan, started: float, *, ok: bool, exit_code: int, data: Any = None,

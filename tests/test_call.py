@@ -1014,3 +1014,21 @@ def test_the_response_repr_is_short():
     resp = nb.call(lambda: "x" * 1000)
     assert len(repr(resp)) < 200
     assert re.match(r"^Response\(ok=True, exit_code=0, data='x+\.\.\.", repr(resp))
+
+
+def test_work_stopped_by_a_damaged_store_answers_store_damaged_not_a_class_name(home, tmp_path):
+    def work() -> None:
+        raise nb.StoreDamaged(tmp_path / "nbbudget.db", "it is empty (0 bytes)")
+
+    resp = nb.call(work, resume=True, budget="5s")
+    assert (resp.ok, resp.exit_code, resp.error["code"]) == (False, 1, "store_damaged")
+
+
+def test_a_user_error_with_a_code_attribute_answers_its_class_name(home):
+    class HTTPError(Exception):
+        code = "not_found"
+
+    def work() -> None:
+        raise HTTPError("404")
+
+    assert nb.call(work, detach=True, budget="5s").error["code"] == "HTTPError"
