@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+from typing import Any
 
-from ._errors import ConfigError
+from ._errors import ConfigError, show
 
-__all__ = ["atomic_write", "check_target"]
+__all__ = ["atomic_write", "check_target", "file_path", "read_json"]
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes, *, overwrite: bool = False) -> None:
@@ -65,3 +67,40 @@ def check_target(path: str) -> None:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ConfigError(f"{path!r}: the folder {folder!r} is not writable; choose another "
                           f"path")
+
+
+def file_path(path: object, what: str) -> str:
+    """*path* as a str; anything that is not a file path (not a str, bytes or `os.PathLike`, or
+    with a null character) is a `ConfigError` naming it and *what* it was to be."""
+    try:
+        where = os.fsdecode(path)  # type: ignore[arg-type]  # checked right here
+    except TypeError:
+        where = None
+    if where is None or "\0" in where:
+        raise ConfigError(f"{what} path {show(path)} is not a file path; give a str or a "
+                          f"pathlib.Path without null characters")
+    return where
+
+
+def read_json(path: object, what: str, shape: str) -> Any:
+    """The JSON value of the file at *path*, a *what* ("manifest", "trace"). A file that is not
+    there, cannot be read, is not UTF-8, nests too deep or is not JSON is a `ConfigError` that
+    names it; *shape* tells what such a file holds."""
+    where = file_path(path, what)
+    try:
+        with open(where, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {where!r}: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {where!r} is not UTF-8 text (byte 0x{raw[exc.start]:02x} "
+                          f"at offset {exc.start}); save it as UTF-8") from None
+    try:
+        return json.loads(text)
+    except RecursionError:  # Python's reader stops at about a thousand levels
+        raise ConfigError(f"{what} {where!r} nests deeper than JSON can be read here; "
+                          f"{shape}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{what} {where!r} is not valid JSON: {exc}") from None

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ._errors import ConfigError, WideningError, show
+from ._files import file_path, read_json
 from ._kinds import KIND_INDEX, KINDS
 
 __all__ = ["MANIFEST_VERSION", "MAX_INT", "NO_LIMITS", "Limits", "Manifest"]
@@ -213,8 +214,10 @@ class Manifest:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Manifest:
         """Read and check the manifest at *path*; every problem is a `ConfigError` naming it."""
-        where = _manifest_path(path)
-        data = _manifest_json(where)
+        where = file_path(path, "manifest")
+        data = read_json(where, "manifest", f"a manifest is one object such as "
+                         f"{{\"manifest_version\": \"{MANIFEST_VERSION}\", \"run_limits\": "
+                         f"{{\"max_steps\": 100}}}}")
         try:
             return cls.from_mapping(data, path=where)
         except ConfigError as exc:
@@ -253,41 +256,6 @@ class Manifest:
                 f"so the run answers before the platform kills it; lower wallClock"
             )
         return cls(limits, wall, under, envelope, path)
-
-
-def _manifest_path(path: str | os.PathLike[str]) -> str:
-    """*path* as a str; anything that is not a file path is a `ConfigError` naming it."""
-    try:
-        where = os.fsdecode(path)
-    except TypeError:  # not a str, bytes or os.PathLike
-        where = None
-    if where is None or "\0" in where:
-        raise ConfigError(f"manifest path {_brief(path)} is not a file path; give a str or a "
-                          f"pathlib.Path without null characters")
-    return where
-
-
-def _manifest_json(where: str) -> Any:
-    """The JSON value of the manifest file *where*; what cannot be read is a `ConfigError`."""
-    try:
-        with open(where, "rb") as fh:
-            raw = fh.read()
-    except OSError as exc:
-        raise ConfigError(f"cannot read manifest {where!r}: {exc.strerror}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"manifest {where!r} is not UTF-8 text (byte 0x{raw[exc.start]:02x} "
-                          f"at offset {exc.start}); save it as UTF-8") from None
-    try:
-        return json.loads(text)
-    except RecursionError:  # Python's reader stops at about a thousand levels
-        raise ConfigError(
-            f"manifest {where!r} nests deeper than JSON can be read here; a manifest is one "
-            f"object such as {{\"manifest_version\": \"{MANIFEST_VERSION}\", \"run_limits\": "
-            f"{{\"max_steps\": 100}}}}") from None
-    except ValueError as exc:
-        raise ConfigError(f"manifest {where!r} is not valid JSON: {exc}") from None
 
 
 _SECTION_KEYS = {"turn": {"wallClock", "under"}, "transport": {"envelopeBytes"}}

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._errors import ConfigError
-from ._files import atomic_write
+from ._files import atomic_write, file_path, read_json
 from ._kinds import KIND_INDEX, KINDS, RUN_MS
 
 if TYPE_CHECKING:
@@ -249,16 +249,8 @@ class Trace:
     def load(cls, path: str | os.PathLike[str]) -> Trace:
         """Read a trace written by `save`; a missing, malformed or foreign file is a
         `ConfigError` that says which and where."""
-        where = os.fspath(path)
-        try:
-            with open(where, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except FileNotFoundError:
-            raise ConfigError(f"no trace file at {where!r}") from None
-        except OSError as exc:
-            raise ConfigError(f"cannot read trace {where!r}: {exc.strerror}") from None
-        except ValueError as exc:
-            raise ConfigError(f"trace {where!r} is not valid JSON: {exc}") from None
+        where = file_path(path, "trace")
+        data = read_json(where, "trace", "a trace is the object that Trace.save writes")
         try:
             return cls.from_json(data)
         except ConfigError as exc:

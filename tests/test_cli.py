@@ -77,7 +77,8 @@ def test_inspect_a_missing_file_exits_2_with_one_line_naming_it(tmp_path: Path) 
     result = nbbudget_cli("inspect", path)
     assert result.returncode == 2
     assert result.stdout == ""
-    assert result.stderr == f"nbbudget inspect: no trace file at {str(path)!r}\n"
+    assert result.stderr == (f"nbbudget inspect: cannot read trace {str(path)!r}: No such file "
+                             f"or directory\n")
 
 
 @pytest.mark.parametrize(

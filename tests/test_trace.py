@@ -396,7 +396,7 @@ def load_error(path: Path) -> str:
 
 def test_loading_a_missing_file_names_it(tmp_path: Path) -> None:
     path = tmp_path / "missing.json"
-    assert load_error(path) == f"no trace file at {str(path)!r}"
+    assert load_error(path) == f"cannot read trace {str(path)!r}: No such file or directory"
 
 
 def test_loading_a_directory_names_it(tmp_path: Path) -> None:
@@ -408,6 +408,26 @@ def test_loading_invalid_json_names_the_file(tmp_path: Path, text: str) -> None:
     path = tmp_path / "bad.json"
     path.write_text(text)
     assert load_error(path).startswith(f"trace {str(path)!r} is not valid JSON: ")
+
+
+def test_loading_json_nested_too_deep_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000)
+    assert load_error(path) == (f"trace {str(path)!r} nests deeper than JSON can be read here; "
+                                f"a trace is the object that Trace.save writes")
+
+
+@pytest.mark.parametrize("path", ["a\0b.json", 3.5, None])
+def test_loading_from_what_is_not_a_path_names_it(path: object) -> None:
+    with pytest.raises(nb.ConfigError, match="is not a file path; give a str or a pathlib.Path"):
+        nb.Trace.load(path)  # type: ignore[arg-type]
+
+
+def test_loading_text_that_is_not_utf8_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.json"
+    path.write_bytes(b'{"run": "caf\xe9"}')
+    assert load_error(path) == (f"trace {str(path)!r} is not UTF-8 text (byte 0xe9 at offset "
+                                f"12); save it as UTF-8")
 
 
 def mutate(data: dict[str, Any], change: str) -> object:
