@@ -11,10 +11,11 @@ budget, ``S2`` grants and cancellation, ``S3`` task limits, ``S4`` run limits, `
 from __future__ import annotations
 
 import re
+import textwrap
 from dataclasses import dataclass
 from textwrap import dedent
 
-__all__ = ["DOCS_PAGE", "RULES", "Rule", "find", "see"]
+__all__ = ["DOCS_PAGE", "RULES", "Rule", "explain", "find", "index", "see"]
 
 #: the page of the documentation that explains every rule, one section each
 DOCS_PAGE = "concepts"
@@ -65,6 +66,32 @@ def find(rule_id: str) -> Rule:
         if rule.id == wanted:
             return rule
     raise LookupError(f"no rule {rule_id!r}; the rules are {', '.join(r.id for r in RULES)}")
+
+
+def explain(rule: Rule, width: int = 88) -> str:
+    """The rule for a terminal: its title, its text, its example, what that prints, and where
+    the documentation explains it."""
+    paragraphs = [textwrap.fill(" ".join(p.split()), width)
+                  for p in rule.plain_text().split("\n\n")]
+    where = ("Example, a notebook cell once %load_ext nbbudget has run:"
+             if rule.language == "ipython" else "Example:")
+    parts = [f"{rule.id}: {rule.title}", *paragraphs, where, _indent(rule.example)]
+    if rule.output:
+        parts += ["It prints:", _indent(rule.output)]
+    parts.append(f"Read more: docs/{DOCS_PAGE}.md#{rule.anchor} "
+                 f"(the Concepts page of the documentation)")
+    return "\n\n".join(parts)
+
+
+def index() -> str:
+    """Every rule's id and title, one a line."""
+    rows = [f"  {rule.id:<7}{rule.title}" for rule in RULES]
+    return "\n".join(["The rules of the model; nbbudget explain ID shows one with an example:",
+                      *rows])
+
+
+def _indent(block: str) -> str:
+    return textwrap.indent(block, "    ")
 
 
 def _rule(rule_id: str, title: str, text: str, example: str, output: str = "",
