@@ -197,8 +197,8 @@ def resolve_budget(budget: int | str | None, *, declares: bool,
         if budget is not None:
             raise ConfigError(
                 f"budget={budget!r} needs detach=True or resume=True: only a call that can "
-                f"detach or pause can return before its work ends (S0-10); drop budget= or "
-                f"declare one of them")
+                f"detach or pause can return before its work ends; drop budget= or declare one "
+                f"of them (see: nbbudget explain S0-10)")
         return None
     if budget is not None:
         return parse_duration(budget, field="budget")

@@ -37,7 +37,8 @@ def _add_inspect(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "inspect",
         help="summarise a saved trace: budget checks, consumptions and refusals by kind",
         description="Summarise a trace saved with run.trace.save(PATH): the number of budget "
-                    "checks, consumptions and refusals, and the kinds involved (S4-9).",
+                    "checks, consumptions and refusals, and the kinds involved (see: nbbudget "
+                    "explain S4-9).",
         epilog="example: nbbudget inspect trace.json --json",
     )
     inspect.add_argument("trace", metavar="TRACE.json", help="a trace file written by Trace.save")
@@ -61,7 +62,7 @@ def _inspect(args: argparse.Namespace) -> int:
 def _add_explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     explain = sub.add_parser(
         "explain",
-        help="explain a rule that a message cites, such as S0-10, with an example",
+        help="explain a rule that a message cites, with an example that runs as written",
         description="Print a rule of the model: what it says, an example that runs as written "
                     "and what the example prints, and where the documentation explains it. "
                     "Messages cite a rule as (see: nbbudget explain ID). Without an ID, list "
@@ -69,7 +70,7 @@ def _add_explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         epilog="example: nbbudget explain S0-10",
     )
     explain.add_argument("rule", metavar="ID", nargs="?",
-                         help="a rule id such as S0-10 or n-2 (any case)")
+                         help="the id of a rule, as a message cites it (any case)")
     explain.set_defaults(handler=_explain)
 
 

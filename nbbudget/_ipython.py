@@ -63,9 +63,9 @@ class NBBudget(Configurable):
     ).tag(config=True)
     approach_notice = List(
         [0.8, 0.95], allow_none=True,
-        help="The two approach-notice thresholds of a cell's run (S3-5), each in (0, 1], first "
-             "<= second: the panel turns amber, then red, and the run's notice level rises. "
-             "None turns them off.",
+        help="The two approach-notice thresholds of a cell's run, each in (0, 1], first <= "
+             "second: the panel turns amber, then red, and the run's notice level rises. None "
+             "turns them off (see: nbbudget explain S3-5).",
     ).tag(config=True)
     interactive = Bool(
         None, allow_none=True,
@@ -214,8 +214,8 @@ class BudgetMagics(Magics):
                              "outlives the budget")
         if args.budget is not None and not (args.detach or args.resume):
             raise UsageError("--budget needs --detach or --resume: only a cell that can detach "
-                             "or pause can return before its work ends (S0-10); drop --budget "
-                             "or add one of them")
+                             "or pause can return before its work ends; drop --budget or add "
+                             "one of them (see: nbbudget explain S0-10)")
         limits = _cell_limits(args, self.settings.default_limits())
         compiled = compile_cell(self.shell, cell)
         panel = self._panel(limits, args)

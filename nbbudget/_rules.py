@@ -335,7 +335,7 @@ _S0 = (
             print(err)
         """,
         """
-        budget='2s' needs detach=True or resume=True: only a call that can detach or pause can return before its work ends (S0-10); drop budget= or declare one of them
+        budget='2s' needs detach=True or resume=True: only a call that can detach or pause can return before its work ends; drop budget= or declare one of them (see: nbbudget explain S0-10)
         """,  # noqa: E501 - the output as printed, one line
     ),
     _rule(

@@ -124,7 +124,7 @@ def test_inspect_help_describes_the_command_and_shows_an_example_S4_9() -> None:
     assert text.startswith("usage: nbbudget inspect [-h] [--json] TRACE.json")
     assert (
         "Summarise a trace saved with run.trace.save(PATH): the number of budget checks, "
-        "consumptions and refusals, and the kinds involved (S4-9)."
+        "consumptions and refusals, and the kinds involved (see: nbbudget explain S4-9)."
     ) in text
     assert "--json print the summary as JSON" in text
     assert text.endswith("example: nbbudget inspect trace.json --json")
@@ -208,4 +208,5 @@ def test_explain_help_describes_the_command_and_shows_an_example() -> None:
 
 def test_help_lists_explain() -> None:
     text = one_line(nbbudget_cli("--help").stdout)
-    assert "explain explain a rule that a message cites, such as S0-10, with an example" in text
+    assert "explain explain a rule that a message cites, with an example that runs as written" in (
+        text)

@@ -1,5 +1,6 @@
 """The rules table shipped in the package (``nbbudget/_rules.py``): one entry per rule of the
-model, in order, each with a title, its text, and an example that runs as written.
+model, in order, each with a title, its text, and an example that runs as written; and the
+package's messages cite a rule as ``(see: nbbudget explain ID)``, an id from the table.
 
 Every Python example runs in a fresh ``python`` process of its own (its own store, no settings in
 the environment, stdin not a terminal) and must print exactly the output the table shows; every
@@ -8,13 +9,17 @@ notebook-cell example runs in a real kernel with nbbudget loaded and must end wi
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from rules import ALL_RULE_IDS
+from rules import ALL_RULE_IDS, RULE_ID
 
+import nbbudget
 from nbbudget._rules import RULES, find, see
 
 PYTHON_RULES = [rule for rule in RULES if rule.language == "python"]
@@ -97,3 +102,41 @@ def test_every_cell_example_runs_in_a_real_kernel(tmp_path, monkeypatch) -> None
     outputs = [o for cell in notebook.cells for o in cell.outputs]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     assert "started" in "".join(o.get("text", "") for o in notebook.cells[1].outputs)
+
+
+# -- how the package's messages cite the rules -----------------------------------------------------
+PACKAGE = Path(nbbudget.__file__).resolve().parent
+CITED = re.compile(r"\(see: nbbudget explain (\w+-\d+)\)|^example: nbbudget explain (\S+)$")
+
+
+def message_strings() -> list[tuple[str, str]]:
+    """Every string in the package's code that is not a docstring (the rules table aside), with
+    ``file:line``."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "_rules.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                           ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)}
+        found += [(f"{path.name}:{node.lineno}", node.value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  and id(node) not in docstrings]
+    return found
+
+
+def test_every_rule_a_message_cites_is_cited_as_a_look_up_and_is_in_the_table() -> None:
+    known = {rule.id for rule in RULES}
+    bare, unknown, cited = [], [], 0
+    for where, text in message_strings():
+        for match in CITED.finditer(text):
+            rule_id = match[1] or match[2]
+            cited += 1
+            if rule_id not in known:
+                unknown.append(f"{where}: {rule_id}")
+        bare += [f"{where}: {text!r}" for _ in RULE_ID.findall(CITED.sub("", text))]
+    assert bare == [], "cite a rule as (see: nbbudget explain ID)"
+    assert unknown == []
+    assert cited >= 3  # the scan reads the messages that cite rules
