@@ -47,6 +47,14 @@ def unload_ipython_extension(shell: object) -> None:
     unload(shell)
 
 
+# Errors show where users import them from: ``nbbudget.ConfigError`` in a traceback, not the
+# private module that defines it. (Not the other classes: their type hints are resolved in the
+# module that defines them.)
+for _error in (BudgetCut, BudgetError, BudgetExceeded, Cancelled, CheckpointRefused, ConfigError,
+               RunsPerDayExceeded, WideningError):
+    _error.__module__ = __name__
+del _error
+
 __all__ = [
     "Budget",
     "BudgetCut",

@@ -1124,7 +1124,8 @@ def _read_state(state: object) -> Mapping[str, Any]:
         raise ConfigError(f"a ledger state is a mapping, not {type(state).__name__}")
     if state.get("version") != STATE_VERSION:
         raise ConfigError(f"ledger state version {state.get('version')!r} is not "
-                          f"{STATE_VERSION!r}; it is refused unchanged (S4-5)")
+                          f"{STATE_VERSION!r}; it is refused unchanged "
+                          f"(see: nbbudget explain S4-5)")
     missing = [k for k in ("name", "limits", "totals", "suspend", "counts", "active_ms",
                            "notice_level", "notices") if k not in state]
     if missing:

@@ -216,8 +216,8 @@ def check_interruption(detach: object, resume: object, budget: object, *,
     if budget is not None and not (detach or resume):
         raise ConfigError(
             f"{spelling.budget.format(budget)} needs {spelling.detach} or {spelling.resume}: "
-            f"only a call that can detach or pause can return before its work ends (S0-10); "
-            f"drop {spelling.budget_flag} or declare one of them")
+            f"only a call that can detach or pause can return before its work ends; drop "
+            f"{spelling.budget_flag} or declare one of them (see: nbbudget explain S0-10)")
 
 
 def resolve_budget(budget: int | str | None, *, declares: bool,

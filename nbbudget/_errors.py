@@ -55,6 +55,9 @@ class WideningError(ConfigError):
             f"a later source may only restrict a limit, so use a value <= {current!r}"
         )
 
+    def __reduce__(self) -> Any:
+        return (type(self), (self.field, self.current, self.requested))
+
 
 class BudgetError(Exception):
     """Base class of every error that means a budget stopped work."""

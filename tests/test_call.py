@@ -234,7 +234,8 @@ def test_S0_10_budget_without_detach_or_resume_is_a_usage_error(budget):
         nb.call(lambda: ran.append(1), budget=budget)
     assert str(info.value) == (
         f"budget={budget!r} needs detach=True or resume=True: only a call that can detach or "
-        f"pause can return before its work ends (S0-10); drop budget= or declare one of them")
+        f"pause can return before its work ends; drop budget= or declare one of them "
+        f"(see: nbbudget explain S0-10)")
     assert ran == []
 
 
