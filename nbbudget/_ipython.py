@@ -65,9 +65,9 @@ class NBBudget(Configurable):
     ).tag(config=True)
     approach_notice = List(
         [0.8, 0.95], allow_none=True,
-        help="The two approach-notice thresholds of a cell's run (S3-5), each in (0, 1], first "
-             "<= second: the panel turns amber, then red, and the run's notice level rises. "
-             "None turns them off.",
+        help="The two approach-notice thresholds of a cell's run, each in (0, 1], first <= "
+             "second: the panel turns amber, then red, and the run's notice level rises. None "
+             "turns them off (see: nbbudget explain S3-5).",
     ).tag(config=True)
     interactive = Bool(
         None, allow_none=True,

@@ -218,7 +218,8 @@ def test_the_configured_home_is_used_when_NBBUDGET_HOME_is_unset(shell, monkeypa
     ("--manifest /nowhere.json", "cannot read manifest '/nowhere.json'"),
     ("--runs-per-day 0", "runs_per_day=0: use a whole number from 1"),
     ("--budget 5s", "--budget 5s needs --detach or --resume: only a call that can detach or "
-                    "pause can return before its work ends (S0-10); drop --budget or declare"),
+                    "pause can return before its work ends; drop --budget or declare one of "
+                    "them (see: nbbudget explain S0-10)"),
     ("--time '5s", """cannot read %%budget "--time '5s": no closing quotation"""),
     ("--key x\\", "cannot read %%budget '--key x\\\\': no escaped character"),
     ("--trace /no/such/t.json", "--trace '/no/such/t.json': the folder '/no/such' does not exist"),

@@ -419,7 +419,7 @@ def test_loading_json_nested_too_deep_names_the_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("path", ["a\0b.json", 3.5, None])
 def test_loading_from_what_is_not_a_path_names_it(path: object) -> None:
-    with pytest.raises(nb.ConfigError, match="is not a file path; give a str or a pathlib.Path"):
+    with pytest.raises(nb.ConfigError, match=r"is not a file path; give a str or a pathlib\.Path"):
         nb.Trace.load(path)  # type: ignore[arg-type]
 
 
