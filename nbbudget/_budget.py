@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import functools
-import itertools
 import math
 import threading
 import time
@@ -200,7 +199,6 @@ class Budget:
         self._outcome: Outcome | None = None
         self._output: Any = None
         self._tokens: list[contextvars.Token[Budget | None]] = []
-        self._tool_seq = itertools.count(1)
 
     # -- the hot path --------------------------------------------------------------------------
     # A run reserves permits of each whole-number kind in blocks, into a pool (a list) per kind.
