@@ -107,7 +107,7 @@ def plot_trace(trace: Trace, ax: Any = None) -> Any:
            label="approach notice")
     _marks(ax, frame[frame["kind"] == "dispatch_refused_budget_exceeded"],
            lambda p: 1.0, marker="x", color="red", label="refused")
-    stops = frame[frame["kind"].isin(["cut", "watchdog_cut", "cancelled"])]
+    stops = frame[frame["kind"].isin(["cut", "watchdog_cut", "cancel_requested", "cancelled"])]
     for t_ms, payload in zip(stops["t_ms"], stops["payload"], strict=True):
         by = (payload or {}).get("by") or "stop"
         ax.axvline(t_ms, color="red", linestyle="--", linewidth=1, label=f"cut ({by})")
@@ -132,21 +132,24 @@ def _marks(ax: Any, rows: pd.DataFrame, height: Any, **style: Any) -> None:
 
 def jobs_frame(jobs: Any) -> pd.DataFrame:
     """The jobs of this process, then the store's records of other processes (``lost`` among
-    them), one row each."""
+    them), one row each. ``cancel`` is what became of a cancel (``requested``, ``stopped``,
+    ``not honoured``), known for this process's jobs."""
     from ._store import store
 
-    rows = [{"id": j.id, "label": j.label, "state": j.state.value, "pid": os.getpid(),
-             "created": j.created, "ended": j.ended, "error": _first_line(j.traceback),
-             "output": j.output_text}
+    rows = [{"id": j.id, "label": j.label, "state": j.state.value, "cancel": j.cancel_status,
+             "pid": os.getpid(), "created": j.created, "ended": j.ended,
+             "error": _first_line(j.traceback), "output": j.output_text}
             for j in jobs]
     seen = {r["id"] for r in rows}
     for rec in store().jobs():
         if rec["id"] not in seen:
+            # a settled record was last written when its job ended; a lost one, when found lost
+            ended = rec["updated"] if rec["state"] in ("done", "failed", "cancelled") else None
             rows.append({"id": rec["id"], "label": rec["label"], "state": rec["state"],
-                         "pid": rec["pid"], "created": rec["created"], "ended": None,
-                         "error": _first_line(rec["error"]), "output": None})
-    frame = pd.DataFrame(rows, columns=["id", "label", "state", "pid", "created", "ended",
-                                        "error", "output"])
+                         "cancel": None, "pid": rec["pid"], "created": rec["created"],
+                         "ended": ended, "error": _first_line(rec["error"]), "output": None})
+    frame = pd.DataFrame(rows, columns=["id", "label", "state", "cancel", "pid", "created",
+                                        "ended", "error", "output"])
     for col in ("created", "ended"):
         frame[col] = pd.to_datetime(frame[col], unit="s", utc=True)
     return frame.set_index("id")
