@@ -339,7 +339,9 @@ class BudgetMagics(Magics):
         """
         args = parse_argstring(self.budget, line)
         if args.command == "jobs":
-            return jobs.to_frame()
+            from ._frames import jobs_table  # pandas, only when asked
+
+            return jobs_table(jobs)
         if args.command in ("status", "trace"):
             run = self.last_run
             if run is None:

@@ -56,11 +56,12 @@ def test_budget_jobs_lists_a_detached_call_and_wait_gives_its_result(shell):
     resp = nb.call(slow, detach=True, budget="50ms")
     assert resp.exit_code == 14
     job_id = resp.data["job"]
-    frame = shell.run_line_magic("budget", "jobs")
-    assert frame.loc[job_id, "state"] == "running"
+    table = shell.run_line_magic("budget", "jobs")
+    assert table.frame.loc[job_id, "state"] == "running"
+    assert table.frame.loc[job_id, "took"].endswith(" so far")
     release.set()
     assert shell.run_line_magic("budget", f"wait {job_id} --timeout 5") == "done"
-    assert shell.run_line_magic("budget", "jobs").loc[job_id, "state"] == "done"
+    assert shell.run_line_magic("budget", "jobs").frame.loc[job_id, "state"] == "done"
 
 
 def test_budget_cancel_stops_a_cooperative_job_and_says_so(shell, capsys):
