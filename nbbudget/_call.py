@@ -380,14 +380,16 @@ def _work(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
     """Runs on a worker thread: the work, under its run, with this call visible to it. Returns
     what tells the caller, run once the worker is free again."""
     _current_call.set(ctx)
+    returned, value = False, None
     try:
         with ctx.run:
             value = fn(*args, **kwargs)
+            returned = True
     except _Pause as paused:
         job.paused = True
         job._settle(JobState.DONE, value=paused.saved)
     except Cancelled as exc:
-        job._settle(JobState.CANCELLED, error=exc)
+        _settle_cancelled(job, exc, returned, value)
     except (KeyboardInterrupt, SystemExit) as exc:  # only in place, in the caller's thread
         job._settle(JobState.CANCELLED, error=exc)
         job._signal()
@@ -404,6 +406,20 @@ def _work(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
         ctx.wake.set()
 
     return tell
+
+
+def _settle_cancelled(job: Job, exc: Cancelled, returned: bool, value: Any) -> None:
+    """The work ended under a cancel. It stopped at a budget check (the cancel was honoured),
+    or it ended without reaching one: then its value, or its own error (the cause of the
+    `Cancelled` its run raised at the end), is kept and the cancel was not honoured."""
+    if not job.run.cancelled:  # a Cancelled of the work's own, not of this job's run
+        job._settle(JobState.CANCELLED, error=exc)
+    elif returned:
+        job._settle(JobState.DONE, value=value, honoured=False)
+    elif exc.__cause__ is not None:
+        job._settle(JobState.FAILED, error=exc.__cause__, honoured=False)
+    else:
+        job._settle(JobState.CANCELLED, error=exc, honoured=True)
 
 
 # -- waiting and answering -----------------------------------------------------------------------

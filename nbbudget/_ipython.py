@@ -31,7 +31,7 @@ from ._cell import (
 from ._duration import parse_duration
 from ._errors import Cancelled, ConfigError, show
 from ._files import check_target
-from ._jobs import jobs
+from ._jobs import Job, jobs
 from ._limits import NO_LIMITS as _NO_LIMITS
 from ._limits import Limits, Manifest
 from ._panel import Panel, summary
@@ -334,8 +334,9 @@ class BudgetMagics(Magics):
     @magic_arguments()
     @argument("command", choices=["jobs", "wait", "cancel", "status", "trace"],
               help="jobs: list the background jobs; wait ID: wait for job ID and show its "
-                   "result; cancel ID: ask job ID to stop; status: what the last %%%%budget "
-                   "cell's run used, per axis; trace: its trace events")
+                   "result; cancel ID: ask job ID to stop at its next budget check, and say "
+                   "whether it did; status: what the last %%%%budget cell's run used, per "
+                   "axis; trace: its trace events")
     @argument("job", nargs="?", help="the job id, as in %%budget jobs")
     @argument("--timeout", type=float, default=None,
               help="with wait: give up after this many seconds")
@@ -353,7 +354,9 @@ class BudgetMagics(Magics):
         """
         args = parse_argstring(self.budget, line)
         if args.command == "jobs":
-            return jobs.to_frame()
+            from ._frames import jobs_table  # pandas, only when asked
+
+            return jobs_table(jobs)
         if args.command in ("status", "trace"):
             run = self.last_run
             if run is None:
@@ -368,7 +371,7 @@ class BudgetMagics(Magics):
         except KeyError as exc:
             raise UsageError(str(exc.args[0])) from None
         if args.command == "cancel":
-            job.cancel()
+            print(_cancel(job))
             return None
         try:
             return job.result(timeout=args.timeout)
@@ -407,6 +410,39 @@ def _parse_cell_line(line: str) -> Any:
         raise UsageError(f"cannot read %%budget {show(line)}: {str(exc).lower()}; quote a value "
                          f"as a shell does, e.g. --key 'my work' or --key \"my work\"") from None
     return BudgetMagics.budget_cell.parser.parse_args(words)
+
+
+#: how long ``%budget cancel`` waits to see whether the job stops at a budget check
+_CANCEL_WAIT_S = 0.5
+
+
+def _cancel(job: Job) -> str:
+    """Cancel *job* and say what that did, in one line: the job had already ended, or it
+    stopped at a budget check, or it ended anyway, or it has not reached a check yet."""
+    if job.done():
+        return f"job {job.id} had already ended ({job.state}); there was nothing to cancel"
+    status = job.cancel("cancelled with %budget cancel", wait=_CANCEL_WAIT_S)
+    if status == "stopped":
+        return f"job {job.id} stopped at a budget check"
+    if status == "not honoured":
+        kept = "error" if job.state.value == "failed" else "result"
+        return (f"job {job.id} ended ({job.state}) before it reached a budget check: the cancel "
+                f"was not honoured, and its {kept} is kept (nb.jobs[{job.id!r}])")
+    return (f"cancel requested for job {job.id}; it has not reached a budget check yet: it will "
+            f"stop at its next one, or finish anyway (see %budget jobs)")
+
+
+_CANCEL_NOTES = {"stopped": " (stopped at a budget check)",
+                 "not honoured": " (cancel not honoured)"}
+
+
+def _ended_how(job: Job) -> str:
+    """How a job ended, for the line before the next cell."""
+    error = job.exception()
+    how = job.state.value
+    if error is not None and how == "failed":
+        how = f"failed: {type(error).__name__}: {error}"
+    return how + _CANCEL_NOTES.get(job.cancel_status or "", "")
 
 
 def _cell_limits(args: Any, defaults: Limits) -> Limits:
@@ -488,11 +524,8 @@ class _EndedJobs:
         for job in jobs:
             if job.done() and job.id not in self.told:
                 self.told.add(job.id)
-                error = job.exception()
-                how = f"failed: {type(error).__name__}: {error}" if error is not None and \
-                    job.state.value == "failed" else job.state.value
-                print(f"nbbudget: job {job.id} ({job.label}) ended since the last cell: {how}; "
-                      f"see nb.jobs[{job.id!r}]")
+                print(f"nbbudget: job {job.id} ({job.label}) ended since the last cell: "
+                      f"{_ended_how(job)}; see nb.jobs[{job.id!r}]")
 
 
 _LOADED: dict[int, tuple[NBBudget, BudgetMagics, _EndedJobs]] = {}

@@ -453,6 +453,15 @@ _S2 = (
         Cancelling a run stops every grant and sub-agent inside it. A stopped child is reported
         to its caller as `stopped` and is never retried. `cancel()` is idempotent and safe from
         any thread, and every later check raises again.
+
+        A cancel is a request: Python cannot stop a thread from outside, so the work stops at
+        its next budget check (`step()`, `charge()`, `check()`, a tool call, `nb.checkpoint`).
+        The trace keeps both moments: `cancel_requested` when `cancel()` is called,
+        `cancel_observed` when the work first reaches a check after it. A background job stays
+        `running` (`job.cancel_status == "requested"`) until its work ends, then settles
+        `cancelled` (`"stopped"`) or, when the work ended without reaching a check, `done` or
+        `failed` with its result or error kept (`"not honoured"`); `%budget cancel ID` says
+        which.
         """,
         """
         import nbbudget as nb

@@ -199,7 +199,33 @@ def test_cancel_is_idempotent_and_the_first_reason_wins(clock):
     run.cancel("second")
     with pytest.raises(nb.Cancelled, match="first"), run:
         pass
-    assert [e.kind for e in run.trace.events].count("cancelled") == 1
+    assert [e.kind for e in run.trace.events].count("cancel_requested") == 1
+
+
+def test_S2_3_the_trace_records_a_cancel_when_requested_and_when_the_work_observes_it(clock):
+    run = nb.budget(clock=clock)
+    with pytest.raises(nb.Cancelled), run:
+        clock.advance(10)
+        run.cancel("enough")
+        clock.advance(5)
+        for _ in range(3):  # every check raises again; the trace notes the first one
+            with pytest.raises(BaseException) as info:
+                run.step()
+            assert not isinstance(info.value, Exception)
+    cancels = [(e.kind, e.t_ms) for e in run.trace.events if e.kind.startswith("cancel")]
+    assert cancels == [("cancel_requested", 10.0), ("cancel_observed", 15.0)]
+    assert next(e for e in run.trace.events if e.kind == "cancel_requested").payload == {
+        "status": "stopped", "cause": "user", "by": None, "code": "Stopped",
+        "message": "run was stopped: enough"}
+
+
+def test_S2_3_a_cancel_the_work_never_reaches_is_requested_and_never_observed(clock):
+    run = nb.budget(clock=clock)
+    with pytest.raises(nb.Cancelled), run:
+        run.cancel()
+    kinds = [e.kind for e in run.trace.events]
+    assert "cancel_requested" in kinds
+    assert "cancel_observed" not in kinds
 
 
 def test_cancellation_is_level_triggered_every_later_check_raises_again(clock):

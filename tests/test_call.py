@@ -928,6 +928,91 @@ def test_cancelling_a_detached_cooperative_job_ends_it_cancelled(clock):
     assert again.error["code"] == "stopped"
 
 
+def test_a_cancelled_job_whose_work_never_checks_runs_on_then_keeps_its_result(clock):
+    release = threading.Event()
+
+    def never_checks() -> str:
+        outlive(clock)
+        release.wait(SOON)
+        return "finished A"
+
+    resp = nb.call(never_checks, detach=True, budget="1s", clock=clock)
+    job = nb.jobs[resp.data["job"]]
+    assert job.cancel_status is None
+    assert job.cancel() == "requested"
+    assert job.state is nb.JobState.RUNNING  # the work has not stopped: it never checks
+    assert (job.cancel_status, job.cancel_honoured) == ("requested", None)
+    assert job.cancel_requested is not None
+    assert "cancel requested" in repr(job)
+    release.set()
+    assert job.result(timeout=SOON) == "finished A"  # its result is kept
+    assert job.state is nb.JobState.DONE
+    assert (job.cancel_status, job.cancel_honoured) == ("not honoured", False)
+    kinds = [e.kind for e in job.run.trace.events]
+    assert "cancel_requested" in kinds and "cancel_observed" not in kinds
+    _eventually(lambda: {r["id"]: r["state"] for r in nb.store().jobs()}.get(job.id) == "done")
+    frame = nb.jobs.to_frame()
+    assert (frame.loc[job.id, "state"], frame.loc[job.id, "cancel"]) == ("done", "not honoured")
+    again = nb.call(never_checks, detach=True, budget="1s", clock=FakeClock())
+    assert (again.ok, again.data) == (True, "finished A")  # the identical call gets the result
+
+
+def test_a_cancelled_job_whose_work_fails_before_any_check_keeps_its_own_error(clock):
+    release = threading.Event()
+
+    def fails() -> None:
+        outlive(clock)
+        release.wait(SOON)
+        raise RowError("row 9 is malformed")
+
+    resp = nb.call(fails, detach=True, budget="1s", clock=clock)
+    job = nb.jobs[resp.data["job"]]
+    job.cancel()
+    release.set()
+    with pytest.raises(RowError, match="row 9 is malformed"):
+        job.result(timeout=SOON)
+    assert job.state is nb.JobState.FAILED
+    assert job.cancel_status == "not honoured"
+    assert "RowError: row 9 is malformed" in job.traceback
+
+
+def test_a_cancelled_job_whose_work_checks_stops_there_and_says_so(clock):
+    def checks() -> str:
+        outlive(clock)
+        run = nb.current()
+        deadline = time.monotonic() + SOON
+        while time.monotonic() < deadline:
+            run.check()
+            time.sleep(0.002)
+        return "never cancelled"
+
+    resp = nb.call(checks, detach=True, budget="1s", clock=clock)
+    job = nb.jobs[resp.data["job"]]
+    assert job.cancel(wait=SOON) == "stopped"
+    assert job.state is nb.JobState.CANCELLED
+    assert (job.cancel_status, job.cancel_honoured) == ("stopped", True)
+    kinds = [e.kind for e in job.run.trace.events]
+    assert kinds.index("cancel_requested") < kinds.index("cancel_observed")
+    assert job.cancel() == "stopped"  # idempotent: it says what happened
+
+
+def test_cancelling_a_job_that_already_ended_does_nothing(clock):
+    release = threading.Event()
+
+    def quick() -> str:
+        outlive(clock)
+        release.wait(SOON)
+        return "ended"
+
+    resp = nb.call(quick, detach=True, budget="1s", clock=clock)
+    job = nb.jobs[resp.data["job"]]
+    release.set()
+    assert job.result(timeout=SOON) == "ended"
+    assert job.cancel() is None
+    assert (job.state, job.cancel_requested, job.cancel_status) == (nb.JobState.DONE, None, None)
+    assert "cancel_requested" not in [e.kind for e in job.run.trace.events]
+
+
 # -- inside the work -------------------------------------------------------------------------------
 def test_checkpoint_and_resume_state_outside_a_call_are_config_errors():
     with pytest.raises(nb.ConfigError) as info:

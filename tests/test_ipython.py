@@ -56,14 +56,15 @@ def test_budget_jobs_lists_a_detached_call_and_wait_gives_its_result(shell):
     resp = nb.call(slow, detach=True, budget="50ms")
     assert resp.exit_code == 14
     job_id = resp.data["job"]
-    frame = shell.run_line_magic("budget", "jobs")
-    assert frame.loc[job_id, "state"] == "running"
+    table = shell.run_line_magic("budget", "jobs")
+    assert table.frame.loc[job_id, "state"] == "running"
+    assert table.frame.loc[job_id, "took"].endswith(" so far")
     release.set()
     assert shell.run_line_magic("budget", f"wait {job_id} --timeout 5") == "done"
-    assert shell.run_line_magic("budget", "jobs").loc[job_id, "state"] == "done"
+    assert shell.run_line_magic("budget", "jobs").frame.loc[job_id, "state"] == "done"
 
 
-def test_budget_cancel_stops_a_cooperative_job(shell):
+def test_budget_cancel_stops_a_cooperative_job_and_says_so(shell, capsys):
     def loop() -> None:
         run = nb.current()
         while True:
@@ -71,9 +72,29 @@ def test_budget_cancel_stops_a_cooperative_job(shell):
             threading.Event().wait(0.01)
 
     resp = nb.call(loop, detach=True, budget="50ms")
-    shell.run_line_magic("budget", f"cancel {resp.data['job']}")
-    assert nb.jobs[resp.data["job"]].wait_done(5)
-    assert nb.jobs[resp.data["job"]].state is nb.JobState.CANCELLED
+    job_id = resp.data["job"]
+    shell.run_line_magic("budget", f"cancel {job_id}")
+    assert capsys.readouterr().out == f"job {job_id} stopped at a budget check\n"
+    assert nb.jobs[job_id].wait_done(5)
+    assert nb.jobs[job_id].state is nb.JobState.CANCELLED
+
+
+def test_budget_cancel_says_when_a_job_ended_anyway_and_kept_its_result(shell, capsys):
+    def never_checks() -> str:
+        run = nb.current()
+        for _ in range(1000):  # it sees the cancel (a flag, not a check) and returns anyway
+            if run.cancelled:
+                break
+            threading.Event().wait(0.005)
+        return "finished A"
+
+    resp = nb.call(never_checks, detach=True, budget="50ms")
+    job_id = resp.data["job"]
+    shell.run_line_magic("budget", f"cancel {job_id}")
+    assert capsys.readouterr().out == (
+        f"job {job_id} ended (done) before it reached a budget check: the cancel was not "
+        f"honoured, and its result is kept (nb.jobs[{job_id!r}])\n")
+    assert nb.jobs[job_id].result() == "finished A"
 
 
 @pytest.mark.parametrize("line, message", [

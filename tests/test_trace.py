@@ -622,3 +622,23 @@ def test_plot_draws_each_limited_axis_against_its_limit_with_notices_refusals_an
         assert [t.get_text() for t in ax.get_legend().get_texts()].count("refused") == 1
     finally:
         plt.close(ax.figure)
+
+
+def test_plot_marks_a_cancel_when_it_was_requested():
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    clock = FakeClock()
+    with pytest.raises(nb.Cancelled), nb.budget(steps=10, clock=clock) as run:
+        run.step()
+        clock.advance("1s")
+        run.cancel("enough")
+        clock.advance("2s")
+    ax = run.trace.plot()
+    try:
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert list(lines["cut (stop)"].get_xdata()) == [1000.0] * 2  # the request, at 1 s
+        assert list(lines["stopped (user)"].get_xdata()) == [3000.0] * 2  # the end, at 3 s
+    finally:
+        plt.close(ax.figure)
