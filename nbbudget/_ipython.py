@@ -224,15 +224,15 @@ class BudgetMagics(Magics):
                 return self._call(compiled, line, cell, args, limits, panel)
             return self._run_here(compiled, cell, args, limits, panel)
         finally:
-            if panel is not None and panel.run is None:
-                panel.close()  # the work never started: nothing to watch
+            if panel is not None:
+                panel.end_cell()  # however the cell ended (a second call does nothing)
 
     def _panel(self, limits: Limits, args: Any) -> Panel | None:
         """The live panel, shown before the work starts; None where widgets are off or fail."""
         panel = None
         if self.settings.widget and not args.no_widget:
             panel = Panel(limits, widgets=True, interval_ms=self.settings.update_interval_ms,
-                          pausable=args.resume)
+                          pausable=args.resume, shell=self.shell)
             if not panel.live:
                 panel = None  # no widgets here: one line of text at the end stands in
         self.last_panel = panel
@@ -255,7 +255,9 @@ class BudgetMagics(Magics):
         finally:
             if args.trace:
                 run.trace.save(args.trace, overwrite=True)
-            if panel is None:
+            if panel is not None:
+                panel.end_cell(run)
+            else:
                 _display_text(summary(run.snapshot()))
 
     def _call(self, compiled: CompiledCell, line: str, cell: str, args: Any, limits: Limits,
@@ -281,7 +283,9 @@ class BudgetMagics(Magics):
                               notices=self.settings.notices(), runs_per_day=args.runs_per_day)
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
-        if panel is None and not (args.detach or args.resume) and resp.job is not None:
+        if panel is not None:
+            panel.end_cell(job=resp.job, state=_incomplete_state(resp))
+        elif not (args.detach or args.resume) and resp.job is not None:
             _display_text(summary(resp.job.run.snapshot()))
         return self._finish(resp, args)
 
@@ -428,6 +432,15 @@ def _display_envelope(resp: Response) -> None:
     from IPython.display import display
 
     display({MIME: json.loads(resp.to_json()), "text/plain": _summary(resp)}, raw=True)
+
+
+def _incomplete_state(resp: Response) -> str | None:
+    """How an INCOMPLETE cell left its run, for its panel, in its envelope's words."""
+    if resp.exit_code != EXIT_INCOMPLETE:
+        return None
+    if resp.data["state"] == "paused":
+        return f"paused at checkpoint {resp.data['checkpoint']}"
+    return f"running in the background as job {resp.data['job']}"
 
 
 def _summary(resp: Response) -> str:
