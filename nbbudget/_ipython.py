@@ -344,11 +344,7 @@ class BudgetMagics(Magics):
         if args.command == "jobs":
             return jobs.to_frame()
         if args.command in ("status", "trace"):
-            run = self.last_run
-            if run is None:
-                raise UsageError(f"%budget {args.command} shows the last %%budget cell's run, "
-                                 f"and no %%budget cell has run yet in this kernel")
-            return run.usage() if args.command == "status" else run.trace.to_frame()
+            return self._last_run_shown(args.command)
         if not args.job:
             raise UsageError(f"%budget {args.command} needs a job id, e.g. "
                              f"%budget {args.command} 1a2b-3 (see %budget jobs)")
@@ -363,6 +359,24 @@ class BudgetMagics(Magics):
             return job.result(timeout=args.timeout)
         except TimeoutError as exc:
             raise UsageError(str(exc)) from None
+
+    def _last_run_shown(self, command: str) -> Any:
+        """``%budget status``: what the last cell's run used, per limit; ``%budget trace``: its
+        events, times in ms to two decimals. A sentence where there is nothing to show."""
+        run = self.last_run
+        if run is None:
+            print(f"No %%budget cell has run yet in this kernel; %budget {command} shows the "
+                  f"last one's run.")
+            return None
+        if command == "trace":
+            return run.trace.to_frame().round({"t_ms": 2})
+        snap = run.snapshot()
+        if not snap.axes:
+            state = snap.outcome.status.value if snap.outcome is not None else snap.status
+            print(f"The last %%budget cell ({snap.name}) set no limits, so there is no use per "
+                  f"limit to show; it ran {_duration(snap.elapsed_ms)} ({state}).")
+            return None
+        return run.usage()
 
 
 def _cell_limits(args: Any, defaults: Limits) -> Limits:
@@ -432,6 +446,16 @@ def _display_envelope(resp: Response) -> None:
     from IPython.display import display
 
     display({MIME: json.loads(resp.to_json()), "text/plain": _summary(resp)}, raw=True)
+
+
+def _duration(ms: float) -> str:
+    """A duration as a person reads it: 840 ms, 12.3 s, 4 min 5 s."""
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    minutes, seconds = divmod(round(ms / 1000), 60)
+    return f"{minutes} min {seconds} s"
 
 
 def _incomplete_state(resp: Response) -> str | None:

@@ -1,0 +1,30 @@
+"""What a person reads in a real kernel from ``%budget status``, ``%budget trace``,
+``run.usage()`` and ``trace.replay()`` (N-4, S4-9): a sentence when there is nothing to show,
+whole numbers kept whole, short times, a table for a replay."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from test_magic_kernel import kernel, run  # noqa: F401 - a module-scoped kernel fixture
+
+pytestmark = pytest.mark.realclock
+
+
+def test_N_4_status_with_nothing_to_show_says_so_in_a_sentence(kernel):  # noqa: F811
+    cell = run(kernel, "%%budget --detach --budget 30s\nx = 1")
+    assert cell.status == "ok"
+    status = run(kernel, "%budget status")
+    assert status.status == "ok"
+    assert status.result is None
+    assert re.fullmatch(r"The last %%budget cell \(cell: x = 1\) set no limits, so there is no "
+                        r"use per limit to show; it ran \d+ ms \(completed\)\.\n",
+                        status.stdout), status.stdout
+
+
+def test_N_4_the_trace_of_the_last_cell_shows_short_times(kernel):  # noqa: F811
+    run(kernel, "%%budget --steps 5 --no-widget\nfor _ in range(3):\n    nb.current().step()")
+    shown = run(kernel, "print(get_ipython().run_line_magic('budget', 'trace')['t_ms'].tolist())")
+    times = [float(t) for t in shown.stdout.strip().strip("[]").split(",")]
+    assert times and all(t == round(t, 2) for t in times), shown.stdout
