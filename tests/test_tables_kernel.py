@@ -23,6 +23,20 @@ def test_N_4_status_with_nothing_to_show_says_so_in_a_sentence(kernel):  # noqa:
                         status.stdout), status.stdout
 
 
+def test_N_4_usage_keeps_whole_limits_whole_beside_a_cost(kernel):  # noqa: F811
+    cell = run(kernel, "%%budget --steps 10 --tokens 2000 --cost 0.5 --no-widget\n"
+                       "nb.current().charge('steps', 3)\nnb.current().charge('tokens', 150)\n"
+                       "nb.current().charge('cost_usd', 0.125)")
+    assert cell.status == "ok", cell.reply["content"]
+    shown = run(kernel, "%budget status").result
+    rows = {line.split()[0]: line.split()[1:] for line in shown.splitlines()[2:]}
+    assert {kind: values[:3] for kind, values in rows.items()} == {
+        "tokens": ["2000", "150", "1850"], "cost_usd": ["0.5", "0.125", "0.375"],
+        "steps": ["10", "3", "7"]}, shown
+    assert [float(rows[kind][3]) for kind in ("tokens", "cost_usd", "steps")] == [
+        0.075, 0.25, 0.3]
+
+
 def test_N_4_the_trace_of_the_last_cell_shows_short_times(kernel):  # noqa: F811
     run(kernel, "%%budget --steps 5 --no-widget\nfor _ in range(3):\n    nb.current().step()")
     shown = run(kernel, "print(get_ipython().run_line_magic('budget', 'trace')['t_ms'].tolist())")
