@@ -42,3 +42,24 @@ def test_N_4_the_trace_of_the_last_cell_shows_short_times(kernel):  # noqa: F811
     shown = run(kernel, "print(get_ipython().run_line_magic('budget', 'trace')['t_ms'].tolist())")
     times = [float(t) for t in shown.stdout.strip().strip("[]").split(",")]
     assert times and all(t == round(t, 2) for t in times), shown.stdout
+
+
+def test_S4_9_a_replay_reads_as_a_table_with_short_times(kernel):  # noqa: F811
+    cell = run(kernel, """\
+        with nb.budget(trace="full", name="agent") as agent:
+            for _ in range(3):
+                agent.step()
+                agent.charge("tokens", 400, target="model:reply")
+        agent.trace.replay(nb.Limits(tokens=1000))
+        """)
+    assert cell.status == "ok", cell.reply["content"]
+    lines = cell.result.splitlines()
+    assert lines[0] == "1 charge would have been refused under these limits (replayed charge " \
+                       "by charge):"
+    assert lines[1].split() == ["index", "t_ms", "budget_kind", "limit_value", "consumed_value",
+                                "amount", "target_ref"]
+    assert re.fullmatch(r"5\s+\d+\.\d{2}\s+tokens\s+1000\s+800\s+400\s+model:reply",
+                        lines[2].strip()), lines
+    held = run(kernel, "agent.trace.replay(nb.Limits(tokens=5000))").result
+    assert held == "No charge would have been refused under these limits (replayed charge by " \
+                   "charge)."
