@@ -152,11 +152,13 @@ class Panel:
             if self._done.is_set():
                 return False
             if not self._cell_over:  # the cell holds its caller: the panel follows the run
-                self._draw(run.snapshot(), None)
+                snap = run.snapshot()
+                self._draw(snap, summary(snap))
                 return True
             if run.outcome is None:  # a detached job goes on after its cell
                 if self._late_sends:
-                    self._draw(run.snapshot(), self._state)
+                    snap = run.snapshot()
+                    self._draw(snap, summary(snap, self._state))
                 return True
             self._done.set()
             if self._late_sends:
@@ -172,22 +174,18 @@ class Panel:
             self.pause_requested.clear()
 
     # -- drawing (under the lock) ---------------------------------------------------------------
-    def _draw(self, snap: Snapshot, state: str | None) -> None:
-        """The widgets only (the live view)."""
+    def _draw(self, snap: Snapshot | None, text: str) -> None:
+        """The widgets only (the live view): *snap* (none: nothing ran) under *text*."""
         if self._view is not None:
             try:
-                self._view.update(snap, summary(snap, state))
+                self._view.update(snap, text)
             except Exception:  # a widget failure never breaks the cell
                 self._view = None
 
     def _show(self, snap: Snapshot | None, state: str | None, late: str = "") -> None:
         """The widgets and the text: the state a cell ends in, or a detached job's last."""
         self._text = (summary(snap, state) if snap is not None else NOTHING_RAN) + late
-        if self._view is not None:
-            try:
-                self._view.update(snap, self._text)
-            except Exception:  # a widget failure never breaks the cell
-                self._view = None
+        self._draw(snap, self._text)
         if self._handle is not None:
             with contextlib.suppress(Exception):  # the kernel may have gone: no one to show
                 self._handle.update(self._bundle(), raw=True)

@@ -38,19 +38,24 @@ def test_N_3_the_panel_follows_the_run_axis_by_axis():
     with nb.budget(limits, clock=clock, name="cell") as run:
         panel.attach(run)
         run.charge("steps", 5)
-        panel._draw(run.snapshot(), None)
+        _draw(panel, run)
         assert (view.bars["steps"].value, view.labels["steps"].value) == (0.5, "5 / 10")
         assert view.bars["steps"].bar_style == "info"
         run.charge("tokens", 85)  # past the first notice threshold
-        panel._draw(run.snapshot(), None)
+        _draw(panel, run)
         assert view.bars["tokens"].bar_style == "warning"
         run.charge("tokens", 12)  # past the second
-        panel._draw(run.snapshot(), None)
+        _draw(panel, run)
         assert view.bars["steps"].bar_style == "danger"
     panel.end_cell()
     assert {b.bar_style for b in view.bars.values()} == {"success"}
     assert view.status.value == "<b>nbbudget cell: completed, 0.0 s; steps 5/10, tokens 97/100</b>"
     assert panel.text == "nbbudget cell: completed, 0.0 s; steps 5/10, tokens 97/100"
+
+
+def _draw(panel, run):
+    snap = run.snapshot()
+    panel._draw(snap, summary(snap))
 
 
 def test_N_3_the_text_summary_names_the_state_and_each_axis():
