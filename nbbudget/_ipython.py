@@ -372,9 +372,8 @@ class BudgetMagics(Magics):
             return run.trace.to_frame().round({"t_ms": 2})
         snap = run.snapshot()
         if not snap.axes:
-            state = snap.outcome.status.value if snap.outcome is not None else snap.status
             print(f"The last %%budget cell ({snap.name}) set no limits, so there is no use per "
-                  f"limit to show; it ran {_duration(snap.elapsed_ms)} ({state}).")
+                  f"limit to show; it ran {_duration(snap.elapsed_ms)} ({snap.status}).")
             return None
         return run.usage()
 

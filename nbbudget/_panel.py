@@ -44,8 +44,8 @@ def summary(snap: Snapshot, state: str | None = None) -> str:
     """The panel in one line of text (its ``text/plain``); *state* in place of the run's own
     (how an INCOMPLETE cell left it: ``running in the background as job 1a2b-3``)."""
     axes = ", ".join(f"{a.kind} {_num(a.consumed)}/{_num(a.limit)}" for a in snap.axes)
-    if state is None:
-        state = snap.outcome.status.value if snap.outcome is not None else snap.status
+    if state is None:  # the snapshot's status is the outcome's, once there is one
+        state = snap.status
         if snap.outcome is not None and snap.outcome.by:
             state += f" (by {snap.outcome.by})"
     clock = f", {snap.elapsed_ms / 1000:.1f} s"
