@@ -70,6 +70,7 @@ class Panel:
         self._done = threading.Event()  # the final state is shown: nothing more to send
         self._lock = threading.Lock()  # one writer at a time: the updater or the cell
         self._cell_over = False
+        self._late_from = 0.0  # when a detached job's panel may send again (time.monotonic)
         self._state: str | None = None  # how the cell left a run that is not over
         self._job: Job | None = None
         self._late_sends = shell is None or pins_all_output(shell)
@@ -127,6 +128,9 @@ class Panel:
             if self._cell_over:
                 return
             self._cell_over = True
+            # a driver listens to the cell until its idle status, just after the reply: the
+            # job's next state waits one redraw, so that no driver saves it as the cell's own
+            self._late_from = time.monotonic() + self.interval
             self.run = self.run or run or (job.run if job is not None else None)
             self._job, self._state = job, state
             ran = self.run
@@ -154,6 +158,8 @@ class Panel:
             if not self._cell_over:  # the cell holds its caller: the panel follows the run
                 snap = run.snapshot()
                 self._draw(snap, summary(snap))
+                return True
+            if time.monotonic() < self._late_from:  # its driver may still be listening
                 return True
             if run.outcome is None:  # a detached job goes on after its cell
                 if self._late_sends:
