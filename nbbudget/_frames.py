@@ -14,7 +14,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "nbbudget's DataFrames need pandas; install it with: pip install 'nbbudget[frames]'"
     ) from exc
 
-from ._kinds import KINDS
+from ._kinds import KIND_INDEX, KINDS
 
 if TYPE_CHECKING:
     from ._budget import Snapshot
@@ -25,10 +25,22 @@ __all__ = ["JobsTable", "jobs_frame", "jobs_table", "plot_trace", "trace_frame",
 
 
 def usage_frame(snap: Snapshot) -> pd.DataFrame:
-    """One row per armed axis, indexed by kind: limit, consumed, remaining, fraction."""
-    rows = [(a.kind, a.limit, a.consumed, a.remaining, a.fraction) for a in snap.axes]
-    frame = pd.DataFrame(rows, columns=["kind", "limit", "consumed", "remaining", "fraction"])
-    return frame.set_index("kind")
+    """One row per armed axis, indexed by kind: limit, consumed, remaining, fraction. Counts
+    and milliseconds are whole numbers and dollars are not: beside a cost row the first three
+    columns hold both (dtype ``object``), so that ``10`` steps never reads ``10.0``."""
+    rows = [(a.kind, *(_amount(a.kind, x) for x in (a.limit, a.consumed, a.remaining)),
+             a.fraction) for a in snap.axes]
+    columns = ["kind", "limit", "consumed", "remaining", "fraction"]
+    mixed = len({KINDS[KIND_INDEX[a.kind]].integral for a in snap.axes}) > 1
+    frame = pd.DataFrame(rows, columns=columns, dtype=object if mixed else None)
+    return frame.astype({"fraction": float}).set_index("kind")
+
+
+def _amount(kind: str, value: float) -> float:
+    """*value* as a number of *kind*: whole for counts and milliseconds, dollars as they are."""
+    if KINDS[KIND_INDEX[kind]].integral and float(value).is_integer():
+        return int(value)
+    return value
 
 
 def trace_frame(trace: Trace) -> pd.DataFrame:

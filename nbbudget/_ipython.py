@@ -252,15 +252,15 @@ class BudgetMagics(Magics):
                 return self._call(compiled, line, cell, args, limits, panel)
             return self._run_here(compiled, cell, args, limits, panel)
         finally:
-            if panel is not None and panel.run is None:
-                panel.close()  # the work never started: nothing to watch
+            if panel is not None:
+                panel.end_cell()  # however the cell ended (a second call does nothing)
 
     def _panel(self, limits: Limits, args: Any) -> Panel | None:
         """The live panel, shown before the work starts; None where widgets are off or fail."""
         panel = None
         if self.settings.widget and not args.no_widget:
             panel = Panel(limits, widgets=True, interval_ms=self.settings.update_interval_ms,
-                          pausable=args.resume)
+                          pausable=args.resume, shell=self.shell)
             if not panel.live:
                 panel = None  # no widgets here: one line of text at the end stands in
         self.last_panel = panel
@@ -283,7 +283,9 @@ class BudgetMagics(Magics):
         finally:
             if args.trace:
                 run.trace.save(args.trace, overwrite=True)
-            if panel is None:
+            if panel is not None:
+                panel.end_cell(run)
+            else:
                 _display_text(summary(run.snapshot()))
 
     def _call(self, compiled: CompiledCell, line: str, cell: str, args: Any, limits: Limits,
@@ -309,7 +311,9 @@ class BudgetMagics(Magics):
                               notices=self.settings.notices(), runs_per_day=args.runs_per_day)
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
-        if panel is None and not (args.detach or args.resume) and resp.job is not None:
+        if panel is not None:
+            panel.end_cell(job=resp.job, state=_incomplete_state(resp))
+        elif not (args.detach or args.resume) and resp.job is not None:
             _display_text(summary(resp.job.run.snapshot()))
         return self._finish(resp, args)
 
@@ -358,11 +362,7 @@ class BudgetMagics(Magics):
 
             return jobs_table(jobs)
         if args.command in ("status", "trace"):
-            run = self.last_run
-            if run is None:
-                raise UsageError(f"%budget {args.command} shows the last %%budget cell's run, "
-                                 f"and no %%budget cell has run yet in this kernel")
-            return run.usage() if args.command == "status" else run.trace.to_frame()
+            return self._last_run_shown(args.command)
         if not args.job:
             raise UsageError(f"%budget {args.command} needs a job id, e.g. "
                              f"%budget {args.command} 1a2b-3 (see %budget jobs)")
@@ -377,6 +377,23 @@ class BudgetMagics(Magics):
             return job.result(timeout=args.timeout)
         except TimeoutError as exc:
             raise UsageError(str(exc)) from None
+
+    def _last_run_shown(self, command: str) -> Any:
+        """``%budget status``: what the last cell's run used, per limit; ``%budget trace``: its
+        events, times in ms to two decimals. A sentence where there is nothing to show."""
+        run = self.last_run
+        if run is None:
+            print(f"No %%budget cell has run yet in this kernel; %budget {command} shows the "
+                  f"last one's run.")
+            return None
+        if command == "trace":
+            return run.trace.to_frame().round({"t_ms": 2})
+        snap = run.snapshot()
+        if not snap.axes:
+            print(f"The last %%budget cell ({snap.name}) set no limits, so there is no use per "
+                  f"limit to show; it ran {_duration(snap.elapsed_ms)} ({snap.status}).")
+            return None
+        return run.usage()
 
 
 #: how ``%%budget`` writes a call's flags, for the errors of `_call.check_interruption`
@@ -501,6 +518,25 @@ def _display_envelope(resp: Response) -> None:
     from IPython.display import display
 
     display({MIME: json.loads(resp.to_json()), "text/plain": _summary(resp)}, raw=True)
+
+
+def _duration(ms: float) -> str:
+    """A duration as a person reads it: 840 ms, 12.3 s, 4 min 5 s."""
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    minutes, seconds = divmod(round(ms / 1000), 60)
+    return f"{minutes} min {seconds} s"
+
+
+def _incomplete_state(resp: Response) -> str | None:
+    """How an INCOMPLETE cell left its run, for its panel, in its envelope's words."""
+    if resp.exit_code != EXIT_INCOMPLETE:
+        return None
+    if resp.data["state"] == "paused":
+        return f"paused at checkpoint {resp.data['checkpoint']}"
+    return f"running in the background as job {resp.data['job']}"
 
 
 def _summary(resp: Response) -> str:

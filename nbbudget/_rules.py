@@ -1207,7 +1207,9 @@ _N = (
         """
         Each `%%budget` cell shows a panel with a bar per armed limit (consumed / limit), the
         clocks and the state, and a Stop button. Where widgets cannot render, a text summary
-        stands in.
+        stands in. The panel shows the state the cell ends in before the cell replies, in its
+        envelope's words (`running in the background as job 1a2b-3`, `paused at checkpoint
+        ...`); once the run has ended, its Stop and Pause buttons are gone.
         """,
         """
         %%budget --steps 100 --time 10s

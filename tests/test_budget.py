@@ -370,6 +370,22 @@ def test_usage_is_a_frame_with_one_row_per_armed_axis(clock):
     }
 
 
+def test_usage_keeps_whole_numbers_whole_beside_a_cost_in_dollars(clock):
+    with nb.budget(steps=10, cost_usd=1.0, time="5s", clock=clock) as run:
+        run.charge("steps", 4)
+        run.charge("cost_usd", 0.25)
+        clock.advance("1s")
+        frame = run.usage()
+    assert frame.to_dict("index") == {
+        "run_ms": {"limit": 5000, "consumed": 1000, "remaining": 4000, "fraction": 0.2},
+        "steps": {"limit": 10, "consumed": 4, "remaining": 6, "fraction": 0.4},
+        "cost_usd": {"limit": 1.0, "consumed": 0.25, "remaining": 0.75, "fraction": 0.25},
+    }
+    assert [type(v) for v in frame["limit"]] == [int, int, float]
+    assert frame.to_string().splitlines()[2].split() == ["run_ms", "5000", "1000", "4000", "0.20"]
+    assert str(frame["fraction"].dtype) == "float64"
+
+
 def test_the_repr_shows_the_state_and_every_armed_axis(clock):
     run = nb.budget(steps=10, name="etl", clock=clock)
     assert repr(run) == "<Budget 'etl' ready: steps 0/10>"

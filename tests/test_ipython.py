@@ -195,11 +195,12 @@ def test_N_2_the_next_cell_says_which_jobs_ended_since_the_last_one(shell, capsy
     assert "ended since" not in capsys.readouterr().out  # said once
 
 
-def test_N_4_budget_status_and_trace_show_the_last_cell_run_as_frames(shell):
+def test_N_4_budget_status_and_trace_show_the_last_cell_run_as_frames(shell, capsys):
     shell.run_line_magic("budget", "jobs")  # no cell yet: jobs still work
-    with pytest.raises(UsageError, match="no %%budget cell has run yet"):
-        nb.last_response = None
-        shell.run_line_magic("budget", "status")
+    for command in ("status", "trace"):
+        assert shell.run_line_magic("budget", command) is None
+        assert capsys.readouterr().out == (f"No %%budget cell has run yet in this kernel; "
+                                           f"%budget {command} shows the last one's run.\n")
     result = shell.run_cell("%%budget --steps 10 --tokens 100\n"
                             "import nbbudget as nb\n"
                             "for _ in range(4):\n    nb.current().step()\n"
@@ -209,6 +210,16 @@ def test_N_4_budget_status_and_trace_show_the_last_cell_run_as_frames(shell):
     assert status.loc["steps", "consumed"] == 4 and status.loc["tokens", "remaining"] == 70
     trace = shell.run_line_magic("budget", "trace")
     assert list(trace["kind"]) == ["outcome"]
+    assert trace["t_ms"][0] == round(trace["t_ms"][0], 2)  # short times
+
+
+def test_N_4_status_of_a_cell_without_limits_is_a_sentence(shell, capsys):
+    shell.run_cell("%%budget --no-widget\nimport time\ntime.sleep(1.25)")
+    capsys.readouterr()
+    assert shell.run_line_magic("budget", "status") is None
+    assert re.fullmatch(r"The last %%budget cell \(cell: time.sleep\(1.25\)\) set no limits, "
+                        r"so there is no use per limit to show; it ran 1\.\d s \(completed\)\.\n",
+                        capsys.readouterr().out)
 
 
 def test_S4_2_configured_limits_apply_and_a_cell_may_only_restrict_them(shell):

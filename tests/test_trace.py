@@ -571,6 +571,36 @@ def test_replay_of_a_counts_trace_within_its_totals_is_empty(clock: FakeClock) -
     assert (replay.refusals, replay.exact, bool(replay)) == ([], False, False)
 
 
+def test_a_replay_shows_as_a_sentence_and_a_table_with_short_times() -> None:
+    with nb.budget(trace="full", notices=None) as run:  # the real clock: times like 0.0701419
+        run.charge("tokens", 100)
+        run.charge("tokens", 300, target="model:big")
+    replay = run.trace.replay(nb.Limits(tokens=200))
+    t_ms = replay.refusals[0]["t_ms"]
+    assert t_ms != round(t_ms, 2)  # the data stays exact
+    shown = f"{t_ms:.2f}"
+    assert repr(replay).splitlines() == [
+        "1 charge would have been refused under these limits (replayed charge by charge):",
+        f"index  {'t_ms':>{len(shown)}}  budget_kind  limit_value  consumed_value  amount  "
+        f"target_ref",
+        f"    1  {shown:>4}       tokens          200             100     300   model:big",
+    ]
+    assert f"<td>{shown}</td><td>tokens</td>" in replay._repr_html_()
+    assert repr(run.trace.replay(nb.Limits(tokens=1000))) == (
+        "No charge would have been refused under these limits (replayed charge by charge).")
+
+
+def test_a_replay_of_totals_shows_only_the_columns_it_has(clock: FakeClock) -> None:
+    replay = ten_steps(clock, trace="counts").trace.replay(nb.Limits(steps=7, run_ms=50))
+    assert repr(replay).splitlines() == [
+        '2 limits would have been exceeded under these limits (from the run\'s totals: record '
+        'with trace="full" to replay charge by charge):',
+        "budget_kind  limit_value  consumed_value",
+        "     run_ms           50             100",
+        "      steps            7              10",
+    ]
+
+
 @pytest.mark.parametrize("limits", [{"steps": 7}, None, 7])
 def test_replay_takes_only_limits(clock: FakeClock, limits: object) -> None:
     with pytest.raises(nb.ConfigError) as info:
