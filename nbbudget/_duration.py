@@ -7,7 +7,7 @@ from decimal import ROUND_HALF_EVEN, Context, Decimal
 
 from ._errors import ConfigError, show
 
-__all__ = ["parse_duration"]
+__all__ = ["parse_duration", "spoken"]
 
 _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "": 1}
 _PATTERN = re.compile(r"([0-9]+)(?:\.([0-9]+))?\s*(ms|s|m|h|)")
@@ -60,3 +60,17 @@ def _text_ms(text: str, shown: str) -> Decimal:
     digits = len(whole) + len(fraction) + 8  # room for the exact product by the unit
     exact = Context(prec=digits, Emax=digits, Emin=-digits)
     return exact.multiply(Decimal(f"{whole or 0}.{fraction or 0}"), _UNITS[unit])
+
+
+def spoken(ms: float) -> str:
+    """A duration as a person says it: ``850 ms``, ``3.2 s``, ``42 s``, ``2 min 5 s``,
+    ``1 h 3 min`` (for tables and panels, not for parsing back)."""
+    seconds = max(0.0, ms / 1000)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s"
+    return f"{minutes // 60} h {minutes % 60} min"

@@ -14,6 +14,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "nbbudget's DataFrames need pandas; install it with: pip install 'nbbudget[frames]'"
     ) from exc
 
+from ._duration import spoken
 from ._kinds import KIND_INDEX, KINDS
 
 if TYPE_CHECKING:
@@ -218,7 +219,7 @@ def jobs_table(jobs: Any) -> JobsTable:
 
 def _readable(row: dict[str, Any], now: float) -> dict[str, str]:
     ended = row["ended"]
-    took = _took((ended if ended is not None else now) - row["created"])
+    took = spoken(((ended if ended is not None else now) - row["created"]) * 1000)
     if ended is None:
         took = f"{took} so far" if row["state"] == "running" else ""
     return {"id": row["id"], "label": _clip(row["label"], 50), "state": row["state"],
@@ -231,20 +232,6 @@ def _clock_time(t: float, now: float) -> str:
     """A local time: ``14:02:31`` today, ``Nov 30 08:13`` another day."""
     same_day = time.localtime(t)[:3] == time.localtime(now)[:3]
     return time.strftime("%H:%M:%S" if same_day else "%b %d %H:%M", time.localtime(t))
-
-
-def _took(seconds: float) -> str:
-    """A duration as a person says it: ``850 ms``, ``3.2 s``, ``42 s``, ``2 min 5 s``,
-    ``1 h 3 min``."""
-    seconds = max(0.0, seconds)
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 60:
-        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
-    minutes, secs = divmod(round(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {secs} s"
-    return f"{minutes // 60} h {minutes % 60} min"
 
 
 def _clip(text: str | None, width: int) -> str:

@@ -28,7 +28,7 @@ from ._cell import (
     pin_output,
     remove_tee,
 )
-from ._duration import parse_duration
+from ._duration import parse_duration, spoken
 from ._errors import Cancelled, ConfigError, show
 from ._files import check_target
 from ._jobs import Job, jobs
@@ -391,7 +391,7 @@ class BudgetMagics(Magics):
         snap = run.snapshot()
         if not snap.axes:
             print(f"The last %%budget cell ({snap.name}) set no limits, so there is no use per "
-                  f"limit to show; it ran {_duration(snap.elapsed_ms)} ({snap.status}).")
+                  f"limit to show; it ran {spoken(snap.elapsed_ms)} ({snap.status}).")
             return None
         return run.usage()
 
@@ -518,16 +518,6 @@ def _display_envelope(resp: Response) -> None:
     from IPython.display import display
 
     display({MIME: json.loads(resp.to_json()), "text/plain": _summary(resp)}, raw=True)
-
-
-def _duration(ms: float) -> str:
-    """A duration as a person reads it: 840 ms, 12.3 s, 4 min 5 s."""
-    if ms < 1000:
-        return f"{ms:.0f} ms"
-    if ms < 60_000:
-        return f"{ms / 1000:.1f} s"
-    minutes, seconds = divmod(round(ms / 1000), 60)
-    return f"{minutes} min {seconds} s"
 
 
 def _incomplete_state(resp: Response) -> str | None:

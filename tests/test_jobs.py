@@ -3,14 +3,11 @@ and does, the states a cancelled job goes through, and the trace of a cancel (S2
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import sys
 import time
 
 import pytest
-from test_magic_kernel import run
+from test_magic_kernel import run, started_kernel
 
 pytestmark = pytest.mark.realclock
 
@@ -18,29 +15,7 @@ pytestmark = pytest.mark.realclock
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
     """A kernel of its own: no other test's jobs are in it."""
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import KernelManager
-
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("NBBUDGET_INTERACTIVE", "AGENT_CALL_BUDGET_MS")}
-    env["NBBUDGET_HOME"] = str(tmp_path_factory.mktemp("jobs-store"))
-    kernels = tmp_path_factory.mktemp("kernels")
-    (kernels / "under-test").mkdir()
-    (kernels / "under-test" / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "kernel under test", "language": "python"}))
-    km = KernelManager(kernel_name="under-test",
-                       kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernels)]))
-    km.start_kernel(env=env)
-    kc = km.client()
-    kc.start_channels()
-    kc.wait_for_ready(timeout=60)
-    try:
-        run(kc, "%load_ext nbbudget\nimport nbbudget as nb")
-        yield kc
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
+    yield from started_kernel(tmp_path_factory)
 
 
 def detach(kernel, body: str) -> str:
@@ -149,9 +124,9 @@ def test_N_4_budget_jobs_reads_well_as_text_and_as_html(kernel):
     (3780, "1 h 3 min"), (-0.5, "0 ms"),
 ])
 def test_a_duration_reads_as_a_person_says_it(seconds, said):
-    from nbbudget._frames import _took
+    from nbbudget._duration import spoken
 
-    assert _took(seconds) == said
+    assert spoken(seconds * 1000) == said
 
 
 def test_a_start_time_is_short_today_and_dated_another_day():

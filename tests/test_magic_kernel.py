@@ -20,13 +20,19 @@ pytestmark = pytest.mark.realclock
 def kernel(tmp_path_factory):
     """A kernel of this Python, or of ``$NBBUDGET_KERNEL_PYTHON`` (``bash scripts/compat.sh``
     runs this module against kernels of older ipykernel releases that way)."""
+    yield from started_kernel(tmp_path_factory, AGENT_CALL_BUDGET_MS="2000")
+
+
+def started_kernel(tmp_path_factory, **env_vars: str):
+    """Start a kernel with nbbudget loaded and a store of its own, yield its client, and shut it
+    down: no NBBUDGET_INTERACTIVE or AGENT_CALL_BUDGET_MS from the outside, *env_vars* added."""
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
 
     env = {k: v for k, v in os.environ.items()
            if k not in ("NBBUDGET_INTERACTIVE", "AGENT_CALL_BUDGET_MS")}
     env["NBBUDGET_HOME"] = str(tmp_path_factory.mktemp("kernel-store"))
-    env["AGENT_CALL_BUDGET_MS"] = "2000"
+    env.update(env_vars)
     kernels = tmp_path_factory.mktemp("kernels")
     (kernels / "under-test").mkdir()
     (kernels / "under-test" / "kernel.json").write_text(json.dumps({
