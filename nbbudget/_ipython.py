@@ -14,7 +14,7 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from traitlets import Bool, Dict, Int, List, Unicode
 from traitlets.config import Configurable
 
@@ -356,11 +356,14 @@ class BudgetMagics(Magics):
             %budget status
             %budget trace
         """
-        args = parse_argstring(self.budget, line)
+        args = self.budget.parser.parse_args(_shell_words("%budget", line))
         if args.command == "jobs":
             from ._frames import jobs_table  # pandas, only when asked
 
-            return jobs_table(jobs)
+            try:
+                return jobs_table(jobs)
+            except ConfigError as exc:  # the store's records cannot be read (a damaged store)
+                raise UsageError(str(exc)) from None
         if args.command in ("status", "trace"):
             return self._last_run_shown(args.command)
         if not args.job:
@@ -421,12 +424,17 @@ def _read_flags(line: str, defaults: Limits) -> tuple[Any, Limits]:
 def _parse_cell_line(line: str) -> Any:
     """The flags of a cell line, its words read as a shell reads them (a value quoted in single
     or double quotes is read without them); the same line is parsed once."""
+    return BudgetMagics.budget_cell.parser.parse_args(_shell_words("%%budget", line))
+
+
+def _shell_words(magic: str, line: str) -> list[str]:
+    """The words of a magic's line as a shell reads them; what a shell could not read (an
+    unclosed quote, a backslash at the end) is a `UsageError` naming the line."""
     try:
-        words = shlex.split(line)
-    except ValueError as exc:  # an unclosed quote, a backslash at the end
-        raise UsageError(f"cannot read %%budget {show(line)}: {str(exc).lower()}; quote a value "
+        return shlex.split(line)
+    except ValueError as exc:
+        raise UsageError(f"cannot read {magic} {show(line)}: {str(exc).lower()}; quote a value "
                          f"as a shell does, e.g. --key 'my work' or --key \"my work\"") from None
-    return BudgetMagics.budget_cell.parser.parse_args(words)
 
 
 #: how long ``%budget cancel`` waits to see whether the job stops at a budget check

@@ -60,7 +60,7 @@ def test_budget_jobs_lists_a_detached_call_and_wait_gives_its_result(shell):
     assert table.frame.loc[job_id, "state"] == "running"
     assert table.frame.loc[job_id, "took"].endswith(" so far")
     release.set()
-    assert shell.run_line_magic("budget", f"wait {job_id} --timeout 5") == "done"
+    assert shell.run_line_magic("budget", f"wait '{job_id}' --timeout '5'") == "done"
     assert shell.run_line_magic("budget", "jobs").frame.loc[job_id, "state"] == "done"
 
 
@@ -101,6 +101,7 @@ def test_budget_cancel_says_when_a_job_ended_anyway_and_kept_its_result(shell, c
     ("wait", "%budget wait needs a job id, e.g. %budget wait 1a2b-3 (see %budget jobs)"),
     ("wait nope", "no job 'nope' in this process"),
     ("frobnicate", "invalid choice: 'frobnicate'"),
+    ("wait '1a2b-3", "cannot read %budget \"wait '1a2b-3\": no closing quotation; quote a value"),
 ])
 def test_bad_budget_commands_are_usage_errors(shell, line, message):
     with pytest.raises(UsageError, match=re.escape(message)):
@@ -352,3 +353,14 @@ def test_S4_5_a_refused_checkpoint_ends_the_cell_with_its_code_not_as_a_usage_er
     assert type(err) is nb.CheckpointRefused and err.code == "checkpoint_refused"
     assert str(err).startswith(f"checkpoint {identity!r} in ")
     assert err._render_traceback_() == [f"CheckpointRefused: {err}"]
+
+
+def test_budget_jobs_on_a_damaged_store_is_a_usage_error_naming_it(shell, tmp_path, monkeypatch):
+    folder = tmp_path / "damaged"
+    folder.mkdir()
+    (folder / "secret").write_text("0" * 64)  # a store that held records...
+    (folder / "nbbudget.db").write_bytes(b"")  # ...and lost them
+    monkeypatch.setenv("NBBUDGET_HOME", str(folder))
+    with pytest.raises(UsageError, match=re.escape(
+            f"the nbbudget store {str(folder / 'nbbudget.db')!r} is damaged")):
+        shell.run_line_magic("budget", "jobs")
