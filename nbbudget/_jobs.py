@@ -17,6 +17,8 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from ._errors import ConfigError
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -126,11 +128,18 @@ class Job:
                     return
                 except sqlite3.OperationalError as exc:
                     if attempt == _RECORD_TRIES - 1:
-                        warnings.warn(f"nbbudget could not record job {self.id} "
-                                      f"({self._state.value}) in its store: {exc}",
-                                      RuntimeWarning, stacklevel=1)
+                        self._unrecorded(exc)
                         return
                     time.sleep(1.0)
+                except ConfigError as exc:  # the store cannot be used (damaged): no retry helps
+                    self._unrecorded(exc)
+                    return
+
+    def _unrecorded(self, why: Exception) -> None:
+        """Say that the job's record could not be written; the job itself goes on here."""
+        warnings.warn(f"nbbudget could not record job {self.id} ({self._state.value}) in its "
+                      f"store: {why}; the job goes on in this process (nb.jobs[{self.id!r}])",
+                      RuntimeWarning, stacklevel=2)
 
     def _detach(self) -> None:
         """The caller's budget ran out: the work goes on as a background job (S0-2). The job

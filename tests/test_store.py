@@ -760,3 +760,25 @@ def test_opening_a_store_marks_the_lost_jobs(folder):
     s = Store(folder)
     assert [(j["id"], j["state"]) for j in s.jobs()] == [("theirs", "lost")]
     s.close()
+
+
+def test_a_detached_job_on_a_damaged_store_warns_and_still_delivers(tmp_path, monkeypatch):
+    import warnings
+
+    folder = tmp_path / "damaged"
+    folder.mkdir()
+    (folder / "secret").write_text("0" * 64)  # a store that held records...
+    (folder / "nbbudget.db").write_bytes(b"")  # ...and lost them
+    monkeypatch.setenv("NBBUDGET_HOME", str(folder))
+    monkeypatch.setenv("NBBUDGET_INTERACTIVE", "0")
+    release = threading.Event()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        resp = nb.call(release.wait, 5, detach=True, budget="50ms")
+        assert resp.exit_code == 14
+        release.set()
+        assert resp.job.result(timeout=5) is True
+    said = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
+    assert said and all(f"nbbudget could not record job {resp.job.id}" in m for m in said)
+    assert "is damaged" in said[-1] and f"nb.jobs[{resp.job.id!r}]" in said[-1]
+    assert (folder / "nbbudget.db").read_bytes() == b""  # left as it is
