@@ -168,7 +168,8 @@ class Panel:
                 return True
             self._done.set()
             if self._late_sends:
-                self._show(run.snapshot(), None, _late_result(self._job))
+                late = _late_result(self._job)  # waits for the job to settle
+                self._show(run.snapshot(), _settled(self._job), late)
             return False
 
     def _obey_buttons(self, run: Budget) -> None:
@@ -258,6 +259,14 @@ class _View:
         bundle = self.box._repr_mimebundle_()
         bundle.pop("text/plain", None)
         return dict(bundle)
+
+
+def _settled(job: Job | None) -> str | None:
+    """How a detached job ended, where its run's own status would not say it: the work
+    finished anyway after a cancel it never reached a check to honour."""
+    if job is None or job.cancel_status != "not honoured":
+        return None
+    return f"{job.state.value} (finished anyway: the cancel was not honoured)"
 
 
 def _late_result(job: Job | None) -> str:

@@ -182,3 +182,20 @@ def test_N_2_a_detached_cells_result_and_final_state_reach_its_panel(shell):
     assert panel.text.endswith("\nresult: 'model'")
     # where the widget renders, its text/plain is not shown: the result is in the widget too
     assert panel._view.status.value.endswith("<br>result: &#x27;model&#x27;")
+
+
+def test_S2_3_a_detached_panel_says_when_its_job_finished_without_honouring_a_cancel(shell):
+    with capture_output():
+        result = shell.run_cell("%%budget --detach --budget 50ms\nimport time\n"
+                                "time.sleep(0.4)\n'finished A'")
+    assert type(result.error_in_exec).__name__ == "Incomplete"
+    job = nb.last_response.job
+    assert job.cancel("cancelled from a test") == "requested"  # the work never checks
+    panel = shell.magics_manager.registry["BudgetMagics"].last_panel
+    panel._thread.join(5)
+    assert not panel._thread.is_alive()
+    assert job.cancel_status == "not honoured"
+    first = panel.text.splitlines()[0]
+    assert ": done (finished anyway: the cancel was not honoured)," in first
+    assert "stopped" not in first
+    assert panel.text.endswith("\nresult: 'finished A'")
