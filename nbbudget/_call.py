@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from . import _workers
-from ._budget import Budget, _Incomplete
+from ._budget import Budget
 from ._clock import Clock, default_clock
 from ._duration import parse_duration
 from ._errors import (
@@ -33,6 +33,7 @@ from ._interactive import is_interactive
 from ._jobs import Job, JobState
 from ._limits import NO_LIMITS as _NO_LIMITS
 from ._limits import Limits, Manifest
+from ._lowlevel import Incomplete, Stop
 from ._outcome import Status
 from ._response import (
     EXIT_CANCELLED,
@@ -45,7 +46,7 @@ from ._response import (
 from ._store import Checkpoint, CheckpointRefused, Store, StoreDamaged, store
 
 __all__ = ["DEFAULT_BUDGET_MS", "ENV_BUDGET", "Spelling", "call", "check_interruption",
-           "checkpoint", "resume_state"]
+           "checkpoint", "current_call", "resume_state"]
 
 DEFAULT_BUDGET_MS = 30_000
 ENV_BUDGET = "AGENT_CALL_BUDGET_MS"
@@ -56,7 +57,7 @@ _attached: dict[str, Job] = {}  # detached work by identity, until its result is
 _attached_lock = threading.Lock()
 
 
-class _Pause(_Incomplete):
+class _Pause(Incomplete):
     """Unwinds work that reached a checkpoint after its call budget ran out (S0-1, S0-2)."""
 
     def __init__(self, saved: Checkpoint) -> None:
@@ -384,9 +385,9 @@ def _timeout_message(plan: _Plan) -> str:
 
 def _wall_clock(ctx: _Call, plan: _Plan) -> None:
     """The wall-clock limit fired: cancel the work, across every continuation (S0-6, S4-7)."""
-    run = ctx.run
-    run._halt(run._make_stop(Status.CANCELLED, "wall-clock", "wall-clock", "Cancelled",
-                             _timeout_message(plan)))
+    scope = ctx.run.lowlevel.scope
+    scope.halt(Stop(Status.CANCELLED, "wall-clock", "wall-clock", "Cancelled",
+                    _timeout_message(plan), scope))
     ctx.wake.set()
 
 
@@ -451,7 +452,7 @@ def _await(job: Job, plan: _Plan, clock: Clock, t0_ms: float, started: float) ->
     ctx.deadline_ms = deadline
     try:
         while not job.done() and not (plan.detach and out):
-            stop = ctx.run._stop
+            stop = ctx.run.lowlevel.scope.stop
             if stop is not None and stop.status is Status.CANCELLED:
                 break  # the wall clock fired: the caller is freed even if the work ignores it
             until = None if out else deadline
@@ -469,7 +470,7 @@ def _await(job: Job, plan: _Plan, clock: Clock, t0_ms: float, started: float) ->
 def _answer(job: Job, plan: _Plan, started: float) -> Response:
     ctx: _Call = job._ctx
     if not job.done():
-        stop = ctx.run._stop
+        stop = ctx.run.lowlevel.scope.stop
         if stop is not None and stop.status is Status.CANCELLED:
             _deliver(job, plan)
             return _respond(plan, started, ok=False, exit_code=EXIT_CANCELLED,
@@ -478,7 +479,7 @@ def _answer(job: Job, plan: _Plan, started: float) -> Response:
         job._detach()
         with _attached_lock:
             _attached[plan.identity] = job
-        ctx.run._record("detached", {"job": job.id})
+        ctx.run.lowlevel.record("detached", {"job": job.id})
         return _respond(plan, started, ok=False, exit_code=EXIT_INCOMPLETE,
                         job=job,
                         data={"state": "running", "job": job.id,
@@ -544,6 +545,11 @@ def _respond(plan: _Plan, started: float, *, ok: bool, exit_code: int, data: Any
 
 
 # -- inside the work ----------------------------------------------------------------------------
+def current_call() -> _Call | None:
+    """The call whose work runs in this context (a worker of `call`), or None."""
+    return _current_call.get()
+
+
 def checkpoint(state: Any) -> None:
     """Inside work that declared ``resume``: save *state* durably (signed, atomically) with the
     run's counters and active time; when the call budget has run out, stop here: the call
@@ -560,9 +566,9 @@ def checkpoint(state: Any) -> None:
     ctx.run.check()
     saved = ctx.store.save_checkpoint(ctx.identity, state, ledger=ctx.run.state(),
                                       first_start=ctx.first_start, label=ctx.label)
-    ctx.run._record("checkpoint_saved", {"checkpoint": saved.id})
+    ctx.run.lowlevel.record("checkpoint_saved", {"checkpoint": saved.id})
     deadline = ctx.deadline_ms
-    if ctx.budget_out or (deadline is not None and ctx.run._clock.now_ms() >= deadline):
+    if ctx.budget_out or (deadline is not None and ctx.run.lowlevel.clock.now_ms() >= deadline):
         raise _Pause(saved)
 
 

@@ -20,7 +20,7 @@ from traitlets import Bool, Dict, Int, List, Unicode
 from traitlets.config import Configurable
 
 from . import _call, _interactive, _store
-from ._budget import Budget, _check_notices, current
+from ._budget import Budget, check_notices, current
 from ._cell import (
     CompiledCell,
     compile_cell,
@@ -83,7 +83,7 @@ class NBBudget(Configurable):
         if value is None:
             return None
         try:
-            return _check_notices(tuple(value))
+            return check_notices(tuple(value))
         except ConfigError as exc:
             raise UsageError(f"NBBudget.approach_notice: {exc}") from None
 
@@ -297,7 +297,7 @@ class BudgetMagics(Magics):
         this cell (N-2)."""
 
         def work() -> Any:
-            run, call = current(), _call._current_call.get()
+            run, call = current(), _call.current_call()
             assert run is not None and call is not None  # nb.call runs the work in its run
             self.last_run = run
             if panel is not None:

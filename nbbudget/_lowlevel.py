@@ -1,0 +1,174 @@
+"""The low-level API of a run, for the layers built on it: tools, providers, branches, calls
+and the pydantic-ai adapter. Users need none of it.
+
+A run (`nb.Budget`) is a small facade over three parts, each replaceable on its own:
+
+- a **ledger** account (`nbbudget._ledger`): what the run or grant may spend and has spent;
+  check-and-reserve over a grant and its run, all or nothing; spending after the fact;
+- a **scope** (`nbbudget._scope`): the stop tree, the deadline and the pause;
+- a **recorder** (`nbbudget._trace.Recorder`): the events of its trace.
+
+``run.lowlevel`` is the run's `Core`, which ties the three together: every refusal and every cut
+goes through it, so each one is traced the same way (S4-8). Helpers take what they need from it
+and never another module's private names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn, Protocol
+
+from ._clock import Clock
+from ._errors import BudgetExceeded
+from ._kinds import KINDS, RUN_MS
+from ._ledger import Account, Ledger
+from ._limits import Limits
+from ._outcome import Status
+from ._scope import Incomplete, Scope, Stop, Unwind
+from ._trace import Recorder
+
+__all__ = ["Core", "Incomplete", "Recorder", "Run", "Scope", "Stop", "Unwind"]
+
+
+class Run(Protocol):
+    """What the helpers built on a run use of it: `nb.Budget` is one."""
+
+    name: str
+
+    @property
+    def lowlevel(self) -> Core: ...
+
+    @property
+    def limits(self) -> Limits: ...
+
+    @property
+    def consumed(self) -> Mapping[str, float]: ...
+
+    def charge(self, kind: str, n: float = 1, *, target: str | None = None) -> None: ...
+
+    def check(self) -> None: ...
+
+    def remaining(self, kind: str) -> float: ...
+
+    def grant(self, *, time: int | str | None = None, name: str | None = None,
+              **limit_fields: Any) -> Run: ...
+
+
+class Core:
+    """One run's or grant's ledger account, scope and recorder, and the paths through them:
+    reserve, require, spend, refuse and cut."""
+
+    __slots__ = ("account", "clock", "degraded", "ledger", "name", "recorder", "scope")
+
+    def __init__(self, name: str, ledger: Ledger, account: Account, scope: Scope) -> None:
+        self.name = name
+        self.ledger = ledger
+        self.account = account
+        self.scope = scope
+        self.recorder: Recorder = scope.recorder
+        self.clock: Clock = scope.clock
+        self.degraded: dict[str, str] | None = None  # S3-7: set once, when it degrades
+
+    # -- before dispatch ------------------------------------------------------------------------
+    def charge(self, i: int, n: float, target: str | None) -> None:
+        """The locked path of one charge of *n* of kind *i* (its pool was empty, or the amount
+        is not 1). A limit spent for good refuses without the lock."""
+        stop = self.scope.stop
+        if stop is not None:
+            raise stop.signal()
+        account = self.account
+        if account.exhausted[i] and n:  # nothing can free a unit
+            self.fail(self.ledger.refuse(account, account, i, n, target, self.scope.t_ms()))
+        self.reserve(((i, n),), target)
+
+    def reserve(self, items: Sequence[tuple[int, float]], target: str | None) -> None:
+        """Reserve every item on this account and its run's, all or nothing (S4-3); a refusal
+        is traced and raised, and leaves the counters as they were."""
+        scope = self.scope
+        with self.ledger.lock:
+            stop = scope.stop or scope.root.stop
+            err: BaseException | None = stop.signal() if stop is not None else (
+                self.ledger.reserve(self.account, items, target, scope.t_ms()))
+        if err is not None:
+            self.fail(err)
+
+    def require(self, i: int, n: float, target: str | None) -> None:
+        """Refuse *n* of kind *i* (traced) unless this account and its run's both have that
+        much left; nothing is reserved (a clamp before dispatch, S2-9)."""
+        with self.ledger.lock:
+            err = self.ledger.check(self.account, i, n, target, self.scope.t_ms())
+        if err is not None:
+            self.fail(err)
+
+    def fail(self, err: BaseException) -> NoReturn:
+        """Raise *err* (outside the lock). A spent window suspends the run instead (S3-1)."""
+        if isinstance(err, BudgetExceeded) and err.window:
+            root = self.scope.root
+            root.halt(Stop(Status.SUSPENDED, "window", err.kind, "Suspended",
+                           f"the {err.kind} window of {_plain(err.limit)} is spent; the run is "
+                           f"suspended and resumes with a fresh window", root))
+            assert root.stop is not None
+            err = root.stop.signal()
+        try:
+            raise err
+        finally:
+            del err  # no cycle through this frame
+
+    # -- after the fact -------------------------------------------------------------------------
+    def spend(self, items: Sequence[tuple[int, float]], target: str | None) -> None:
+        """Record spending that already happened (S4-10): counted even past a limit, then this
+        grant or its run is cut by the first limit passed, in the attribution order (S2-9,
+        S3-3). *items* are ``(kind index, amount)`` pairs in that order, already checked."""
+        with self.ledger.lock:
+            over = self.ledger.spend(self.account, items, target, self.scope.t_ms())
+            if over is None:
+                return
+            holder, i = over
+            scope = self.scope if holder is self.account else self.scope.root
+            limit, used = holder.figures(i)
+            name = KINDS[i].name
+            stop = cut(scope, i, (limit, used), name,
+                       f"{name} passed {scope.name}'s limit of {limit}: {used} used; raise the "
+                       f"limit or ask for less")
+        scope.halt(stop)
+        assert scope.stop is not None
+        raise scope.stop.signal()
+
+    def expired(self) -> Stop:
+        """The stop of a spent time grant: a fresh window to come when the run suspends (S3-1),
+        else a cut by ``timeout`` (S4-7)."""
+        scope, ledger = self.scope, self.ledger
+        total = ledger.totals.run_ms
+        if ledger.suspend and self.account is ledger.root and not (
+                total is not None and scope.elapsed_ms() >= total):
+            return Stop(Status.SUSPENDED, "window", "run_ms", "Suspended",
+                        f"the time window of {self.account.limits.run_ms} ms is spent; the "
+                        f"run is suspended and resumes with a fresh window", scope)
+        limit = _plain(scope.limit_ms)
+        return cut(scope, RUN_MS, (limit, _plain(round(scope.elapsed_ms(), 3))), "timeout",
+                   f"{scope.name} ran out of time: its time grant of {limit} ms is spent; give "
+                   f"it more time or do less work")
+
+    # -- events ---------------------------------------------------------------------------------
+    def record(self, kind: str, payload: dict[str, Any]) -> None:
+        """Add an event of *kind* to the run's trace."""
+        self.scope.record(kind, payload)
+
+    def degrade(self, how: dict[str, str]) -> None:
+        """S3-7: from now on this run or grant uses a cheaper model; its outcome says so."""
+        self.degraded = how
+        self.record("degraded", dict(how))
+
+
+def cut(scope: Scope, i: int, figures: tuple[float, float], by: str, message: str) -> Stop:
+    """A cut of *scope* by kind *i*: ``failed``, cause ``budget-cut``, with the limit and what
+    was consumed in its trace event (S2-4, S4-8)."""
+    kind = KINDS[i]
+    return Stop(Status.FAILED, "budget-cut", by, kind.code, message, scope, None,
+                (kind.name, *figures))
+
+
+def _plain(x: float) -> float:
+    if isinstance(x, float) and x.is_integer():
+        return int(x)
+    return x
