@@ -16,7 +16,6 @@ import contextvars
 import dataclasses
 import functools
 import math
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -26,7 +25,7 @@ from ._duration import parse_duration
 from ._errors import BudgetCut, BudgetError, BudgetExceeded, Cancelled, ConfigError
 from ._kinds import CHARGE_INDEX as _CHARGE_INDEX
 from ._kinds import KIND_INDEX, KINDS, RUN_MS, STEPS, kind_index
-from ._ledger import STATE_VERSION, LocalLedger, check_totals, read_state
+from ._ledger import STATE_VERSION, check_totals, read_state
 from ._limits import NO_LIMITS as _NO_LIMITS
 from ._limits import Limits
 from ._lowlevel import Core
@@ -34,10 +33,10 @@ from ._outcome import Outcome, Status
 from ._parallel import agent as _agent
 from ._parallel import parallel as _parallel
 from ._provider import make_provider
-from ._scope import Incomplete, Scope, Stop, Unwind
-from ._snapshot import AxisUsage, Snapshot
+from ._scope import Incomplete, Stop, Unwind
+from ._snapshot import Snapshot
 from ._tool import make_tool
-from ._trace import Recorder, Trace
+from ._trace import Trace
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -79,46 +78,26 @@ class Budget:
                  totals: Limits | None = None,
                  notices: tuple[float, float] | None = (0.8, 0.95), trace: str = "counts",
                  **limit_fields: Any) -> None:
-        name = name or "run"
         limits = _combine(limits, time, limit_fields)
-        clock = clock if clock is not None else default_clock()
-        log = Trace(full=_trace_mode(trace), name=name)
-        log.limits = limits.to_dict()
-        checked = check_notices(notices)
-        log.notices = list(checked or ())
-        lock, recorder = threading.Lock(), Recorder(log, name)
-        scope = Scope(name, recorder, clock, lock=lock)
-        ledger = LocalLedger(name, limits, recorder, clock=clock, lock=lock,
-                             suspend=bool(suspend), totals=check_totals(totals, suspend),
-                             notices=checked, elapsed=scope.elapsed_ms, full=log.full)
-        if log.full:
-            ledger.traced_pools(scope)
-        scope.notice_times, scope.on_notice = ledger.time_notices, self._time_notice
-        self._ledger = ledger
-        self._attach(Core(name, ledger, ledger.root, scope), log, self)
-        log.follow(self._stats)
+        full, totals = _trace_mode(trace), check_totals(totals, suspend)
+        core = Core.run(name or "run", limits, clock if clock is not None else default_clock(),
+                        full=full, suspend=bool(suspend), totals=totals,
+                        notices=check_notices(notices))
+        self._attach(core, self)
+        self._trace.follow(self._stats)
 
-    def _attach(self, core: Core, trace: Trace, root: Budget) -> None:
+    def _attach(self, core: Core, root: Budget) -> None:
         """Take *core* (an account, a scope, a recorder) as this run's or grant's parts."""
         self.name = core.name
-        self._core, self._root, self._ledger = core, root, root._ledger
-        self._scope, self._account, self._trace = core.scope, core.account, trace
+        self._core, self._root, self._ledger = core, root, core.ledger
+        self._scope, self._account, self._trace = core.scope, core.account, core.recorder.trace
         self._pools = core.account.pools
         self._step_pool = self._pools[STEPS]
-        self._full = trace.full
-        core.scope.on_halt = self._on_halt
-        core.scope.on_expire = core.expired
-        core.scope.limit_ms = core.account.thr[RUN_MS]
+        self._full = self._trace.full
         self._grants: list[Grant] = []
         self._outcome: Outcome | None = None
         self._output: Any = None
         self._tokens: list[contextvars.Token[Budget | None]] = []
-
-    def _on_halt(self) -> None:
-        self._ledger.drain(self._account)
-
-    def _time_notice(self) -> None:
-        self._ledger.notice(self._scope.t_ms())
 
     @property
     def lowlevel(self) -> Core:
@@ -208,7 +187,8 @@ class Budget:
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool | None:
         if self._tokens:
             _current.reset(self._tokens.pop())
-        outcome, error = self._ending(exc)
+        outcome, error = self._scope.ending(exc, self._output) or (
+            Outcome(Status.COMPLETED) if exc is None else _outcome_of(exc, self._output), None)
         self._settle(outcome)
         if error is not None:
             error.outcome = outcome
@@ -219,25 +199,6 @@ class Budget:
             return True  # a suspended run: the block was left at a resumable point
         return None
 
-    def _ending(self, exc: BaseException | None) -> tuple[Outcome, BudgetError | None]:
-        """How the ``with`` block ended, and the error to raise for it, if any."""
-        scope = self._scope
-        if scope.stop is None:
-            scope.poll()
-        stop = scope.stop
-        if isinstance(exc, Unwind) and exc.stop.origin is not scope and (
-                stop is None or stop is exc.stop):
-            outcome = exc.stop.outcome(scope, self._output)
-            # a grant used without `with` stopped: surface it here
-            return outcome, None if scope.has_ancestor(exc.stop.origin) else exc.stop.error()
-        if stop is not None:
-            reports = getattr(exc, "_stop", None) is stop  # an error that reports it already
-            error = stop.origin is scope and stop.status is not Status.SUSPENDED and not reports
-            return stop.outcome(scope, self._output), stop.error() if error else None
-        if exc is None:
-            return Outcome(Status.COMPLETED), None
-        return _outcome_of(exc, self._output), None
-
     def _settle(self, outcome: Outcome) -> None:
         scope = self._scope
         with scope.lock:
@@ -247,21 +208,14 @@ class Budget:
             if degraded is not None and outcome.degraded is None:
                 outcome = dataclasses.replace(outcome, degraded=dict(degraded))
             self._outcome = outcome
-            t_end = scope.t_ms()
-            scope.end_time()
             ended = outcome.to_dict()
-            self._core.recorder.add("outcome", t_end, ended)
+            scope.record("outcome", ended)
+            scope.end_time()
             if scope.parent is None:
                 self._trace.outcome = dict(ended)
             open_grants = list(self._grants)
         for child in open_grants:  # grants still open end with their parent
             child._settle(dataclasses.replace(outcome, origin=outcome.origin or self.name))
-        parent = self._parent
-        if parent is not None:
-            with scope.lock:
-                if self in parent._grants:
-                    parent._grants.remove(self)
-            parent._scope.forget(scope)
 
     def set_output(self, output: Any) -> None:
         """Keep *output* (the work produced so far): a failed outcome carries it (S3-2)."""
@@ -357,9 +311,7 @@ class Budget:
     @property
     def consumed(self) -> dict[str, float]:
         """What was spent, by kind: on a run the run-wide totals, on a grant its own charges."""
-        with self._scope.lock:
-            used = self._ledger.totals_used(self._account)
-        out = {k.name: _plain(used[i]) for i, k in enumerate(KINDS) if used[i] and i != RUN_MS}
+        out = self._ledger.consumed(self._account)
         elapsed = self._scope.elapsed_ms()
         if elapsed:
             out["run_ms"] = round(elapsed)
@@ -383,20 +335,11 @@ class Budget:
     def snapshot(self) -> Snapshot:
         """A frozen view of this run now."""
         scope = self._scope
-        axes = []
-        for kind, limit in self._account.limits_set.items():
-            if kind == "run_ms":  # whole milliseconds: what a person reads
-                base = self._account.base[RUN_MS]
-                used: float = round(scope.elapsed_ms() - base)
-                left: float = round(self.remaining_ms or 0.0)
-            else:
-                used = self._account.used(KIND_INDEX[kind])
-                left = self.remaining(kind)
-            axes.append(AxisUsage(kind, limit, _plain(used), left, used / limit))
+        axes = self._ledger.axes(self._account, scope.elapsed_ms(), self.remaining_ms)
         status = self._outcome.status.value if self._outcome else (
             "stopping" if scope.stop is not None else
             "running" if scope.started_ms is not None else "ready")
-        return Snapshot(self.name, status, scope.elapsed_ms(), self.remaining_ms, tuple(axes),
+        return Snapshot(self.name, status, scope.elapsed_ms(), self.remaining_ms, axes,
                         self.consumed, self.notice_level, self._outcome)
 
     def usage(self) -> pd.DataFrame:
@@ -407,16 +350,7 @@ class Budget:
         return usage_frame(self.snapshot())
 
     def _stats(self) -> dict[str, dict[str, float]]:
-        used, ops = self._ledger.stats()
-        refused = self._trace.refusals_by_kind()
-        stats: dict[str, dict[str, float]] = {"checks": {}, "consumptions": {}, "consumed": {},
-                                              "refusals": {}}
-        for i, kind in enumerate(KINDS):
-            name = kind.name
-            for table, value in (("checks", ops[i] + refused[name]), ("consumptions", ops[i]),
-                                 ("consumed", _plain(used[i])), ("refusals", refused[name])):
-                if value:
-                    stats[table][name] = value
+        stats = self._ledger.stats(self._trace.refusals_by_kind())
         elapsed = self._scope.elapsed_ms()
         if self._account.limits.run_ms is not None or elapsed:
             stats["consumed"]["run_ms"] = round(elapsed)
@@ -460,24 +394,20 @@ class Grant(Budget):
     counters, a deadline no later than its parent's, and its parent's cancellation."""
 
     def __init__(self, parent: Budget, limits: Limits, name: str | None) -> None:
-        root, ledger, parent_scope = parent._root, parent._ledger, parent._scope
-        with parent_scope.lock:
-            name = name or f"{parent.name}/grant-{root._trace.run_count()}"
-            recorder = Recorder(root._trace, name)
-            scope = Scope(name, recorder, parent_scope.clock, parent=parent_scope,
-                          lock=parent_scope.lock)
-            account = ledger.open(name, limits, recorder, parent._account)
-            left = parent.remaining_ms  # S2-1: never past the parent's remaining time
-            if left is not None:
-                account.thr[RUN_MS] = min(account.thr[RUN_MS], left)
+        with parent._scope.lock:
             self._parent = parent
-            self._attach(Core(name, ledger, account, scope), root._trace, root)
+            self._attach(parent._core.grant(name, limits), parent._root)
             parent._grants.append(self)
-            parent_scope.adopt(scope)
-            time_ms = account.thr[RUN_MS]
-            scope.record("grant", {"parent": parent.name, "limits": limits.to_dict(),
-                                   "time_ms": _plain(time_ms) if time_ms != _INF else None})
-        scope.start()
+        self._scope.start()
+
+    def _settle(self, outcome: Outcome) -> None:
+        super()._settle(outcome)
+        parent = self._parent
+        assert parent is not None
+        with self._scope.lock:
+            if self in parent._grants:
+                parent._grants.remove(self)
+        parent._scope.forget(self._scope)
 
 
 def budget(limits: Limits | None = None, **kwargs: Any) -> Budget:

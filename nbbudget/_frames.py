@@ -119,6 +119,17 @@ def plot_trace(frame: pd.DataFrame, limits: Mapping[str, float], notices: Sequen
     ax.axhline(1.0, color="black", linewidth=0.8)
     for fraction in notices:
         ax.axhline(fraction, color="orange", linewidth=0.8, linestyle=":")
+    _mark_events(ax, frame)
+    ax.set_xlabel("t (ms)")
+    ax.set_ylabel("consumed / limit")
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))  # one legend entry per label
+    ax.legend(unique.values(), unique.keys(), loc="best", fontsize="small")
+    return ax
+
+
+def _mark_events(ax: Any, frame: pd.DataFrame) -> None:
+    """The approach notices, refusals, cuts and stopping outcomes of *frame*, on *ax*."""
     _marks(ax, frame[frame["kind"] == "approach_notice"],
            lambda p: p.get("threshold", 1.0), marker="^", color="orange",
            label="approach notice")
@@ -134,12 +145,6 @@ def plot_trace(frame: pd.DataFrame, limits: Mapping[str, float], notices: Sequen
             what = payload.get("by") or payload.get("cause") or payload["status"]
             ax.axvline(t_ms, color="red", linestyle="--", linewidth=1,
                        label=f"{payload['status']} ({what})")
-    ax.set_xlabel("t (ms)")
-    ax.set_ylabel("consumed / limit")
-    handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles, strict=True))  # one legend entry per label
-    ax.legend(unique.values(), unique.keys(), loc="best", fontsize="small")
-    return ax
 
 
 def _marks(ax: Any, rows: pd.DataFrame, height: Any, **style: Any) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -27,9 +28,11 @@ from ._clock import Clock
 from ._errors import BudgetExceeded, ConfigError
 from ._kinds import KIND_INDEX, KINDS, RUN_MS, kind_index
 from ._limits import NO_LIMITS, Limits
+from ._snapshot import AxisUsage
 from ._trace import Recorder
 
-__all__ = ["STATE_VERSION", "Account", "Ledger", "LocalLedger", "read_state"]
+__all__ = ["STATE_VERSION", "Account", "Ledger", "LocalLedger", "check_totals", "plain",
+           "read_state"]
 
 STATE_VERSION = "nbbudget-ledger-v1"
 _INF = math.inf
@@ -76,7 +79,7 @@ class Account:
 
     def figures(self, i: int) -> tuple[float, float]:
         """The limit of kind *i* in force (this slice's), and what this slice consumed."""
-        return _plain(self.thr[i] - self.base[i]), _plain(self.used(i))
+        return plain(self.thr[i] - self.base[i]), plain(self.used(i))
 
 
 class Ledger(Protocol):
@@ -88,6 +91,7 @@ class Ledger(Protocol):
     root: Account
     suspend: bool  # windows suspend the run (S3-1)
     totals: Limits  # whole-run totals over windows
+    notice_level: int  # approach notices given so far (S3-5)
 
     def open(self, name: str, limits: Limits, recorder: Recorder,
              parent: Account) -> Account: ...
@@ -108,7 +112,16 @@ class Ledger(Protocol):
 
     def remaining(self, account: Account, i: int) -> float: ...
 
+    def consumed(self, account: Account) -> dict[str, float]: ...
+
+    def axes(self, account: Account, elapsed_ms: float,
+             remaining_ms: float | None) -> tuple[AxisUsage, ...]: ...
+
+    def stats(self, refused: Counter[str]) -> dict[str, dict[str, float]]: ...
+
     def state(self, active_ms: float) -> dict[str, Any]: ...
+
+    def restore(self, state: Mapping[str, Any]) -> None: ...
 
 
 class LocalLedger:
@@ -331,12 +344,44 @@ class LocalLedger:
         """Every kind's use across windows (lock held)."""
         return [account.used(i) + account.base[i] for i in range(_K)]
 
-    def stats(self) -> tuple[list[float], list[int]]:
-        """The run's use and its number of charges, by kind."""
+    def consumed(self, account: Account) -> dict[str, float]:
+        """What *account* has used of each charged kind, across windows."""
+        with self.lock:
+            used = self.totals_used(account)
+        return {k.name: plain(used[i]) for i, k in enumerate(KINDS) if used[i] and i != RUN_MS}
+
+    def axes(self, account: Account, elapsed_ms: float,
+             remaining_ms: float | None) -> tuple[AxisUsage, ...]:
+        """Each armed axis of *account* now; time figures in whole milliseconds."""
+        axes = []
+        for kind, limit in account.limits_set.items():
+            i = KIND_INDEX[kind]
+            if i == RUN_MS:  # whole milliseconds: what a person reads
+                used: float = round(elapsed_ms - account.base[RUN_MS])
+                left: float = round(remaining_ms or 0.0)
+            else:
+                used = account.used(i)
+                with self.lock:
+                    left = plain(self.remaining(account, i))
+            axes.append(AxisUsage(kind, limit, plain(used), left, used / limit))
+        return tuple(axes)
+
+    def stats(self, refused: Counter[str]) -> dict[str, dict[str, float]]:
+        """The run's checks, consumptions, amounts consumed and refusals (given), by kind
+        (S4-9); kinds with nothing to show are left out."""
         root = self.root
         with self.lock:
             used = self.totals_used(root)
-            return used, [round(used[i] - root.bulk[i]) for i in range(_K)]
+            ops = [round(used[i] - root.bulk[i]) for i in range(_K)]
+        stats: dict[str, dict[str, float]] = {"checks": {}, "consumptions": {}, "consumed": {},
+                                              "refusals": {}}
+        for i, kind in enumerate(KINDS):
+            name = kind.name
+            for table, value in (("checks", ops[i] + refused[name]), ("consumptions", ops[i]),
+                                 ("consumed", plain(used[i])), ("refusals", refused[name])):
+                if value:
+                    stats[table][name] = value
+        return stats
 
     # -- state (S3-1, S4-4, S4-5) -----------------------------------------------------------------
     def state(self, active_ms: float) -> dict[str, Any]:
@@ -347,9 +392,9 @@ class LocalLedger:
             return {
                 "version": STATE_VERSION, "name": root.name, "limits": root.limits.to_dict(),
                 "totals": self.totals.to_dict(), "suspend": self.suspend,
-                "counts": {k.name: _plain(used[i]) for i, k in enumerate(KINDS)
+                "counts": {k.name: plain(used[i]) for i, k in enumerate(KINDS)
                            if used[i] and i != RUN_MS},
-                "active_ms": _plain(round(active_ms, 3)), "notice_level": self.notice_level,
+                "active_ms": plain(round(active_ms, 3)), "notice_level": self.notice_level,
                 "notices": list(self.notices) if self.notices else None,
             }
 
@@ -396,7 +441,9 @@ def check_totals(totals: Limits | None, suspend: bool) -> Limits:
     return totals
 
 
-def _plain(x: float) -> float:
+def plain(x: float) -> float:
+    """*x*, as an int when it is a whole float (``3.0`` reads ``3``)."""
     if isinstance(x, float) and x.is_integer() and x != _INF:
         return int(x)
     return x
+

@@ -15,17 +15,19 @@ and never another module's private names.
 
 from __future__ import annotations
 
+import math
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn, Protocol
 
 from ._clock import Clock
 from ._errors import BudgetExceeded
 from ._kinds import KINDS, RUN_MS
-from ._ledger import Account, Ledger
+from ._ledger import Account, Ledger, LocalLedger, plain
 from ._limits import Limits
 from ._outcome import Status
 from ._scope import Incomplete, Scope, Stop, Unwind
-from ._trace import Recorder
+from ._trace import Recorder, Trace
 
 __all__ = ["Core", "Incomplete", "Recorder", "Run", "Scope", "Stop", "Unwind"]
 
@@ -68,6 +70,48 @@ class Core:
         self.recorder: Recorder = scope.recorder
         self.clock: Clock = scope.clock
         self.degraded: dict[str, str] | None = None  # S3-7: set once, when it degrades
+        scope.on_halt = self._on_halt
+        scope.on_expire = self.expired
+        scope.limit_ms = account.thr[RUN_MS]
+
+    @classmethod
+    def run(cls, name: str, limits: Limits, clock: Clock, *, full: bool, suspend: bool,
+            totals: Limits, notices: tuple[float, float] | None) -> Core:
+        """The parts of a new run: its trace, its scope, and its account in a new
+        `LocalLedger`."""
+        log = Trace(full=full, name=name)
+        log.limits, log.notices = limits.to_dict(), list(notices or ())
+        lock, recorder = threading.Lock(), Recorder(log, name)
+        scope = Scope(name, recorder, clock, lock=lock)
+        ledger = LocalLedger(name, limits, recorder, clock=clock, lock=lock, suspend=suspend,
+                             totals=totals, notices=notices, elapsed=scope.elapsed_ms,
+                             full=full)
+        if full:
+            ledger.traced_pools(scope)
+        scope.notice_times = ledger.time_notices
+        scope.on_notice = lambda: ledger.notice(scope.t_ms())
+        return cls(name, ledger, ledger.root, scope)
+
+    def grant(self, name: str | None, limits: Limits) -> Core:
+        """The parts of a grant of this run or grant (lock held): a child scope, whose time
+        never outlives this one's (S2-1), and a child account (S2-2)."""
+        trace, scope = self.recorder.trace, self.scope
+        name = name or f"{self.name}/grant-{trace.run_count()}"
+        recorder = Recorder(trace, name)
+        child = Scope(name, recorder, scope.clock, parent=scope, lock=scope.lock)
+        account = self.ledger.open(name, limits, recorder, self.account)
+        left = scope.remaining_ms()
+        if left is not None:
+            account.thr[RUN_MS] = min(account.thr[RUN_MS], left)
+        core = Core(name, self.ledger, account, child)
+        scope.adopt(child)
+        time_ms = account.thr[RUN_MS]
+        child.record("grant", {"parent": self.name, "limits": limits.to_dict(),
+                               "time_ms": plain(time_ms) if time_ms != math.inf else None})
+        return core
+
+    def _on_halt(self) -> None:
+        self.ledger.drain(self.account)
 
     # -- before dispatch ------------------------------------------------------------------------
     def charge(self, i: int, n: float, target: str | None) -> None:
@@ -105,7 +149,7 @@ class Core:
         if isinstance(err, BudgetExceeded) and err.window:
             root = self.scope.root
             root.halt(Stop(Status.SUSPENDED, "window", err.kind, "Suspended",
-                           f"the {err.kind} window of {_plain(err.limit)} is spent; the run is "
+                           f"the {err.kind} window of {plain(err.limit)} is spent; the run is "
                            f"suspended and resumes with a fresh window", root))
             assert root.stop is not None
             err = root.stop.signal()
@@ -144,8 +188,8 @@ class Core:
             return Stop(Status.SUSPENDED, "window", "run_ms", "Suspended",
                         f"the time window of {self.account.limits.run_ms} ms is spent; the "
                         f"run is suspended and resumes with a fresh window", scope)
-        limit = _plain(scope.limit_ms)
-        return cut(scope, RUN_MS, (limit, _plain(round(scope.elapsed_ms(), 3))), "timeout",
+        limit = plain(scope.limit_ms)
+        return cut(scope, RUN_MS, (limit, plain(round(scope.elapsed_ms(), 3))), "timeout",
                    f"{scope.name} ran out of time: its time grant of {limit} ms is spent; give "
                    f"it more time or do less work")
 
@@ -166,9 +210,3 @@ def cut(scope: Scope, i: int, figures: tuple[float, float], by: str, message: st
     kind = KINDS[i]
     return Stop(Status.FAILED, "budget-cut", by, kind.code, message, scope, None,
                 (kind.name, *figures))
-
-
-def _plain(x: float) -> float:
-    if isinstance(x, float) and x.is_integer():
-        return int(x)
-    return x

@@ -65,20 +65,7 @@ def make_provider(run: Run, fn: Callable[..., Any], name: str | None,
                   price: Callable[[Usage], float] | None, retries: int,
                   guardrail: int | str | None,
                   degrade: tuple[Callable[..., Any], float] | None = None) -> Callable[..., Any]:
-    if not callable(fn):
-        raise ConfigError(f"provider() decorates a function, not {fn!r}")
-    if degrade is not None:
-        cheaper, fraction = degrade
-        if not callable(cheaper) or isinstance(fraction, bool) or not (
-                isinstance(fraction, (int, float)) and 0 < fraction <= 1):
-            raise ConfigError(f"degrade={degrade!r}: give (cheaper_function, fraction of the "
-                              f"cost limit in (0, 1])")
-        if run.limits.cost_usd is None:
-            raise ConfigError("degrade= needs a cost limit (cost_usd=): the fraction is of it")
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise ConfigError(f"retries={retries!r} must be a whole number >= 0")
-    if prices is not None and price is not None:
-        raise ConfigError("give prices= (per 1,000 tokens) or price= (a function), not both")
+    _check_options(run, fn, prices, price, retries, degrade)
     limit_ms = GUARDRAIL_MS if guardrail is None else parse_duration(guardrail,
                                                                      field="guardrail")
     label = name or getattr(fn, "__name__", None) or "provider"
@@ -108,6 +95,25 @@ def make_provider(run: Run, fn: Callable[..., Any], name: str | None,
         raise AssertionError("unreachable")
 
     return call
+
+
+def _check_options(run: Run, fn: Callable[..., Any], prices: Mapping[str, float] | None,
+                   price: Callable[[Usage], float] | None, retries: int,
+                   degrade: tuple[Callable[..., Any], float] | None) -> None:
+    if not callable(fn):
+        raise ConfigError(f"provider() decorates a function, not {fn!r}")
+    if degrade is not None:
+        cheaper, fraction = degrade
+        if not callable(cheaper) or isinstance(fraction, bool) or not (
+                isinstance(fraction, (int, float)) and 0 < fraction <= 1):
+            raise ConfigError(f"degrade={degrade!r}: give (cheaper_function, fraction of the "
+                              f"cost limit in (0, 1])")
+        if run.limits.cost_usd is None:
+            raise ConfigError("degrade= needs a cost limit (cost_usd=): the fraction is of it")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ConfigError(f"retries={retries!r} must be a whole number >= 0")
+    if prices is not None and price is not None:
+        raise ConfigError("give prices= (per 1,000 tokens) or price= (a function), not both")
 
 
 def _stream(run: Run, chunks: Iterator[Any], prices: Mapping[str, float] | None,

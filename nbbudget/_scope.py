@@ -183,6 +183,24 @@ class Scope:
         """Add an event of *kind* to the run's trace, stamped with the time now."""
         self.recorder.add(kind, self.t_ms(), payload)
 
+    def ending(self, exc: BaseException | None,
+               output: Any) -> tuple[Outcome, BudgetError | None] | None:
+        """How a block run in this scope ended when a stop is involved, with the error to raise
+        for it if any; None when none is. A stop that came from an ancestor settles here as
+        the ancestor's; a grant used without ``with`` that stopped surfaces here."""
+        if self.stop is None:
+            self.poll()
+        stop = self.stop
+        if isinstance(exc, Unwind) and exc.stop.origin is not self and (
+                stop is None or stop is exc.stop):
+            outcome = exc.stop.outcome(self, output)
+            return outcome, None if self.has_ancestor(exc.stop.origin) else exc.stop.error()
+        if stop is None:
+            return None
+        reports = getattr(exc, "_stop", None) is stop  # an error that reports it already
+        error = stop.origin is self and stop.status is not Status.SUSPENDED and not reports
+        return stop.outcome(self, output), stop.error() if error else None
+
     # -- the tree ------------------------------------------------------------------------------
     def adopt(self, child: Scope) -> None:
         """Make *child* a descendant (lock held): it inherits this scope's stop (S2-3)."""
