@@ -24,7 +24,7 @@ from ._clock import Clock, default_clock
 from ._duration import parse_duration
 from ._errors import BudgetCut, BudgetError, BudgetExceeded, Cancelled, ConfigError
 from ._kinds import CHARGE_INDEX as _CHARGE_INDEX
-from ._kinds import KIND_INDEX, KINDS, RUN_MS, STEPS, kind_index
+from ._kinds import KIND_INDEX, KINDS, STEPS, kind_index
 from ._ledger import STATE_VERSION, check_totals, read_state
 from ._limits import NO_LIMITS as _NO_LIMITS
 from ._limits import Limits
@@ -46,7 +46,6 @@ __all__ = ["STATE_VERSION", "Budget", "Grant", "Snapshot", "budget", "check_noti
 _R = TypeVar("_R")
 _INF = math.inf
 _DEFAULT_NOTICES = (0.8, 0.95)
-_K = len(KINDS)
 
 _current: contextvars.ContextVar[Budget | None] = contextvars.ContextVar(
     "nbbudget_current", default=None
@@ -84,7 +83,6 @@ class Budget:
                         full=full, suspend=bool(suspend), totals=totals,
                         notices=check_notices(notices))
         self._attach(core, self)
-        self._trace.follow(self._stats)
 
     def _attach(self, core: Core, root: Budget) -> None:
         """Take *core* (an account, a scope, a recorder) as this run's or grant's parts."""
@@ -167,8 +165,6 @@ class Budget:
     def paused(self) -> Iterator[None]:
         """Stop this run's clock while the block runs (waiting for a person, say): time spent
         paused is not counted in ``run_ms`` (S4-4). Only a run, not a grant, pauses."""
-        if self._parent is not None:
-            raise ConfigError(f"{self.name} is a grant; pause the run it belongs to")
         self._scope.set_paused(True)
         try:
             yield
@@ -208,11 +204,7 @@ class Budget:
             if degraded is not None and outcome.degraded is None:
                 outcome = dataclasses.replace(outcome, degraded=dict(degraded))
             self._outcome = outcome
-            ended = outcome.to_dict()
-            scope.record("outcome", ended)
-            scope.end_time()
-            if scope.parent is None:
-                self._trace.outcome = dict(ended)
+            self._core.end(outcome.to_dict())
             open_grants = list(self._grants)
         for child in open_grants:  # grants still open end with their parent
             child._settle(dataclasses.replace(outcome, origin=outcome.origin or self.name))
@@ -257,15 +249,14 @@ class Budget:
                  guardrail: int | str | None = None,
                  degrade: tuple[Callable[..., Any], float] | None = None) -> Any:
         """Decorate the function that calls a model. Each attempt (``retries`` included)
-        reserves a ``provider_calls`` permit first (S4-6); a ``max_output_tokens`` argument is
-        clamped to what remains (S2-9); the reply's usage (``input_tokens``, ``output_tokens``,
-        ``cost_usd``, or a cost from ``prices={"input": usd_per_1k, "output": usd_per_1k}`` or
-        ``price(usage)``) is charged after the fact, and a passed limit fails the run
-        (S3-3); a call that does not answer within ``guardrail`` (default 1 h, 0 off) is cut
-        (S3-8). A reply that is an iterator is a stream: each chunk's usage is charged as it
-        comes and the stream is closed the moment a limit is passed (S3-9); a stream that fails
-        after content is cut ``by="stream-error"``. ``degrade=(cheaper, fraction)`` switches,
-        once, to the cheaper model past that fraction of the cost limit (S3-7)."""
+        reserves a ``provider_calls`` permit (S4-6); ``max_output_tokens`` is clamped to what
+        remains (S2-9); the reply's usage (``input_tokens``, ``output_tokens``, ``cost_usd``, or a
+        cost from ``prices={"input": usd_per_1k, "output": usd_per_1k}`` or ``price(usage)``) is
+        charged after the fact, and a passed limit fails the run (S3-3). ``guardrail`` (default
+        1 h, 0 off) cuts a call that does not answer (S3-8). A streamed reply is charged chunk by
+        chunk and closed the moment a limit is passed (S3-9); one that fails after content is cut
+        ``by="stream-error"``. ``degrade=(cheaper, fraction)`` switches to the cheaper model,
+        once, past that fraction of the cost limit (S3-7)."""
 
         def wrap(f: Callable[..., _R]) -> Callable[..., _R]:
             return make_provider(self, f, name, prices, price, retries, guardrail, degrade)
@@ -311,21 +302,12 @@ class Budget:
     @property
     def consumed(self) -> dict[str, float]:
         """What was spent, by kind: on a run the run-wide totals, on a grant its own charges."""
-        out = self._ledger.consumed(self._account)
-        elapsed = self._scope.elapsed_ms()
-        if elapsed:
-            out["run_ms"] = round(elapsed)
-        return out
+        return self._core.consumed()
 
     def remaining(self, kind: str) -> float:
         """What is left of *kind*: the smaller of this grant's own and the run's (``inf`` when
         nothing bounds it)."""
-        i = kind_index(kind)
-        if i == RUN_MS:
-            left = self.remaining_ms
-            return _INF if left is None else left
-        with self._scope.lock:
-            return _plain(self._ledger.remaining(self._account, i))
+        return self._core.remaining(kind_index(kind))
 
     @property
     def notice_level(self) -> int:
@@ -349,19 +331,10 @@ class Budget:
 
         return usage_frame(self.snapshot())
 
-    def _stats(self) -> dict[str, dict[str, float]]:
-        stats = self._ledger.stats(self._trace.refusals_by_kind())
-        elapsed = self._scope.elapsed_ms()
-        if self._account.limits.run_ms is not None or elapsed:
-            stats["consumed"]["run_ms"] = round(elapsed)
-        return stats
-
     # -- checkpoints (S3-1, S4-4) -------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """The ledger state a checkpoint must hold: counters, active time, effective limits,
         totals and notices. JSON-serialisable; `Budget.resume` takes it back."""
-        if self._parent is not None:
-            raise ConfigError(f"{self.name} is a grant; take the state of its run")
         return self._ledger.state(self._scope.elapsed_ms())
 
     @classmethod
@@ -376,11 +349,7 @@ class Budget:
                   totals=Limits.from_json(saved["totals"]) if saved["suspend"] else None,
                   notices=tuple(saved["notices"]) if saved["notices"] else None,
                   trace=trace)
-        run._ledger.restore(saved)
-        run._scope.active_before_ms = float(saved["active_ms"])
-        run._scope.limit_ms = run._account.thr[RUN_MS]
-        run._core.record("resumed", {"counts": dict(saved["counts"]),
-                                     "active_ms": saved["active_ms"]})
+        run._core.restore(saved)
         return run
 
     def __repr__(self) -> str:
@@ -399,6 +368,12 @@ class Grant(Budget):
             self._attach(parent._core.grant(name, limits), parent._root)
             parent._grants.append(self)
         self._scope.start()
+
+    def paused(self) -> Any:
+        raise ConfigError(f"{self.name} is a grant; pause the run it belongs to")
+
+    def state(self) -> dict[str, Any]:
+        raise ConfigError(f"{self.name} is a grant; take the state of its run")
 
     def _settle(self, outcome: Outcome) -> None:
         super()._settle(outcome)
@@ -477,8 +452,3 @@ def _outcome_of(exc: BaseException, output: Any) -> Outcome:
         return Outcome(Status.STOPPED, "interrupt", None, "KeyboardInterrupt", "interrupted")
     return Outcome(Status.FAILED, "error", None, type(exc).__name__, str(exc), output)
 
-
-def _plain(x: float) -> float:
-    if isinstance(x, float) and x.is_integer() and x != _INF:
-        return int(x)
-    return x

@@ -90,7 +90,9 @@ class Core:
             ledger.traced_pools(scope)
         scope.notice_times = ledger.time_notices
         scope.on_notice = lambda: ledger.notice(scope.t_ms())
-        return cls(name, ledger, ledger.root, scope)
+        core = cls(name, ledger, ledger.root, scope)
+        log.follow(core.stats)
+        return core
 
     def grant(self, name: str | None, limits: Limits) -> Core:
         """The parts of a grant of this run or grant (lock held): a child scope, whose time
@@ -112,6 +114,48 @@ class Core:
 
     def _on_halt(self) -> None:
         self.ledger.drain(self.account)
+
+    def restore(self, saved: Mapping[str, Any]) -> None:
+        """Continue from a checkpoint's ledger state (read with `_ledger.read_state`): its
+        counters, notices and active time (S4-4)."""
+        self.ledger.restore(saved)
+        self.scope.active_before_ms = float(saved["active_ms"])
+        self.scope.limit_ms = self.account.thr[RUN_MS]
+        self.record("resumed", {"counts": dict(saved["counts"]),
+                                "active_ms": saved["active_ms"]})
+
+    def end(self, ended: dict[str, Any]) -> None:
+        """The run or grant ended with the outcome *ended* (lock held): traced, and its
+        time stops."""
+        self.record("outcome", ended)
+        self.scope.end_time()
+        if self.scope.parent is None:
+            self.recorder.trace.outcome = dict(ended)
+
+    # -- reading --------------------------------------------------------------------------------
+    def consumed(self) -> dict[str, float]:
+        """What was spent, by kind, time included (whole milliseconds)."""
+        out = self.ledger.consumed(self.account)
+        elapsed = self.scope.elapsed_ms()
+        if elapsed:
+            out["run_ms"] = round(elapsed)
+        return out
+
+    def remaining(self, i: int) -> float:
+        """What is left of kind *i*: the smaller of this account's own and the run's."""
+        if i == RUN_MS:
+            left = self.scope.remaining_ms()
+            return math.inf if left is None else left
+        with self.ledger.lock:
+            return plain(self.ledger.remaining(self.account, i))
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Checks, consumptions, amounts and refusals by kind, for the trace's summary (S4-9)."""
+        stats = self.ledger.stats(self.recorder.trace.refusals_by_kind())
+        elapsed = self.scope.elapsed_ms()
+        if self.account.limits.run_ms is not None or elapsed:
+            stats["consumed"]["run_ms"] = round(elapsed)
+        return stats
 
     # -- before dispatch ------------------------------------------------------------------------
     def charge(self, i: int, n: float, target: str | None) -> None:
