@@ -39,7 +39,7 @@ from ._trace import _GIL, _ROW, EVENT_KINDS, REFUSED, Trace
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["Budget", "Grant", "Snapshot", "budget", "current"]
+__all__ = ["Budget", "Grant", "Snapshot", "activate", "budget", "current"]
 
 _R = TypeVar("_R")
 _INF = math.inf
@@ -62,6 +62,14 @@ _current: contextvars.ContextVar[Budget | None] = contextvars.ContextVar(
 def current() -> Budget | None:
     """The innermost active budget of this thread or context, or `None`."""
     return _current.get()
+
+
+def activate(run: Budget) -> None:
+    """Make *run* what `current` returns in this context, its clock started, without a ``with``
+    block: for a host that runs the parts of one long run each in a context of its own (the
+    kernel runs each cell of a notebook in its own). The run is not settled this way."""
+    run._start_clock()
+    _current.set(run)
 
 
 class _Incomplete(BaseException):

@@ -3,6 +3,7 @@ in a real kernel (N-1, S0-3, S0-5)."""
 
 from __future__ import annotations
 
+import contextvars
 import re
 import threading
 
@@ -261,3 +262,27 @@ def test_S4_12_a_cell_over_its_runs_per_day_stops_with_one_line_and_runs_nothing
     assert isinstance(err, nb.RunsPerDayExceeded) and isinstance(err, nb.BudgetError)
     assert "already started 2 times on" in str(err) and "raise runs_per_day" in str(err)
     assert err._render_traceback_() == [f"RunsPerDayExceeded: {err}"]
+
+
+def test_S2_1_a_budget_cell_inside_an_active_run_runs_as_a_grant_of_it(shell):
+    """Under ``nbbudget run`` every cell runs inside the notebook's run: a %%budget cell there
+    is a grant of it, its steps counted on the run too, its deadline within the run's."""
+    from nbbudget._budget import activate
+    from nbbudget.testing import FakeClock
+
+    run = nb.budget(steps=3, time="1h", name="notebook", clock=FakeClock())
+
+    def cell_in_the_run():
+        activate(run)
+        shell.run_cell("%%budget --steps 5 --time 2h --no-widget\nimport nbbudget as nb\n"
+                       "inner = nb.current()\ninner.step()\ninner.step()")
+        return shell.run_cell("%%budget --steps 5 --no-widget\nnb.current().step()\n"
+                              "nb.current().step()")
+
+    second = contextvars.copy_context().run(cell_in_the_run)  # `run` stays current only there
+    inner = shell.user_ns["inner"]
+    assert isinstance(inner, nb.Grant)
+    assert inner.remaining_ms <= 3_600_000  # S2-1: no later than the run's own deadline
+    assert isinstance(second.error_in_exec, nb.BudgetExceeded)  # the run's 3 steps, shared
+    assert (second.error_in_exec.scope, run.consumed["steps"]) == ("run", 3)
+    assert nb.current() is None
