@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from ._errors import ConfigError
+from ._run_cli import add_commands as add_run_commands
 from ._trace import Trace
 
 __all__ = ["main"]
@@ -29,12 +30,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("trace", metavar="TRACE.json", help="a trace file written by Trace.save")
     inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_run_commands(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code (0 ok, 2 bad usage or unreadable trace)."""
+    """Run the command line; returns the exit code (0 ok, 2 bad usage or unreadable trace;
+    ``nbbudget run`` has codes of its own)."""
     args = _parser().parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is not None:
+        return int(handler(args, list(sys.argv[1:] if argv is None else argv)))
     try:
         summary = Trace.load(args.trace).summary()
     except ConfigError as exc:
