@@ -22,6 +22,7 @@ import hashlib
 import sys
 import time
 import traceback
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,7 @@ from ._run_store import RunRecord, Runs, RunState
 from ._store import store
 
 if TYPE_CHECKING:
+    from jupyter_client.manager import AsyncKernelManager
     from nbclient import NotebookClient
     from nbformat import NotebookNode
 
@@ -54,6 +56,14 @@ class _End(Exception):
         self.data = data
 
 
+async def _ending(work: Awaitable[_End]) -> _End:
+    """How *work* ended, whether it returned its end or raised it."""
+    try:
+        return await work
+    except _End as end:
+        return end
+
+
 def _error(code: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"code": code, "message": message, **extra}
 
@@ -75,14 +85,16 @@ class Runner:
     async def run(self) -> None:
         """Execute the notebook and record how it ended, whatever happens."""
         try:
-            end = await self._execute()
-        except _End as stopped:
-            end = stopped
+            end = await _ending(self._execute())
         except Exception as exc:  # a bug or an environment problem: reported, never silent
             traceback.print_exc()
             end = _End(RunState.FAILED, _error(
                 "runner_error", f"the runner of {self.id} failed: {type(exc).__name__}: {exc}; "
                                 f"its log is {self.runs.log_path(self.id)}"))
+        self._finish(end)
+
+    def _finish(self, end: _End) -> None:
+        """Record how the run ended (once: a run that has ended keeps its first end)."""
         self.runs.finish(self.id, end.state, self._result(end))
 
     def _result(self, end: _End) -> dict[str, Any]:
@@ -93,6 +105,29 @@ class Runner:
                 "error": end.error}
 
     async def _execute(self) -> _End:
+        """Launch the kernel first: it starts while nbclient and papermill are imported and
+        the notebook is prepared (the caller's budget counts the kernel's start-up)."""
+        km = await self._launch()
+        try:
+            return await self._execute_in(km)
+        finally:
+            if km.has_kernel:  # the notebook never reached its kernel
+                await km.shutdown_kernel(now=True)
+
+    async def _launch(self) -> AsyncKernelManager:
+        from jupyter_client.manager import AsyncKernelManager
+
+        km = AsyncKernelManager(kernel_name=self.spec["kernel"])
+        try:
+            extra = ["--HistoryManager.hist_file=:memory:"] if km.ipykernel else []
+            await km.start_kernel(cwd=self.spec["cwd"], extra_arguments=extra)
+        except Exception as exc:
+            raise _End(RunState.FAILED, _error(
+                "kernel_failed", f"the kernel {self.spec['kernel']!r} did not start: "
+                                 f"{type(exc).__name__}: {exc}")) from None
+        return km
+
+    async def _execute_in(self, km: AsyncKernelManager) -> _End:
         from nbclient import NotebookClient
 
         notebook = self._prepare()
@@ -101,20 +136,21 @@ class Runner:
         self.runs.update(self.id, state=RunState.RUNNING.value, cells=len(self.code_cells),
                          cell=self.code_cells[0] if self.code_cells else None)
         client = self.client = NotebookClient(
-            notebook, kernel_name=self.spec["kernel"],
-            resources={"metadata": {"path": self.spec["cwd"]}})
+            notebook, km=km, resources={"metadata": {"path": self.spec["cwd"]}})
         self._save()
-        started = False
+        ready = False
         try:
-            async with client.async_setup_kernel():
-                started = True
-                return await self._cells()
+            async with client.async_setup_kernel(cleanup_kc=True):  # shuts the kernel down
+                ready = True
+                end = await _ending(self._cells())
+                self._finish(end)  # told before the kernel shuts down, which takes a while
+                return end
         except Exception as exc:
-            if started or isinstance(exc, _End):
+            if ready:
                 raise
             raise _End(RunState.FAILED, _error(
-                "kernel_failed", f"the kernel {self.spec['kernel']!r} did not start: "
-                                 f"{type(exc).__name__}: {exc}")) from None
+                "kernel_failed", f"the kernel {self.spec['kernel']!r} started but never "
+                                 f"answered: {type(exc).__name__}: {exc}")) from None
 
     async def _cells(self) -> _End:
         await self._begin()

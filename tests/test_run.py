@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +164,11 @@ def wait_for_job(env: dict[str, str], cwd: Path, job: str, state: str,
         time.sleep(0.5)
 
 
+def stamp(text: str) -> float:
+    """A kernel's ISO timestamp, in seconds since the epoch."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
 def executed_cells(path: Path) -> list[int | None]:
     return [cell.get("execution_count") for cell in nbformat.read(path, 4).cells
             if cell.cell_type == "code"]
@@ -217,6 +223,9 @@ def test_S0_11_once_delivered_the_identical_command_starts_anew_and_cancel_stops
     assert stopped.envelope["data"]["state"] == "stopped"
     assert stopped.envelope["error"]["code"] == "stopped"
     assert [row["state"] for row in jobs(env, tmp_path)] == ["stopped", "done"]
+    table = nbbudget(env, "jobs", cwd=tmp_path).stdout.splitlines()
+    assert table[0].split() == ["id", "state", "cells", "started", "notebook"]
+    assert table[1].split()[:3] == [job, "stopped", "0/1"]
 
 
 # -- resume (S0-1, S0-2, S0-11, S4-4) -------------------------------------------------------
@@ -225,15 +234,21 @@ def test_S0_1_a_resumable_notebook_pauses_at_the_first_boundary_past_2s_and_cont
     notebook = write_notebook(tmp_path / "slow.ipynb", "import time\ncount = 0",
                               *(logged(i, 0.6) for i in range(8)), "print('count', count)")
     env["AGENT_CALL_BUDGET_MS"] = "2000"
+    began = time.time()
     first = nbbudget(env, "run", notebook.name, "--resume", cwd=tmp_path)
     assert first.code == 14, first.stderr
     data = first.envelope["data"]
     assert data["state"] == "paused"
-    assert 2.0 <= first.envelope["meta"]["duration_ms"] / 1000 < 2.0 + 0.6 + 1.0
+    assert 2.0 <= first.envelope["meta"]["duration_ms"] / 1000 < 6.0
     assert data["next"] == "nbbudget run slow.ipynb --resume"
     assert data["checkpoint"] == f"{data['job']}:{data['cell']}"
+    if data["executed"]:  # the kernel was up before 2 s: the last cell ran across them
+        timing = nbformat.read(tmp_path / "slow.out.ipynb", 4).cells[data["cell"] - 1] \
+            .metadata.execution
+        assert stamp(timing["iopub.execute_input"]) < began + 2.0 + 1.0  # its start-up
+        assert stamp(timing["shell.execute_reply"]) >= began + 2.0
     done_before = ran(tmp_path)
-    assert len(done_before) == data["executed"] - 1  # the setup cell logs nothing
+    assert len(done_before) == max(0, data["executed"] - 1)  # the setup cell logs nothing
     time.sleep(1.0)
     assert ran(tmp_path) == done_before  # paused: nothing runs between the commands
 
@@ -298,13 +313,27 @@ def test_S4_2_a_budget_stop_names_the_limit_the_lower_of_flags_and_metadata(
     assert executed_cells(tmp_path / "steps.out.ipynb") == [1, 2, None]
 
 
+def test_S4_7_the_runs_time_grant_interrupts_the_cell_that_spends_it(env, tmp_path):
+    notebook = write_notebook(tmp_path / "long.ipynb", "import time\ntime.sleep(0.5)",
+                              "time.sleep(60)", "print('never')")
+    done = nbbudget(env, "run", notebook.name, "--time", "2s", "--budget", "30s", cwd=tmp_path)
+    assert done.code == 1, done.stdout + done.stderr
+    assert done.envelope["data"]["consumed"]["run_ms"] < 2000 + 1500  # not the cell's 60 s
+    error = done.envelope["error"]
+    assert (error["code"], error["cell_index"], error["ename"]) == (
+        "RunTimeBudgetExceeded", 1, "KeyboardInterrupt")
+    assert error["message"] == ("long.ipynb ran out of time: its time grant of 2000 ms is "
+                                "spent; give it more time or do less work")
+
+
 def test_a_failing_cell_names_its_index_ename_and_evalue_and_its_notebook_is_kept(
         env, tmp_path):
     notebook = write_notebook(tmp_path / "fails.ipynb", "print('before')", "1 / 0",
                               "print('after')")
-    done = nbbudget(env, "run", notebook.name, "--budget", "30s", cwd=tmp_path)
+    done = nbbudget(env, "run", notebook.name, "--budget", "0", cwd=tmp_path)
     assert done.code == 1
     envelope = done.envelope
+    assert envelope["meta"]["budget_ms"] == 0  # S0-4: no budget, waited for the end
     assert envelope["data"]["state"] == "failed"
     error = envelope["error"]
     assert (error["code"], error["cell_index"], error["ename"], error["evalue"]) == (
@@ -341,11 +370,39 @@ def test_S0_5_a_person_reads_a_short_summary(env, tmp_path):
     assert used.startswith("  consumed: run_ms ")
 
 
+def test_ctrl_c_on_a_terminal_stops_the_notebook_and_says_so(env, tmp_path):
+    notebook = write_notebook(tmp_path / "long.ipynb", "import time\ntime.sleep(60)")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "nbbudget", "run", notebook.name, "--json"],
+                            env=env, cwd=tmp_path, stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "long.out.ipynb").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # the cell is running
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 130
+        shown = b""
+        while select.select([master], [], [], 0.2)[0]:
+            try:
+                shown += os.read(master, 65536)
+            except OSError:
+                break
+    finally:
+        os.close(master)
+    envelope = json.loads(shown.decode()[shown.decode().index('{"ok"'):].splitlines()[0])
+    assert (envelope["data"]["state"], envelope["error"]["code"]) == ("stopped", "stopped")
+    assert [row["state"] for row in jobs(env, tmp_path)] == ["stopped"]
+
+
 # -- bad input: exit 2, nothing runs ----------------------------------------------------------
 BAD_INPUT = [
     (["missing.ipynb"], "nbbudget run: no notebook at 'missing.ipynb'; check the path"),
-    (["junk.ipynb"], "is not a valid notebook (NotJSONError: "),
-    (["cells.ipynb"], "is not a valid notebook ("),
+    (["junk.ipynb"], "junk.ipynb' is not a valid notebook (not JSON: Expecting property name"),
+    (["cells.ipynb"], "cells.ipynb' is not a valid notebook (it has no list of cells and "
+                      "metadata); give the path of an .ipynb file in nbformat 4"),
+    (["v3.ipynb"], "v3.ipynb' is not a valid notebook (not an nbformat 4 notebook)"),
     (["good.ipynb", "--stepz", "3"], "nbbudget: error: unrecognized arguments: --stepz 3"),
     (["good.ipynb", "--budget", "2x"],
      "nbbudget run: budget='2x' is not a duration; write a number with a unit"),
@@ -360,7 +417,7 @@ BAD_INPUT = [
     (["limits.ipynb"], "nbbudget run: metadata.nbbudget.limits of 'limits.ipynb': "),
     (["good.ipynb", "--output", "good.ipynb"],
      "nbbudget run: --output 'good.ipynb' is the notebook itself"),
-    (["good.ipynb", "--output", "nowhere/out.ipynb"], "the folder "),
+    (["good.ipynb", "--output", "nowhere/out.ipynb"], "nbbudget run: the folder of the output "),
 ]
 
 
@@ -373,6 +430,7 @@ def test_bad_input_exits_2_with_a_message_naming_the_value_and_nothing_runs(
     write_notebook(tmp_path / "limits.ipynb", "x = 1", limits={"max_stepz": 3})
     (tmp_path / "junk.ipynb").write_text("{not json")
     (tmp_path / "cells.ipynb").write_text('{"cells": 3, "nbformat": 4, "nbformat_minor": 5}')
+    (tmp_path / "v3.ipynb").write_text('{"worksheets": [], "nbformat": 3, "nbformat_minor": 0}')
     done = nbbudget(env, "run", *args, cwd=tmp_path)
     assert done.code == 2
     assert done.stdout == ""
@@ -441,6 +499,19 @@ def test_a_kernel_that_dies_is_reported_with_its_cell_and_the_notebook_kept(env,
     assert done.envelope["data"]["state"] == "failed"
     cells = nbformat.read(tmp_path / "dies.out.ipynb", 4).cells
     assert cells[0].outputs[0]["text"] == "alive\n"
+
+
+def test_a_kernel_that_cannot_start_is_reported_and_nothing_runs(env, tmp_path):
+    notebook = write_notebook(tmp_path / "alien.ipynb", "open('ran.txt', 'a').write('ran')")
+    raw = json.loads(notebook.read_text())
+    raw["metadata"]["kernelspec"]["name"] = "no-such-kernel"
+    notebook.write_text(json.dumps(raw))
+    done = nbbudget(env, "run", notebook.name, "--budget", "30s", cwd=tmp_path)
+    assert done.code == 1, done.stdout + done.stderr
+    error = done.envelope["error"]
+    assert error["code"] == "kernel_failed"
+    assert error["message"].startswith("the kernel 'no-such-kernel' did not start: NoSuchKernel")
+    assert not (tmp_path / "ran.txt").exists()
 
 
 def test_two_identical_commands_at_once_share_one_runner_and_one_execution(env, tmp_path):
