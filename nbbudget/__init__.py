@@ -23,7 +23,7 @@ from ._jobs import Job, JobState, jobs
 from ._limits import Limits, Manifest
 from ._outcome import Outcome, Status
 from ._response import Response
-from ._store import CheckpointRefused, store
+from ._store import CheckpointRefused, StoreDamaged, store
 from ._tool import ToolContext
 from ._trace import Event, Replay, Trace
 
@@ -47,6 +47,14 @@ def unload_ipython_extension(shell: object) -> None:
     unload(shell)
 
 
+# Errors show where users import them from: ``nbbudget.ConfigError`` in a traceback, not the
+# private module that defines it. (Not the other classes: their type hints are resolved in the
+# module that defines them.)
+for _error in (BudgetCut, BudgetError, BudgetExceeded, Cancelled, CheckpointRefused, ConfigError,
+               RunsPerDayExceeded, WideningError):
+    _error.__module__ = __name__
+del _error
+
 __all__ = [
     "Budget",
     "BudgetCut",
@@ -67,6 +75,7 @@ __all__ = [
     "RunsPerDayExceeded",
     "Snapshot",
     "Status",
+    "StoreDamaged",
     "ToolContext",
     "Trace",
     "WideningError",

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import functools
-import itertools
 import math
 import threading
 import time
@@ -85,6 +84,12 @@ class _Unwind(BaseException):
         self.stop = stop
 
 
+#: the trace event of a stop, by its status: a person's cancel is only requested (the work sees
+#: it at its next check: ``cancel_observed``); the wall clock cancels the call at once
+_STOP_EVENTS = {Status.STOPPED: "cancel_requested", Status.CANCELLED: "cancelled",
+                Status.FAILED: "cut", Status.SUSPENDED: "suspended"}
+
+
 @dataclass(frozen=True)
 class _Stop:
     """Why a run stopped: kept as data, first one wins, every later check raises it again."""
@@ -98,6 +103,9 @@ class _Stop:
     reason: Any = None
 
     def signal(self) -> _Unwind:
+        """What is raised into the work at a check; the work observes a cancel here."""
+        if self.status in (Status.STOPPED, Status.CANCELLED):
+            self.origin._observed(self)
         return _Unwind(self)
 
     def error(self) -> BudgetError:
@@ -205,10 +213,10 @@ class Budget:
         self._timers: list[Scheduled] = []
         self._children: list[Grant] = []
         self._listeners: list[Callable[[_Stop], None]] = []
+        self._unobserved: list[None] = [None]  # emptied when the work first observes a cancel
         self._outcome: Outcome | None = None
         self._output: Any = None
         self._tokens: list[contextvars.Token[Budget | None]] = []
-        self._tool_seq = itertools.count(1)
 
     # -- the hot path --------------------------------------------------------------------------
     # A run reserves permits of each whole-number kind in blocks, into a pool (a list) per kind.
@@ -488,8 +496,7 @@ class Budget:
         self._stop = stop
         for i in range(_K):  # every later charge takes the locked path, and raises
             self._drain(i)
-        kind = "suspended" if stop.status is Status.SUSPENDED else (
-            "cut" if stop.status is Status.FAILED else "cancelled")
+        kind = _STOP_EVENTS[stop.status]
         if stop.origin is self:
             self._root._trace.add(kind, self._t_ms(), self._run_id, {
                 "status": stop.status.value, "cause": stop.cause, "by": stop.by,
@@ -511,6 +518,15 @@ class Budget:
             first = self._halt_locked(stop)
         if first:
             self._notify(stop)
+
+    def _observed(self, stop: _Stop) -> None:
+        """The work reached a check after a cancel, and stops there: traced once (S2-3)."""
+        try:
+            self._unobserved.pop()  # atomic: one thread traces it, whichever gets here first
+        except IndexError:
+            return
+        self._root._trace.add("cancel_observed", self._t_ms(), self._run_id,
+                              {"cause": stop.cause, "by": stop.by})
 
     def _add_listener(self, fn: Callable[[_Stop], None]) -> None:
         with self._lock:
@@ -1132,7 +1148,8 @@ def _read_state(state: object) -> Mapping[str, Any]:
         raise ConfigError(f"a ledger state is a mapping, not {type(state).__name__}")
     if state.get("version") != STATE_VERSION:
         raise ConfigError(f"ledger state version {state.get('version')!r} is not "
-                          f"{STATE_VERSION!r}; it is refused unchanged (S4-5)")
+                          f"{STATE_VERSION!r}; it is refused unchanged "
+                          f"(see: nbbudget explain S4-5)")
     missing = [k for k in ("name", "limits", "totals", "suspend", "counts", "active_ms",
                            "notice_level", "notices") if k not in state]
     if missing:

@@ -16,13 +16,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import _workers
 from ._budget import Budget, _Incomplete
 from ._clock import Clock, default_clock
 from ._duration import parse_duration
-from ._errors import BudgetCut, BudgetExceeded, Cancelled, ConfigError, RunsPerDayExceeded
+from ._errors import (
+    BudgetCut,
+    BudgetError,
+    Cancelled,
+    ConfigError,
+    RunsPerDayExceeded,
+)
 from ._interactive import is_interactive
 from ._jobs import Job, JobState
 from ._limits import NO_LIMITS as _NO_LIMITS
@@ -36,9 +42,10 @@ from ._response import (
     EXIT_STOPPED,
     Response,
 )
-from ._store import Checkpoint, CheckpointRefused, Store, store
+from ._store import Checkpoint, CheckpointRefused, Store, StoreDamaged, store
 
-__all__ = ["DEFAULT_BUDGET_MS", "ENV_BUDGET", "call", "checkpoint", "resume_state"]
+__all__ = ["DEFAULT_BUDGET_MS", "ENV_BUDGET", "Spelling", "call", "check_interruption",
+           "checkpoint", "resume_state"]
 
 DEFAULT_BUDGET_MS = 30_000
 ENV_BUDGET = "AGENT_CALL_BUDGET_MS"
@@ -121,11 +128,8 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     if job is None:
         try:
             ctx, job = _start(plan, clock, started_wall)
-        except CheckpointRefused as exc:
-            return _respond(plan, started, ok=False, exit_code=EXIT_FAILED,
-                            error={"code": exc.code, "message": str(exc)})
-        except RunsPerDayExceeded as exc:  # nothing started (S4-12)
-            return _respond(plan, started, ok=False, exit_code=EXIT_FAILED,
+        except (CheckpointRefused, StoreDamaged, RunsPerDayExceeded) as exc:  # nothing started
+            return _respond(plan, started, ok=False, exit_code=EXIT_FAILED, refusal=exc,
                             error={"code": exc.code, "message": str(exc)})
         if ctx is None:  # the wall clock had already run out before this continuation
             return _respond(plan, started, ok=False, exit_code=EXIT_CANCELLED,
@@ -162,9 +166,7 @@ def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
           notices: tuple[float, float] | None, runs_per_day: int | None = None) -> _Plan:
     if not callable(fn):
         raise ConfigError(f"nb.call() takes a function first, not {fn!r}")
-    for name, flag in (("detach", detach), ("resume", resume)):
-        if not isinstance(flag, bool):
-            raise ConfigError(f"{name}={flag!r}: use True or False")
+    check_interruption(detach, resume, budget)
     limits = _limits(limits, manifest)
     envelope = manifest.envelope_bytes if isinstance(manifest, Manifest) else (
         Manifest.load(manifest).envelope_bytes if manifest is not None else None)
@@ -178,13 +180,44 @@ def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
         work=(fn, args, kwargs, key),
         label=getattr(fn, "__nbbudget_label__", None) or key
         or getattr(fn, "__qualname__", None) or repr(fn),
-        detach=detach, resume=resume and not detach,
+        detach=detach, resume=resume,
         budget_ms=resolve_budget(budget, declares=detach or resume),
         timeout_ms=None if timeout is None else _positive(timeout, "timeout"),
         estimate_ms=None if estimate_ms is None else parse_duration(estimate_ms,
                                                                     field="estimate_ms"),
         limits=limits, envelope_bytes=envelope, notices=notices, runs_per_day=runs_per_day,
     )
+
+
+class Spelling(NamedTuple):
+    """How a caller writes the flags of a call, so that an error names them as it wrote them."""
+
+    detach: str
+    resume: str
+    budget: str  #: the budget with its value, a format string
+    budget_flag: str  #: the budget alone, to drop it
+
+
+#: `nb.call`'s keywords
+CALL_SPELLING = Spelling("detach=True", "resume=True", "budget={!r}", "budget=")
+
+
+def check_interruption(detach: object, resume: object, budget: object, *,
+                       spelling: Spelling = CALL_SPELLING) -> None:
+    """How a call may end before its work does, checked in one place for `nb.call` and
+    ``%%budget``: *detach* and *resume* are booleans that exclude each other, and a budget needs
+    one of them (S0-10). A `ConfigError` names the flags as *spelling* writes them."""
+    for name, flag in (("detach", detach), ("resume", resume)):
+        if not isinstance(flag, bool):
+            raise ConfigError(f"{name}={flag!r}: use True or False")
+    if detach and resume:
+        raise ConfigError(f"{spelling.detach} and {spelling.resume} exclude each other: choose "
+                          f"how the work outlives its budget")
+    if budget is not None and not (detach or resume):
+        raise ConfigError(
+            f"{spelling.budget.format(budget)} needs {spelling.detach} or {spelling.resume}: "
+            f"only a call that can detach or pause can return before its work ends; drop "
+            f"{spelling.budget_flag} or declare one of them (see: nbbudget explain S0-10)")
 
 
 def resolve_budget(budget: int | str | None, *, declares: bool,
@@ -194,11 +227,7 @@ def resolve_budget(budget: int | str | None, *, declares: bool,
     *interactive* defaults to `is_interactive()`, decided now.
     """
     if not declares:
-        if budget is not None:
-            raise ConfigError(
-                f"budget={budget!r} needs detach=True or resume=True: only a call that can "
-                f"detach or pause can return before its work ends (S0-10); drop budget= or "
-                f"declare one of them")
+        check_interruption(False, False, budget)  # a budget needs detach or resume (S0-10)
         return None
     if budget is not None:
         return parse_duration(budget, field="budget")
@@ -351,14 +380,16 @@ def _work(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
     """Runs on a worker thread: the work, under its run, with this call visible to it. Returns
     what tells the caller, run once the worker is free again."""
     _current_call.set(ctx)
+    returned, value = False, None
     try:
         with ctx.run:
             value = fn(*args, **kwargs)
+            returned = True
     except _Pause as paused:
         job.paused = True
         job._settle(JobState.DONE, value=paused.saved)
     except Cancelled as exc:
-        job._settle(JobState.CANCELLED, error=exc)
+        _settle_cancelled(job, exc, returned, value)
     except (KeyboardInterrupt, SystemExit) as exc:  # only in place, in the caller's thread
         job._settle(JobState.CANCELLED, error=exc)
         job._signal()
@@ -375,6 +406,20 @@ def _work(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
         ctx.wake.set()
 
     return tell
+
+
+def _settle_cancelled(job: Job, exc: Cancelled, returned: bool, value: Any) -> None:
+    """The work ended under a cancel. It stopped at a budget check (the cancel was honoured),
+    or it ended without reaching one: then its value, or its own error (the cause of the
+    `Cancelled` its run raised at the end), is kept and the cancel was not honoured."""
+    if not job.run.cancelled:  # a Cancelled of the work's own, not of this job's run
+        job._settle(JobState.CANCELLED, error=exc)
+    elif returned:
+        job._settle(JobState.DONE, value=value, honoured=False)
+    elif exc.__cause__ is not None:
+        job._settle(JobState.FAILED, error=exc.__cause__, honoured=False)
+    else:
+        job._settle(JobState.CANCELLED, error=exc, honoured=True)
 
 
 # -- waiting and answering -----------------------------------------------------------------------
@@ -463,23 +508,24 @@ def _deliver(job: Job, plan: _Plan) -> None:
 
 
 def _error_code(error: BaseException) -> str:
-    if isinstance(error, BudgetExceeded):
-        return str(error.code)
+    """The envelope's ``error.code``: a cut names what cut it, nbbudget's other errors carry
+    their code (``StepBudgetExceeded``, ``store_damaged``...), anything else is its class name."""
     if isinstance(error, BudgetCut):
         return f"budget_cut_{error.by}".replace("-", "_")
-    return type(error).__name__
+    code = getattr(error, "code", None) if isinstance(error, (BudgetError, ConfigError)) else None
+    return code if isinstance(code, str) and code else type(error).__name__
 
 
 def _respond(plan: _Plan, started: float, *, ok: bool, exit_code: int, data: Any = None,
-             error: dict[str, str] | None = None,
-             job: Job | None = None) -> Response:
+             error: dict[str, str] | None = None, job: Job | None = None,
+             refusal: BaseException | None = None) -> Response:
     meta: dict[str, Any] = {"exit_code": exit_code,
                             "duration_ms": round((time.monotonic() - started) * 1000)}
     if plan.budget_ms is not None:
         meta["budget_ms"] = plan.budget_ms
     if plan.timeout_ms is not None:
         meta["timeout_ms"] = plan.timeout_ms
-    return Response(ok, data, error, [], meta, plan.envelope_bytes, job)
+    return Response(ok, data, error, [], meta, plan.envelope_bytes, job, refusal)
 
 
 # -- inside the work ----------------------------------------------------------------------------

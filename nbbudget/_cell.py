@@ -10,6 +10,7 @@ import ast
 import asyncio
 import contextlib
 import contextvars
+import functools
 import hashlib
 import inspect
 import sys
@@ -17,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["CompiledCell", "compile_cell", "pin_output"]
+__all__ = ["CompiledCell", "compile_cell", "pin_output", "pins_all_output"]
 
 
 class CompiledCell:
@@ -86,46 +87,61 @@ def compile_cell(shell: Any, source: str) -> CompiledCell:
 def pin_output(shell: Any, fn: Callable[[], Any]) -> Callable[[], Any]:
     """*fn*, whose output goes to the cell executing now even when it runs on another thread
     and after that cell has ended (N-2): ``set_thread_parent`` on ipykernel 7.4+, the private
-    context variables of the streams and display publishers on 6.29-7.3; a plain shell (no
-    kernel) needs nothing."""
+    context variables of the streams and display publishers on 6.29-7.3, and the kernel's own
+    context variable for widget messages on 7.1+; a plain shell (no kernel) needs nothing."""
     get_parent = getattr(shell, "get_parent", None)
     parent = get_parent() if get_parent is not None else None
 
     def pinned() -> Any:
         if not parent:
             return fn()
-        tokens = _pin(shell, parent)
+        undo = _pin(shell, parent)
         try:
             return fn()
         finally:
-            _unpin(shell, tokens)
+            for step in reversed(undo):
+                step()
 
     return pinned
 
 
-def _pin(shell: Any, parent: dict[str, Any]) -> Any:
+def pins_all_output(shell: Any) -> bool:
+    """Whether `pin_output` ties displays and widget messages to their cell, not only printed
+    text: outside a kernel there are no cells to mix up; in one it takes ipykernel 7.1+."""
+    if getattr(shell, "get_parent", None) is None:
+        return True
+    displays = hasattr(shell, "set_thread_parent") or isinstance(
+        getattr(getattr(shell, "display_pub", None), "_parent_header", None),
+        contextvars.ContextVar)
+    return displays and _comm_parent(shell) is not None
+
+
+def _pin(shell: Any, parent: dict[str, Any]) -> list[Callable[[], Any]]:
+    """Tie this thread's output to *parent*; what undoes each tie."""
+    undo: list[Callable[[], Any]] = []
     setter = getattr(shell, "set_thread_parent", None)
     if setter is not None:  # ipykernel >= 7.4
-        return ("public", setter(parent))
-    from jupyter_client.session import extract_header
+        undo.append(functools.partial(shell.reset_thread_parent, setter(parent)))
+    else:
+        from jupyter_client.session import extract_header
 
-    header = extract_header(parent)  # what the streams and publishers keep, as set_parent does
-    tokens = []
-    for target in (sys.stdout, sys.stderr, getattr(shell, "display_pub", None),
-                   getattr(shell, "displayhook", None)):
-        var = getattr(target, "_parent_header", None)
-        if var is not None and hasattr(var, "set"):
-            tokens.append((var, var.set(header)))
-    return ("private", tokens)
+        header = extract_header(parent)  # what the streams and publishers keep, as set_parent
+        for target in (sys.stdout, sys.stderr, getattr(shell, "display_pub", None),
+                       getattr(shell, "displayhook", None)):
+            var = getattr(target, "_parent_header", None)
+            if var is not None and hasattr(var, "set"):
+                undo.append(functools.partial(var.reset, var.set(header)))
+    comms = _comm_parent(shell)
+    if comms is not None:  # what widget messages (comm) are sent as part of
+        undo.append(functools.partial(comms.reset, comms.set(parent)))
+    return undo
 
 
-def _unpin(shell: Any, tokens: Any) -> None:
-    kind, value = tokens
-    if kind == "public":
-        shell.reset_thread_parent(value)
-        return
-    for var, token in reversed(value):
-        var.reset(token)
+def _comm_parent(shell: Any) -> contextvars.ContextVar[Any] | None:
+    """The kernel's per-context request, which comm messages read (ipykernel 7.1+; on older
+    kernels it is one value for every thread, and cannot be tied to a cell)."""
+    var = getattr(getattr(shell, "kernel", None), "_shell_parent", None)
+    return var if isinstance(var, contextvars.ContextVar) else None
 
 
 #: where the current work's printed text is kept, besides being shown (a job's output)

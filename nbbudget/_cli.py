@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ._errors import ConfigError
 from ._run_cli import add_commands as add_run_commands
@@ -21,26 +21,35 @@ def _parser() -> argparse.ArgumentParser:
         epilog="example: nbbudget inspect trace.json --json",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    inspect = sub.add_parser(
-        "inspect",
-        help="summarise a saved trace: budget checks, consumptions and refusals by kind",
-        description="Summarise a trace saved with run.trace.save(PATH): the number of budget "
-                    "checks, consumptions and refusals, and the kinds involved (S4-9).",
-        epilog="example: nbbudget inspect trace.json --json",
-    )
-    inspect.add_argument("trace", metavar="TRACE.json", help="a trace file written by Trace.save")
-    inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _add_inspect(sub)
+    _add_explain(sub)
     add_run_commands(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code (0 ok, 2 bad usage or unreadable trace;
+    """Run the command line; returns the exit code (0 ok, 2 bad usage or unreadable input;
     ``nbbudget run`` has codes of its own)."""
     args = _parser().parse_args(argv)
-    handler = getattr(args, "handler", None)
-    if handler is not None:
-        return int(handler(args, list(sys.argv[1:] if argv is None else argv)))
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    return handler(args)
+
+
+def _add_inspect(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    inspect = sub.add_parser(
+        "inspect",
+        help="summarise a saved trace: budget checks, consumptions and refusals by kind",
+        description="Summarise a trace saved with run.trace.save(PATH): the number of budget "
+                    "checks, consumptions and refusals, and the kinds involved (see: nbbudget "
+                    "explain S4-9).",
+        epilog="example: nbbudget inspect trace.json --json",
+    )
+    inspect.add_argument("trace", metavar="TRACE.json", help="a trace file written by Trace.save")
+    inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
+    inspect.set_defaults(handler=_inspect)
+
+
+def _inspect(args: argparse.Namespace) -> int:
     try:
         summary = Trace.load(args.trace).summary()
     except ConfigError as exc:
@@ -50,6 +59,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(summary, indent=2, sort_keys=True))
     else:
         print(format_summary(summary))
+    return 0
+
+
+def _add_explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    explain = sub.add_parser(
+        "explain",
+        help="explain a rule that a message cites, with an example that runs as written",
+        description="Print a rule of the model: what it says, an example that runs as written "
+                    "and what the example prints, and where the documentation explains it. "
+                    "Messages cite a rule as (see: nbbudget explain ID). Without an ID, list "
+                    "every rule with its title.",
+        epilog="example: nbbudget explain S0-10",
+    )
+    explain.add_argument("rule", metavar="ID", nargs="?",
+                         help="the id of a rule, as a message cites it (any case)")
+    explain.set_defaults(handler=_explain)
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from . import _rules  # the table is read only here
+
+    if args.rule is None:
+        print(_rules.index())
+        return 0
+    try:
+        rule = _rules.find(args.rule)
+    except LookupError as exc:
+        print(f"nbbudget explain: {exc.args[0]}", file=sys.stderr)
+        return 2
+    print(_rules.explain(rule))
     return 0
 
 

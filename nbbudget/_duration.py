@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import re
-from fractions import Fraction
+from decimal import ROUND_HALF_EVEN, Context, Decimal
 
 from ._errors import ConfigError, show
 
 __all__ = ["parse_duration"]
 
 _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "": 1}
-_PATTERN = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|)")
+_PATTERN = re.compile(r"([0-9]+)(?:\.([0-9]+))?\s*(ms|s|m|h|)")
 _MAX_MS = 2**53 - 1
-_MAX_DIGITS = 20  # more digits than this is always too large (and too slow to convert)
+#: a whole part with more significant digits than this is above the most in any unit
+_MAX_DIGITS = len(str(_MAX_MS))
 
 
 def parse_duration(value: object, *, field: str = "duration") -> int:
@@ -31,27 +32,31 @@ def parse_duration(value: object, *, field: str = "duration") -> int:
             f"{shown} is not a duration; use milliseconds as an int or a string "
             f"such as '250ms', '5s', '1.5s', '2m' or '1h'"
         )
-    if isinstance(value, int):
-        ms: Fraction | int = value
-    else:
-        match = _PATTERN.fullmatch(value.strip().lower())
-        if match is None:
-            raise ConfigError(
-                f"{shown} is not a duration; write a number with a unit: "
-                f"'250ms', '5s', '1.5s', '2m', '1h' (a bare number means milliseconds)"
-            )
-        if len(match.group(1).partition(".")[0]) > _MAX_DIGITS:
-            raise ConfigError(f"{shown} is too large; the most is {_MAX_MS} ms")
-        number = match.group(1)
-        unit = _UNITS[match.group(2)]
-        ms = int(number) * unit if "." not in number else Fraction(number) * unit
+    ms = Decimal(value) if isinstance(value, int) else _text_ms(value, shown)
     if ms < 0:
         raise ConfigError(f"{shown} is negative; a duration is 0 or more milliseconds")
-    if isinstance(ms, Fraction) and ms.denominator != 1:
-        raise ConfigError(
-            f"{shown} is not a whole number of milliseconds; round it, e.g. "
-            f"'{round(ms)}ms'"
-        )
     if ms > _MAX_MS:
         raise ConfigError(f"{shown} is too large; the most is {_MAX_MS} ms")
-    return int(ms)
+    whole = ms.to_integral_value(rounding=ROUND_HALF_EVEN)
+    if ms != whole:
+        raise ConfigError(
+            f"{shown} is not a whole number of milliseconds; round it, e.g. '{whole}ms'"
+        )
+    return int(whole)
+
+
+def _text_ms(text: str, shown: str) -> Decimal:
+    """The milliseconds a duration text says, exactly: decimal arithmetic, so that a number of
+    any length is read without Python's limit on digits, and leading zeros count for nothing."""
+    match = _PATTERN.fullmatch(text.strip().lower())
+    if match is None:
+        raise ConfigError(
+            f"{shown} is not a duration; write a number with a unit: "
+            f"'250ms', '5s', '1.5s', '2m', '1h' (a bare number means milliseconds)"
+        )
+    whole, fraction, unit = match.group(1).lstrip("0"), match.group(2) or "", match.group(3)
+    if len(whole) > _MAX_DIGITS:
+        return Decimal(_MAX_MS + 1)  # too large, whatever its fraction: not worth reading
+    digits = len(whole) + len(fraction) + 8  # room for the exact product by the unit
+    exact = Context(prec=digits, Emax=digits, Emin=-digits)
+    return exact.multiply(Decimal(f"{whole or 0}.{fraction or 0}"), _UNITS[unit])

@@ -1,6 +1,7 @@
 """The exceptions nbbudget raises.
 
-Every error keeps its data as attributes and builds its message from them::
+Every error keeps its data as attributes and builds its message from them (the two store
+errors live with the store, in ``_store``)::
 
     Exception
      +-- BudgetError                 anything a budget stopped
@@ -11,6 +12,8 @@ Every error keeps its data as attributes and builds its message from them::
      +-- ValueError
           +-- ConfigError            a bad value: a limit, a duration, a manifest (S3-4)
                +-- WideningError     a later source tried to widen a limit (S4-2)
+               +-- CheckpointRefused a stored checkpoint failed a check (S4-5)
+               +-- StoreDamaged      the store's database is damaged or lost what it held
 
 Code inside a run that catches ``Exception`` does not swallow a stop: the run unwinds with an
 internal signal derived from ``BaseException`` and turns it into one of the errors above when it
@@ -51,6 +54,9 @@ class WideningError(ConfigError):
             f"{field}={requested!r} would widen the limit {field}={current!r} already in force; "
             f"a later source may only restrict a limit, so use a value <= {current!r}"
         )
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.field, self.current, self.requested))
 
 
 class BudgetError(Exception):

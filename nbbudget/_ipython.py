@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shlex
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -28,8 +29,9 @@ from ._cell import (
     remove_tee,
 )
 from ._duration import parse_duration
-from ._errors import ConfigError, RunsPerDayExceeded
-from ._jobs import jobs
+from ._errors import Cancelled, ConfigError, show
+from ._files import check_target
+from ._jobs import Job, jobs
 from ._limits import NO_LIMITS as _NO_LIMITS
 from ._limits import Limits, Manifest
 from ._panel import Panel, summary
@@ -63,9 +65,9 @@ class NBBudget(Configurable):
     ).tag(config=True)
     approach_notice = List(
         [0.8, 0.95], allow_none=True,
-        help="The two approach-notice thresholds of a cell's run (S3-5), each in (0, 1], first "
-             "<= second: the panel turns amber, then red, and the run's notice level rises. "
-             "None turns them off.",
+        help="The two approach-notice thresholds of a cell's run, each in (0, 1], first <= "
+             "second: the panel turns amber, then red, and the run's notice level rises. None "
+             "turns them off (see: nbbudget explain S3-5).",
     ).tag(config=True)
     interactive = Bool(
         None, allow_none=True,
@@ -140,6 +142,40 @@ class Incomplete(Exception):
         return [f"Incomplete: {self}"]
 
 
+class CallFailed(Exception):
+    """How a cell ends when its call failed and its work raised nothing: a refused checkpoint,
+    for one. One line, the response's error message; ``code`` is the response's error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"CallFailed: {self}"]
+
+
+#: the documented error of a failed response whose work raised nothing, by the response's code
+_FAILURES: dict[str, type[Exception]] = {
+    "cancelled": Cancelled,  # the wall clock fired (S4-7), or had run out before a continuation
+}
+
+
+def _failure(resp: Response) -> BaseException:
+    """What a failed response ends its cell with: the work's own error, with its traceback, or
+    the error that refused the call before it started (a refused checkpoint, a damaged store, a
+    spent quota); else the documented error of the response's code; else `CallFailed`."""
+    error: BaseException | None = resp.job.exception() if resp.job is not None else None
+    if error is None:
+        error = resp.refusal
+    if error is not None:
+        return error
+    failed = resp.error or {}
+    code = failed.get("code", "failed")
+    message = failed.get("message", "the cell did not finish")
+    known = _FAILURES.get(code)
+    return known(message) if known is not None else CallFailed(code, message)
+
+
 @magics_class
 class BudgetMagics(Magics):
     """``%%budget``: run a cell under a budget; ``%budget``: the jobs of this kernel."""
@@ -208,15 +244,7 @@ class BudgetMagics(Magics):
                 work(i)
                 nb.checkpoint(i + 1)            # pauses here once the 2 s are spent
         """
-        args = self._parse_cell_line(line)
-        if args.detach and args.resume:
-            raise UsageError("--detach and --resume exclude each other: choose how the work "
-                             "outlives the budget")
-        if args.budget is not None and not (args.detach or args.resume):
-            raise UsageError("--budget needs --detach or --resume: only a cell that can detach "
-                             "or pause can return before its work ends (S0-10); drop --budget "
-                             "or add one of them")
-        limits = _cell_limits(args, self.settings.default_limits())
+        args, limits = _read_flags(line, self.settings.default_limits())
         compiled = compile_cell(self.shell, cell)
         panel = self._panel(limits, args)
         try:
@@ -224,15 +252,15 @@ class BudgetMagics(Magics):
                 return self._call(compiled, line, cell, args, limits, panel)
             return self._run_here(compiled, cell, args, limits, panel)
         finally:
-            if panel is not None and panel.run is None:
-                panel.close()  # the work never started: nothing to watch
+            if panel is not None:
+                panel.end_cell()  # however the cell ended (a second call does nothing)
 
     def _panel(self, limits: Limits, args: Any) -> Panel | None:
         """The live panel, shown before the work starts; None where widgets are off or fail."""
         panel = None
         if self.settings.widget and not args.no_widget:
             panel = Panel(limits, widgets=True, interval_ms=self.settings.update_interval_ms,
-                          pausable=args.resume)
+                          pausable=args.resume, shell=self.shell)
             if not panel.live:
                 panel = None  # no widgets here: one line of text at the end stands in
         self.last_panel = panel
@@ -258,7 +286,9 @@ class BudgetMagics(Magics):
         finally:
             if args.trace:
                 run.trace.save(args.trace, overwrite=True)
-            if panel is None:
+            if panel is not None:
+                panel.end_cell(run)
+            else:
                 _display_text(summary(run.snapshot()))
 
     def _call(self, compiled: CompiledCell, line: str, cell: str, args: Any, limits: Limits,
@@ -284,17 +314,11 @@ class BudgetMagics(Magics):
                               notices=self.settings.notices(), runs_per_day=args.runs_per_day)
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
-        if panel is None and not (args.detach or args.resume) and resp.job is not None:
+        if panel is not None:
+            panel.end_cell(job=resp.job, state=_incomplete_state(resp))
+        elif not (args.detach or args.resume) and resp.job is not None:
             _display_text(summary(resp.job.run.snapshot()))
         return self._finish(resp, args)
-
-    @functools.lru_cache(maxsize=64)  # noqa: B019 - one magics object per shell, kept for life
-    def _parse_cell_line(self, line: str) -> Any:
-        """The flags of a cell line (the same line parses the same: parsed once)."""
-        args = parse_argstring(self.budget_cell, line)
-        for name in ("run_limits_json", "manifest", "key", "trace"):
-            setattr(args, name, _unquote(getattr(args, name)))
-        return args
 
     def _finish(self, resp: Response, args: Any) -> Any:
         """Show the envelope, save the trace, and end the cell as the contract says."""
@@ -312,18 +336,14 @@ class BudgetMagics(Magics):
             if _interactive.is_interactive():
                 return None  # a person asked for the budget: the work is safe
             raise Incomplete(resp.data["next"])
-        error = job.exception() if job is not None else None
-        if error is not None:
-            raise error
-        if resp.error is not None and resp.error.get("code") == "RunsPerDayExceeded":
-            raise RunsPerDayExceeded(resp.error["message"])
-        raise UsageError((resp.error or {}).get("message", "the cell did not finish"))
+        raise _failure(resp)
 
     @magic_arguments()
     @argument("command", choices=["jobs", "wait", "cancel", "status", "trace"],
               help="jobs: list the background jobs; wait ID: wait for job ID and show its "
-                   "result; cancel ID: ask job ID to stop; status: what the last %%%%budget "
-                   "cell's run used, per axis; trace: its trace events")
+                   "result; cancel ID: ask job ID to stop at its next budget check, and say "
+                   "whether it did; status: what the last %%%%budget cell's run used, per "
+                   "axis; trace: its trace events")
     @argument("job", nargs="?", help="the job id, as in %%budget jobs")
     @argument("--timeout", type=float, default=None,
               help="with wait: give up after this many seconds")
@@ -341,13 +361,11 @@ class BudgetMagics(Magics):
         """
         args = parse_argstring(self.budget, line)
         if args.command == "jobs":
-            return jobs.to_frame()
+            from ._frames import jobs_table  # pandas, only when asked
+
+            return jobs_table(jobs)
         if args.command in ("status", "trace"):
-            run = self.last_run
-            if run is None:
-                raise UsageError(f"%budget {args.command} shows the last %%budget cell's run, "
-                                 f"and no %%budget cell has run yet in this kernel")
-            return run.usage() if args.command == "status" else run.trace.to_frame()
+            return self._last_run_shown(args.command)
         if not args.job:
             raise UsageError(f"%budget {args.command} needs a job id, e.g. "
                              f"%budget {args.command} 1a2b-3 (see %budget jobs)")
@@ -356,12 +374,95 @@ class BudgetMagics(Magics):
         except KeyError as exc:
             raise UsageError(str(exc.args[0])) from None
         if args.command == "cancel":
-            job.cancel()
+            print(_cancel(job))
             return None
         try:
             return job.result(timeout=args.timeout)
         except TimeoutError as exc:
             raise UsageError(str(exc)) from None
+
+    def _last_run_shown(self, command: str) -> Any:
+        """``%budget status``: what the last cell's run used, per limit; ``%budget trace``: its
+        events, times in ms to two decimals. A sentence where there is nothing to show."""
+        run = self.last_run
+        if run is None:
+            print(f"No %%budget cell has run yet in this kernel; %budget {command} shows the "
+                  f"last one's run.")
+            return None
+        if command == "trace":
+            return run.trace.to_frame().round({"t_ms": 2})
+        snap = run.snapshot()
+        if not snap.axes:
+            print(f"The last %%budget cell ({snap.name}) set no limits, so there is no use per "
+                  f"limit to show; it ran {_duration(snap.elapsed_ms)} ({snap.status}).")
+            return None
+        return run.usage()
+
+
+#: how ``%%budget`` writes a call's flags, for the errors of `_call.check_interruption`
+_FLAG_SPELLING = _call.Spelling("--detach", "--resume", "--budget {}", "--budget")
+
+
+def _read_flags(line: str, defaults: Limits) -> tuple[Any, Limits]:
+    """A cell line's flags and limits, all checked before the cell runs: how the call may end
+    (S0-10), where its trace goes, and its limits (S4-2). A bad one is a `UsageError` naming
+    it."""
+    args = _parse_cell_line(line)
+    try:
+        _call.check_interruption(args.detach, args.resume, args.budget, spelling=_FLAG_SPELLING)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    if args.trace is not None:
+        try:
+            check_target(args.trace)
+        except ConfigError as exc:
+            raise UsageError(f"--trace {exc}") from None
+    return args, _cell_limits(args, defaults)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_cell_line(line: str) -> Any:
+    """The flags of a cell line, its words read as a shell reads them (a value quoted in single
+    or double quotes is read without them); the same line is parsed once."""
+    try:
+        words = shlex.split(line)
+    except ValueError as exc:  # an unclosed quote, a backslash at the end
+        raise UsageError(f"cannot read %%budget {show(line)}: {str(exc).lower()}; quote a value "
+                         f"as a shell does, e.g. --key 'my work' or --key \"my work\"") from None
+    return BudgetMagics.budget_cell.parser.parse_args(words)
+
+
+#: how long ``%budget cancel`` waits to see whether the job stops at a budget check
+_CANCEL_WAIT_S = 0.5
+
+
+def _cancel(job: Job) -> str:
+    """Cancel *job* and say what that did, in one line: the job had already ended, or it
+    stopped at a budget check, or it ended anyway, or it has not reached a check yet."""
+    if job.done():
+        return f"job {job.id} had already ended ({job.state}); there was nothing to cancel"
+    status = job.cancel("cancelled with %budget cancel", wait=_CANCEL_WAIT_S)
+    if status == "stopped":
+        return f"job {job.id} stopped at a budget check"
+    if status == "not honoured":
+        kept = "error" if job.state.value == "failed" else "result"
+        return (f"job {job.id} ended ({job.state}) before it reached a budget check: the cancel "
+                f"was not honoured, and its {kept} is kept (nb.jobs[{job.id!r}])")
+    return (f"cancel requested for job {job.id}; it has not reached a budget check yet: it will "
+            f"stop at its next one, or finish anyway (see %budget jobs)")
+
+
+_CANCEL_NOTES = {"stopped": " (stopped at a budget check)",
+                 "not honoured": " (cancel not honoured)"}
+
+
+def _ended_how(job: Job) -> str:
+    """How a job ended, for the line before the next cell."""
+    error = job.exception()
+    how = job.state.value
+    if error is not None and how == "failed":
+        how = f"failed: {type(error).__name__}: {error}"
+    return how + _CANCEL_NOTES.get(job.cancel_status or "", "")
 
 
 def _cell_limits(args: Any, defaults: Limits) -> Limits:
@@ -369,9 +470,9 @@ def _cell_limits(args: Any, defaults: Limits) -> Limits:
     later source restricts, never widens."""
     try:
         limits = defaults
-        if args.manifest:
+        if args.manifest is not None:
             limits = limits.restrict(Manifest.load(args.manifest).limits)
-        if args.run_limits_json:
+        if args.run_limits_json is not None:
             limits = limits.restrict(Limits.from_json(args.run_limits_json))
         fields = {name: getattr(args, flag) for flag, name in _LIMIT_FLAGS
                   if getattr(args, flag) is not None}
@@ -393,13 +494,6 @@ def flag_limits(args: Any) -> Limits:
     return _cell_limits(args, _NO_LIMITS)
 
 
-def _unquote(value: str | None) -> str | None:
-    """A flag's value without the quotes a person types around it (``'{"steps": 5}'``)."""
-    if value and len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-        return value[1:-1]
-    return value
-
-
 def _label(cell: str) -> str:
     """A cell's name in its panel and in ``%budget jobs``: its first line of code that is not
     an import or a magic (else its first line of code), without a closing colon."""
@@ -412,21 +506,17 @@ def _label(cell: str) -> str:
     return "cell"
 
 
+#: flags that do not name the work: a continuation may change them (S0-11)
+_NOT_THE_WORK = frozenset({"budget", "timeout", "runs_per_day"})
+
+
 def _identity_flags(line: str) -> str:
-    """The flags that name the work: all but --budget, --timeout and --runs-per-day and their
-    values."""
-    kept: list[str] = []
-    skip = False
-    for word in line.split():
-        if skip:
-            skip = False
-            continue
-        name = word.split("=", 1)[0]
-        if name in ("--budget", "--timeout", "--runs-per-day"):
-            skip = "=" not in word
-            continue
-        kept.append(word)
-    return " ".join(kept)
+    """The flags that name the work, as read: all but --budget, --timeout and --runs-per-day.
+    However a value is quoted and wherever a flag is placed, the same flags name the same
+    work."""
+    named = {name: value for name, value in vars(_parse_cell_line(line)).items()
+             if name not in _NOT_THE_WORK and value is not None and value is not False}
+    return json.dumps(named, sort_keys=True)
 
 
 def _display_text(text: str) -> None:
@@ -438,6 +528,25 @@ def _display_envelope(resp: Response) -> None:
     from IPython.display import display
 
     display({MIME: json.loads(resp.to_json()), "text/plain": _summary(resp)}, raw=True)
+
+
+def _duration(ms: float) -> str:
+    """A duration as a person reads it: 840 ms, 12.3 s, 4 min 5 s."""
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    minutes, seconds = divmod(round(ms / 1000), 60)
+    return f"{minutes} min {seconds} s"
+
+
+def _incomplete_state(resp: Response) -> str | None:
+    """How an INCOMPLETE cell left its run, for its panel, in its envelope's words."""
+    if resp.exit_code != EXIT_INCOMPLETE:
+        return None
+    if resp.data["state"] == "paused":
+        return f"paused at checkpoint {resp.data['checkpoint']}"
+    return f"running in the background as job {resp.data['job']}"
 
 
 def _summary(resp: Response) -> str:
@@ -461,11 +570,8 @@ class _EndedJobs:
         for job in jobs:
             if job.done() and job.id not in self.told:
                 self.told.add(job.id)
-                error = job.exception()
-                how = f"failed: {type(error).__name__}: {error}" if error is not None and \
-                    job.state.value == "failed" else job.state.value
-                print(f"nbbudget: job {job.id} ({job.label}) ended since the last cell: {how}; "
-                      f"see nb.jobs[{job.id!r}]")
+                print(f"nbbudget: job {job.id} ({job.label}) ended since the last cell: "
+                      f"{_ended_how(job)}; see nb.jobs[{job.id!r}]")
 
 
 _LOADED: dict[int, tuple[NBBudget, BudgetMagics, _EndedJobs]] = {}

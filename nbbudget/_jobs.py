@@ -49,8 +49,11 @@ class Job:
     """One piece of work running (or run) on a worker thread.
 
     Python threads cannot be killed: `cancel` asks the work to stop at its next budget check
-    (``run.step()``, ``run.check()``, a tool call, ``nb.checkpoint``); work that never checks
-    runs to its end, and only then does the job settle as ``cancelled``.
+    (``run.step()``, ``run.check()``, a tool call, ``nb.checkpoint``), and the job stays
+    ``running`` until the work ends. Work that reaches a check stops there: the job settles
+    ``cancelled`` and `cancel_status` is ``"stopped"``. Work that never reaches one runs to its
+    end: the job settles ``done`` (or ``failed``) with its result (or its error) kept, and
+    `cancel_status` is ``"not honoured"``.
     """
 
     def __init__(self, identity: Callable[[], str], label: str, run: Budget,
@@ -73,6 +76,11 @@ class Job:
         self._timers: list[Scheduled] = []
         self._record_lock = threading.Lock()
         self._ctx: Any = None
+        #: when `cancel` was first asked (``time.time()``), or None
+        self.cancel_requested: float | None = None
+        #: after a cancel of its run: True when the work stopped at a budget check, False when
+        #: it ended anyway; None before the work ends, or when no cancel was in force
+        self.cancel_honoured: bool | None = None
 
     @property
     def identity(self) -> str:
@@ -85,10 +93,12 @@ class Job:
         return "".join(self.output)
 
     # -- settled by the worker ------------------------------------------------------------------
-    def _settle(self, state: JobState, value: Any = None,
-                error: BaseException | None = None) -> None:
-        """Keep how the work ended (on the worker, before anyone is told)."""
+    def _settle(self, state: JobState, value: Any = None, error: BaseException | None = None,
+                *, honoured: bool | None = None) -> None:
+        """Keep how the work ended (on the worker, before anyone is told), and, when a cancel
+        was in force, whether the work *honoured* it."""
         self._value, self._error = value, error
+        self.cancel_honoured = honoured
         if error is not None:
             self.traceback = "".join(traceback.format_exception(error))
         self._state = state
@@ -158,12 +168,32 @@ class Job:
         """The exception the job ended with, if any (does not wait)."""
         return self._error
 
-    def cancel(self, reason: Any = "cancelled from nb.jobs") -> None:
-        """Ask the work to stop at its next check; idempotent."""
-        self.run.cancel(reason)
+    @property
+    def cancel_status(self) -> str | None:
+        """What became of a cancel: ``"requested"`` (the work has not reached a budget check
+        yet), ``"stopped"`` (it stopped at one), ``"not honoured"`` (it ended without reaching
+        one); None when no cancel was asked."""
+        if self.cancel_honoured is not None:
+            return "stopped" if self.cancel_honoured else "not honoured"
+        if self.cancel_requested is None:
+            return None
+        return "not honoured" if self.done() else "requested"
+
+    def cancel(self, reason: Any = "cancelled from nb.jobs", *, wait: float = 0.0) -> str | None:
+        """Ask the work to stop at its next budget check; idempotent. Waits at most *wait*
+        seconds for the work to end, then returns `cancel_status`: ``"stopped"``,
+        ``"requested"`` (it is still running), ``"not honoured"`` (it ended anyway), or None
+        when the job had already ended (there was nothing to stop)."""
+        if not self.done():
+            if self.cancel_requested is None:
+                self.cancel_requested = time.time()
+            self.run.cancel(reason)
+            self._done.wait(wait)
+        return self.cancel_status
 
     def __repr__(self) -> str:
-        return f"<Job {self.id} {self.label!r} {self._state.value}>"
+        cancel = f", cancel {self.cancel_status}" if self.cancel_status else ""
+        return f"<Job {self.id} {self.label!r} {self._state.value}{cancel}>"
 
 
 class Jobs:

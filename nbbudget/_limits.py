@@ -6,11 +6,13 @@ import dataclasses
 import json
 import math
 import os
+import reprlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 from ._errors import ConfigError, WideningError, show
+from ._files import file_path, read_json
 from ._kinds import KIND_INDEX, KINDS
 
 __all__ = ["MANIFEST_VERSION", "MAX_INT", "NO_LIMITS", "Limits", "Manifest"]
@@ -27,7 +29,7 @@ def check_limit(field: str, value: object) -> int | float | None:
     if value is None:
         return None
     integral = KINDS[KIND_INDEX[field]].integral
-    shown = f"{field}={show(value)}"
+    shown = f"{field}={_brief(value)}"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(
             f"{shown} is not a number; use a positive "
@@ -71,17 +73,13 @@ class Limits:
     @classmethod
     def from_json(cls, source: str | bytes | Mapping[str, Any]) -> Limits:
         """Limits from a JSON text or a mapping; keys are field names, bare or with ``max_``."""
+        given = source
         if isinstance(source, (str, bytes)):
-            try:
-                source = json.loads(source)
-            except ValueError as exc:
-                raise ConfigError(
-                    f"run limits are not valid JSON ({exc}): {source!r:.80}"
-                ) from None
+            source = _limits_json(source)
         if not isinstance(source, Mapping):
             raise ConfigError(
                 f"run limits must be a JSON object such as {{\"max_steps\": 100}}, "
-                f"not {type(source).__name__}"
+                f"not {_json_kind(source)}: {_brief(given)}"
             )
         values: dict[str, Any] = {}
         for key, value in source.items():
@@ -157,13 +155,48 @@ def _min(a: Any, b: Any) -> Any:
     return min(a, b)
 
 
+def _limits_json(text: str | bytes) -> Any:
+    """The value of run limits given as JSON text; what cannot be read is a `ConfigError`."""
+    try:
+        return json.loads(text)
+    except RecursionError:  # Python's reader stops at about a thousand levels
+        raise ConfigError(
+            f"run limits nest deeper than JSON can be read here: {_brief(text)}; run limits "
+            f"are one object such as {{\"max_steps\": 100}}"
+        ) from None
+    except ValueError as exc:
+        raise ConfigError(f"run limits are not valid JSON ({exc}): {_brief(text)}") from None
+
+
+#: what a JSON value is called, for messages
+_JSON_KINDS = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+               int: "a number", float: "a number", type(None): "null"}
+
+
+def _json_kind(value: object) -> str:
+    return _JSON_KINDS.get(type(value), f"a {type(value).__name__}")
+
+
+_BRIEF = reprlib.Repr()
+_BRIEF.maxstring = _BRIEF.maxother = 80
+_BRIEF.maxlong = 200
+
+
+def _brief(value: object) -> str:
+    """*value* as given, shortened: `show` for numbers and text, `reprlib` for the rest."""
+    if isinstance(value, (int, str)):
+        return show(value)
+    return _BRIEF.repr(value)
+
+
 def _field_name(key: object) -> str:
     if isinstance(key, str):
         name = key[4:] if key.startswith("max_") else key
         if name in KIND_INDEX:
             return name
     known = ", ".join(f"max_{k.name}" for k in KINDS)
-    raise ConfigError(f"unknown run limit {key!r}; known limits are {known} (the max_ is optional)")
+    raise ConfigError(
+        f"unknown run limit {_brief(key)}; known limits are {known} (the max_ is optional)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,16 +214,10 @@ class Manifest:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Manifest:
         """Read and check the manifest at *path*; every problem is a `ConfigError` naming it."""
-        where = os.fspath(path)
-        try:
-            with open(where, encoding="utf-8") as fh:
-                text = fh.read()
-        except OSError as exc:
-            raise ConfigError(f"cannot read manifest {where!r}: {exc.strerror}") from None
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise ConfigError(f"manifest {where!r} is not valid JSON: {exc}") from None
+        where = file_path(path, "manifest")
+        data = read_json(where, "manifest", f"a manifest is one object such as "
+                         f"{{\"manifest_version\": \"{MANIFEST_VERSION}\", \"run_limits\": "
+                         f"{{\"max_steps\": 100}}}}")
         try:
             return cls.from_mapping(data, path=where)
         except ConfigError as exc:
@@ -205,11 +232,11 @@ class Manifest:
         version = data.get("manifest_version")
         if version != MANIFEST_VERSION:
             raise ConfigError(
-                f"manifest_version is {version!r}; this nbbudget reads {MANIFEST_VERSION!r}"
+                f"manifest_version is {_brief(version)}; this nbbudget reads {MANIFEST_VERSION!r}"
             )
         unknown = set(data) - {"manifest_version", "run_limits", "turn", "transport", "bindings"}
         if unknown:
-            raise ConfigError(f"unknown manifest entries {sorted(unknown)}")
+            raise ConfigError(f"unknown manifest entries {_brief(sorted(unknown, key=str))}")
         limits = Limits.from_json(data.get("run_limits", {}))
         turn, transport = data.get("turn"), data.get("transport")
         if (turn is None) != (transport is None):
@@ -239,13 +266,13 @@ def _entry(section: object, name: str, key: str, *, required: bool) -> Any:
         raise ConfigError(f"manifest entry {name!r} must be an object with {key!r}")
     unknown = set(section) - _SECTION_KEYS[name]
     if unknown:
-        raise ConfigError(f"unknown manifest entries {sorted(unknown)} in {name!r}; "
-                          f"{name} takes {', '.join(sorted(_SECTION_KEYS[name]))}")
+        raise ConfigError(f"unknown manifest entries {_brief(sorted(unknown, key=str))} in "
+                          f"{name!r}; {name} takes {', '.join(sorted(_SECTION_KEYS[name]))}")
     value = section.get(key)
     if value is None:
         if required:
             raise ConfigError(f"manifest entry {name}.{key} is missing; it is required")
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_INT:
-        raise ConfigError(f"{name}.{key}={show(value)} must be a positive integer")
+        raise ConfigError(f"{name}.{key}={_brief(value)} must be a positive integer")
     return value

@@ -6,6 +6,14 @@ its traits change, from one updater thread that reads the run's frozen `Snapshot
 times a second and writes every change inside ``hold_sync()``. Workers never touch a widget, and
 the buttons only set events. A widget that fails to build or update never breaks the cell: the
 panel falls back to text.
+
+The state a cell ends in is drawn by the cell itself, on the main thread, before it replies: a
+program that saves the notebook (nbclient, papermill) saves what the envelope beside it says.
+From then on the updater sends nothing but the later states of a run that goes on (a detached
+job), tied to the cell that showed the panel: a front end routes them to that panel, and a
+program that has moved on to another cell drops them instead of pasting them over that cell's
+output. Where a kernel cannot tie them (ipykernel before 7.1), the panel stays as the cell left
+it; its Stop button still works.
 """
 
 from __future__ import annotations
@@ -15,44 +23,60 @@ import html
 import itertools
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._budget import Budget, Snapshot
+from ._cell import pin_output, pins_all_output
 from ._limits import Limits
+
+if TYPE_CHECKING:
+    from ._jobs import Job
 
 __all__ = ["Panel", "summary"]
 
 _names = itertools.count(1)
 _STYLE = {0: "info", 1: "warning", 2: "danger"}
 _OUTCOME_STYLE = {"completed": "success", "incomplete": "info", "suspended": "info"}
+NOTHING_RAN = "nbbudget: nothing ran"
 
 
-def summary(snap: Snapshot) -> str:
-    """The panel in one line of text (its ``text/plain``)."""
+def summary(snap: Snapshot, state: str | None = None) -> str:
+    """The panel in one line of text (its ``text/plain``); *state* in place of the run's own
+    (how an INCOMPLETE cell left it: ``running in the background as job 1a2b-3``)."""
     axes = ", ".join(f"{a.kind} {_num(a.consumed)}/{_num(a.limit)}" for a in snap.axes)
-    state = snap.outcome.status.value if snap.outcome is not None else snap.status
-    if snap.outcome is not None and snap.outcome.by:
-        state += f" (by {snap.outcome.by})"
+    if state is None:  # the snapshot's status is the outcome's, once there is one
+        state = snap.status
+        if snap.outcome is not None and snap.outcome.by:
+            state += f" (by {snap.outcome.by})"
     clock = f", {snap.elapsed_ms / 1000:.1f} s"
     return f"nbbudget {snap.name}: {state}{clock}" + (f"; {axes}" if axes else "")
 
 
 class Panel:
-    """The view of one cell's run. `attach` gives it the run once the work starts."""
+    """The view of one cell's run. `attach` gives it the run once the work starts; `end_cell`
+    draws the state the cell ends in."""
 
     def __init__(self, limits: Limits, *, widgets: bool, interval_ms: int = 100,
-                 pausable: bool = False) -> None:
+                 pausable: bool = False, shell: Any = None) -> None:
         self.limits = limits
         self.interval = max(interval_ms, 100) / 1000  # at most ten redraws a second
+        self.shell = shell
         self.run: Budget | None = None
         self.call: Any = None
         self.cpu_seconds: float | None = None
         self.stop_requested = threading.Event()
         self.pause_requested = threading.Event()
         self._attached = threading.Event()
-        self._done = threading.Event()
+        self._done = threading.Event()  # the final state is shown: nothing more to send
+        self._lock = threading.Lock()  # one writer at a time: the updater or the cell
+        self._cell_over = False
+        self._late_from = 0.0  # when a detached job's panel may send again (time.monotonic)
+        self._state: str | None = None  # how the cell left a run that is not over
+        self._job: Job | None = None
+        self._late_sends = shell is None or pins_all_output(shell)
         self._thread: threading.Thread | None = None
         self._handle: Any = None
+        self._text = "nbbudget: starting; limits " + (repr(limits) if limits else "none")
         self._view: Any = None
         if widgets:
             try:
@@ -65,30 +89,55 @@ class Panel:
         """Whether there are widgets to show and keep up to date."""
         return self._view is not None
 
+    @property
+    def text(self) -> str:
+        """The panel's ``text/plain``, as last shown."""
+        return self._text
+
     # -- the main thread ------------------------------------------------------------------------
     def show(self) -> None:
         """Display the panel once, under the cell that is running."""
         from IPython.display import display
 
-        self._handle = display(self._bundle(None), raw=True, display_id=True)
+        self._handle = display(self._bundle(), raw=True, display_id=True)
 
     def start(self) -> None:
-        """Start the updater thread; it ends once the run has ended and the panel shows it."""
-        self._thread = threading.Thread(target=self._update_loop, daemon=True,
+        """Start the updater thread, its output tied to the cell running now; it ends once the
+        run has ended and the panel shows it."""
+        loop = self._update_loop if self.shell is None else pin_output(self.shell,
+                                                                       self._update_loop)
+        self._thread = threading.Thread(target=loop, daemon=True,
                                         name=f"nbbudget-panel-{next(_names)}")
         self._thread.start()
 
     def attach(self, run: Budget, call: Any = None) -> None:
         """Called by the work as it starts (on whichever thread runs it), with its run and, for
         a call, the call (so that Pause can ask it to stop at its next checkpoint)."""
-        self.run = run
-        self.call = call
+        with self._lock:
+            self.run = run
+            self.call = call
         self._attached.set()
 
-    def close(self) -> None:
-        """The cell is done with the panel: stop waiting for a run that never started."""
+    def end_cell(self, run: Budget | None = None, *, job: Job | None = None,
+                 state: str | None = None) -> None:
+        """The cell is about to reply: draw the state it ends in, here, before the reply. *run*
+        (or *job*'s run) is the cell's run when the work never attached it (a call that
+        reattached to a running job); *state* names how an INCOMPLETE cell left it. A run that
+        goes on (a detached job) is left to the updater. Only the first call counts."""
+        with self._lock:
+            if self._cell_over:
+                return
+            self._cell_over = True
+            # a driver listens to the cell until its idle status, just after the reply: the
+            # job's next state waits one redraw, so that no driver saves it as the cell's own
+            self._late_from = time.monotonic() + self.interval
+            self.run = self.run or run or (job.run if job is not None else None)
+            self._job, self._state = job, state
+            ran = self.run
+            if ran is None or ran.outcome is not None:
+                self._done.set()
+            self._show(ran.snapshot() if ran is not None else None, state)
         self._attached.set()
-        self._done.set()
 
     # -- the updater thread -----------------------------------------------------------------------
     def _update_loop(self) -> None:
@@ -96,55 +145,62 @@ class Panel:
         run = self.run
         if run is None:
             return
-        while True:
-            if self.stop_requested.is_set():
-                run.cancel("stopped from the panel")
-                self.stop_requested.clear()
-            if self.pause_requested.is_set() and self.call is not None:
-                self.call.budget_out = True  # a resumable cell pauses at its next checkpoint
-                self.pause_requested.clear()
-            finished = run.outcome is not None
-            self._draw(run.snapshot())
-            if finished:
-                self._final(run.snapshot())
-                self.cpu_seconds = time.thread_time()  # what the updater cost, for benchmarks
-                return
+        while self._tick(run):
             self._done.wait(self.interval)
+        self.cpu_seconds = time.thread_time()  # what the updater cost, for benchmarks
 
-    def _draw(self, snap: Snapshot) -> None:
+    def _tick(self, run: Budget) -> bool:
+        """Act on the buttons, then redraw; whether there is more to draw."""
+        self._obey_buttons(run)
+        with self._lock:
+            if self._done.is_set():
+                return False
+            if not self._cell_over:  # the cell holds its caller: the panel follows the run
+                snap = run.snapshot()
+                self._draw(snap, summary(snap))
+                return True
+            if time.monotonic() < self._late_from:  # its driver may still be listening
+                return True
+            if run.outcome is None:  # a detached job goes on after its cell
+                if self._late_sends:
+                    snap = run.snapshot()
+                    self._draw(snap, summary(snap, self._state))
+                return True
+            self._done.set()
+            if self._late_sends:
+                self._show(run.snapshot(), None, _late_result(self._job))
+            return False
+
+    def _obey_buttons(self, run: Budget) -> None:
+        if self.stop_requested.is_set():
+            run.cancel("stopped from the panel")
+            self.stop_requested.clear()
+        if self.pause_requested.is_set() and self.call is not None:
+            self.call.budget_out = True  # a resumable cell pauses at its next checkpoint
+            self.pause_requested.clear()
+
+    # -- drawing (under the lock) ---------------------------------------------------------------
+    def _draw(self, snap: Snapshot | None, text: str) -> None:
+        """The widgets only (the live view): *snap* (none: nothing ran) under *text*."""
         if self._view is not None:
             try:
-                self._view.update(snap)
+                self._view.update(snap, text)
             except Exception:  # a widget failure never breaks the cell
                 self._view = None
 
-    def _final(self, snap: Snapshot) -> None:
-        job = getattr(self.call, "job", None)
-        if self._view is not None and job is not None and job.detached:
-            try:  # a front end that renders the widget does not show the text below
-                self._view.show_late(_late_result(job))
-            except Exception:  # a widget failure never breaks the cell
-                self._view = None
+    def _show(self, snap: Snapshot | None, state: str | None, late: str = "") -> None:
+        """The widgets and the text: the state a cell ends in, or a detached job's last."""
+        self._text = (summary(snap, state) if snap is not None else NOTHING_RAN) + late
+        self._draw(snap, self._text)
         if self._handle is not None:
             with contextlib.suppress(Exception):  # the kernel may have gone: no one to show
-                self._handle.update(self._bundle(snap), raw=True)
+                self._handle.update(self._bundle(), raw=True)
 
-    def _bundle(self, snap: Snapshot | None) -> dict[str, Any]:
-        text = summary(snap) if snap is not None else (
-            "nbbudget: starting; limits " + (repr(self.limits) if self.limits else "none"))
-        job = getattr(self.call, "job", None)
-        if snap is not None and job is not None and job.detached:
-            text += _late_result(job)  # the cell's caller has gone: its result shows here
-        bundle: dict[str, Any] = {"text/plain": text}
+    def _bundle(self) -> dict[str, Any]:
+        bundle: dict[str, Any] = {"text/plain": self._text}
         if self._view is not None:
             bundle.update(self._view.mimebundle())
         return bundle
-
-    @property
-    def text(self) -> str:
-        """The panel as text, now."""
-        snap = self.run.snapshot() if self.run is not None else None
-        return str(self._bundle(snap)["text/plain"])
 
 
 class _View:
@@ -165,35 +221,38 @@ class _View:
         self.status = w.HTML(value="<b>starting</b>")
         self.stop = w.Button(description="Stop", button_style="danger", icon="stop")
         self.stop.on_click(lambda _: panel.stop_requested.set())
-        buttons = [self.stop]
+        self.buttons = [self.stop]
         if pausable:
             self.pause = w.Button(description="Pause", icon="pause")
             self.pause.on_click(lambda _: panel.pause_requested.set())
-            buttons.append(self.pause)
-        self.box = w.VBox([*rows, w.HBox([self.status, *buttons])])
+            self.buttons.append(self.pause)
+        self.row = w.HBox([self.status, *self.buttons])
+        self.box = w.VBox([*rows, self.row])
 
-    def update(self, snap: Snapshot) -> None:
+    def update(self, snap: Snapshot | None, text: str) -> None:
+        """Show *snap* (none: nothing ran) under the text *text*; an ended run has nothing left
+        to stop or pause, so its buttons go."""
         with self.box.hold_sync():
-            style = _STYLE[snap.notice_level]
-            for axis in snap.axes:
-                bar = self.bars.get(axis.kind)
-                if bar is None:
-                    continue
+            if snap is not None:
+                self._bars(snap)
+            first, *rest = text.splitlines()
+            self.status.value = "<br>".join([f"<b>{html.escape(first)}</b>",
+                                             *map(html.escape, rest)])
+            if snap is None or snap.outcome is not None:
+                for button in self.buttons:
+                    button.disabled = True
+                self.row.children = (self.status,)
+
+    def _bars(self, snap: Snapshot) -> None:
+        style = _STYLE[snap.notice_level]
+        if snap.outcome is not None:
+            style = _OUTCOME_STYLE.get(snap.outcome.status.value, "danger")
+        for axis in snap.axes:
+            bar = self.bars.get(axis.kind)
+            if bar is not None:
                 bar.value = min(1.0, axis.fraction)
                 bar.bar_style = style
                 self.labels[axis.kind].value = f"{_num(axis.consumed)} / {_num(axis.limit)}"
-            if snap.outcome is not None:
-                end = _OUTCOME_STYLE.get(snap.outcome.status.value, "danger")
-                for bar in self.bars.values():
-                    bar.bar_style = end
-                self.stop.disabled = True
-            self.status.value = f"<b>{summary(snap)}</b>"
-
-    def show_late(self, text: str) -> None:
-        """What a detached cell ended with (its result or error), under its final state."""
-        if text.strip():
-            lines = (html.escape(line) for line in text.strip().splitlines())
-            self.status.value += "<br>" + "<br>".join(lines)
 
     def mimebundle(self) -> dict[str, Any]:
         bundle = self.box._repr_mimebundle_()
@@ -201,9 +260,9 @@ class _View:
         return dict(bundle)
 
 
-def _late_result(job: Any) -> str:
+def _late_result(job: Job | None) -> str:
     """What a detached cell ended with, for its panel (the job may still be settling)."""
-    if not job.wait_done(1.0):
+    if job is None or not job.wait_done(1.0):
         return ""
     error = job.exception()
     if error is not None:

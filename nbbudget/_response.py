@@ -35,6 +35,9 @@ class Response:
     envelope_bytes: int | None = field(default=None, repr=False, compare=False)
     #: the `nb.Job` that ran the work (its exception, traceback and run), when there was one
     job: Any = field(default=None, repr=False, compare=False)
+    #: the error that refused the call before its work started (a refused checkpoint, a damaged
+    #: store, a spent quota of runs per day), when that is how it ended
+    refusal: BaseException | None = field(default=None, repr=False, compare=False)
 
     @property
     def exit_code(self) -> int:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from ._call import resolve_budget, take_run
+from ._call import Spelling, check_interruption, resolve_budget, take_run
 from ._duration import parse_duration
 from ._errors import ConfigError, RunsPerDayExceeded
 from ._limits import Limits
@@ -43,6 +43,8 @@ _CELL_TYPES = ("code", "markdown", "raw")
 LIMIT_FLAGS = ("--time", "--steps", "--tool-calls", "--agent-invocations", "--provider-calls",
                "--turns", "--tokens", "--output-tokens", "--cost", "--run-limits-json",
                "--manifest", "--runs-per-day")
+#: how the command writes a call's flags, for the errors of `check_interruption`
+FLAG_SPELLING = Spelling("--detach", "--resume", "--budget {}", "--budget")
 RUN_EXAMPLES = """\
 examples:
   nbbudget run report.ipynb -p region emea -p year 2024 --output report.out.ipynb
@@ -165,14 +167,12 @@ class Plan:
         return bool(self.spec["mode"] == "resume")
 
 
-def plan(args: argparse.Namespace, argv: list[str]) -> Plan:
+def plan(args: argparse.Namespace) -> Plan:
     """Check the command's input; a `ConfigError` naming the value and the fix otherwise."""
     _check_installed()
-    if args.detach and args.resume:
-        raise ConfigError("--detach and --resume exclude each other: choose whether the "
-                          "notebook goes on in the background (--detach) or pauses between "
-                          "cells (--resume)")
-    budget_ms = resolve_budget(args.budget, declares=True)
+    check_interruption(args.detach, args.resume, None, spelling=FLAG_SPELLING)
+    budget = None if args.budget is None else parse_duration(args.budget, field="--budget")
+    budget_ms = resolve_budget(budget, declares=True)
     timeout_ms = _timeout(args.timeout)
     notebook, data = _notebook(args.notebook)
     nb = _read(notebook, data)
@@ -190,7 +190,20 @@ def plan(args: argparse.Namespace, argv: list[str]) -> Plan:
     identity = "notebook:" + hashlib.sha256(
         json.dumps(work, sort_keys=True).encode()).hexdigest()
     return Plan(spec, identity, budget_ms, timeout_ms, _runs_per_day(args.runs_per_day),
-                shlex.join(["nbbudget", *argv]), args.json)
+                identical(args), args.json)
+
+
+def identical(args: argparse.Namespace) -> str:
+    """The command again, as ``data.next`` gives it: what this one was given, flag by flag."""
+    words = ["nbbudget", "run", args.notebook]
+    for name, value in args.parameters:
+        words += ["-p", name, value]
+    for flag in ("--output", "--budget", "--timeout", *LIMIT_FLAGS):
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            words += [flag, str(value)]
+    words += [flag for flag in ("--detach", "--resume", "--json") if getattr(args, flag[2:])]
+    return shlex.join(words)
 
 
 def _check_installed() -> None:
@@ -305,11 +318,11 @@ def _output(notebook: Path, given: str | None) -> Path:
 
 
 # -- run --------------------------------------------------------------------------------------
-def run_command(args: argparse.Namespace, argv: list[str]) -> int:
+def run_command(args: argparse.Namespace) -> int:
     """``nbbudget run``: the exit code (0 done, 14 INCOMPLETE, 2 bad usage, ...)."""
     started = time.monotonic()
     try:
-        checked = plan(args, argv)
+        checked = plan(args)
     except ConfigError as exc:
         print(f"nbbudget run: {exc}", file=sys.stderr)
         return 2
@@ -481,7 +494,7 @@ def summary(resp: Response) -> str:
 
 
 # -- jobs and cancel --------------------------------------------------------------------------
-def jobs_command(args: argparse.Namespace, argv: list[str]) -> int:
+def jobs_command(args: argparse.Namespace) -> int:
     """``nbbudget jobs``: the store's notebook runs, as a table or as JSON."""
     runs = Runs(store())
     rows = [_job(record) for record in runs.all()]
@@ -507,7 +520,7 @@ def _job(record: RunRecord) -> dict[str, Any]:
             "delivered": record.delivered, "error": error.get("code")}
 
 
-def cancel_command(args: argparse.Namespace, argv: list[str]) -> int:
+def cancel_command(args: argparse.Namespace) -> int:
     """``nbbudget cancel ID``: stop a run, and say how it ended."""
     runs = Runs(store())
     record = runs.get(args.id)

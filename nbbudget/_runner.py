@@ -258,7 +258,8 @@ class Runner:
             raise _End(RunState.CANCELLED, _error(
                 "cancelled", f"run {self.id} was cancelled at cell {index}: its wall-clock "
                              f"limit of {record.timeout_ms} ms, counted from its first start "
-                             f"across every continuation, ran out"), cell=index)
+                             f"across every continuation, ran out (see: nbbudget explain "
+                             f"S0-6)"), cell=index)
 
     def _pause_due(self, record: RunRecord) -> bool:
         """S0-1: a --resume run pauses at the first boundary past its caller's budget; a

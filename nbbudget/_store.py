@@ -2,13 +2,23 @@
 
 One database file, ``nbbudget.db``, in WAL mode so several kernels of one user can share it;
 each thread has its own connection; every write is a ``BEGIN IMMEDIATE`` transaction with a busy
-timeout. The folder is 0700 and its files 0600. Checkpoints are signed with HMAC-SHA256 using a
+timeout. Every folder made for it is 0700 and its files are 0600, whatever the umask, and files
+found wider are narrowed when the store opens. Checkpoints are signed with HMAC-SHA256 using a
 secret made on first use (``secret``, 0600); nothing is unpickled before its signature verifies,
-and a checkpoint that fails a check is refused and left exactly as it was (S4-5).
+and a checkpoint that fails a check is refused and left exactly as it was (S4-5). Each
+checkpoint's signed header holds its number in its work's sequence, and the store keeps each
+work's last number (in ``sequences``, kept when the checkpoint is deleted), so an older
+checkpoint put back is refused too.
+
+The store is never started over behind its owner's back: the secret is made only once the
+database holds the store's tables, so a secret beside a database that is missing, empty or
+without them is a store that lost what it held; that, or a file SQLite reports malformed, raises
+`StoreDamaged` and the file is left as it is. A process killed mid-write leaves neither.
 
 Threat model: the signature stops tampering by anyone who cannot read the owner's secret
 (copied or downloaded files, shared folders, other users); code running as the same user can
-read the secret and is not kept out.
+read the secret and is not kept out. A copy of the whole store put back (a backup) is that
+earlier store, and resumes as it would have then.
 """
 
 from __future__ import annotations
@@ -24,16 +34,19 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, closing, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ._errors import ConfigError
 
-__all__ = ["CHECKPOINT_FORMAT", "Checkpoint", "CheckpointRefused", "Store", "home", "store"]
+__all__ = ["CHECKPOINT_FORMAT", "Checkpoint", "CheckpointRefused", "Store", "StoreDamaged", "home",
+           "store"]
 
 CHECKPOINT_FORMAT = "nbbudget-ckpt-v1"
+_PRIVATE_FILES = ("nbbudget.db", "nbbudget.db-wal", "nbbudget.db-shm", "secret")
+_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
 _HEADER_FIELDS = ("format", "identity", "seq", "created", "ledger", "first_start", "label")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS checkpoints (
@@ -53,6 +66,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     updated    REAL NOT NULL,
     error      TEXT
 );
+CREATE TABLE IF NOT EXISTS sequences (
+    identity TEXT PRIMARY KEY,
+    seq      INTEGER NOT NULL,
+    live     INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS runs (
     identity TEXT NOT NULL,
     day      TEXT NOT NULL,
@@ -62,7 +80,16 @@ CREATE TABLE IF NOT EXISTS runs (
 """
 
 
-class CheckpointRefused(ConfigError):
+class _Refused(ConfigError):
+    """A refusal of the store: shown by IPython as one line, what happened and what to do."""
+
+    code = ""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
+
+
+class CheckpointRefused(_Refused):
     """A stored checkpoint failed a check (signature, format, a missing field) and was refused;
     it is left unchanged. ``code`` is ``"checkpoint_refused"``."""
 
@@ -75,6 +102,25 @@ class CheckpointRefused(ConfigError):
         super().__init__(
             f"checkpoint {identity!r} in {where} is refused: {why}; it was left unchanged. "
             f"Delete it with nb.store().delete_checkpoint({identity!r}) to start over"
+        )
+
+
+class StoreDamaged(_Refused):
+    """The store's database is damaged: SQLite reports it malformed, or it has lost what it held
+    (it is missing, empty or without the store's tables while the secret made after them is
+    still there). Nothing was run on it and it was left as it is; ``path`` names it and
+    ``code`` is ``"store_damaged"``."""
+
+    code = "store_damaged"
+
+    def __init__(self, path: Path, why: str) -> None:
+        self.path = path
+        self.why = why
+        super().__init__(
+            f"the nbbudget store {str(path)!r} is damaged: {why}; nothing was run and it was "
+            f"left as it is. Restore it from a backup, or move the folder {str(path.parent)!r} "
+            f"aside to start an empty store (its paused work then starts over), and restart "
+            f"the kernel"
         )
 
 
@@ -161,24 +207,52 @@ class Store:
         self.path = self.folder / "nbbudget.db"
         self._local = threading.local()
         self._make_folder()
-        self._secret = self._load_secret()
-        self._init_schema()
-        self.mark_lost_jobs()
+        try:
+            self._init_schema()
+            self._secret = self._load_secret()  # after the tables: see `_check_held`
+            self.mark_lost_jobs()
+        except BaseException:
+            self.close()
+            raise
 
     # -- files ----------------------------------------------------------------------------------
     def _make_folder(self) -> None:
+        """The folder and its files, for their owner only: each folder made here is 0700 whatever
+        the umask, and files left wider (by an older release, a copy) are closed to others, so
+        SQLite, which gives its -wal and -shm files the database's mode, makes them 0600 too.
+        A store that held records and lost them is left as it is (`StoreDamaged`)."""
         try:
-            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _make_private_folders(self.folder)
+            if (self.folder / "secret").exists():
+                self._check_held()
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+            os.close(fd)
+            for name in _PRIVATE_FILES:
+                _chmod_if_there(self.folder / name, 0o600)
         except OSError as exc:
             raise ConfigError(f"cannot create the nbbudget store {str(self.folder)!r} "
                               f"({exc.strerror}); set NBBUDGET_HOME to a writable folder") from None
-        os.chmod(self.folder, 0o700)
-        for name in ("nbbudget.db", "nbbudget.db-wal", "nbbudget.db-shm"):
-            try:
-                fd = os.open(self.folder / name, os.O_WRONLY | os.O_CREAT, 0o600)
-            except OSError:
-                continue
-            os.close(fd)
+
+    def _check_held(self) -> None:
+        """The secret is made once the database holds the store's tables, so beside a secret a
+        database that is missing, empty or without them has lost what it held."""
+        self._check_file()
+        with self._damage_named(), closing(sqlite3.connect(self.path, timeout=10.0)) as db:
+            tables = {name for (name,) in db.execute(_TABLES)}
+        if "checkpoints" not in tables:
+            raise StoreDamaged(self.path, "it has none of the store's tables, though the secret "
+                                          "beside it shows it had them")
+
+    def _check_file(self) -> None:
+        """`StoreDamaged` if the database of a store that held records is gone or empty."""
+        try:
+            size = os.stat(self.path).st_size
+        except FileNotFoundError:
+            raise StoreDamaged(self.path, "it is missing, though the secret beside it shows it "
+                                          "held records") from None
+        if size == 0:
+            raise StoreDamaged(self.path, "it is empty (0 bytes), though the secret beside it "
+                                          "shows it held records")
 
     def _load_secret(self) -> bytes:
         """The store's signing key: made once, written whole to a temporary file and linked into
@@ -208,27 +282,59 @@ class Store:
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
         if db is None:
             db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=FULL")
+            except BaseException:
+                db.close()
+                raise
             self._local.db = db
         return db
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        db = self._db()
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction("BEGIN IMMEDIATE") as db:
             yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """Several reads that see one moment of the store."""
+        with self._transaction("BEGIN") as db:
+            yield db
+
+    @contextmanager
+    def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
+        with self._damage_named():
+            db = self._db()
+            db.execute(begin)
+            try:
+                yield db
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    @contextmanager
+    def _damage_named(self) -> Iterator[None]:
+        """SQLite's word that the file is damaged becomes `StoreDamaged`, naming it: corrupt and
+        not-a-database errors are exactly `sqlite3.DatabaseError` (a locked or busy store, a
+        full disk are `sqlite3.OperationalError`, and pass as they are)."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            if type(exc) is not sqlite3.DatabaseError:
+                raise
+            raise StoreDamaged(self.path, f"SQLite reports {str(exc)!r}") from None
 
     def _init_schema(self) -> None:
         with self._write() as db:
+            tables = {name for (name,) in db.execute(_TABLES)}
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     db.execute(statement)
+            if "sequences" not in tables:
+                _seed_sequences(db)
 
     def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
         """A write transaction (``BEGIN IMMEDIATE``, rolled back on an exception) on this
@@ -249,12 +355,14 @@ class Store:
     # -- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(self, identity: str, state: Any, *, ledger: dict[str, Any],
                         first_start: float, label: str) -> Checkpoint:
-        """Sign and store *state* for *identity*, replacing its previous checkpoint atomically."""
+        """Sign and store *state* for *identity*, replacing its previous checkpoint atomically.
+        Its sequence number follows the last one the store saved for *identity*, deleted or
+        not, and is kept as that work's last."""
         payload = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
         with self._write() as db:
-            row = db.execute("SELECT header FROM checkpoints WHERE identity = ?",
+            row = db.execute("SELECT seq FROM sequences WHERE identity = ?",
                              (identity,)).fetchone()
-            seq = json.loads(row[0]).get("seq", 0) + 1 if row else 1
+            seq = row[0] + 1 if row else 1
             created = time.time()
             header = json.dumps({
                 "format": CHECKPOINT_FORMAT, "identity": identity, "seq": seq,
@@ -264,16 +372,36 @@ class Store:
             tag = self._sign(header.encode(), payload)
             db.execute("INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?)",
                        (identity, CHECKPOINT_FORMAT, header, payload, tag))
+            db.execute("INSERT OR REPLACE INTO sequences VALUES (?, ?, 1)", (identity, seq))
         return Checkpoint(identity, seq, state, ledger, first_start, created, label)
 
     def load_checkpoint(self, identity: str) -> Checkpoint | None:
         """The verified checkpoint of *identity*, `None` when there is none; raises
-        `CheckpointRefused` (and changes nothing) when it fails a check."""
-        row = self._db().execute(
-            "SELECT format, header, payload, tag FROM checkpoints WHERE identity = ?",
-            (identity,)).fetchone()
+        `CheckpointRefused` (and changes nothing) when it fails a check, when it is not the
+        last one the store saved for *identity* (one put back from earlier), or when that one
+        is gone; raises `StoreDamaged` when the store has lost what it held."""
+        self._check_file()  # emptied under this process, whose connections may not see it yet
+        with self._read() as db:
+            row = db.execute("SELECT format, header, payload, tag FROM checkpoints "
+                             "WHERE identity = ?", (identity,)).fetchone()
+            last = db.execute("SELECT seq, live FROM sequences WHERE identity = ?",
+                              (identity,)).fetchone()
+        where = str(self.path)
         if row is None:
+            if last is not None and last[1]:
+                raise CheckpointRefused(identity, where, f"checkpoint {last[0]} of this work was "
+                                                         f"saved and is no longer in the store")
             return None
+        header = self._verified_header(identity, row)
+        if last is None or header["seq"] != last[0] or not last[1]:
+            raise CheckpointRefused(identity, where, _not_the_last(header["seq"], last))
+        state = pickle.loads(row[2])  # only after the signature verified
+        return Checkpoint(identity, header["seq"], state, header["ledger"],
+                          header["first_start"], header["created"], header["label"])
+
+    def _verified_header(self, identity: str, row: tuple[Any, ...]) -> dict[str, Any]:
+        """The header of a stored checkpoint row, once its format, signature and fields check
+        out; else `CheckpointRefused`."""
         where = str(self.path)
         fmt, header_text, payload, tag = row
         if fmt != CHECKPOINT_FORMAT:
@@ -283,7 +411,7 @@ class Store:
                 tag, self._sign(str(header_text).encode(), payload)):
             raise CheckpointRefused(identity, where, "its signature does not match (it was "
                                                      "changed, truncated or signed elsewhere)")
-        header = json.loads(header_text)
+        header: dict[str, Any] = json.loads(header_text)
         missing = [f for f in _HEADER_FIELDS if f not in header]
         if missing:
             raise CheckpointRefused(identity, where, f"it lacks {', '.join(missing)}")
@@ -293,13 +421,13 @@ class Store:
         if header["identity"] != identity:
             raise CheckpointRefused(identity, where, f"it was saved for another piece of work "
                                                      f"({header['identity'][:15]}...)")
-        state = pickle.loads(payload)  # only after the signature verified
-        return Checkpoint(identity, header["seq"], state, header["ledger"],
-                          header["first_start"], header["created"], header["label"])
+        return header
 
     def delete_checkpoint(self, identity: str) -> bool:
-        """Remove the checkpoint of *identity*; whether there was one."""
+        """Remove the checkpoint of *identity*; whether there was one. The store keeps its
+        sequence number, so that checkpoint put back later is refused."""
         with self._write() as db:
+            db.execute("UPDATE sequences SET live = 0 WHERE identity = ?", (identity,))
             return db.execute("DELETE FROM checkpoints WHERE identity = ?",
                               (identity,)).rowcount > 0
 
@@ -328,8 +456,9 @@ class Store:
 
     def runs_on(self, identity: str, day: str) -> int:
         """How many times *identity* started on *day* (UTC)."""
-        row = self._db().execute("SELECT count FROM runs WHERE identity = ? AND day = ?",
-                                 (identity, day)).fetchone()
+        with self._read() as db:
+            row = db.execute("SELECT count FROM runs WHERE identity = ? AND day = ?",
+                             (identity, day)).fetchone()
         return int(row[0]) if row is not None else 0
 
     # -- job records ------------------------------------------------------------------------------
@@ -345,20 +474,56 @@ class Store:
 
     def jobs(self) -> list[dict[str, Any]]:
         """Every job record, newest first."""
-        cur = self._db().execute("SELECT id, identity, label, state, pid, created, updated, error "
-                                 "FROM jobs ORDER BY created DESC")
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        with self._read() as db:
+            cur = db.execute("SELECT id, identity, label, state, pid, created, updated, error "
+                             "FROM jobs ORDER BY created DESC")
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
     def mark_lost_jobs(self) -> int:
         """Mark ``lost`` the running jobs whose process has died; how many were marked."""
-        running = self._db().execute("SELECT id, pid FROM jobs WHERE state = 'running'").fetchall()
+        with self._read() as db:
+            running = db.execute("SELECT id, pid FROM jobs WHERE state = 'running'").fetchall()
         dead = [job_id for job_id, pid in running if pid != os.getpid() and not _alive(pid)]
         if dead:
             with self._write() as db:
                 db.executemany("UPDATE jobs SET state = 'lost', updated = ? WHERE id = ? "
                                "AND state = 'running'", [(time.time(), j) for j in dead])
         return len(dead)
+
+
+def _not_the_last(seq: int, last: tuple[int, int] | None) -> str:
+    """Why a signed checkpoint numbered *seq* is not its work's last one saved."""
+    if last is None:
+        said = f"the store has no record of saving checkpoint {seq} of this work"
+    else:
+        said = (f"it is checkpoint {seq} of this work, but the last one saved was {last[0]}"
+                f"{'' if last[1] else ' and then deleted'}")
+    return f"{said} (a checkpoint put back from earlier is never resumed)"
+
+
+def _seed_sequences(db: sqlite3.Connection) -> None:
+    """A store made before it kept sequences: each checkpoint it holds is its work's last (its
+    header, checked at load, says which)."""
+    for identity, header in db.execute("SELECT identity, header FROM checkpoints").fetchall():
+        with suppress(ValueError, KeyError, TypeError):
+            db.execute("INSERT INTO sequences VALUES (?, ?, 1)",
+                       (identity, int(json.loads(header)["seq"])))
+
+
+def _make_private_folders(folder: Path) -> None:
+    """Make *folder* and each missing folder above it 0700, whatever the umask; *folder* itself
+    is made 0700 even if it was there (the folders above it that were there are left alone)."""
+    for made in reversed([p for p in (folder, *folder.parents) if not p.exists()]):
+        with suppress(FileExistsError):  # another process made it at the same moment
+            made.mkdir(mode=0o700)
+        os.chmod(made, 0o700)
+    os.chmod(folder, 0o700)
+
+
+def _chmod_if_there(path: Path, mode: int) -> None:
+    with suppress(FileNotFoundError):
+        os.chmod(path, mode)
 
 
 def _days_before(day: str, n: int) -> str:

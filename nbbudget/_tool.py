@@ -1,6 +1,7 @@
 """Tools: calls that reserve a permit, run on a worker thread, and are cut when the run's time
 runs out (S2-6) or when they go silent past ``max_silence`` (S2-5). The caller is freed at the
-cut even when the tool ignores its signal (S2-7); the abandoned thread is named in the trace and
+cut even when the tool ignores its signal (S2-7): it waits at most `ABANDON_GRACE_S` for the
+tool's thread to end, and a thread still running then is abandoned, named in the trace, and
 stops at its next ``ctx`` call, if it ever makes one.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import itertools
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -21,7 +23,11 @@ from ._kinds import TOOL_CALLS
 if TYPE_CHECKING:
     from ._budget import Budget, _Stop
 
-__all__ = ["ToolContext", "make_tool"]
+__all__ = ["ABANDON_GRACE_S", "ToolContext", "make_tool"]
+
+#: how long a cut call's caller waits for the tool's thread to end before it abandons it
+ABANDON_GRACE_S = 0.1
+_thread_seq = itertools.count(1)  # tool thread names stay unique across runs
 
 
 class ToolContext:
@@ -84,7 +90,7 @@ class _ToolCall:
     def __init__(self, run: Budget, name: str, silence_ms: int | None) -> None:
         self.run = run
         self.silence_ms = silence_ms
-        self.thread_name = f"nbbudget-tool-{name}-{next(run._root._tool_seq)}"
+        self.thread_name = f"nbbudget-tool-{name}-{next(_thread_seq)}"
         self.ctx = ToolContext(run, name, self.thread_name)
         self.wake = threading.Event()
         self.done = False
@@ -122,13 +128,15 @@ class _ToolCall:
 
     def _finish(self, thread: threading.Thread) -> Any:
         """The call's result, or its cut: a call cut before it finished raises the cut even if
-        it finishes a moment later (what it returns after its signal is not trusted)."""
+        it finishes a moment later (what it returns after its signal is not trusted). A thread
+        still running after the grace is abandoned (S2-7)."""
         if not self.ctx.signal.is_set():
             if self.error is not None:
                 raise self.error
             return self.result
         by = self.ctx.cut_by or "timeout"
         run = self.run
+        thread.join(ABANDON_GRACE_S)
         if thread.is_alive():
             with run._lock:
                 run._root._trace.add("tool_abandoned", run._t_ms(), run._run_id, {

@@ -9,6 +9,7 @@ can be recorded without holding the run's lock.
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import os
@@ -21,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._errors import ConfigError
-from ._files import atomic_write
+from ._files import atomic_write, file_path, read_json
 from ._kinds import KIND_INDEX, KINDS, RUN_MS
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ REFUSED = "dispatch_refused_budget_exceeded"
 EVENT_KINDS: tuple[str, ...] = (
     CONSUMED, REFUSED, "approach_notice", "progress", "watchdog_cut", "tool_abandoned",
     "cancelled", "cut", "suspended", "resumed", "detached", "checkpoint_saved", "outcome",
-    "grant", "pause", "unpause", "degraded",
+    "grant", "pause", "unpause", "degraded", "cancel_requested", "cancel_observed",
 )
 _CODE = {k: i for i, k in enumerate(EVENT_KINDS)}
 _STAT_NAMES = ("checks", "consumptions", "consumed", "refusals")
@@ -249,16 +250,8 @@ class Trace:
     def load(cls, path: str | os.PathLike[str]) -> Trace:
         """Read a trace written by `save`; a missing, malformed or foreign file is a
         `ConfigError` that says which and where."""
-        where = os.fspath(path)
-        try:
-            with open(where, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except FileNotFoundError:
-            raise ConfigError(f"no trace file at {where!r}") from None
-        except OSError as exc:
-            raise ConfigError(f"cannot read trace {where!r}: {exc.strerror}") from None
-        except ValueError as exc:
-            raise ConfigError(f"trace {where!r} is not valid JSON: {exc}") from None
+        where = file_path(path, "trace")
+        data = read_json(where, "trace", "a trace is the object that Trace.save writes")
         try:
             return cls.from_json(data)
         except ConfigError as exc:
@@ -305,8 +298,14 @@ class Trace:
                 f"{s['consumptions']} consumptions, {s['refusals']} refusals>")
 
 
+_REPLAY_COLUMNS = ("index", "t_ms", "budget_kind", "limit_value", "consumed_value", "amount",
+                   "target_ref")
+
+
 class Replay(NamedTuple):
-    """The result of `Trace.replay`: each charge that would have been refused."""
+    """The result of `Trace.replay`: each charge that would have been refused. It shows as a
+    sentence and a table, times in ms to two decimals; `refusals` and `to_frame` keep the
+    exact values."""
 
     refusals: list[dict[str, Any]]
     exact: bool
@@ -321,9 +320,51 @@ class Replay(NamedTuple):
     def to_frame(self) -> pd.DataFrame:
         import pandas as pd
 
-        cols = ["index", "t_ms", "budget_kind", "limit_value", "consumed_value", "amount",
-                "target_ref"]
-        return pd.DataFrame(self.refusals, columns=cols)
+        return pd.DataFrame(self.refusals, columns=list(_REPLAY_COLUMNS))
+
+    def __repr__(self) -> str:
+        head, rows = self._table()
+        if not rows:
+            return self._headline()
+        widths = [max(len(row[i]) for row in (head, *rows)) for i in range(len(head))]
+        lines = ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True))
+                 for row in (head, *rows)]
+        return "\n".join([self._headline(), *lines])
+
+    def _repr_html_(self) -> str:
+        head, rows = self._table()
+        table = "".join(
+            "<tr>" + "".join(f"<{tag}>{html.escape(v)}</{tag}>" for v in row) + "</tr>"
+            for tag, row in (("th", head), *(("td", row) for row in rows)))
+        return f"<p>{html.escape(self._headline())}</p>" + (
+            f"<table>{table}</table>" if rows else "")
+
+    def _headline(self) -> str:
+        n = len(self.refusals)
+        what = ("charge", "would have been refused") if self.exact else (
+            "limit", "would have been exceeded")
+        how = ("replayed charge by charge" if self.exact else
+               "from the run's totals: record with trace=\"full\" to replay charge by charge")
+        if not n:
+            return f"No {what[0]} {what[1]} under these limits ({how})."
+        return f"{n} {what[0]}{'s' if n != 1 else ''} {what[1]} under these limits ({how}):"
+
+    def _table(self) -> tuple[list[str], list[list[str]]]:
+        """The columns that hold something, and each refusal's values as text."""
+        head = [c for c in _REPLAY_COLUMNS if any(r[c] is not None for r in self.refusals)]
+        return head, [[_shown(r, c) for c in head] for r in self.refusals]
+
+
+def _shown(refusal: dict[str, Any], column: str) -> str:
+    """One value of a refusal as a person reads it: times to two decimals, no ``None``."""
+    value = refusal[column]
+    if value is None:
+        return ""
+    timed = column == "t_ms" or (refusal["budget_kind"] == "run_ms"
+                                 and column in ("limit_value", "consumed_value"))
+    if isinstance(value, float):
+        return f"{value:.2f}" if timed else f"{value:g}"
+    return str(value)
 
 
 def _replay_full(trace: Trace, limits: Limits) -> Replay:

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Set up .venv with the notebooks extra and run the teaching notebooks in notebooks/ under
 # nbval: each cell runs in a fresh kernel of .venv and its outputs are compared with the stored
-# ones (after notebooks/nbval_sanitize.cfg). Arguments go to pytest; a notebook or folder among
-# them replaces notebooks/, e.g. bash scripts/notebooks.sh notebooks/quickstart.ipynb -x
+# ones, after the patterns of scripts/nbval/sanitize.cfg (scripts/nbval/nbbudget_nbval.py, a
+# pytest plugin, applies them to the JSON envelope too). Arguments go to pytest; a notebook or
+# folder among them replaces notebooks/, e.g.
+#   bash scripts/notebooks.sh notebooks/quickstart.ipynb -x
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -25,6 +27,9 @@ for arg in "$@"; do [ -e "$arg" ] && paths=1; done
 
 status=0
 # --nbval-current-env: the kernel is .venv's own ipykernel, whatever kernelspecs the user has.
+# The plugin comes from scripts/nbval, so that notebooks/ holds only notebooks.
+PYTHONPATH="$PWD/scripts/nbval${PYTHONPATH:+:$PYTHONPATH}" \
 .venv/bin/python -m pytest --nbval --nbval-current-env --nbval-cell-timeout 120 \
-    --nbval-sanitize-with notebooks/nbval_sanitize.cfg -p no:cacheprovider "$@" || status=$?
+    -p nbbudget_nbval --nbval-sanitize-with scripts/nbval/sanitize.cfg \
+    -p no:cacheprovider "$@" || status=$?
 exit "$status"

@@ -38,11 +38,7 @@ LAST_RUN = ("(lambda r: None if r is None else (id(r), r.outcome and r.outcome.t
             "(getattr(get_ipython().magics_manager.registry.get('BudgetMagics'), 'last_run', "
             "None))")
 JOBS_RUNNING = "sum(not j.done() for j in __import__('nbbudget').jobs)"
-JOBS_TABLE = ("get_ipython().run_line_magic('budget', 'jobs').drop(columns=['pid']).assign("
-              "created=lambda f: f['created'].dt.floor('s'),"
-              " ended=lambda f: f['ended'].dt.floor('s'),"
-              " output=lambda f: f['output'].map(lambda s: s.strip().splitlines()[-1][:40]"
-              " if isinstance(s, str) and s.strip() else None)).to_string()")
+JOBS_TABLE = "repr(get_ipython().run_line_magic('budget', 'jobs'))"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -165,9 +161,7 @@ class Quickstart:
         table = self._read(JOBS_TABLE)
         print("\n%budget jobs" + (f" ({running} still running; they end with the kernel)"
                                   if running else "") + ":")
-        if table is None or table.startswith("Empty DataFrame"):
-            table = "(none)" if table else "(not available)"
-        print(textwrap.indent(table, "  "))
+        print(textwrap.indent(table or "(not available)", "  "))
 
     def _read(self, expression: str) -> Any:
         """The value of *expression* in the kernel (a Python literal), or None when it fails."""

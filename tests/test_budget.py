@@ -199,7 +199,33 @@ def test_cancel_is_idempotent_and_the_first_reason_wins(clock):
     run.cancel("second")
     with pytest.raises(nb.Cancelled, match="first"), run:
         pass
-    assert [e.kind for e in run.trace.events].count("cancelled") == 1
+    assert [e.kind for e in run.trace.events].count("cancel_requested") == 1
+
+
+def test_S2_3_the_trace_records_a_cancel_when_requested_and_when_the_work_observes_it(clock):
+    run = nb.budget(clock=clock)
+    with pytest.raises(nb.Cancelled), run:
+        clock.advance(10)
+        run.cancel("enough")
+        clock.advance(5)
+        for _ in range(3):  # every check raises again; the trace notes the first one
+            with pytest.raises(BaseException) as info:
+                run.step()
+            assert not isinstance(info.value, Exception)
+    cancels = [(e.kind, e.t_ms) for e in run.trace.events if e.kind.startswith("cancel")]
+    assert cancels == [("cancel_requested", 10.0), ("cancel_observed", 15.0)]
+    assert next(e for e in run.trace.events if e.kind == "cancel_requested").payload == {
+        "status": "stopped", "cause": "user", "by": None, "code": "Stopped",
+        "message": "run was stopped: enough"}
+
+
+def test_S2_3_a_cancel_the_work_never_reaches_is_requested_and_never_observed(clock):
+    run = nb.budget(clock=clock)
+    with pytest.raises(nb.Cancelled), run:
+        run.cancel()
+    kinds = [e.kind for e in run.trace.events]
+    assert "cancel_requested" in kinds
+    assert "cancel_observed" not in kinds
 
 
 def test_cancellation_is_level_triggered_every_later_check_raises_again(clock):
@@ -342,6 +368,22 @@ def test_usage_is_a_frame_with_one_row_per_armed_axis(clock):
         "steps": {"limit": 10, "consumed": 4, "remaining": 6, "fraction": 0.4},
         "tokens": {"limit": 100, "consumed": 25, "remaining": 75, "fraction": 0.25},
     }
+
+
+def test_usage_keeps_whole_numbers_whole_beside_a_cost_in_dollars(clock):
+    with nb.budget(steps=10, cost_usd=1.0, time="5s", clock=clock) as run:
+        run.charge("steps", 4)
+        run.charge("cost_usd", 0.25)
+        clock.advance("1s")
+        frame = run.usage()
+    assert frame.to_dict("index") == {
+        "run_ms": {"limit": 5000, "consumed": 1000, "remaining": 4000, "fraction": 0.2},
+        "steps": {"limit": 10, "consumed": 4, "remaining": 6, "fraction": 0.4},
+        "cost_usd": {"limit": 1.0, "consumed": 0.25, "remaining": 0.75, "fraction": 0.25},
+    }
+    assert [type(v) for v in frame["limit"]] == [int, int, float]
+    assert frame.to_string().splitlines()[2].split() == ["run_ms", "5000", "1000", "4000", "0.20"]
+    assert str(frame["fraction"].dtype) == "float64"
 
 
 def test_the_repr_shows_the_state_and_every_armed_axis(clock):

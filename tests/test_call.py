@@ -234,8 +234,26 @@ def test_S0_10_budget_without_detach_or_resume_is_a_usage_error(budget):
         nb.call(lambda: ran.append(1), budget=budget)
     assert str(info.value) == (
         f"budget={budget!r} needs detach=True or resume=True: only a call that can detach or "
-        f"pause can return before its work ends (S0-10); drop budget= or declare one of them")
+        f"pause can return before its work ends; drop budget= or declare one of them "
+        f"(see: nbbudget explain S0-10)")
     assert ran == []
+
+
+@pytest.mark.parametrize("budget", [None, "5s"])
+def test_detach_and_resume_exclude_each_other_and_nothing_runs(budget):
+    ran = []
+    with pytest.raises(nb.ConfigError) as info:
+        nb.call(lambda: ran.append(1), detach=True, resume=True, budget=budget)
+    assert str(info.value) == (
+        "detach=True and resume=True exclude each other: choose how the work outlives its budget")
+    assert ran == []
+
+
+@pytest.mark.parametrize("flags", [{"detach": 1}, {"resume": "yes"}])
+def test_detach_and_resume_are_booleans(flags):
+    [(name, value)] = flags.items()
+    with pytest.raises(nb.ConfigError, match=f"^{name}={value!r}: use True or False$"):
+        nb.call(lambda: None, **flags)
 
 
 @pytest.mark.parametrize("env", ["1", "soon"])
@@ -910,6 +928,91 @@ def test_cancelling_a_detached_cooperative_job_ends_it_cancelled(clock):
     assert again.error["code"] == "stopped"
 
 
+def test_a_cancelled_job_whose_work_never_checks_runs_on_then_keeps_its_result(clock):
+    release = threading.Event()
+
+    def never_checks() -> str:
+        outlive(clock)
+        release.wait(SOON)
+        return "finished A"
+
+    resp = nb.call(never_checks, detach=True, budget="1s", clock=clock)
+    job = nb.jobs[resp.data["job"]]
+    assert job.cancel_status is None
+    assert job.cancel() == "requested"
+    assert job.state is nb.JobState.RUNNING  # the work has not stopped: it never checks
+    assert (job.cancel_status, job.cancel_honoured) == ("requested", None)
+    assert job.cancel_requested is not None
+    assert "cancel requested" in repr(job)
+    release.set()
+    assert job.result(timeout=SOON) == "finished A"  # its result is kept
+    assert job.state is nb.JobState.DONE
+    assert (job.cancel_status, job.cancel_honoured) == ("not honoured", False)
+    kinds = [e.kind for e in job.run.trace.events]
+    assert "cancel_requested" in kinds and "cancel_observed" not in kinds
+    _eventually(lambda: {r["id"]: r["state"] for r in nb.store().jobs()}.get(job.id) == "done")
+    frame = nb.jobs.to_frame()
+    assert (frame.loc[job.id, "state"], frame.loc[job.id, "cancel"]) == ("done", "not honoured")
+    again = nb.call(never_checks, detach=True, budget="1s", clock=FakeClock())
+    assert (again.ok, again.data) == (True, "finished A")  # the identical call gets the result
+
+
+def test_a_cancelled_job_whose_work_fails_before_any_check_keeps_its_own_error(clock):
+    release = threading.Event()
+
+    def fails() -> None:
+        outlive(clock)
+        release.wait(SOON)
+        raise RowError("row 9 is malformed")
+
+    resp = nb.call(fails, detach=True, budget="1s", clock=clock)
+    job = nb.jobs[resp.data["job"]]
+    job.cancel()
+    release.set()
+    with pytest.raises(RowError, match="row 9 is malformed"):
+        job.result(timeout=SOON)
+    assert job.state is nb.JobState.FAILED
+    assert job.cancel_status == "not honoured"
+    assert "RowError: row 9 is malformed" in job.traceback
+
+
+def test_a_cancelled_job_whose_work_checks_stops_there_and_says_so(clock):
+    def checks() -> str:
+        outlive(clock)
+        run = nb.current()
+        deadline = time.monotonic() + SOON
+        while time.monotonic() < deadline:
+            run.check()
+            time.sleep(0.002)
+        return "never cancelled"
+
+    resp = nb.call(checks, detach=True, budget="1s", clock=clock)
+    job = nb.jobs[resp.data["job"]]
+    assert job.cancel(wait=SOON) == "stopped"
+    assert job.state is nb.JobState.CANCELLED
+    assert (job.cancel_status, job.cancel_honoured) == ("stopped", True)
+    kinds = [e.kind for e in job.run.trace.events]
+    assert kinds.index("cancel_requested") < kinds.index("cancel_observed")
+    assert job.cancel() == "stopped"  # idempotent: it says what happened
+
+
+def test_cancelling_a_job_that_already_ended_does_nothing(clock):
+    release = threading.Event()
+
+    def quick() -> str:
+        outlive(clock)
+        release.wait(SOON)
+        return "ended"
+
+    resp = nb.call(quick, detach=True, budget="1s", clock=clock)
+    job = nb.jobs[resp.data["job"]]
+    release.set()
+    assert job.result(timeout=SOON) == "ended"
+    assert job.cancel() is None
+    assert (job.state, job.cancel_requested, job.cancel_status) == (nb.JobState.DONE, None, None)
+    assert "cancel_requested" not in [e.kind for e in job.run.trace.events]
+
+
 # -- inside the work -------------------------------------------------------------------------------
 def test_checkpoint_and_resume_state_outside_a_call_are_config_errors():
     with pytest.raises(nb.ConfigError) as info:
@@ -997,3 +1100,21 @@ def test_the_response_repr_is_short():
     resp = nb.call(lambda: "x" * 1000)
     assert len(repr(resp)) < 200
     assert re.match(r"^Response\(ok=True, exit_code=0, data='x+\.\.\.", repr(resp))
+
+
+def test_work_stopped_by_a_damaged_store_answers_store_damaged_not_a_class_name(home, tmp_path):
+    def work() -> None:
+        raise nb.StoreDamaged(tmp_path / "nbbudget.db", "it is empty (0 bytes)")
+
+    resp = nb.call(work, resume=True, budget="5s")
+    assert (resp.ok, resp.exit_code, resp.error["code"]) == (False, 1, "store_damaged")
+
+
+def test_a_user_error_with_a_code_attribute_answers_its_class_name(home):
+    class HTTPError(Exception):
+        code = "not_found"
+
+    def work() -> None:
+        raise HTTPError("404")
+
+    assert nb.call(work, detach=True, budget="5s").error["code"] == "HTTPError"

@@ -77,7 +77,8 @@ def test_inspect_a_missing_file_exits_2_with_one_line_naming_it(tmp_path: Path) 
     result = nbbudget_cli("inspect", path)
     assert result.returncode == 2
     assert result.stdout == ""
-    assert result.stderr == f"nbbudget inspect: no trace file at {str(path)!r}\n"
+    assert result.stderr == (f"nbbudget inspect: cannot read trace {str(path)!r}: No such file "
+                             f"or directory\n")
 
 
 @pytest.mark.parametrize(
@@ -124,7 +125,7 @@ def test_inspect_help_describes_the_command_and_shows_an_example_S4_9() -> None:
     assert text.startswith("usage: nbbudget inspect [-h] [--json] TRACE.json")
     assert (
         "Summarise a trace saved with run.trace.save(PATH): the number of budget checks, "
-        "consumptions and refusals, and the kinds involved (S4-9)."
+        "consumptions and refusals, and the kinds involved (see: nbbudget explain S4-9)."
     ) in text
     assert "--json print the summary as JSON" in text
     assert text.endswith("example: nbbudget inspect trace.json --json")
@@ -136,3 +137,77 @@ def test_no_command_is_a_usage_error() -> None:
     assert result.stderr.splitlines()[-1] == (
         "nbbudget: error: the following arguments are required: COMMAND"
     )
+
+
+# -- nbbudget explain ------------------------------------------------------------------------------
+def console_script(*args: str) -> subprocess.CompletedProcess[str]:
+    """The ``nbbudget`` command that installing the package puts beside this Python."""
+    script = Path(sys.executable).with_name("nbbudget")
+    return subprocess.run([str(script), *args], capture_output=True, text=True, timeout=60,
+                          check=False)
+
+
+def test_explain_prints_the_rule_its_example_what_it_prints_and_where_to_read_more() -> None:
+    from nbbudget._rules import find
+
+    rule = find("S0-10")
+    result = console_script("explain", "S0-10")
+    assert (result.returncode, result.stderr) == (0, "")
+    text = result.stdout
+    assert text.startswith("S0-10: no budget without a way to stop early\n\n")
+    assert one_line(rule.text) in one_line(text)
+    example = "\n".join(f"    {line}" if line else "" for line in rule.example.splitlines())
+    assert f"Example:\n\n{example}\n" in text
+    assert "It prints:\n\n    budget='2s' needs detach=True or resume=True" in text
+    assert text.endswith(
+        "\nRead more: docs/concepts.md#s0-10 (the Concepts page of the documentation)\n")
+
+
+def test_explain_takes_an_id_in_any_case() -> None:
+    lower = nbbudget_cli("explain", "s0-10")
+    assert (lower.returncode, lower.stderr) == (0, "")
+    assert lower.stdout.startswith("S0-10: ")
+    assert lower.stdout == console_script("explain", "S0-10").stdout
+
+
+def test_explain_shows_a_cell_example_as_a_cell_and_links_as_their_words() -> None:
+    result = nbbudget_cli("explain", "N-2")
+    assert result.returncode == 0
+    assert "Example, a notebook cell once %load_ext nbbudget has run:\n\n    %%budget --detach" in (
+        result.stdout)
+    assert "It prints" not in result.stdout
+    assert "(on the ipykernel versions listed in Limits)" in one_line(result.stdout)
+
+
+def test_explain_alone_lists_every_rule_with_its_title() -> None:
+    from rules import ALL_RULE_IDS
+
+    result = console_script("explain")
+    assert (result.returncode, result.stderr) == (0, "")
+    lines = result.stdout.splitlines()
+    assert lines[0] == "The rules of the model; nbbudget explain ID shows one with an example:"
+    rows = [line.split(maxsplit=1) for line in lines[1:]]
+    assert [row[0] for row in rows] == ALL_RULE_IDS
+    assert ["S0-10", "no budget without a way to stop early"] in rows
+
+
+def test_explain_an_unknown_id_exits_2_naming_it_and_the_known_ids() -> None:
+    result = console_script("explain", "S9-1")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith("nbbudget explain: no rule 'S9-1'; the rules are S0-1, S0-2, ")
+    assert result.stderr.endswith(", N-3, N-4\n")
+    assert result.stderr.count("\n") == 1
+
+
+def test_explain_help_describes_the_command_and_shows_an_example() -> None:
+    result = nbbudget_cli("explain", "--help")
+    assert (result.returncode, result.stderr) == (0, "")
+    text = one_line(result.stdout)
+    assert text.startswith("usage: nbbudget explain [-h] [ID]")
+    assert "example: nbbudget explain S0-10" in text
+
+
+def test_help_lists_explain() -> None:
+    text = one_line(nbbudget_cli("--help").stdout)
+    assert "explain explain a rule that a message cites, with an example that runs as written" in (
+        text)

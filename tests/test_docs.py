@@ -82,16 +82,42 @@ def test_the_pydantic_ai_adapter_has_its_section_when_the_module_exists() -> Non
         assert "nbbudget.pydantic_ai" in AUTOMODULE.findall(text)
 
 
+RULES_DIRECTIVE = re.compile(r"^```\{nbbudget-rules\} (\S+)\n```$", re.M)
+
+
+@pytest.fixture(scope="module")
+def concepts(render: ModuleType) -> str:
+    """The concepts page as the docs build reads it: each rules directive replaced by the
+    Markdown it generates from the rules table."""
+    return RULES_DIRECTIVE.sub(lambda m: "\n".join(render.rules_lines(m[1])), page("concepts"))
+
+
+def test_the_rules_in_concepts_come_from_the_table_nbbudget_explain_prints() -> None:
+    text = page("concepts")
+    assert RULES_DIRECTIVE.findall(text) == ["S0", "S2", "S3", "S4", "N"]
+    assert re.findall(r"^#+ [SN]\d?-\d+:", text, re.M) == []  # none written by hand
+
+
 @pytest.mark.parametrize("rule", RULE_IDS + NOTEBOOK_RULE_IDS)
-def test_every_rule_is_explained_under_its_own_heading_in_concepts(rule: str) -> None:
+def test_every_rule_is_explained_under_its_own_heading_in_concepts(rule: str, concepts) -> None:
     heading = re.compile(rf"^#+ {re.escape(rule)}:\s+\S", re.M)
-    assert heading.search(page("concepts")), f"no '#### {rule}: ...' heading in concepts.md"
-    assert f"({rule.lower()})=" in page("concepts"), f"no ({rule.lower()})= target"
+    assert heading.search(concepts), f"no '#### {rule}: ...' heading in concepts.md"
+    assert f"({rule.lower()})=" in concepts, f"no ({rule.lower()})= target"
 
 
-def test_concepts_explains_no_rule_that_is_not_pinned() -> None:
-    headed = re.findall(r"^#+ ([SN]\d?-\d+):", page("concepts"), re.M)
+def test_concepts_explains_no_rule_that_is_not_pinned(concepts) -> None:
+    headed = re.findall(r"^#+ ([SN]\d?-\d+):", concepts, re.M)
     assert headed == RULE_IDS + NOTEBOOK_RULE_IDS  # each once, in order
+
+
+def test_a_rule_shows_its_text_its_example_and_what_the_example_prints(render) -> None:
+    from nbbudget._rules import find
+
+    rule = find("S0-10")
+    text = "\n".join(render.rules_lines("S0"))
+    entry = text.split("#### S0-10: ", 1)[1].split("\n(s0-11)=", 1)[0]
+    assert entry.startswith(f"{rule.title}\n\n{rule.text}\n\n```python\n{rule.example}\n```")
+    assert entry.rstrip().endswith(f"It prints:\n\n```text\n{rule.output}\n```")
 
 
 def test_concepts_sets_the_three_clocks_side_by_side() -> None:

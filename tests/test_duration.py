@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 import nbbudget as nb
+from nbbudget._errors import show
 
 MAX_MS = 2**53 - 1
 
@@ -136,3 +137,35 @@ def test_non_ascii_digits_are_refused(value: str) -> None:
 @pytest.mark.parametrize("value", ["9" * 5000, 10**5000], ids=["long-string", "huge-int"])
 def test_an_enormous_number_is_a_config_error(value: object) -> None:
     assert "is too large" in config_error_message(value)
+
+
+# -- numbers of any length: decimal arithmetic, no digit limit, no false "too large" -------------
+@pytest.mark.parametrize(("value", "ms"), [
+    ("0" * 20 + "1s", 1000), ("0" * 5000 + "5ms", 5), ("1." + "0" * 5000 + "s", 1000),
+    ("000.250s", 250), ("0" * 30 + "9007199254740991", MAX_MS),
+])
+def test_leading_and_trailing_zeros_never_change_a_duration(value: str, ms: int) -> None:
+    assert nb.parse_duration(value) == ms
+
+
+def test_a_fraction_longer_than_pythons_digit_limit_is_not_whole_milliseconds() -> None:
+    value = "0." + "0" * 4300 + "1s"
+    assert config_error_message(value) == (
+        f"duration={show(value)} is not a whole number of milliseconds; round it, e.g. '0ms'"
+    )
+
+
+@pytest.mark.parametrize(("value", "suggestion"), [
+    ("2." + "4" * 5000 + "ms", "2ms"), ("2." + "5" * 5000 + "ms", "3ms"),
+    ("0.5" + "0" * 5000 + "ms", "0ms"), ("1.5" + "0" * 5000 + "ms", "2ms"),
+])
+def test_a_long_fraction_is_rounded_exactly_in_the_suggestion(value: str, suggestion: str) -> None:
+    assert config_error_message(value).endswith(f"round it, e.g. '{suggestion}'")
+
+
+@pytest.mark.parametrize("value", ["9007199254740992.5ms", "1" + "0" * 30 + ".5s",
+                                   "9" * 5000 + "." + "9" * 5000 + "h"])
+def test_a_duration_that_is_really_too_large_says_so_with_the_value_shortened(value: str) -> None:
+    assert config_error_message(value) == (
+        f"duration={show(value)} is too large; the most is {MAX_MS} ms"
+    )

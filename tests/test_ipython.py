@@ -57,14 +57,15 @@ def test_budget_jobs_lists_a_detached_call_and_wait_gives_its_result(shell):
     resp = nb.call(slow, detach=True, budget="50ms")
     assert resp.exit_code == 14
     job_id = resp.data["job"]
-    frame = shell.run_line_magic("budget", "jobs")
-    assert frame.loc[job_id, "state"] == "running"
+    table = shell.run_line_magic("budget", "jobs")
+    assert table.frame.loc[job_id, "state"] == "running"
+    assert table.frame.loc[job_id, "took"].endswith(" so far")
     release.set()
     assert shell.run_line_magic("budget", f"wait {job_id} --timeout 5") == "done"
-    assert shell.run_line_magic("budget", "jobs").loc[job_id, "state"] == "done"
+    assert shell.run_line_magic("budget", "jobs").frame.loc[job_id, "state"] == "done"
 
 
-def test_budget_cancel_stops_a_cooperative_job(shell):
+def test_budget_cancel_stops_a_cooperative_job_and_says_so(shell, capsys):
     def loop() -> None:
         run = nb.current()
         while True:
@@ -72,9 +73,29 @@ def test_budget_cancel_stops_a_cooperative_job(shell):
             threading.Event().wait(0.01)
 
     resp = nb.call(loop, detach=True, budget="50ms")
-    shell.run_line_magic("budget", f"cancel {resp.data['job']}")
-    assert nb.jobs[resp.data["job"]].wait_done(5)
-    assert nb.jobs[resp.data["job"]].state is nb.JobState.CANCELLED
+    job_id = resp.data["job"]
+    shell.run_line_magic("budget", f"cancel {job_id}")
+    assert capsys.readouterr().out == f"job {job_id} stopped at a budget check\n"
+    assert nb.jobs[job_id].wait_done(5)
+    assert nb.jobs[job_id].state is nb.JobState.CANCELLED
+
+
+def test_budget_cancel_says_when_a_job_ended_anyway_and_kept_its_result(shell, capsys):
+    def never_checks() -> str:
+        run = nb.current()
+        for _ in range(1000):  # it sees the cancel (a flag, not a check) and returns anyway
+            if run.cancelled:
+                break
+            threading.Event().wait(0.005)
+        return "finished A"
+
+    resp = nb.call(never_checks, detach=True, budget="50ms")
+    job_id = resp.data["job"]
+    shell.run_line_magic("budget", f"cancel {job_id}")
+    assert capsys.readouterr().out == (
+        f"job {job_id} ended (done) before it reached a budget check: the cancel was not "
+        f"honoured, and its result is kept (nb.jobs[{job_id!r}])\n")
+    assert nb.jobs[job_id].result() == "finished A"
 
 
 @pytest.mark.parametrize("line, message", [
@@ -175,11 +196,12 @@ def test_N_2_the_next_cell_says_which_jobs_ended_since_the_last_one(shell, capsy
     assert "ended since" not in capsys.readouterr().out  # said once
 
 
-def test_N_4_budget_status_and_trace_show_the_last_cell_run_as_frames(shell):
+def test_N_4_budget_status_and_trace_show_the_last_cell_run_as_frames(shell, capsys):
     shell.run_line_magic("budget", "jobs")  # no cell yet: jobs still work
-    with pytest.raises(UsageError, match="no %%budget cell has run yet"):
-        nb.last_response = None
-        shell.run_line_magic("budget", "status")
+    for command in ("status", "trace"):
+        assert shell.run_line_magic("budget", command) is None
+        assert capsys.readouterr().out == (f"No %%budget cell has run yet in this kernel; "
+                                           f"%budget {command} shows the last one's run.\n")
     result = shell.run_cell("%%budget --steps 10 --tokens 100\n"
                             "import nbbudget as nb\n"
                             "for _ in range(4):\n    nb.current().step()\n"
@@ -189,6 +211,16 @@ def test_N_4_budget_status_and_trace_show_the_last_cell_run_as_frames(shell):
     assert status.loc["steps", "consumed"] == 4 and status.loc["tokens", "remaining"] == 70
     trace = shell.run_line_magic("budget", "trace")
     assert list(trace["kind"]) == ["outcome"]
+    assert trace["t_ms"][0] == round(trace["t_ms"][0], 2)  # short times
+
+
+def test_N_4_status_of_a_cell_without_limits_is_a_sentence(shell, capsys):
+    shell.run_cell("%%budget --no-widget\nimport time\ntime.sleep(1.25)")
+    capsys.readouterr()
+    assert shell.run_line_magic("budget", "status") is None
+    assert re.fullmatch(r"The last %%budget cell \(cell: time.sleep\(1.25\)\) set no limits, "
+                        r"so there is no use per limit to show; it ran 1\.\d s \(completed\)\.\n",
+                        capsys.readouterr().out)
 
 
 def test_S4_2_configured_limits_apply_and_a_cell_may_only_restrict_them(shell):
@@ -218,6 +250,15 @@ def test_the_configured_home_is_used_when_NBBUDGET_HOME_is_unset(shell, monkeypa
     ("--run-limits-json '{\"stepz\": 1}'", "unknown run limit 'stepz'"),
     ("--manifest /nowhere.json", "cannot read manifest '/nowhere.json'"),
     ("--runs-per-day 0", "runs_per_day=0: use a whole number from 1"),
+    ("--budget 5s", "--budget 5s needs --detach or --resume: only a call that can detach or "
+                    "pause can return before its work ends; drop --budget or declare one of "
+                    "them (see: nbbudget explain S0-10)"),
+    ("--time '5s", """cannot read %%budget "--time '5s": no closing quotation"""),
+    ("--key x\\", "cannot read %%budget '--key x\\\\': no escaped character"),
+    ("--trace /no/such/t.json", "--trace '/no/such/t.json': the folder '/no/such' does not exist"),
+    ("--time '5 days'", "--time='5 days' is not a duration"),
+    ("--manifest ''", "cannot read manifest ''"),
+    ("--trace ''", "--trace '' is not a file path"),
 ])
 def test_bad_cell_flags_are_usage_errors_naming_the_value(shell, line, message):
     result = shell.run_cell(f"%%budget {line}\npass")
@@ -262,6 +303,56 @@ def test_S4_12_a_cell_over_its_runs_per_day_stops_with_one_line_and_runs_nothing
     assert isinstance(err, nb.RunsPerDayExceeded) and isinstance(err, nb.BudgetError)
     assert "already started 2 times on" in str(err) and "raise runs_per_day" in str(err)
     assert err._render_traceback_() == [f"RunsPerDayExceeded: {err}"]
+
+
+@pytest.mark.parametrize(("line", "same"), [
+    ("--run-limits-json '{\"steps\": 5}'", r'--run-limits-json "{\"steps\": 5}"'),
+    ("--time 5s --steps 5", "--steps '5' --time \"5s\""),
+    ("--cost 1.5 --key 'a b'", '--key="a b" --cost "1.5"'),
+])
+def test_a_flag_quoted_or_placed_otherwise_reads_the_same(shell, line, same):
+    first = shell.run_cell(f"%%budget {line} --no-widget\nimport nbbudget as nb\nnb.current()")
+    second = shell.run_cell(f"%%budget {same} --no-widget\nimport nbbudget as nb\nnb.current()")
+    assert first.result.limits == second.result.limits != nb.Limits()
+
+
+RESUMABLE = ("import nbbudget as nb, time\n"
+             "done = nb.resume_state(0)\n"
+             "time.sleep(0.3)\n"
+             "nb.checkpoint(done + 1)\n"
+             "done + 1")
+
+
+def test_S0_11_the_same_flags_however_quoted_name_the_same_work(shell):
+    first = shell.run_cell(f"%%budget --resume --budget 100ms --steps 5 --no-widget\n{RESUMABLE}")
+    assert type(first.error_in_exec).__name__ == "Incomplete"
+    other = shell.run_cell(f"%%budget --resume --budget 5s --steps 6 --no-widget\n{RESUMABLE}")
+    assert other.result == 1  # another limit is other work: it starts anew
+    again = shell.run_cell(f"%%budget --resume --budget 5s --steps '5' --no-widget\n{RESUMABLE}")
+    assert again.result == 2  # continued from the checkpoint of the first
+
+
+def test_S0_6_a_continuation_after_the_wall_clock_ran_out_ends_as_Cancelled(shell):
+    line = "%%budget --resume --budget 50ms --timeout 2s --no-widget"
+    first = shell.run_cell(f"{line}\n{RESUMABLE}")
+    assert type(first.error_in_exec).__name__ == "Incomplete"
+    threading.Event().wait(2.2)  # past the wall clock, counted from the first start
+    again = shell.run_cell(f"{line}\n{RESUMABLE}")
+    err = again.error_in_exec
+    assert type(err) is nb.Cancelled
+    assert "its wall-clock limit of 2000 ms, counted from its first start" in str(err)
+    assert err._render_traceback_() == [f"Cancelled: {err}"]
+
+
+def test_S4_5_a_refused_checkpoint_ends_the_cell_with_its_code_not_as_a_usage_error(shell):
+    identity = _call._identity(print, (), {}, "refused-work")
+    nb.store().save_checkpoint(identity, "half way", ledger={"version": "nbbudget-ledger-v0"},
+                               first_start=0.0, label="refused-work")
+    result = shell.run_cell("%%budget --resume --key refused-work --no-widget\nprint('ran')")
+    err = result.error_in_exec
+    assert type(err) is nb.CheckpointRefused and err.code == "checkpoint_refused"
+    assert str(err).startswith(f"checkpoint {identity!r} in ")
+    assert err._render_traceback_() == [f"CheckpointRefused: {err}"]
 
 
 def test_S2_1_a_budget_cell_inside_an_active_run_runs_as_a_grant_of_it(shell):

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import nbbudget as nb
+from nbbudget._errors import show
 
 MAX_INT = 2**53 - 1
 FIELDS = [
@@ -204,12 +205,30 @@ def test_from_json_refuses_a_field_given_both_bare_and_with_max(source: Any, sec
 
 
 @pytest.mark.parametrize(
-    ("source", "type_name"),
-    [("[1, 2]", "list"), ("5", "int"), ("null", "NoneType"), ('"steps"', "str"), (5, "int")],
+    ("source", "what"),
+    [("[1, 2]", "an array: '[1, 2]'"), ("5", "a number: '5'"), ("null", "null: 'null'"),
+     ('"steps"', "a string: '\"steps\"'"), (5, "a number: 5"), ([1, 2], "an array: [1, 2]"),
+     (b"[1]", "an array: b'[1]'")],
 )
-def test_from_json_refuses_anything_but_an_object(source: Any, type_name: str) -> None:
+def test_from_json_refuses_anything_but_an_object_naming_the_value(source: Any, what: str) -> None:
     assert config_error(nb.Limits.from_json, source) == (
-        f'run limits must be a JSON object such as {{"max_steps": 100}}, not {type_name}'
+        f'run limits must be a JSON object such as {{"max_steps": 100}}, not {what}'
+    )
+
+
+def test_from_json_names_a_long_value_shortened() -> None:
+    message = config_error(nb.Limits.from_json, "[" + "1, " * 5000 + "1]")
+    assert message.startswith('run limits must be a JSON object such as {"max_steps": 100}, '
+                              "not an array: '[1, 1, 1, ")
+    assert len(message) < 200
+
+
+@pytest.mark.parametrize("depth", [1000, 100_000])
+def test_from_json_refuses_nesting_too_deep_to_read_as_a_config_error(depth: int) -> None:
+    source = "[" * depth
+    assert config_error(nb.Limits.from_json, source) == (
+        f"run limits nest deeper than JSON can be read here: {show(source)}; run limits are "
+        f'one object such as {{"max_steps": 100}}'
     )
 
 
@@ -476,6 +495,34 @@ def test_a_manifest_that_is_not_json_is_refused_naming_the_path(tmp_path: Path) 
     path = write_manifest(tmp_path, "not json")
     assert manifest_error(path) == (
         f"manifest {str(path)!r} is not valid JSON: Expecting value: line 1 column 1 (char 0)"
+    )
+
+
+@pytest.mark.parametrize("depth", [1000, 100_000])
+def test_a_manifest_nested_too_deep_to_read_is_refused_naming_the_path(tmp_path: Path,
+                                                                       depth: int) -> None:
+    path = write_manifest(tmp_path, "[" * depth)
+    assert manifest_error(path) == (
+        f"manifest {str(path)!r} nests deeper than JSON can be read here; a manifest is one "
+        f'object such as {{"manifest_version": "{V1}", "run_limits": {{"max_steps": 100}}}}'
+    )
+
+
+def test_a_manifest_that_is_not_utf8_is_refused_naming_the_path_and_the_byte(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "latin1.json"
+    path.write_bytes('{"manifest_version": "caf\u00e9"}'.encode("latin-1"))
+    assert manifest_error(path) == (
+        f"manifest {str(path)!r} is not UTF-8 text (byte 0xe9 at offset 25); save it as UTF-8"
+    )
+
+
+@pytest.mark.parametrize("path", ["a\0b.json", 5, None])
+def test_a_manifest_path_that_is_not_a_path_is_refused_naming_it(path: Any) -> None:
+    assert config_error(nb.Limits.from_manifest, path) == (
+        f"manifest path {path!r} is not a file path; give a str or a pathlib.Path without "
+        f"null characters"
     )
 
 

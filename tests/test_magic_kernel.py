@@ -164,7 +164,64 @@ def test_S0_10_budget_without_detach_or_resume_is_a_usage_error(kernel):
     cell = run(kernel, "%%budget --budget 5s\n1")
     assert cell.status == "error"
     assert cell.reply["content"]["ename"] == "UsageError"
-    assert "--budget needs --detach or --resume" in cell.reply["content"]["evalue"]
+    assert "--budget 5s needs --detach or --resume" in cell.reply["content"]["evalue"]
+
+
+# -- what a person types: quoted values, unclosed quotes, flags checked before the cell runs ------
+@pytest.mark.parametrize("line, expression, value", [
+    ('--time "5s"', "nb.current().limits.run_ms", "5000"),
+    ("--time '5s'", "nb.current().limits.run_ms", "5000"),
+    (r'--run-limits-json "{\"max_steps\": 3}"', "nb.current().limits.steps", "3"),
+    ("--run-limits-json '{\"max_steps\": 3}' --steps \"2\"", "nb.current().limits.steps", "2"),
+])
+def test_flag_values_quoted_as_in_a_shell_are_read_without_their_quotes(kernel, line,
+                                                                        expression, value):
+    cell = run(kernel, f"%%budget {line} --no-widget\n{expression}")
+    assert cell.status == "ok", cell.reply["content"]
+    assert cell.result == value
+
+
+def test_an_unclosed_quote_is_a_usage_error_naming_the_line_and_nothing_runs(kernel):
+    cell = run(kernel, "%%budget --key 'nightly\nprint('ran')")
+    assert cell.reply["content"]["ename"] == "UsageError"
+    assert cell.reply["content"]["evalue"] == (
+        '''cannot read %%budget "--key 'nightly": no closing quotation; quote a value as a '''
+        '''shell does, e.g. --key 'my work' or --key "my work"''')
+    assert "ran" not in cell.stdout
+
+
+def test_S0_10_nb_call_and_the_magic_refuse_detach_with_resume_alike(kernel):
+    call = run(kernel, "nb.call(print, 'ran', detach=True, resume=True)")
+    assert (call.reply["content"]["ename"], call.reply["content"]["evalue"]) == (
+        "ConfigError", "detach=True and resume=True exclude each other: choose how the work "
+                       "outlives its budget")
+    cell = run(kernel, "%%budget --detach --resume\nprint('ran')")
+    assert (cell.reply["content"]["ename"], cell.reply["content"]["evalue"]) == (
+        "UsageError", "--detach and --resume exclude each other: choose how the work outlives "
+                      "its budget")
+    assert "ran" not in call.stdout + cell.stdout
+
+
+def test_a_trace_path_in_a_missing_folder_is_refused_before_the_cell_runs(kernel, tmp_path):
+    target = tmp_path / "no" / "such" / "t.json"
+    cell = run(kernel, f"%%budget --trace {target}\nprint('ran')")
+    assert cell.reply["content"]["ename"] == "UsageError"
+    assert cell.reply["content"]["evalue"] == (
+        f"--trace {str(target)!r}: the folder {str(target.parent)!r} does not exist; create it "
+        f"or choose another path")
+    assert "ran" not in cell.stdout
+
+
+@pytest.mark.parametrize("work", ["time.sleep(1.5)",  # ignores its signal
+                                  "while True:\n    nb.current().step()\n    time.sleep(0.01)"])
+def test_S4_7_a_wall_clock_that_fires_ends_the_cell_as_Cancelled_in_one_line(kernel, work):
+    cell = run(kernel, f"%%budget --timeout 300ms --no-widget\nimport time\n{work}")
+    content = cell.reply["content"]
+    assert (cell.status, content["ename"]) == ("error", "Cancelled")
+    assert "was cancelled: its wall-clock limit of 300 ms" in content["evalue"]
+    errors = [o for o in cell.outputs if o["msg_type"] == "error"]
+    assert errors[0]["content"]["traceback"] == [f"Cancelled: {content['evalue']}"]
+    time.sleep(1.5)  # the work that ignored its signal ends before the next test
 
 
 def test_a_spent_limit_ends_the_cell_with_one_line(kernel):

@@ -42,6 +42,7 @@ PUBLIC = [
     "RunsPerDayExceeded",
     "Snapshot",
     "Status",
+    "StoreDamaged",
     "ToolContext",
     "Trace",
     "WideningError",
@@ -113,7 +114,7 @@ def test_every_public_error_is_under_budget_error_or_config_error() -> None:
               if isinstance(obj, type) and issubclass(obj, BaseException)]
     assert sorted(e.__name__ for e in errors) == [
         "BudgetCut", "BudgetError", "BudgetExceeded", "Cancelled", "CheckpointRefused",
-        "ConfigError", "RunsPerDayExceeded", "WideningError",
+        "ConfigError", "RunsPerDayExceeded", "StoreDamaged", "WideningError",
     ]
     assert all(issubclass(e, (nb.BudgetError, nb.ConfigError)) for e in errors)
 
@@ -128,3 +129,45 @@ def test_py_typed_is_declared_as_package_data() -> None:
     pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
     config = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     assert "py.typed" in config["tool"]["setuptools"]["package-data"]["nbbudget"]
+
+
+# -- how errors show -------------------------------------------------------------------------------
+ERRORS = ["BudgetCut", "BudgetError", "BudgetExceeded", "Cancelled", "CheckpointRefused",
+          "ConfigError", "RunsPerDayExceeded", "WideningError"]
+
+
+@pytest.mark.parametrize("name", ERRORS)
+def test_each_public_error_is_named_by_its_public_path(name: str) -> None:
+    error = getattr(nb, name)
+    assert f"{error.__module__}.{error.__qualname__}" == f"nbbudget.{name}"
+    assert repr(error) == f"<class 'nbbudget.{name}'>"
+
+
+def test_an_uncaught_error_shows_as_nbbudget_dot_its_name_in_the_traceback() -> None:
+    code = "import nbbudget as nb\nnb.Limits(steps=0)\n"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == (
+        "nbbudget.ConfigError: steps=0 must be greater than 0; use None for no limit")
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        nb.ConfigError("steps=0 must be greater than 0; use None for no limit"),
+        nb.WideningError("steps", 10, 20),
+        nb.BudgetExceeded("steps", 2, 2, 1, "tool:search", "StepBudgetExceeded", "grant"),
+        nb.BudgetCut("watchdog", "tool fetch was silent for 5000 ms"),
+        nb.Cancelled("run was stopped: enough", reason="enough"),
+        nb.RunsPerDayExceeded("report started 3 times today"),
+    ],
+    ids=lambda error: type(error).__name__,
+)
+def test_each_error_survives_pickling_with_its_message_and_data(error: Exception) -> None:
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is type(error)
+    assert (str(copy), copy.args) == (str(error), error.args)
+    assert vars(copy) == vars(error)

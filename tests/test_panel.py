@@ -38,19 +38,24 @@ def test_N_3_the_panel_follows_the_run_axis_by_axis():
     with nb.budget(limits, clock=clock, name="cell") as run:
         panel.attach(run)
         run.charge("steps", 5)
-        panel._draw(run.snapshot())
+        _draw(panel, run)
         assert (view.bars["steps"].value, view.labels["steps"].value) == (0.5, "5 / 10")
         assert view.bars["steps"].bar_style == "info"
         run.charge("tokens", 85)  # past the first notice threshold
-        panel._draw(run.snapshot())
+        _draw(panel, run)
         assert view.bars["tokens"].bar_style == "warning"
         run.charge("tokens", 12)  # past the second
-        panel._draw(run.snapshot())
+        _draw(panel, run)
         assert view.bars["steps"].bar_style == "danger"
-    panel._draw(run.snapshot())
+    panel.end_cell()
     assert {b.bar_style for b in view.bars.values()} == {"success"}
-    assert view.stop.disabled
     assert view.status.value == "<b>nbbudget cell: completed, 0.0 s; steps 5/10, tokens 97/100</b>"
+    assert panel.text == "nbbudget cell: completed, 0.0 s; steps 5/10, tokens 97/100"
+
+
+def _draw(panel, run):
+    snap = run.snapshot()
+    panel._draw(snap, summary(snap))
 
 
 def test_N_3_the_text_summary_names_the_state_and_each_axis():
@@ -77,6 +82,7 @@ def test_N_3_stop_only_sets_an_event_and_the_updater_stops_the_run():
             time.sleep(0.01)
         run.step()
     assert run.outcome.status == "stopped"
+    panel.end_cell()
     panel._thread.join(5)
     assert not panel._thread.is_alive()
 
@@ -92,6 +98,40 @@ def test_N_3_a_cell_shows_the_widget_and_its_text_then_the_final_state(shell):
     assert WIDGET in first and first["text/plain"].startswith("nbbudget: starting")
     assert panel.text.startswith("nbbudget cell: for _ in range(3): completed, ")
     assert panel.text.endswith("; steps 3/5")
+
+
+def test_N_3_a_finished_panel_has_no_stop_or_pause_left_to_click(shell):
+    with capture_output():
+        result = shell.run_cell("%%budget --resume --budget 10s --steps 5\nimport nbbudget as nb\n"
+                                "nb.current().step()\nnb.checkpoint(1)")
+    assert result.error_in_exec is None
+    view = shell.magics_manager.registry["BudgetMagics"].last_panel._view
+    assert _enabled_buttons(view.box) == []
+    assert [(b.description, b.disabled) for b in view.buttons] == [("Stop", True),
+                                                                   ("Pause", True)]
+    assert view.row.children == (view.status,)  # and they are gone from the panel
+
+
+def _enabled_buttons(widget):
+    import ipywidgets
+
+    if isinstance(widget, ipywidgets.Button):
+        return [] if widget.disabled else [widget.description]
+    return [name for child in getattr(widget, "children", ()) for name in _enabled_buttons(child)]
+
+
+def test_N_3_a_panel_whose_cell_ran_nothing_says_so_and_offers_nothing(shell):
+    with capture_output() as captured:
+        result = shell.run_cell("%%budget --detach --budget 10s --timeout 5s --steps 5 "
+                                "--runs-per-day 1\npass")
+        assert result.error_in_exec is None
+        result = shell.run_cell("%%budget --detach --budget 10s --timeout 5s --steps 5 "
+                                "--runs-per-day 1\npass")
+    assert isinstance(result.error_in_exec, nb.RunsPerDayExceeded)
+    panel = shell.magics_manager.registry["BudgetMagics"].last_panel
+    assert panel.text == "nbbudget: nothing ran"
+    assert _enabled_buttons(panel._view.box) == []
+    assert any(o.data.get("text/plain") == "nbbudget: nothing ran" for o in captured.outputs)
 
 
 def test_N_3_no_widget_shows_text_only(shell):

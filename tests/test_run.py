@@ -405,10 +405,11 @@ BAD_INPUT = [
     (["v3.ipynb"], "v3.ipynb' is not a valid notebook (not an nbformat 4 notebook)"),
     (["good.ipynb", "--stepz", "3"], "nbbudget: error: unrecognized arguments: --stepz 3"),
     (["good.ipynb", "--budget", "2x"],
-     "nbbudget run: budget='2x' is not a duration; write a number with a unit"),
+     "nbbudget run: --budget='2x' is not a duration; write a number with a unit"),
     (["good.ipynb", "--timeout", "0"], "nbbudget run: --timeout 0 would cancel the notebook"),
     (["good.ipynb", "--detach", "--resume"],
-     "nbbudget run: --detach and --resume exclude each other: choose whether"),
+     "nbbudget run: --detach and --resume exclude each other: choose how the work outlives "
+     "its budget"),
     (["good.ipynb", "-p", "alpha", "1"],
      "nbbudget run: -p alpha: 'good.ipynb' has no cell tagged 'parameters' to inject it "
      "after; tag the cell that sets the defaults 'parameters' (as papermill needs), or drop -p"),

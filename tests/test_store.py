@@ -1,5 +1,7 @@
-"""The store under ``NBBUDGET_HOME``: files for their owner only, signed checkpoints refused
-unchanged when they fail a check (S4-5), several threads and kernels at once, lost jobs.
+"""The store under ``NBBUDGET_HOME``: files and folders for their owner only, signed checkpoints
+refused unchanged when they fail a check or are put back from earlier (S4-5), a store that lost
+what it held answered with ``store_damaged`` and never resumed from nothing, several threads and
+kernels at once, lost jobs.
 """
 
 from __future__ import annotations
@@ -11,9 +13,12 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import textwrap
 import threading
 
 import pytest
+from IPython.core.interactiveshell import InteractiveShell
+from traitlets.config import Config
 
 import nbbudget as nb
 from nbbudget._call import _identity
@@ -78,6 +83,61 @@ def test_an_existing_folder_open_to_others_is_closed_to_them(folder):
     os.chmod(folder, 0o755)
     Store(folder).close()
     assert mode(folder) == 0o700
+
+
+STORE_FILES = ("nbbudget.db", "nbbudget.db-wal", "nbbudget.db-shm", "secret")
+
+
+def test_existing_files_open_to_others_are_closed_to_them_and_sqlite_remakes_its_own_0600(folder):
+    s = Store(folder)
+    s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
+    holder = sqlite3.connect(s.path)  # another reader: the -wal and -shm files stay in place
+    assert holder.execute("SELECT count(*) FROM checkpoints").fetchone() == (1,)
+    s.close()
+    old = os.umask(0)
+    try:
+        for name in STORE_FILES:  # as an older release, or a copy, left them
+            os.chmod(folder / name, 0o644)
+        Store(folder).close()
+        assert {name: mode(folder / name) for name in STORE_FILES} == dict.fromkeys(
+            STORE_FILES, 0o600)
+        holder.close()  # the last connection: SQLite removes its -wal and -shm files
+        assert not (folder / "nbbudget.db-wal").exists()
+        s = Store(folder)
+        s.save_checkpoint(IDENTITY, "again", ledger=LEDGER, first_start=0.0, label="crunch")
+        assert (folder / "nbbudget.db-wal").exists()  # made again by SQLite, with the db's mode
+        assert {name: mode(folder / name) for name in STORE_FILES} == dict.fromkeys(
+            STORE_FILES, 0o600)
+    finally:
+        os.umask(old)
+        s.close()
+
+
+NESTED_HOME = textwrap.dedent("""
+    import os
+    os.umask(0)  # whatever the umask, every folder made for the store is its owner's alone
+    import nbbudget as nb
+
+    def crunch():
+        nb.checkpoint("saved")
+        return "finished"
+
+    assert nb.call(crunch, resume=True, budget="30s", key="nested").ok
+""")
+
+
+def test_every_folder_made_for_a_nested_NBBUDGET_HOME_is_0700_whatever_the_umask(
+        tmp_path, monkeypatch):
+    nested = tmp_path / "a" / "b" / "home"
+    monkeypatch.setenv("NBBUDGET_HOME", str(nested))
+    os.chmod(tmp_path, 0o755)
+    subprocess.run([sys.executable, "-c", NESTED_HOME], check=True, timeout=60,
+                   env=dict(os.environ))
+    made = [tmp_path / "a", tmp_path / "a" / "b", nested]
+    assert {str(p): mode(p) for p in made} == dict.fromkeys(map(str, made), 0o700)
+    assert mode(tmp_path) == 0o755  # a folder that was already there is not the store's
+    assert {p.name: mode(p) for p in nested.iterdir()} == dict.fromkeys(
+        [p.name for p in nested.iterdir()], 0o600)
 
 
 def test_NBBUDGET_HOME_is_read_at_each_call(tmp_path, monkeypatch):
@@ -302,6 +362,74 @@ def test_S4_5_a_signed_header_that_lacks_a_field_is_refused_unchanged(tmp_path, 
     s.close()
 
 
+def _put_back(db_path, row) -> None:
+    execute(db_path, "INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?)", *row)
+
+
+def test_S4_5_an_older_checkpoint_of_the_same_work_put_back_is_refused_unchanged(tmp_path,
+                                                                                 folder):
+    marker = tmp_path / "unpickled"
+    s = Store(folder)
+    s.save_checkpoint(IDENTITY, TouchOnLoad(marker), ledger=LEDGER, first_start=0.0,
+                      label="crunch")
+    (older,) = rows(s.path)  # validly signed, by this store, for this work
+    s.save_checkpoint(IDENTITY, "later", ledger=LEDGER, first_start=0.0, label="crunch")
+    _put_back(s.path, older)
+    before = rows(s.path)
+    for _ in range(2):
+        with pytest.raises(nb.CheckpointRefused) as info:
+            s.load_checkpoint(IDENTITY)
+        assert rows(s.path) == before
+    assert str(info.value) == (
+        f"checkpoint {IDENTITY!r} in {s.path} is refused: it is checkpoint 1 of this work, "
+        f"but the last one saved was 2 (a checkpoint put back from earlier is never resumed); "
+        f"it was left unchanged. Delete it with nb.store().delete_checkpoint({IDENTITY!r}) to "
+        f"start over")
+    assert not marker.exists()
+    s.close()
+
+
+def test_S4_5_a_checkpoint_put_back_after_its_work_completed_is_refused(folder):
+    s = Store(folder)
+    s.save_checkpoint(IDENTITY, "first", ledger=LEDGER, first_start=0.0, label="crunch")
+    (older,) = rows(s.path)
+    assert s.delete_checkpoint(IDENTITY)  # the work delivered its result
+    _put_back(s.path, older)
+    with pytest.raises(nb.CheckpointRefused, match="it is checkpoint 1 of this work, but the "
+                                                   "last one saved was 1 and then deleted"):
+        s.load_checkpoint(IDENTITY)
+    assert rows(s.path) == [older]
+    assert s.delete_checkpoint(IDENTITY)  # the way out the refusal names
+    again = s.save_checkpoint(IDENTITY, "anew", ledger=LEDGER, first_start=0.0, label="crunch")
+    assert again.seq == 2  # the work starts anew and its checkpoints go on counting
+    assert s.load_checkpoint(IDENTITY).state == "anew"
+    s.close()
+
+
+def test_a_checkpoint_removed_behind_the_stores_back_is_refused_not_started_over(folder):
+    s = Store(folder)
+    s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
+    execute(s.path, "DELETE FROM checkpoints")
+    with pytest.raises(nb.CheckpointRefused, match="checkpoint 1 of this work was saved and is "
+                                                   "no longer in the store"):
+        s.load_checkpoint(IDENTITY)
+    assert s.delete_checkpoint(IDENTITY) is False  # nothing to delete, and now it starts over
+    assert s.load_checkpoint(IDENTITY) is None
+    s.close()
+
+
+def test_a_store_made_before_it_kept_sequences_resumes_its_checkpoints(folder):
+    s = Store(folder)
+    s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
+    s.close()
+    execute(s.path, "DROP TABLE sequences")  # as the previous release left its store
+    s = Store(folder)
+    assert s.load_checkpoint(IDENTITY).state == "state"
+    assert s.save_checkpoint(IDENTITY, "next", ledger=LEDGER, first_start=0.0,
+                             label="crunch").seq == 2
+    s.close()
+
+
 # -- S4-5 through nb.call --------------------------------------------------------------------------
 def _resumable(runs: list[object], clock: FakeClock):
     def crunch() -> str:
@@ -353,6 +481,205 @@ def test_S4_5_a_checkpoint_whose_ledger_lacks_its_state_fails_the_call_as_refuse
         assert rows(folder / "nbbudget.db") == before
     assert resp.error["code"] == "checkpoint_refused"
     assert repr(identity) in resp.error["message"]
+
+
+def _pausing(runs: list[object], clock: FakeClock):
+    """Work that pauses at each of its checkpoints: one step per identical call."""
+
+    def crunch() -> str:
+        done = nb.resume_state(0)
+        runs.append(done)
+        assert clock.waiting.wait(SOON)
+        clock.advance("2s")  # past the budget of 1 s
+        nb.checkpoint(done + 1)
+        return "finished"
+
+    return crunch
+
+
+def test_S4_5_the_identical_call_refuses_an_older_checkpoint_put_back_and_runs_nothing(folder):
+    runs: list[object] = []
+    clock = FakeClock()
+    crunch = _pausing(runs, clock)
+    identity = _identity(crunch, (), {}, None)
+    assert nb.call(crunch, resume=True, budget="1s", clock=clock).data["state"] == "paused"
+    (older,) = rows(folder / "nbbudget.db")
+    clock.waiting.clear()
+    second = nb.call(crunch, resume=True, budget="1s", clock=clock)
+    assert second.data["checkpoint"] == f"{identity[:12]}:2"
+    execute(folder / "nbbudget.db", "UPDATE checkpoints SET header = ?, payload = ?, tag = ? "
+            "WHERE identity = ?", *older[2:], identity)  # a copy kept from the first pause
+    before = rows(folder / "nbbudget.db")
+    resp = nb.call(crunch, resume=True, budget="1s", clock=clock)
+    assert (resp.ok, resp.exit_code, resp.error["code"]) == (False, 1, "checkpoint_refused")
+    assert ("it is checkpoint 1 of this work, but the last one saved was 2"
+            in resp.error["message"])
+    assert runs == [0, 1]  # the work did not run from the older state
+    assert rows(folder / "nbbudget.db") == before
+
+
+# -- a store that lost what it held ----------------------------------------------------------------
+def _truncated(db_path) -> None:
+    os.truncate(db_path, 0)
+
+
+def _deleted(db_path) -> None:
+    db_path.unlink()
+
+
+def _replaced(db_path) -> None:
+    db_path.unlink()
+    execute(db_path, "CREATE TABLE notes (text TEXT)")
+
+
+def _malformed(db_path) -> None:
+    with open(db_path, "r+b") as fh:
+        fh.seek(100)  # the first page's b-tree header, just after the file header
+        fh.write(b"\xff" * 8)
+
+
+def _not_a_database(db_path) -> None:
+    with open(db_path, "r+b") as fh:
+        fh.write(b"not a database!!")  # over the file's magic header
+
+
+def _cut_in_half(db_path) -> None:
+    os.truncate(db_path, os.path.getsize(db_path) // 2)
+
+
+DAMAGES = {
+    "truncated to zero bytes": _truncated,
+    "deleted": _deleted,
+    "replaced by another database": _replaced,
+    "malformed": _malformed,
+    "not a database": _not_a_database,
+    "cut in half": _cut_in_half,
+}
+
+
+def snapshot(folder) -> dict[str, bytes]:
+    """The bytes of each file in the store's folder."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def assert_damaged(message: str, folder) -> None:
+    assert f"the nbbudget store {str(folder / 'nbbudget.db')!r} is damaged" in message
+    assert "nothing was run and it was left as it is" in message
+    assert f"move the folder {str(folder)!r} aside to start an empty store" in message
+
+
+def test_a_new_folder_and_a_store_killed_before_it_made_its_secret_open_as_new_stores(folder):
+    Store(folder).close()  # a brand-new folder
+    for name in ("secret", "nbbudget.db-wal", "nbbudget.db-shm"):
+        (folder / name).unlink(missing_ok=True)
+    _truncated(folder / "nbbudget.db")  # its database made, no secret yet
+    s = Store(folder)
+    s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
+    assert s.load_checkpoint(IDENTITY).state == "state"
+    s.close()
+
+
+@pytest.mark.parametrize("damage", DAMAGES.values(), ids=DAMAGES.keys())
+def test_a_store_that_lost_what_it_held_is_damaged_and_left_as_it_is(folder, damage):
+    s = Store(folder)
+    s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
+    s.close()  # the last connection: everything is in nbbudget.db
+    damage(folder / "nbbudget.db")
+    before = snapshot(folder)
+    for _ in range(2):  # damaged every time, never made over
+        with pytest.raises(nb.StoreDamaged) as info:
+            Store(folder)
+        assert snapshot(folder) == before
+    err = info.value
+    assert isinstance(err, nb.ConfigError)
+    assert err.code == "store_damaged"
+    assert err.path == folder / "nbbudget.db"
+    assert_damaged(str(err), folder)
+
+
+#: the first call, paused, in a process of its own (the kernel is restarted after it)
+PAUSE = textwrap.dedent("""
+    import sys, time
+    import nbbudget as nb
+
+    def crunch():
+        time.sleep(0.5)  # past the budget
+        nb.checkpoint("half way")
+        return "finished"
+
+    resp = nb.call(crunch, resume=True, budget="100ms", key="damaged")
+    assert resp.data["state"] == "paused", resp.to_json()
+""")
+
+
+@pytest.mark.parametrize("damage", DAMAGES.values(), ids=DAMAGES.keys())
+def test_the_identical_call_after_a_restart_on_a_damaged_store_fails_and_runs_nothing(
+        folder, damage):
+    subprocess.run([sys.executable, "-c", PAUSE], check=True, timeout=60, env=dict(os.environ))
+    damage(folder / "nbbudget.db")
+    before = snapshot(folder)
+    runs: list[object] = []
+
+    def crunch() -> str:
+        runs.append(nb.resume_state("fresh"))
+        return "finished"
+
+    for _ in range(2):  # it never resumes, and never silently starts over
+        resp = nb.call(crunch, resume=True, budget="30s", key="damaged")
+        assert (resp.ok, resp.exit_code, resp.error["code"]) == (False, 1, "store_damaged")
+        assert_damaged(resp.error["message"], folder)
+        assert resp.meta["budget_ms"] == 30_000
+        assert snapshot(folder) == before
+    assert runs == []
+
+
+@pytest.mark.parametrize("damage", [_truncated, _deleted], ids=["truncated", "deleted"])
+def test_the_identical_call_in_the_same_process_on_an_emptied_store_fails_and_runs_nothing(
+        folder, damage):
+    runs: list[object] = []
+    clock = FakeClock()
+    crunch = _pausing(runs, clock)
+    assert nb.call(crunch, resume=True, budget="1s", clock=clock).data["state"] == "paused"
+    damage(folder / "nbbudget.db")
+    for _ in range(2):
+        resp = nb.call(crunch, resume=True, budget="1s", clock=clock)
+        assert (resp.ok, resp.exit_code, resp.error["code"]) == (False, 1, "store_damaged")
+        assert_damaged(resp.error["message"], folder)
+    assert runs == [0]
+    assert not (folder / "nbbudget.db").exists() or os.path.getsize(folder / "nbbudget.db") == 0
+
+
+@pytest.fixture
+def shell():
+    config = Config()
+    config.HistoryManager.enabled = False  # no history thread: every test ends with no thread
+    ip = InteractiveShell.instance(config=config)
+    ip.run_line_magic("load_ext", "nbbudget")
+    ip.run_cell("import nbbudget as nb")
+    yield ip
+    ip.run_line_magic("unload_ext", "nbbudget")
+
+
+def test_a_resume_cell_on_a_store_emptied_after_its_pause_stops_and_runs_nothing(shell, folder):
+    import builtins
+
+    cell = ("%%budget --resume --budget 100ms --no-widget\n"
+            "import builtins, time\n"
+            "builtins.ran_here += 1\n"
+            "time.sleep(0.5)\n"
+            "nb.checkpoint('half way')\n")
+    builtins.ran_here = 0
+    try:
+        assert type(shell.run_cell(cell).error_in_exec).__name__ == "Incomplete"
+        _truncated(folder / "nbbudget.db")
+        result = shell.run_cell(cell)
+        assert builtins.ran_here == 1
+    finally:
+        del builtins.ran_here
+    assert type(result.error_in_exec) is nb.StoreDamaged
+    assert result.error_in_exec._render_traceback_() == [f"StoreDamaged: {result.error_in_exec}"]
+    assert_damaged(str(result.error_in_exec), folder)
+    assert nb.last_response.error["code"] == "store_damaged"
 
 
 # -- concurrency -----------------------------------------------------------------------------------

@@ -195,7 +195,9 @@ DIES_CREATING_THE_SECRET = textwrap.dedent("""
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_S0_2_a_process_killed_while_creating_the_store_leaves_a_store_that_opens(tmp_path, when):
     """The secret is written whole to a temporary file and linked into place: a kill before the
-    link leaves no secret (the next process makes one), a kill after it leaves a whole one."""
+    link leaves no secret (the next process makes one), a kill after it leaves a whole one. It is
+    made once the database holds the store's tables, so that a secret beside a database without
+    them means a store that lost what it held (`StoreDamaged`): neither kill leaves that."""
     home = tmp_path / "home"
     env = {**os.environ, "NBBUDGET_HOME": str(home), "NBBUDGET_INTERACTIVE": "0"}
     child = subprocess.run([sys.executable, "-c", DIES_CREATING_THE_SECRET, when], env=env,
@@ -204,6 +206,10 @@ def test_S0_2_a_process_killed_while_creating_the_store_leaves_a_store_that_open
     assert (home / "secret").exists() == (when == "after")
     if when == "after":
         assert len((home / "secret").read_bytes()) == 64
+    with sqlite3.connect(home / "nbbudget.db") as check:
+        tables = {name for (name,) in check.execute("SELECT name FROM sqlite_master")}
+    check.close()
+    assert "checkpoints" in tables  # made before the secret
 
     db = Store(home)  # it always opens
     try:

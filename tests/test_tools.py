@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -43,7 +44,8 @@ def test_a_tool_runs_on_a_named_worker_thread_in_the_runs_context(clock):
             seen["current"] = nb.current()
 
         probe()
-    assert seen == {"thread": "nbbudget-tool-probe-1", "current": run}
+    assert re.fullmatch(r"nbbudget-tool-probe-\d+", seen["thread"])
+    assert seen["current"] is run
 
 
 def test_a_tool_error_reaches_the_caller_unchanged(clock):
@@ -107,9 +109,11 @@ def test_S2_5_a_watchdog_cut_that_escapes_fails_the_run_by_watchdog(clock):
 
 def test_S2_6_the_runs_remaining_time_caps_every_tool_call(clock):
     release = threading.Event()
+    names = []
     with pytest.raises(nb.BudgetCut) as info, nb.budget(time="3s", clock=clock) as run:
         @run.tool
         def slow() -> None:
+            names.append(threading.current_thread().name)
             clock.advance("10s")
             release.wait(5)
 
@@ -120,7 +124,7 @@ def test_S2_6_the_runs_remaining_time_caps_every_tool_call(clock):
     assert info.value.by == "timeout"
     assert run.outcome.by == "timeout"
     abandoned = [e.payload for e in run.trace.events if e.kind == "tool_abandoned"]
-    assert abandoned == [{"tool": "slow", "thread": "nbbudget-tool-slow-1", "by": "timeout"}]
+    assert abandoned == [{"tool": "slow", "thread": names[0], "by": "timeout"}]
 
 
 def test_S2_7_the_cut_frees_the_caller_even_when_the_tool_ignores_its_signal(clock):
@@ -193,3 +197,69 @@ def test_a_tool_blocked_in_c_is_cut_on_time_by_the_real_watchdog():
         with pytest.raises(nb.BudgetCut):
             sleepy()
         assert (time.monotonic() - started) < 0.4
+
+
+# -- S2-7: abandonment is recorded only for a tool still running after a short grace -------------
+def test_S2_7_tools_that_stop_within_milliseconds_of_their_cut_are_not_abandoned(clock):
+    with nb.budget(clock=clock) as run:
+        @run.tool(max_silence="1s")
+        def tidy(ctx: nb.ToolContext) -> None:
+            clock.advance("1s")  # the watchdog cuts the call here
+            ctx.signal.wait(5)
+            time.sleep(0.01)  # closes its connection, then returns
+
+        for _ in range(50):
+            with pytest.raises(nb.BudgetCut):
+                tidy()
+    kinds = [e.kind for e in run.trace.events]
+    assert kinds.count("watchdog_cut") == 50
+    assert kinds.count("tool_abandoned") == 0
+
+
+@pytest.mark.realclock
+def test_S2_7_many_real_cuts_of_well_behaved_tools_record_no_abandonment():
+    with nb.budget() as run:
+        @run.tool(max_silence="20ms")
+        def watcher(ctx: nb.ToolContext) -> None:
+            ctx.signal.wait(5)
+
+        for _ in range(100):
+            with pytest.raises(nb.BudgetCut):
+                watcher()
+    kinds = [e.kind for e in run.trace.events]
+    assert kinds.count("watchdog_cut") == 100
+    assert kinds.count("tool_abandoned") == 0
+
+
+def test_S2_7_a_tool_still_running_after_the_grace_is_abandoned_by_its_thread_name(clock):
+    release = threading.Event()
+    names = []
+    with nb.budget(clock=clock) as run:
+        @run.tool(max_silence="1s")
+        def stubborn() -> None:
+            names.append(threading.current_thread().name)
+            clock.advance("1s")
+            release.wait(5)
+
+        started = time.monotonic()
+        with pytest.raises(nb.BudgetCut):
+            stubborn()
+        freed_after = time.monotonic() - started
+        release.set()
+    assert freed_after < 1.0  # the grace is short: the caller is still freed
+    abandoned = [e.payload for e in run.trace.events if e.kind == "tool_abandoned"]
+    assert abandoned == [{"tool": "stubborn", "thread": names[0], "by": "watchdog"}]
+
+
+def test_tool_thread_names_are_unique_across_runs(clock):
+    names = []
+    for _ in range(3):
+        with nb.budget(clock=clock) as run:
+            @run.tool(name="probe")
+            def probe() -> None:
+                names.append(threading.current_thread().name)
+
+            probe()
+            probe()
+    assert len(set(names)) == 6
+    assert all(re.fullmatch(r"nbbudget-tool-probe-\d+", name) for name in names)

@@ -396,7 +396,7 @@ def load_error(path: Path) -> str:
 
 def test_loading_a_missing_file_names_it(tmp_path: Path) -> None:
     path = tmp_path / "missing.json"
-    assert load_error(path) == f"no trace file at {str(path)!r}"
+    assert load_error(path) == f"cannot read trace {str(path)!r}: No such file or directory"
 
 
 def test_loading_a_directory_names_it(tmp_path: Path) -> None:
@@ -408,6 +408,26 @@ def test_loading_invalid_json_names_the_file(tmp_path: Path, text: str) -> None:
     path = tmp_path / "bad.json"
     path.write_text(text)
     assert load_error(path).startswith(f"trace {str(path)!r} is not valid JSON: ")
+
+
+def test_loading_json_nested_too_deep_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000)
+    assert load_error(path) == (f"trace {str(path)!r} nests deeper than JSON can be read here; "
+                                f"a trace is the object that Trace.save writes")
+
+
+@pytest.mark.parametrize("path", ["a\0b.json", 3.5, None])
+def test_loading_from_what_is_not_a_path_names_it(path: object) -> None:
+    with pytest.raises(nb.ConfigError, match=r"is not a file path; give a str or a pathlib\.Path"):
+        nb.Trace.load(path)  # type: ignore[arg-type]
+
+
+def test_loading_text_that_is_not_utf8_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.json"
+    path.write_bytes(b'{"run": "caf\xe9"}')
+    assert load_error(path) == (f"trace {str(path)!r} is not UTF-8 text (byte 0xe9 at offset "
+                                f"12); save it as UTF-8")
 
 
 def mutate(data: dict[str, Any], change: str) -> object:
@@ -551,6 +571,36 @@ def test_replay_of_a_counts_trace_within_its_totals_is_empty(clock: FakeClock) -
     assert (replay.refusals, replay.exact, bool(replay)) == ([], False, False)
 
 
+def test_a_replay_shows_as_a_sentence_and_a_table_with_short_times() -> None:
+    with nb.budget(trace="full", notices=None) as run:  # the real clock: times like 0.0701419
+        run.charge("tokens", 100)
+        run.charge("tokens", 300, target="model:big")
+    replay = run.trace.replay(nb.Limits(tokens=200))
+    t_ms = replay.refusals[0]["t_ms"]
+    assert t_ms != round(t_ms, 2)  # the data stays exact
+    shown = f"{t_ms:.2f}"
+    assert repr(replay).splitlines() == [
+        "1 charge would have been refused under these limits (replayed charge by charge):",
+        f"index  {'t_ms':>{len(shown)}}  budget_kind  limit_value  consumed_value  amount  "
+        f"target_ref",
+        f"    1  {shown:>4}       tokens          200             100     300   model:big",
+    ]
+    assert f"<td>{shown}</td><td>tokens</td>" in replay._repr_html_()
+    assert repr(run.trace.replay(nb.Limits(tokens=1000))) == (
+        "No charge would have been refused under these limits (replayed charge by charge).")
+
+
+def test_a_replay_of_totals_shows_only_the_columns_it_has(clock: FakeClock) -> None:
+    replay = ten_steps(clock, trace="counts").trace.replay(nb.Limits(steps=7, run_ms=50))
+    assert repr(replay).splitlines() == [
+        '2 limits would have been exceeded under these limits (from the run\'s totals: record '
+        'with trace="full" to replay charge by charge):',
+        "budget_kind  limit_value  consumed_value",
+        "     run_ms           50             100",
+        "      steps            7              10",
+    ]
+
+
 @pytest.mark.parametrize("limits", [{"steps": 7}, None, 7])
 def test_replay_takes_only_limits(clock: FakeClock, limits: object) -> None:
     with pytest.raises(nb.ConfigError) as info:
@@ -600,5 +650,25 @@ def test_plot_draws_each_limited_axis_against_its_limit_with_notices_refusals_an
         assert marks["approach notice"] == [[2000.0, 0.8], [2600.0, 0.95]]
         assert marks["refused"] == [[3200.0, 1.0], [3800.0, 1.0], [4200.0, 1.0]]
         assert [t.get_text() for t in ax.get_legend().get_texts()].count("refused") == 1
+    finally:
+        plt.close(ax.figure)
+
+
+def test_plot_marks_a_cancel_when_it_was_requested():
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    clock = FakeClock()
+    with pytest.raises(nb.Cancelled), nb.budget(steps=10, clock=clock) as run:
+        run.step()
+        clock.advance("1s")
+        run.cancel("enough")
+        clock.advance("2s")
+    ax = run.trace.plot()
+    try:
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert list(lines["cut (stop)"].get_xdata()) == [1000.0] * 2  # the request, at 1 s
+        assert list(lines["stopped (user)"].get_xdata()) == [3000.0] * 2  # the end, at 3 s
     finally:
         plt.close(ax.figure)

@@ -14,6 +14,16 @@ them inside an ``{eval-rst}`` block of a MyST page:
 
 ``.. nbbudget-traits:: MODULE.CLASS``
     The configurable traits of a traitlets class: name, type, default, help, and how to set it.
+
+One directive is written in Markdown and goes straight into a MyST page, outside ``{eval-rst}``:
+
+````
+```{nbbudget-rules} S0
+```
+````
+    The rules of one group (``S0``, ``S2``, ``S3``, ``S4`` or ``N``) from ``nbbudget._rules``,
+    the table ``nbbudget explain`` prints from: one heading and target (``(s0-10)=``) per rule,
+    its text, its example and what the example prints.
 """
 
 from __future__ import annotations
@@ -25,9 +35,10 @@ from typing import Any, ClassVar
 from docutils import nodes
 from docutils.parsers.rst import directives
 from docutils.statemachine import StringList
-from nbbudget_render import argparse_lines, import_object, magic_lines, traits_lines
+from nbbudget_render import argparse_lines, import_object, magic_lines, rules_lines, traits_lines
 from sphinx.application import Sphinx
 from sphinx.util.docutils import SphinxDirective
+from sphinx.util.nodes import nested_parse_with_titles
 
 
 class _Generated(SphinxDirective):
@@ -77,8 +88,26 @@ class TraitsDirective(_Generated):
         return self.render(traits_lines(self.arguments[0]))
 
 
+class RulesDirective(SphinxDirective):
+    """```{nbbudget-rules} S0``` in a MyST page: the group's rules, parsed as Markdown in place,
+    their headings nested under the section the directive sits in."""
+
+    required_arguments = 1
+
+    def run(self) -> list[nodes.Node]:
+        import nbbudget._rules
+
+        self.env.note_dependency(nbbudget._rules.__file__)
+        holder = nodes.section()
+        holder.document = self.state.document
+        lines = StringList(rules_lines(self.arguments[0]), source="nbbudget/_rules.py")
+        nested_parse_with_titles(self.state, lines, holder)
+        return holder.children
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("nbbudget-magic", MagicDirective)
     app.add_directive("nbbudget-argparse", ArgparseDirective)
     app.add_directive("nbbudget-traits", TraitsDirective)
+    app.add_directive("nbbudget-rules", RulesDirective)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

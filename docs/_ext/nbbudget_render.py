@@ -1,5 +1,6 @@
 """Reference text generated from the code: an IPython magic, an argparse command line and the
-configurable traits of a traitlets class, each as lines of reStructuredText.
+configurable traits of a traitlets class, each as lines of reStructuredText; and the rules of
+the model, from the table in ``nbbudget._rules``, as lines of Markdown (MyST).
 
 This module needs neither Sphinx nor docutils, so the test suite can check what the
 documentation will say; ``nbbudget_docs`` wraps it in Sphinx directives.
@@ -16,8 +17,8 @@ import textwrap
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["argparse_lines", "escape", "import_object", "magic_lines", "source_docstring",
-           "traits_lines", "usage"]
+__all__ = ["argparse_lines", "escape", "import_object", "magic_lines", "rules_lines",
+           "source_docstring", "traits_lines", "usage"]
 
 WIDTH = 88  # usage lines and help are wrapped at this width, whatever the terminal
 _SPECIAL = re.compile(r"([\\*`|_\[\]])")
@@ -169,3 +170,22 @@ def traits_lines(path: str) -> list[str]:
         lines += [f"   {line}" for line in textwrap.wrap(escape(trait.help), WIDTH)]
         lines += [""]
     return lines
+
+
+def rules_lines(group: str) -> list[str]:
+    """The rules whose ids start with *group* (``S0``, ..., ``N``), each under a heading of its
+    own with a target named after its id, its text, its example and what the example prints."""
+    from nbbudget._rules import RULES
+
+    rules = [rule for rule in RULES if rule.group == group]
+    if not rules:
+        raise LookupError(f"no rules in group {group!r}")
+    lines: list[str] = []
+    for rule in rules:
+        lines += [f"({rule.anchor})=", f"#### {rule.id}: {rule.title}", "", rule.text, ""]
+        if rule.language == "ipython":
+            lines += ["In a notebook, once `%load_ext nbbudget` has run:", ""]
+        lines += ["```python", rule.example, "```", ""]
+        if rule.output:
+            lines += ["It prints:", "", "```text", rule.output, "```", ""]
+    return "\n".join(lines).splitlines()

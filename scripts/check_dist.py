@@ -1,0 +1,123 @@
+"""Check the sdist and the wheel that ``python -m build`` wrote into a folder.
+
+    .venv/bin/python scripts/check_dist.py dist      (bash scripts/build.sh runs it)
+
+- the sdist holds every file of the package, README.md, LICENSE and pyproject.toml, and no
+  tests (they read the repository's docs and notebooks, which it does not carry);
+- the wheel holds every file of the package (``py.typed`` included) and the ``nbbudget``
+  command;
+- the wheel installs in a fresh virtual environment (without its dependencies: the core is the
+  standard library), where ``import nbbudget`` gives the built version and ``nbbudget explain
+  S0-10`` prints the rule.
+
+One line per check on stdout; the first failure is one line on stderr, and the exit status 1.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class Refused(Exception):
+    """A check failed; the message says what and where to look."""
+
+
+def main(argv: list[str]) -> int:
+    folder = Path(argv[0] if argv else "dist")
+    try:
+        sdist, wheel = only(folder, "*.tar.gz"), only(folder, "*.whl")
+        check_sdist(sdist)
+        check_wheel(wheel)
+        check_install(wheel)
+    except Refused as exc:
+        print(f"check_dist.py: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def only(folder: Path, pattern: str) -> Path:
+    found = sorted(folder.glob(pattern))
+    if len(found) != 1:
+        raise Refused(f"{folder} holds {len(found)} files {pattern}, not one; "
+                      f"build into an empty folder")
+    return found[0]
+
+
+def package_files() -> set[str]:
+    """The package's files in the repository: ``nbbudget/...``."""
+    root = REPO / "nbbudget"
+    return {path.relative_to(REPO).as_posix() for path in root.rglob("*")
+            if path.is_file() and "__pycache__" not in path.parts}
+
+
+def require(archive: Path, names: set[str], wanted: set[str], fix: str) -> None:
+    missing = sorted(wanted - names)
+    if missing:
+        raise Refused(f"{archive.name} lacks {', '.join(missing)}; {fix}")
+
+
+def check_sdist(sdist: Path) -> None:
+    top = sdist.name.removesuffix(".tar.gz")
+    with tarfile.open(sdist) as tar:
+        names = {name.removeprefix(f"{top}/") for name in tar.getnames()}
+    wanted = package_files() | {"README.md", "LICENSE", "pyproject.toml"}
+    require(sdist, names, wanted, "check MANIFEST.in and [tool.setuptools] in pyproject.toml")
+    tests = sorted(name for name in names if name.startswith("tests/"))
+    if tests:
+        raise Refused(f"{sdist.name} holds {tests[0]}; MANIFEST.in prunes tests/")
+    print(f"sdist {sdist.name}: the package, README.md, LICENSE and pyproject.toml")
+
+
+def check_wheel(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        entry_points = next((n for n in names if n.endswith(".dist-info/entry_points.txt")), None)
+        commands = archive.read(entry_points).decode() if entry_points else ""
+    require(wheel, names, package_files(), "check [tool.setuptools] in pyproject.toml")
+    if "nbbudget = nbbudget._cli:main" not in commands:
+        raise Refused(f"{wheel.name} does not declare the nbbudget command; "
+                      f"check [project.scripts] in pyproject.toml")
+    print(f"wheel {wheel.name}: every module, py.typed and the nbbudget command")
+
+
+def check_install(wheel: Path) -> None:
+    version = wheel.name.split("-")[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        venv = Path(tmp) / "venv"
+        run([sys.executable, "-m", "venv", str(venv)], tmp)
+        run([str(venv / "bin/python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+             "--disable-pip-version-check", str(wheel.resolve())], tmp)
+        code = "import nbbudget; print(nbbudget.__version__, nbbudget.__file__)"
+        found, where = run([str(venv / "bin/python"), "-c", code], tmp).split()
+        if found != version or not Path(where).is_relative_to(venv):
+            raise Refused(f"the fresh environment imported nbbudget {found} from {where}, not "
+                          f"{version} from the wheel; rebuild into an empty folder")
+        rule = run([str(venv / "bin/nbbudget"), "explain", "S0-10"], tmp)
+        if not rule.startswith("S0-10: "):
+            raise Refused(f"nbbudget explain S0-10 printed {rule[:80]!r}; the rules table is "
+                          f"missing from the wheel")
+    print(f"wheel installed in a fresh virtual environment: import nbbudget {version} and "
+          f"nbbudget explain S0-10 work")
+
+
+def run(command: list[str], cwd: str) -> str:
+    """Run *command* in *cwd*, away from the repository and its PYTHONPATH; its stdout."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise Refused(f"{' '.join(command[:3])} ... failed ({done.returncode}): {last}")
+    return done.stdout
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,162 @@
+"""Background jobs in a real kernel, driven as nbclient drives it: what ``%budget cancel`` says
+and does, the states a cancelled job goes through, and the trace of a cancel (S2-3, N-2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+
+import pytest
+from test_magic_kernel import run
+
+pytestmark = pytest.mark.realclock
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    """A kernel of its own: no other test's jobs are in it."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NBBUDGET_INTERACTIVE", "AGENT_CALL_BUDGET_MS")}
+    env["NBBUDGET_HOME"] = str(tmp_path_factory.mktemp("jobs-store"))
+    kernels = tmp_path_factory.mktemp("kernels")
+    (kernels / "under-test").mkdir()
+    (kernels / "under-test" / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "kernel under test", "language": "python"}))
+    km = KernelManager(kernel_name="under-test",
+                       kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernels)]))
+    km.start_kernel(env=env)
+    kc = km.client()
+    kc.start_channels()
+    kc.wait_for_ready(timeout=60)
+    try:
+        run(kc, "%load_ext nbbudget\nimport nbbudget as nb")
+        yield kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def detach(kernel, body: str) -> str:
+    """Start *body* as a ``--detach --budget 1s`` cell that outlives its budget; its job id."""
+    cell = run(kernel, "%%budget --detach --budget 1s\n" + body)
+    assert cell.envelope is not None, cell.outputs
+    assert cell.envelope["data"]["state"] == "running"
+    return cell.envelope["data"]["job"]
+
+
+def probe(kernel, job: str, expression: str) -> str:
+    """The last line *expression* prints about ``j``, the job."""
+    cell = run(kernel, f"j = nb.jobs[{job!r}]\nprint({expression})")
+    assert cell.status == "ok", cell.outputs
+    return cell.stdout.strip().splitlines()[-1]
+
+
+def said(cell) -> str:
+    """The last line a cell printed (a line about jobs that ended may come before it)."""
+    return cell.stdout.strip().splitlines()[-1]
+
+
+def cancel_kinds(kernel, job: str) -> str:
+    return probe(kernel, job, "[e.kind for e in j.run.trace.events if 'cancel' in e.kind]")
+
+
+def jobs_view(kernel) -> tuple[str, str]:
+    """The ``text/plain`` and ``text/html`` of ``%budget jobs``."""
+    cell = run(kernel, "%budget jobs")
+    assert cell.status == "ok", cell.outputs
+    data = next(o["content"]["data"] for o in cell.outputs if o["msg_type"] == "execute_result")
+    return data["text/plain"], data.get("text/html", "")
+
+
+def test_N_4_budget_jobs_says_so_in_a_sentence_when_there_is_no_job(kernel):
+    """First in this module: its kernel has no job yet."""
+    text, html = jobs_view(kernel)
+    assert text == "no background jobs in this kernel or its store"
+    assert "no background jobs in this kernel or its store" in html
+
+
+def test_S2_3_a_cancelled_job_that_never_checks_runs_on_then_finishes_not_honoured(kernel):
+    job = detach(kernel, "import time\ntime.sleep(4)\nprint('finished A')\n'A'\n")
+    cancel = run(kernel, f"%budget cancel {job}")
+    assert cancel.status == "ok"
+    assert said(cancel) == (
+        f"cancel requested for job {job}; it has not reached a budget check yet: it will stop "
+        f"at its next one, or finish anyway (see %budget jobs)")
+    assert probe(kernel, job, "j.state, j.cancel_status") == "running requested"
+    assert cancel_kinds(kernel, job) == "['cancel_requested']"
+
+    assert probe(kernel, job, "j.wait_done(20)") == "True"
+    told = run(kernel, "pass").stdout  # the next cell says how the job ended
+    assert f"nbbudget: job {job} " in told
+    assert "ended since the last cell: done (cancel not honoured)" in told
+    assert probe(kernel, job, "j.state, j.cancel_status, j.result()") == "done not honoured A"
+    assert probe(kernel, job, "j.output_text.strip()") == "finished A"
+    assert probe(kernel, job, "nb.jobs.to_frame().loc[j.id, 'cancel']") == "not honoured"
+    assert cancel_kinds(kernel, job) == "['cancel_requested']"
+
+
+def test_S2_3_a_cancelled_job_that_checks_stops_at_its_next_check(kernel):
+    job = detach(kernel, "import time\nfor i in range(200):\n    time.sleep(0.05)\n"
+                         "    nb.current().check()\n'B'\n")
+    started = time.monotonic()
+    cancel = run(kernel, f"%budget cancel {job}")
+    assert time.monotonic() - started < 5
+    assert said(cancel) == f"job {job} stopped at a budget check"
+    assert probe(kernel, job, "j.state, j.cancel_status") == "cancelled stopped"
+    assert cancel_kinds(kernel, job) == "['cancel_requested', 'cancel_observed']"
+    assert probe(kernel, job, "nb.jobs.to_frame().loc[j.id, 'cancel']") == "stopped"
+
+
+def test_cancelling_a_job_that_already_ended_says_so(kernel):
+    job = detach(kernel, "import time\ntime.sleep(1.5)\n")
+    assert probe(kernel, job, "j.wait_done(20)") == "True"
+    cancel = run(kernel, f"%budget cancel {job}")
+    assert said(cancel) == (
+        f"job {job} had already ended (done); there was nothing to cancel")
+    assert probe(kernel, job, "j.state, j.cancel_status") == "done None"
+
+
+def test_N_4_budget_jobs_reads_well_as_text_and_as_html(kernel):
+    failing = detach(kernel, "import time\ntime.sleep(1.5)\nprint('step 1 of 2')\n"
+                             "raise ValueError('row 7 is malformed')\n")
+    running = detach(kernel, "import time\nprint('warming up')\ntime.sleep(10)\n")
+    assert probe(kernel, failing, "j.wait_done(20)") == "True"
+    text, html = jobs_view(kernel)
+    for shown in (text, html):
+        assert "NaT" not in shown and "None" not in shown and "nan" not in shown
+    lines = text.splitlines()
+    assert lines[0].split() == ["id", "label", "state", "cancel", "started", "took", "kernel",
+                                "error", "output"]
+    row = {line.split()[0]: line for line in lines[1:]}
+    assert re.search(r"cell: time.sleep\(1.5\) +failed +\d\d:\d\d:\d\d +\d\.\d s +this +"
+                     r"ValueError: row 7 is malformed +step 1 of 2$", row[failing])
+    assert re.search(r"cell: print\('warming up'\) +running +\d\d:\d\d:\d\d +[\d.]+ s so "
+                     r"far +this +warming up$", row[running])
+    assert re.search(r"not honoured +\d\d:\d\d:\d\d", text)  # the first test's job
+    assert "<table" in html and f"<td>{running}</td>" in html
+    assert "<td>ValueError: row 7 is malformed</td>" in html
+
+
+@pytest.mark.parametrize("seconds, said", [
+    (0.0123, "12 ms"), (0.85, "850 ms"), (3.21, "3.2 s"), (42.4, "42 s"), (125, "2 min 5 s"),
+    (3780, "1 h 3 min"), (-0.5, "0 ms"),
+])
+def test_a_duration_reads_as_a_person_says_it(seconds, said):
+    from nbbudget._frames import _took
+
+    assert _took(seconds) == said
+
+
+def test_a_start_time_is_short_today_and_dated_another_day():
+    from nbbudget._frames import _clock_time
+
+    now = time.mktime((2026, 11, 30, 14, 2, 31, 0, 0, -1))
+    assert _clock_time(now - 60, now) == "14:01:31"
+    assert _clock_time(now - 86400, now) == "Nov 29 14:02"

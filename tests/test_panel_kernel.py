@@ -1,0 +1,218 @@
+"""The panel of a ``%%budget`` cell in a real kernel, as programs save it and as IOPub carries it
+(N-3, N-2, S0-12): the state a cell ends in is drawn before the cell replies, so nbclient and
+papermill save the panel that its envelope describes; what a detached job's panel sends later is
+tied to its own cell, never to the cell running then; a finished panel has nothing left to
+click.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from test_magic_kernel import kernel  # noqa: F401 - a module-scoped kernel fixture
+
+pytestmark = pytest.mark.realclock
+MIME = "application/vnd.nbbudget.response+json"
+WIDGET = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+KERNEL = "nbbudget-under-test"
+
+#: ten steps of 0.15 s: well past a 500 ms call budget, well within a 30 s one
+SLOW_DETACH = """\
+%%budget --detach --budget {budget} --steps 100
+for i in range(10):
+    nb.current().step()
+    time.sleep(0.15)
+'slow'"""
+SLOW_RESUME = """\
+%%budget --resume --budget {budget} --steps 100
+done = nb.resume_state(0)
+while done < 10:
+    nb.current().step()
+    time.sleep(0.15)
+    done += 1
+    nb.checkpoint(done)
+done"""
+#: (source, tags): each cell that goes INCOMPLETE is run again, as the same work, to its end
+CELLS = [
+    ("%load_ext nbbudget\nimport nbbudget as nb, time", []),
+    ("%%budget --detach --budget 30s --steps 100\nfor i in range(3):\n    nb.current().step()\n"
+     "    time.sleep(0.15)\n'quick'", []),
+    (SLOW_DETACH.format(budget="500ms"), ["raises-exception"]),
+    (SLOW_DETACH.format(budget="30s"), []),
+    ("%%budget --resume --budget 30s --steps 100\ndone = nb.resume_state(0)\nwhile done < 3:\n"
+     "    nb.current().step()\n    time.sleep(0.15)\n    done += 1\n    nb.checkpoint(done)\n"
+     "done", []),
+    (SLOW_RESUME.format(budget="500ms"), ["raises-exception"]),
+    (SLOW_RESUME.format(budget="30s"), []),
+    ("time.sleep(1.0)  # a cell for a late update to land on", []),
+]
+
+
+@pytest.fixture
+def notebook_env(tmp_path, monkeypatch) -> Path:
+    """A kernelspec of this Python (or ``$NBBUDGET_KERNEL_PYTHON``), a store of the test's own,
+    and a program's settings: no forced mode, no budget in the environment."""
+    spec = tmp_path / "jupyter" / "kernels" / KERNEL
+    spec.mkdir(parents=True)
+    spec.joinpath("kernel.json").write_text(json.dumps({
+        "argv": [os.environ.get("NBBUDGET_KERNEL_PYTHON", sys.executable), "-m",
+                 "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "kernel under test", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    monkeypatch.setenv("NBBUDGET_HOME", str(tmp_path / "store"))
+    monkeypatch.delenv("NBBUDGET_INTERACTIVE", raising=False)
+    monkeypatch.delenv("AGENT_CALL_BUDGET_MS", raising=False)
+    return tmp_path
+
+
+def _notebook() -> Any:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": KERNEL, "display_name": "kernel under test",
+                                 "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(source, metadata={"tags": tags})
+                for source, tags in CELLS]
+    return nb
+
+
+def _run_nbclient(folder: Path) -> Any:
+    from nbclient import NotebookClient
+
+    nb = _notebook()
+    NotebookClient(nb, kernel_name=KERNEL, timeout=120,
+                   resources={"metadata": {"path": str(folder)}}).execute()
+    return nb
+
+
+def _run_papermill(folder: Path) -> Any:
+    import papermill
+
+    source, saved = folder / "panels.ipynb", folder / "panels-out.ipynb"
+    nbformat.write(_notebook(), source)
+    with pytest.raises(papermill.PapermillExecutionError) as raised:  # the INCOMPLETE cells
+        papermill.execute_notebook(str(source), str(saved), kernel_name=KERNEL, cwd=str(folder),
+                                   progress_bar=False, execution_timeout=120)
+    assert raised.value.ename == "Incomplete"
+    return nbformat.read(saved, as_version=4)
+
+
+def _expected_state(envelope: dict[str, Any]) -> str:
+    """What the panel must say for the envelope beside it."""
+    if envelope["ok"]:
+        return ": completed, "
+    data = envelope["data"]
+    if data["state"] == "running":
+        return f": running in the background as job {data['job']}, "
+    assert data["state"] == "paused", envelope
+    return f": paused at checkpoint {data['checkpoint']}, "
+
+
+def _widgets(models: dict[str, Any], model_id: str) -> list[dict[str, Any]]:
+    """The saved state of a widget and of every widget inside it."""
+    model = models[model_id]
+    found = [model]
+    for child in model["state"].get("children", []):
+        found += _widgets(models, child.removeprefix("IPY_MODEL_"))
+    return found
+
+
+def _status_text(widgets: list[dict[str, Any]]) -> str:
+    [status] = [w["state"]["value"] for w in widgets if w["model_name"] == "HTMLModel"]
+    return html.unescape(re.sub(r"<[^>]+>", "", status.replace("<br>", "\n")))
+
+
+@pytest.mark.parametrize("execute", [_run_nbclient, _run_papermill],
+                         ids=["nbclient", "papermill"])
+def test_N_3_a_saved_panel_shows_the_state_its_cells_envelope_says(execute, notebook_env):
+    nb = execute(notebook_env)
+    models = nb.metadata["widgets"][WIDGET_STATE]["state"]
+    budget_cells = [c for c in nb.cells
+                    if c.cell_type == "code" and c.source.startswith("%%budget")]
+    assert len(budget_cells) == 6
+    for cell in budget_cells:
+        shown = [o.data for o in cell.outputs if o.output_type == "display_data"]
+        panels = [d for d in shown if WIDGET in d]
+        envelopes = [d[MIME] for d in shown if MIME in d]
+        assert len(panels) == 1 and len(envelopes) == 1, cell.outputs
+        state = _expected_state(envelopes[0])
+        where = f"cell {cell.source.splitlines()[0]!r} ({state})"
+        text = panels[0]["text/plain"]
+        assert state in text, f"{where}: its panel reads {text!r}"
+        widgets = _widgets(models, panels[0][WIDGET]["model_id"])
+        assert state in _status_text(widgets), f"{where}: its saved widget reads otherwise"
+        enabled = [w["state"]["description"] for w in widgets
+                   if w["model_name"] == "ButtonModel" and not w["state"].get("disabled")]
+        if "running in the background" in state:
+            assert enabled == ["Stop"], where  # the job goes on: it can still be stopped
+        else:
+            assert enabled == [], f"{where}: a finished panel with buttons {enabled}"
+    last = nb.cells[-1]
+    assert [o for o in last.outputs if o.output_type != "stream"] == []
+
+
+# -- what IOPub carries: every panel message is tied to the cell that showed the panel -----------
+def _execute_recording(kc, sources: list[str], seen: list[dict[str, Any]]) -> list[str]:
+    """Run each source in turn as nbclient would, keeping every IOPub message (whatever its
+    parent) in *seen*; the request ids."""
+    ids = []
+    for source in sources:
+        msg_id = kc.execute(textwrap.dedent(source), allow_stdin=False, stop_on_error=False)
+        ids.append(msg_id)
+        while True:
+            msg = kc.get_iopub_msg(timeout=60)
+            seen.append(msg)
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status" \
+                    and msg["content"]["execution_state"] == "idle":
+                break
+    return ids
+
+
+def test_N_2_a_panels_later_updates_are_tied_to_its_own_cell(kernel):  # noqa: F811
+    seen: list[dict[str, Any]] = []
+    _execute_recording(kernel, [
+        "import time",
+        SLOW_DETACH.format(budget="500ms").replace("'slow'", "'slow again'"),
+        SLOW_DETACH.format(budget="30s").replace("'slow'", "'slow again'"),
+        "time.sleep(1.0)",
+        SLOW_RESUME.format(budget="500ms").replace("done", "count"),
+        SLOW_RESUME.format(budget="30s").replace("done", "count"),
+        "time.sleep(1.0)",
+    ], seen)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # whatever is still to come
+        try:
+            seen.append(kernel.get_iopub_msg(timeout=0.5))
+        except Exception:  # queue.Empty: quiet
+            break
+    owner: dict[str, str] = {}  # a widget's comm or a display id -> the cell that made it
+    for msg in seen:
+        content, parent = msg["content"], msg["parent_header"].get("msg_id")
+        if msg["msg_type"] == "comm_open":
+            owner[content["comm_id"]] = parent
+        if msg["msg_type"] == "display_data" and (content.get("transient") or {}).get(
+                "display_id"):
+            owner.setdefault(content["transient"]["display_id"], parent)
+    sent = 0
+    for msg in seen:
+        content, parent = msg["content"], msg["parent_header"].get("msg_id")
+        if msg["msg_type"] == "comm_msg":
+            key = content["comm_id"]
+        elif msg["msg_type"] == "update_display_data":
+            key = content["transient"]["display_id"]
+        else:
+            continue
+        sent += 1
+        assert parent == owner[key], (
+            f"a {msg['msg_type']} of the panel of request {owner[key]} was sent as part of "
+            f"request {parent}: {json.dumps(content)[:300]}")
+    assert sent > 0
