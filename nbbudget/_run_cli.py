@@ -323,10 +323,10 @@ def run_command(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         checked = plan(args)
-    except ConfigError as exc:
+        runs = Runs(store())
+    except ConfigError as exc:  # bad input or settings, a damaged store: nothing runs
         print(f"nbbudget run: {exc}", file=sys.stderr)
         return 2
-    runs = Runs(store())
     budget_end = None if not checked.budget_ms else time.time() + checked.budget_ms / 1000 - (
         time.monotonic() - started)
     claim = runs.claim(checked.identity, checked.spec, budget_end, checked.timeout_ms)
@@ -478,8 +478,9 @@ def summary(resp: Response) -> str:
     data, meta = resp.data or {}, resp.meta
     took = f"{meta['duration_ms'] / 1000:.1f} s"
     if resp.exit_code == EXIT_INCOMPLETE:
-        how = ("paused before cell {cell}" if data["state"] == "paused" else
-               "goes on in the background at cell {cell}").format(cell=data["cell"])
+        how = (f"paused before cell {data['cell']}" if data["state"] == "paused" else
+               f"goes on in the background at cell {data['cell']}" if data["cell"] is not None
+               else "goes on in the background, its kernel starting")
         return (f"INCOMPLETE (exit 14): {data['job']} {how} ({data['executed']} of "
                 f"{data['cells']} cells ran) after {took}; run the same command again:\n"
                 f"  {data['next']}")
@@ -496,7 +497,9 @@ def summary(resp: Response) -> str:
 # -- jobs and cancel --------------------------------------------------------------------------
 def jobs_command(args: argparse.Namespace) -> int:
     """``nbbudget jobs``: the store's notebook runs, as a table or as JSON."""
-    runs = Runs(store())
+    runs = _open("jobs")
+    if runs is None:
+        return 2
     rows = [_job(record) for record in runs.all()]
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -511,6 +514,15 @@ def jobs_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _open(command: str) -> Runs | None:
+    """The runs of the store, or None (and one line on stderr) when it cannot be opened."""
+    try:
+        return Runs(store())
+    except ConfigError as exc:
+        print(f"nbbudget {command}: {exc}", file=sys.stderr)
+        return None
+
+
 def _job(record: RunRecord) -> dict[str, Any]:
     error = (record.result or {}).get("error") or {}
     return {"id": record.id, "state": record.state.value, "notebook": record.spec["notebook"],
@@ -522,7 +534,9 @@ def _job(record: RunRecord) -> dict[str, Any]:
 
 def cancel_command(args: argparse.Namespace) -> int:
     """``nbbudget cancel ID``: stop a run, and say how it ended."""
-    runs = Runs(store())
+    runs = _open("cancel")
+    if runs is None:
+        return 2
     record = runs.get(args.id)
     if record is None:
         print(f"nbbudget cancel: no run {args.id!r} in the store at {runs.store.folder}; "

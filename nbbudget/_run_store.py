@@ -184,8 +184,7 @@ class Runs:
                            "updated, deadline, timeout_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                            (run_id, identity, json.dumps(spec), RunState.STARTING.value, now,
                             now, deadline, timeout_ms))
-                db.execute("DELETE FROM notebook_runs WHERE delivered = 1 AND updated < ?",
-                           (now - _KEEP_DAYS * 86400,))
+                self._forget_old(db, now)
                 new, turn = True, 1
             else:
                 run_id, new, turn = record.id, False, record.turn
@@ -200,6 +199,15 @@ class Runs:
                            (timeout_ms, run_id))
             claimed = self._select("id = ?", (run_id,), db)[0]
         return Claim(claimed, new, turn)
+
+    def _forget_old(self, db: sqlite3.Connection, now: float) -> None:
+        """Runs delivered more than `_KEEP_DAYS` ago go, with their logs."""
+        old = [run_id for (run_id,) in db.execute(
+            "SELECT id FROM notebook_runs WHERE delivered = 1 AND updated < ?",
+            (now - _KEEP_DAYS * 86400,))]
+        for run_id in old:
+            db.execute("DELETE FROM notebook_runs WHERE id = ?", (run_id,))
+            (self.logs / f"{run_id}.log").unlink(missing_ok=True)
 
     def check(self, record: RunRecord) -> RunRecord:
         """*record* as it is now; ``lost`` if it was unfinished and its runner has died."""

@@ -11,6 +11,7 @@ from the next cell.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
@@ -47,13 +48,13 @@ def env(tmp_path: Path) -> Iterator[dict[str, str]]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["NBBUDGET_HOME"] = str(home)
     yield env
-    database = home / "nbbudget.db"
-    if database.exists():
-        with sqlite3.connect(database) as db:
-            pids = db.execute("SELECT pid FROM notebook_runs WHERE pid IS NOT NULL").fetchall()
-        for (pid,) in pids:
-            if runner_alive(pid):
-                os.kill(pid, signal.SIGKILL)
+    pids: list[tuple[int]] = []
+    with contextlib.suppress(sqlite3.DatabaseError), \
+            contextlib.closing(sqlite3.connect(home / "nbbudget.db")) as db:
+        pids = db.execute("SELECT pid FROM notebook_runs WHERE pid IS NOT NULL").fetchall()
+    for (pid,) in pids:
+        if runner_alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 @dataclass
@@ -447,6 +448,26 @@ def test_a_bad_call_budget_in_the_environment_exits_2_naming_it(env, tmp_path):
     done = nbbudget(env, "run", "good.ipynb", cwd=tmp_path)
     assert done.code == 2
     assert done.stderr.startswith("nbbudget run: AGENT_CALL_BUDGET_MS='soon' is not a duration")
+
+
+def test_a_damaged_store_exits_2_naming_it_and_nothing_runs(env, tmp_path):
+    write_notebook(tmp_path / "good.ipynb", "open('ran.txt', 'a').write('ran')")
+    home = Path(env["NBBUDGET_HOME"])
+    home.mkdir()
+    (home / "nbbudget.db").write_bytes(b"not a database" * 100)
+    for args in (["run", "good.ipynb"], ["jobs"], ["cancel", "run-00000000"]):
+        done = nbbudget(env, *args, cwd=tmp_path)
+        assert done.code == 2
+        assert done.stderr.startswith(f"nbbudget {args[0]}: the nbbudget store ")
+        assert " is damaged: " in done.stderr
+    assert not (tmp_path / "ran.txt").exists()
+
+
+def test_cancel_of_an_unknown_run_exits_2_naming_it(env, tmp_path):
+    done = nbbudget(env, "cancel", "run-00000000", cwd=tmp_path)
+    assert done.code == 2
+    assert done.stderr == (f"nbbudget cancel: no run 'run-00000000' in the store at "
+                           f"{env['NBBUDGET_HOME']}; nbbudget jobs lists the runs\n")
 
 
 def test_run_help_shows_every_flag_with_an_example(env, tmp_path):
