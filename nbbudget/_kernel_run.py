@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ._budget import Budget, activate
+from ._budget import Budget, activate, stop_error
 from ._errors import BudgetError
 from ._limits import Limits
 
@@ -33,15 +33,20 @@ class NotebookRun:
 
     def enter(self, info: Any = None) -> None:
         activate(self.run)
+        self.error = None
 
     def after(self, result: Any) -> None:
-        """Keep what a budget error that ended the cell says: the runner reports its code."""
-        error = getattr(result, "error_in_exec", None)
-        if isinstance(error, BudgetError):
-            outcome = error.outcome
-            code = getattr(error, "code", None) or (outcome.code if outcome else None)
-            self.error = {"code": code or type(error).__name__, "ename": type(error).__name__,
-                          "message": str(error)}
+        """Keep the budget error that ended the cell, with its code, for the runner."""
+        raised = result.error_in_exec
+        error = stop_error(raised) if raised is not None else None
+        if not isinstance(error, BudgetError):
+            return
+        if error is not raised:  # the run's own stop reached the top of the cell
+            code = (self.stop() or {}).get("code")
+        else:
+            code = getattr(error, "code", None) or (error.outcome.code if error.outcome else None)
+        self.error = {"code": code or type(error).__name__, "ename": type(error).__name__,
+                      "message": str(error)}
 
     def stop(self) -> dict[str, Any] | None:
         """How the run stopped (its time grant spent, cancelled), or None while it may go on."""

@@ -346,9 +346,12 @@ class Runner:
         """A cell raised: a budget stop when the run's budget ended it, else a cell error."""
         where = {"cell_index": index, "ename": exc.ename, "evalue": exc.evalue}
         status = await self._status()
-        stop = status["error"] or status["stop"]
-        if stop is not None:
-            return self._budget_stop(stop, **where)
+        if status["error"] is not None:  # the budget error the cell ended with
+            error = status["error"]
+            where.update(ename=error["ename"], evalue=error["message"])
+            return self._budget_stop(error, **where)
+        if status["stop"] is not None:  # interrupted as the run's time ran out
+            return self._budget_stop(status["stop"], **where)
         return _End(RunState.FAILED, _error(
             "cell_error", f"cell {index} raised {exc.ename}: {exc.evalue}; the notebook as far "
                           f"as it got is in {self.spec['output']}", **where))

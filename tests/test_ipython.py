@@ -377,3 +377,25 @@ def test_S2_1_a_budget_cell_inside_an_active_run_runs_as_a_grant_of_it(shell):
     assert isinstance(second.error_in_exec, nb.BudgetExceeded)  # the run's 3 steps, shared
     assert (second.error_in_exec.scope, run.consumed["steps"]) == ("run", 3)
     assert nb.current() is None
+
+
+def test_a_stop_that_reaches_the_top_of_a_cell_shows_its_public_error_in_one_line(shell, capsys):
+    """A run made current outside a ``with`` block (a notebook's under ``nbbudget run``): when
+    its time grant is spent, the next check raises at the top of a cell, and IPython shows the
+    error a ``with`` block would have raised, in one line."""
+    from nbbudget._budget import activate
+    from nbbudget.testing import FakeClock
+
+    clock = FakeClock()
+    run = nb.budget(time="1s", name="notebook", clock=clock)
+
+    def cell_in_the_run():
+        activate(run)
+        clock.advance("2s")
+        return shell.run_cell("import nbbudget as nb\nnb.current().check()")
+
+    result = contextvars.copy_context().run(cell_in_the_run)
+    assert result.error_in_exec is not None
+    shown = capsys.readouterr().out.strip().splitlines()
+    assert shown == ["BudgetCut: notebook ran out of time: its time grant of 1000 ms is spent; "
+                     "give it more time or do less work"]

@@ -314,17 +314,25 @@ def test_S4_2_a_budget_stop_names_the_limit_the_lower_of_flags_and_metadata(
     assert executed_cells(tmp_path / "steps.out.ipynb") == [1, 2, None]
 
 
-def test_S4_7_the_runs_time_grant_interrupts_the_cell_that_spends_it(env, tmp_path):
-    notebook = write_notebook(tmp_path / "long.ipynb", "import time\ntime.sleep(0.5)",
-                              "time.sleep(60)", "print('never')")
+SPENT = ("long.ipynb ran out of time: its time grant of 2000 ms is spent; give it more time "
+         "or do less work")
+
+
+@pytest.mark.parametrize(("cell", "ename", "evalue"), [
+    ("time.sleep(60)", "KeyboardInterrupt", ""),
+    ("import nbbudget as nb\nwhile True:\n    time.sleep(0.05)\n    nb.current().check()",
+     "BudgetCut", SPENT),
+], ids=["interrupted", "checked"])
+def test_S4_7_the_runs_time_grant_ends_the_cell_that_spends_it(env, tmp_path, cell, ename,
+                                                                evalue):
+    notebook = write_notebook(tmp_path / "long.ipynb", "import time\ntime.sleep(0.5)", cell,
+                              "print('never')")
     done = nbbudget(env, "run", notebook.name, "--time", "2s", "--budget", "30s", cwd=tmp_path)
     assert done.code == 1, done.stdout + done.stderr
     assert done.envelope["data"]["consumed"]["run_ms"] < 2000 + 1500  # not the cell's 60 s
     error = done.envelope["error"]
-    assert (error["code"], error["cell_index"], error["ename"]) == (
-        "RunTimeBudgetExceeded", 1, "KeyboardInterrupt")
-    assert error["message"] == ("long.ipynb ran out of time: its time grant of 2000 ms is "
-                                "spent; give it more time or do less work")
+    assert (error["code"], error["message"], error["cell_index"], error["ename"],
+            error["evalue"]) == ("RunTimeBudgetExceeded", SPENT, 1, ename, evalue)
 
 
 def test_a_failing_cell_names_its_index_ename_and_evalue_and_its_notebook_is_kept(
