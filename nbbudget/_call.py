@@ -41,6 +41,7 @@ from ._response import (
     EXIT_OK,
     EXIT_STOPPED,
     Response,
+    meta,
 )
 from ._store import Checkpoint, CheckpointRefused, Store, StoreDamaged, store
 
@@ -519,13 +520,9 @@ def _error_code(error: BaseException) -> str:
 def _respond(plan: _Plan, started: float, *, ok: bool, exit_code: int, data: Any = None,
              error: dict[str, str] | None = None, job: Job | None = None,
              refusal: BaseException | None = None) -> Response:
-    meta: dict[str, Any] = {"exit_code": exit_code,
-                            "duration_ms": round((time.monotonic() - started) * 1000)}
-    if plan.budget_ms is not None:
-        meta["budget_ms"] = plan.budget_ms
-    if plan.timeout_ms is not None:
-        meta["timeout_ms"] = plan.timeout_ms
-    return Response(ok, data, error, [], meta, plan.envelope_bytes, job, refusal)
+    return Response(ok, data, error, [],
+                    meta(exit_code, started, plan.budget_ms, plan.timeout_ms),
+                    plan.envelope_bytes, job, refusal)
 
 
 # -- inside the work ----------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from ._call import Spelling, check_interruption, resolve_budget, take_run
 from ._duration import parse_duration
 from ._errors import ConfigError, RunsPerDayExceeded
 from ._limits import Limits
-from ._response import EXIT_INCOMPLETE, Response
+from ._response import EXIT_INCOMPLETE, Response, meta
 from ._run_store import RUNNER_MODULE, Claim, RunRecord, Runs, RunState
 from ._store import store
 
@@ -427,13 +427,8 @@ def _incomplete(record: RunRecord, checked: Plan, started: float) -> Response:
 
 def _respond(checked: Plan, started: float, exit_code: int, data: dict[str, Any],
              error: dict[str, Any] | None) -> Response:
-    meta: dict[str, Any] = {"exit_code": exit_code,
-                            "duration_ms": round((time.monotonic() - started) * 1000)}
-    if checked.budget_ms is not None:
-        meta["budget_ms"] = checked.budget_ms
-    if checked.timeout_ms is not None:
-        meta["timeout_ms"] = checked.timeout_ms
-    return Response(exit_code == 0, data, error, [], meta)
+    return Response(exit_code == 0, data, error, [],
+                    meta(exit_code, started, checked.budget_ms, checked.timeout_ms))
 
 
 def _tty(stream: TextIO) -> bool:
@@ -475,8 +470,8 @@ class Progress:
 
 def summary(resp: Response) -> str:
     """The envelope in a few words, for a person at a terminal."""
-    data, meta = resp.data or {}, resp.meta
-    took = f"{meta['duration_ms'] / 1000:.1f} s"
+    data = resp.data or {}
+    took = f"{resp.meta['duration_ms'] / 1000:.1f} s"
     if resp.exit_code == EXIT_INCOMPLETE:
         how = (f"paused before cell {data['cell']}" if data["state"] == "paused" else
                f"goes on in the background at cell {data['cell']}" if data["cell"] is not None
