@@ -38,7 +38,7 @@ from ._trace import _GIL, _ROW, EVENT_KINDS, REFUSED, Trace
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["Budget", "Grant", "Snapshot", "budget", "current"]
+__all__ = ["Budget", "Grant", "Snapshot", "activate", "budget", "current", "stop_error"]
 
 _R = TypeVar("_R")
 _INF = math.inf
@@ -63,6 +63,21 @@ def current() -> Budget | None:
     return _current.get()
 
 
+def activate(run: Budget) -> None:
+    """Make *run* what `current` returns in this context, its clock started, without a ``with``
+    block: for a host that runs the parts of one long run each in a context of its own (the
+    kernel runs each cell of a notebook in its own). The run is not settled this way."""
+    run._start_clock()
+    _current.set(run)
+
+
+def stop_error(error: BaseException) -> BaseException:
+    """*error* as a ``with run:`` block raises it when it leaves: a stop unwinding through user
+    code becomes the public `BudgetError` it stands for; anything else is itself. For hosts
+    that run a run's parts outside a ``with`` block (see `activate`)."""
+    return error.stop.error() if isinstance(error, _Unwind) else error
+
+
 class _Incomplete(BaseException):
     """Unwinds work whose call ran out of budget at a checkpoint: the run ends ``incomplete``."""
 
@@ -74,6 +89,13 @@ class _Unwind(BaseException):
     def __init__(self, stop: _Stop) -> None:
         super().__init__(stop.message)
         self.stop = stop
+
+    def _render_traceback_(self) -> list[str]:
+        """How IPython shows a stop that reached the top of a cell, where no ``with`` block
+        turned it into its public error (a run made current with `activate`): that error, in
+        one line."""
+        error = self.stop.error()
+        return [f"{type(error).__name__}: {error}"]
 
 
 #: the trace event of a stop, by its status: a person's cancel is only requested (the work sees

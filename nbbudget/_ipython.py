@@ -19,7 +19,7 @@ from traitlets import Bool, Dict, Int, List, Unicode
 from traitlets.config import Configurable
 
 from . import _call, _interactive, _store
-from ._budget import Budget, _check_notices, current
+from ._budget import Budget, Grant, _check_notices, current
 from ._cell import (
     CompiledCell,
     compile_cell,
@@ -37,7 +37,7 @@ from ._limits import Limits, Manifest
 from ._panel import Panel, summary
 from ._response import EXIT_INCOMPLETE, Response
 
-__all__ = ["BudgetMagics", "NBBudget", "load", "unload"]
+__all__ = ["BudgetMagics", "NBBudget", "flag_limits", "load", "unload"]
 
 
 class NBBudget(Configurable):
@@ -271,9 +271,12 @@ class BudgetMagics(Magics):
 
     def _run_here(self, compiled: CompiledCell, cell: str, args: Any, limits: Limits,
                   panel: Panel | None) -> Any:
-        """A cell that cannot end early (no --detach, --resume or --timeout) runs here, in its
-        own run, as a plain cell would."""
-        run = Budget(limits, name=_label(cell), notices=self.settings.notices())
+        """A cell that cannot end early (no --detach, --resume or --timeout) runs here, as a
+        plain cell would: in its own run, or as a grant of the run active around it (a
+        notebook's under ``nbbudget run``, S2-1, S4-2)."""
+        outer = current()
+        run = Grant(outer, limits, _label(cell)) if outer is not None else \
+            Budget(limits, name=_label(cell), notices=self.settings.notices())
         self.last_run = run
         if panel is not None:
             panel.attach(run)
@@ -490,6 +493,13 @@ def _cell_limits(args: Any, defaults: Limits) -> Limits:
         return limits.restrict(flags)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+
+
+def flag_limits(args: Any) -> Limits:
+    """The limits that the limit flags of ``%%budget`` in *args* ask for (the manifest, then
+    --run-limits-json, then the flags, each restricting the one before); ``nbbudget run``
+    takes the same flags."""
+    return _cell_limits(args, _NO_LIMITS)
 
 
 def _label(cell: str) -> str:
