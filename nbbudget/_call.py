@@ -45,8 +45,8 @@ from ._response import (
 )
 from ._store import Checkpoint, CheckpointRefused, Store, StoreDamaged, store
 
-__all__ = ["DEFAULT_BUDGET_MS", "ENV_BUDGET", "Spelling", "call", "check_interruption",
-           "checkpoint", "resume_state"]
+__all__ = ["CALL_SPELLING", "DEFAULT_BUDGET_MS", "ENV_BUDGET", "FLAG_SPELLING", "Spelling", "call",
+           "check_interruption", "checkpoint", "resume_state"]
 
 DEFAULT_BUDGET_MS = 30_000
 ENV_BUDGET = "AGENT_CALL_BUDGET_MS"
@@ -201,6 +201,8 @@ class Spelling(NamedTuple):
 
 #: `nb.call`'s keywords
 CALL_SPELLING = Spelling("detach=True", "resume=True", "budget={!r}", "budget=")
+#: ``%%budget``'s and ``nbbudget run``'s flags
+FLAG_SPELLING = Spelling("--detach", "--resume", "--budget {}", "--budget")
 
 
 def check_interruption(detach: object, resume: object, budget: object, *,

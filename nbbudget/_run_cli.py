@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from ._call import Spelling, check_interruption, resolve_budget, take_run
+from ._call import FLAG_SPELLING, check_interruption, resolve_budget, take_run
 from ._duration import parse_duration
 from ._errors import ConfigError, RunsPerDayExceeded
-from ._limits import Limits
+from ._limits import Limits, budget_flags, limits_from_flags
 from ._response import EXIT_INCOMPLETE, Response, meta
 from ._run_store import RUNNER_MODULE, Claim, RunRecord, Runs, RunState
 from ._store import store
@@ -40,11 +40,7 @@ CHECK_S = 0.5  # how often it checks that the runner is alive
 CANCEL_WAIT_S = 15.0  # how long `nbbudget cancel` (and Ctrl-C) waits for the run to stop
 _CELL_TYPES = ("code", "markdown", "raw")
 #: the flags of %%budget that `nbbudget run` takes as they are
-LIMIT_FLAGS = ("--time", "--steps", "--tool-calls", "--agent-invocations", "--provider-calls",
-               "--turns", "--tokens", "--output-tokens", "--cost", "--run-limits-json",
-               "--manifest", "--runs-per-day")
-#: how the command writes a call's flags, for the errors of `check_interruption`
-FLAG_SPELLING = Spelling("--detach", "--resume", "--budget {}", "--budget")
+LIMIT_FLAGS = tuple(flag for flag, _ in budget_flags())
 RUN_EXAMPLES = """\
 examples:
   nbbudget run report.ipynb -p region emea -p year 2024 --output report.out.ipynb
@@ -125,7 +121,7 @@ def _add_run(sub: Any) -> None:
     limits = run.add_argument_group(
         "limits of the notebook's run, shared by every cell (as %%budget's; combined by "
         "minimum with the notebook's metadata.nbbudget.limits)")
-    _add_limit_flags(run, limits)
+    _add_limit_flags(limits)
     run.set_defaults(handler=run_command)
 
 
@@ -138,15 +134,10 @@ class _ExamplesFormatter(argparse.HelpFormatter):
         return "".join(indent + line for line in text.splitlines(keepends=True))
 
 
-def _add_limit_flags(parser: argparse.ArgumentParser, group: Any) -> None:
-    """The limit flags as ``%%budget`` declares them (one definition for both)."""
-    from IPython.core.magic_arguments import argument
-
-    from ._ipython import BudgetMagics
-
-    for declared in reversed(BudgetMagics.budget_cell.decorators):
-        if isinstance(declared, argument) and declared.args[0] in LIMIT_FLAGS:
-            declared.add_to_parser(parser, group)
+def _add_limit_flags(group: Any) -> None:
+    """The limit flags as ``%%budget`` declares them (one table for both)."""
+    for flag, options in budget_flags():
+        group.add_argument(flag, **options)
 
 
 # -- planning ---------------------------------------------------------------------------------
@@ -176,7 +167,7 @@ def plan(args: argparse.Namespace) -> Plan:
     timeout_ms = _timeout(args.timeout)
     notebook, data = _notebook(args.notebook)
     nb = _read(notebook, data)
-    limits = _limits(args) & _metadata_limits(notebook, nb)
+    limits = limits_from_flags(args) & _metadata_limits(notebook, nb)
     _check_parameters(notebook, nb, args.parameters)
     output = _output(notebook, args.output)
     kernelspec = nb.get("metadata", {}).get("kernelspec", {})
@@ -230,17 +221,6 @@ def _runs_per_day(value: int | None) -> int | None:
     if value is not None and not 0 < value <= 1_000_000:
         raise ConfigError(f"--runs-per-day {value}: use a whole number from 1 to 1000000")
     return value
-
-
-def _limits(args: argparse.Namespace) -> Limits:
-    from IPython.core.error import UsageError
-
-    from ._ipython import flag_limits
-
-    try:
-        return flag_limits(args)
-    except UsageError as exc:
-        raise ConfigError(str(exc)) from None
 
 
 def _notebook(path: str) -> tuple[Path, bytes]:
