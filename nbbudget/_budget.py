@@ -115,6 +115,8 @@ class _Stop:
     message: str
     origin: Budget
     reason: Any = None
+    #: the limit's kind, the limit and what was consumed, for a cut by a limit (S4-8)
+    figures: tuple[str, float, float] | None = None
 
     def signal(self) -> _Unwind:
         """What is raised into the work at a check; the work observes a cancel here."""
@@ -429,17 +431,36 @@ class Budget:
         if over is None:
             return
         holder, i = over
-        kind = KINDS[i]
-        limit = _plain(holder._thr[i] - holder._base[i])
-        holder._halt(holder._make_stop(
-            Status.FAILED, "budget-cut", kind.name, kind.code,
-            f"{kind.name} passed {holder.name}'s limit of {limit}: "
-            f"{_plain(holder._used(i))} used; raise the limit or ask for less"))
+        name = KINDS[i].name
+        with self._lock:
+            limit, used = holder._figures(i)
+            cut = holder._cut(i, name, f"{name} passed {holder.name}'s limit of {limit}: "
+                                       f"{used} used; raise the limit or ask for less")
+        holder._halt(cut)
         stop = holder._stop
         assert stop is not None
         raise stop.signal()
 
     # -- refusals ----------------------------------------------------------------------------------
+    def _require(self, kind: str, n: float, target: str | None) -> None:
+        """Refuse *n* of *kind* (traced, as any refusal) unless this grant and its run both have
+        that much left; nothing is reserved (a clamp before dispatch, S2-9)."""
+        i = kind_index(kind, chargeable=True)
+        with self._lock:
+            err = self._refusal(i, n, target)
+        if err is not None:
+            self._raise(err)
+
+    def _refusal(self, i: int, n: float, target: str | None) -> BudgetExceeded | None:
+        """The refusal of *n* of kind *i* by the first of this grant and its run that has not
+        that much left, else None (lock held)."""
+        root = self._root
+        holders = ((self, "run"),) if self is root else ((self, "grant"), (root, "run"))
+        for holder, scope in holders:
+            if holder._used(i) + holder._base[i] + n > holder._thr[i]:
+                return self._refuse(holder, i, n, target, scope)
+        return None
+
     def _refuse(self, holder: Budget, i: int, n: float, target: str | None,
                 scope: str) -> BudgetExceeded:
         """Record a refusal of *n* of kind *i* against *holder*'s counters and return the error
@@ -497,6 +518,19 @@ class Budget:
                    reason: Any = None) -> _Stop:
         return _Stop(status, cause, by, code, message, self, reason)
 
+    def _figures(self, i: int) -> tuple[float, float]:
+        """The limit of kind *i* in force on this run or grant, and what it has consumed."""
+        if i == RUN_MS:
+            return _plain(self._thr[RUN_MS]), _plain(round(self._elapsed_ms(), 3))
+        return _plain(self._thr[i] - self._base[i]), _plain(self._used(i))
+
+    def _cut(self, i: int, by: str, message: str) -> _Stop:
+        """A cut by kind *i* of this run or grant: ``failed``, cause ``budget-cut``, with the
+        limit and what was consumed in its trace event (S2-4, S4-8)."""
+        kind = KINDS[i]
+        return _Stop(Status.FAILED, "budget-cut", by, kind.code, message, self, None,
+                     (kind.name, *self._figures(i)))
+
     def _halt(self, stop: _Stop) -> bool:
         with self._lock:
             first = self._halt_locked(stop)
@@ -512,10 +546,12 @@ class Budget:
             self._drain(i)
         kind = _STOP_EVENTS[stop.status]
         if stop.origin is self:
-            self._root._trace.add(kind, self._t_ms(), self._run_id, {
-                "status": stop.status.value, "cause": stop.cause, "by": stop.by,
-                "code": stop.code, "message": stop.message,
-            })
+            payload: dict[str, Any] = {"status": stop.status.value, "cause": stop.cause,
+                                       "by": stop.by, "code": stop.code, "message": stop.message}
+            if stop.figures is not None:
+                payload.update(zip(("budget_kind", "limit_value", "consumed_value"),
+                                   stop.figures, strict=True))
+            self._root._trace.add(kind, self._t_ms(), self._run_id, payload)
         return True
 
     def _notify(self, stop: _Stop) -> None:
@@ -613,12 +649,10 @@ class Budget:
                                    f"the time window of {self._limits.run_ms} ms is spent; the "
                                    f"run is suspended and resumes with a fresh window")
         else:
-            limit = _plain(self._thr[RUN_MS])
-            stop = self._make_stop(
-                Status.FAILED, "budget-cut", "timeout", KINDS[RUN_MS].code,
-                f"{self.name} ran out of time: its time grant of {limit} ms is spent; give it "
-                f"more time or do less work",
-            )
+            limit = self._figures(RUN_MS)[0]
+            stop = self._cut(RUN_MS, "timeout", f"{self.name} ran out of time: its time grant "
+                                                f"of {limit} ms is spent; give it more time or "
+                                                f"do less work")
         self._halt(stop)
 
     def _elapsed_ms(self) -> float:
@@ -730,7 +764,7 @@ class Budget:
         with self._lock:
             if self._outcome is not None:
                 return
-            degraded = self._root._degraded
+            degraded = self._degraded or self._root._degraded
             if degraded is not None and outcome.degraded is None:
                 outcome = dataclasses.replace(outcome, degraded=dict(degraded))
             self._outcome = outcome

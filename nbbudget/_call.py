@@ -168,9 +168,11 @@ def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
     if not callable(fn):
         raise ConfigError(f"nb.call() takes a function first, not {fn!r}")
     check_interruption(detach, resume, budget)
-    limits = _limits(limits, manifest)
-    envelope = manifest.envelope_bytes if isinstance(manifest, Manifest) else (
-        Manifest.load(manifest).envelope_bytes if manifest is not None else None)
+    loaded = manifest if isinstance(manifest, Manifest) or manifest is None else Manifest.load(
+        manifest)
+    budget_ms, timeout_ms = _turn_ceiling(
+        loaded, detach or resume, resolve_budget(budget, declares=detach or resume),
+        None if timeout is None else _positive(timeout, "timeout"))
     if key is not None and (not isinstance(key, str) or not key):
         raise ConfigError(f"key={key!r}: use a non-empty string that names the work")
     if runs_per_day is not None and (isinstance(runs_per_day, bool) or not isinstance(
@@ -181,13 +183,27 @@ def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
         work=(fn, args, kwargs, key),
         label=getattr(fn, "__nbbudget_label__", None) or key
         or getattr(fn, "__qualname__", None) or repr(fn),
-        detach=detach, resume=resume,
-        budget_ms=resolve_budget(budget, declares=detach or resume),
-        timeout_ms=None if timeout is None else _positive(timeout, "timeout"),
+        detach=detach, resume=resume, budget_ms=budget_ms, timeout_ms=timeout_ms,
         estimate_ms=None if estimate_ms is None else parse_duration(estimate_ms,
                                                                     field="estimate_ms"),
-        limits=limits, envelope_bytes=envelope, notices=notices, runs_per_day=runs_per_day,
+        limits=_limits(limits, loaded), notices=notices, runs_per_day=runs_per_day,
+        envelope_bytes=loaded.envelope_bytes if loaded is not None else None,
     )
+
+
+def _turn_ceiling(manifest: Manifest | None, declares: bool, budget_ms: int | None,
+                  timeout_ms: int | None) -> tuple[int | None, int | None]:
+    """S2-8: the manifest's ``turn.wallClock`` is the longest a caller may be held. It caps the
+    call budget of a call that can detach or pause (a budget of 0 too; a person working
+    interactively has none, S0-5), and the wall-clock limit of a call that cannot."""
+    wall = manifest.wall_clock_ms if manifest is not None else None
+    if wall is None:
+        return budget_ms, timeout_ms
+    if not declares:
+        return budget_ms, wall if timeout_ms is None else min(timeout_ms, wall)
+    if budget_ms is None:
+        return None, timeout_ms
+    return (wall if budget_ms == 0 else min(budget_ms, wall)), timeout_ms
 
 
 class Spelling(NamedTuple):
@@ -260,13 +276,12 @@ def _positive(value: int | str, field: str) -> int:
     return ms
 
 
-def _limits(limits: Limits | None, manifest: str | os.PathLike[str] | Manifest | None) -> Limits:
+def _limits(limits: Limits | None, manifest: Manifest | None) -> Limits:
     if limits is not None and not isinstance(limits, Limits):
         raise ConfigError(f"limits= takes nb.Limits, not {type(limits).__name__}")
     out = limits or _NO_LIMITS
     if manifest is not None:
-        loaded = manifest if isinstance(manifest, Manifest) else Manifest.load(manifest)
-        out = out.restrict(loaded.limits)
+        out = out.restrict(manifest.limits)
     return out
 
 

@@ -7,6 +7,7 @@ every piece of state; this layer only reads it and shows it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import shlex
@@ -234,11 +235,13 @@ class BudgetMagics(Magics):
                 nb.checkpoint(i + 1)            # pauses here once the 2 s are spent
         """
         args, limits = _read_flags(line, self.settings.default_limits())
+        ceilings = _ceilings(args)
         compiled = compile_cell(self.shell, cell)
         panel = self._panel(limits, args)
         try:
-            if args.detach or args.resume or args.timeout or args.runs_per_day is not None:
-                return self._call(compiled, line, cell, args, limits, panel)
+            if (args.detach or args.resume or args.timeout or args.runs_per_day is not None
+                    or ceilings is not None):
+                return self._call(compiled, line, cell, args, limits, panel, ceilings)
             return self._run_here(compiled, cell, args, limits, panel)
         finally:
             if panel is not None:
@@ -281,7 +284,7 @@ class BudgetMagics(Magics):
                 _display_text(summary(run.snapshot()))
 
     def _call(self, compiled: CompiledCell, line: str, cell: str, args: Any, limits: Limits,
-              panel: Panel | None) -> Any:
+              panel: Panel | None, ceilings: Manifest | None) -> Any:
         """A cell that may end early runs under `nb.call`, on a worker whose output is tied to
         this cell (N-2)."""
 
@@ -299,7 +302,7 @@ class BudgetMagics(Magics):
         key = args.key or compiled.identity(_identity_flags(line))
         try:
             resp = _call.call(work, detach=args.detach, resume=args.resume, budget=args.budget,
-                              timeout=args.timeout, key=key, limits=limits,
+                              timeout=args.timeout, key=key, limits=limits, manifest=ceilings,
                               notices=self.settings.notices(), runs_per_day=args.runs_per_day)
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
@@ -468,6 +471,20 @@ def _cell_limits(args: Any, defaults: Limits) -> Limits:
         return limits_from_flags(args, defaults)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _ceilings(args: Any) -> Manifest | None:
+    """S2-8: the runtime's ceilings that the cell's manifest declares (its limits are in the
+    cell's limits already), or None."""
+    if args.manifest is None:
+        return None
+    try:
+        loaded = Manifest.load(args.manifest)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    if loaded.wall_clock_ms is None:
+        return None
+    return dataclasses.replace(loaded, limits=_NO_LIMITS)
 
 
 def _label(cell: str) -> str:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._duration import parse_duration
 from ._errors import BudgetCut, BudgetExceeded, ConfigError
-from ._kinds import KIND_INDEX, KINDS
+from ._kinds import KIND_INDEX
 
 if TYPE_CHECKING:
     from ._budget import Budget
@@ -88,7 +88,7 @@ def make_provider(run: Budget, fn: Callable[..., Any], name: str | None,
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         if takes_cap:
-            kwargs["max_output_tokens"] = _clamp(run, kwargs.get("max_output_tokens"))
+            kwargs["max_output_tokens"] = _clamp(run, kwargs.get("max_output_tokens"), target)
         model = degrade[0] if degrade is not None and run._degraded else fn
         for attempt in range(retries + 1):
             run.charge("provider_calls", target=target)  # S4-6: every attempt
@@ -152,15 +152,13 @@ def _maybe_degrade(run: Budget, degrade: tuple[Callable[..., Any], float] | None
         run._record("degraded", dict(run._degraded))
 
 
-def _clamp(run: Budget, asked: Any) -> int | None:
-    """S2-9, S3-6: a reply may not ask for more output than the grant has left."""
+def _clamp(run: Budget, asked: Any, target: str) -> int | None:
+    """S2-9, S3-6: a reply may not ask for more output than the grant has left; with none
+    left the request is refused before dispatch, as any refusal (S4-8)."""
+    run._require("output_tokens", 1, target)
     left = run.remaining("output_tokens")
     if left == float("inf"):
         return asked if asked is None else int(asked)
-    if left < 1:
-        raise BudgetExceeded("output_tokens", run.limits.output_tokens or 0,
-                             run.consumed.get("output_tokens", 0), 1, None,
-                             KINDS[KIND_INDEX["output_tokens"]].code)
     return int(left) if asked is None else int(min(asked, left))
 
 

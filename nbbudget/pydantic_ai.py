@@ -149,7 +149,7 @@ class Budgeted(AbstractCapability[Any]):
         try:
             run.charge("provider_calls", target=f"provider:{label}")
             asked = settings.get("max_tokens")
-            clamped = _clamp(run, asked)
+            clamped = _clamp(run, asked, f"provider:{label}")
         except BudgetExceeded as err:
             raise _refused(err) from None
         if clamped != asked:
