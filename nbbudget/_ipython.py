@@ -34,7 +34,7 @@ from ._errors import Cancelled, ConfigError, show
 from ._files import check_target
 from ._jobs import Job, jobs
 from ._limits import NO_LIMITS as _NO_LIMITS
-from ._limits import Limits, budget_flags, limits_from_flags
+from ._limits import Limits, Manifest, budget_flags, limits_from_flags
 from ._panel import Panel, summary
 from ._response import EXIT_INCOMPLETE, Response
 
