@@ -41,7 +41,8 @@ from ._trace import Trace
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["STATE_VERSION", "Budget", "Grant", "Snapshot", "budget", "check_notices", "current"]
+__all__ = ["STATE_VERSION", "Budget", "Grant", "Snapshot", "activate", "budget",
+           "check_notices", "current", "stop_error"]
 
 _R = TypeVar("_R")
 _INF = math.inf
@@ -55,6 +56,21 @@ _current: contextvars.ContextVar[Budget | None] = contextvars.ContextVar(
 def current() -> Budget | None:
     """The innermost active budget of this thread or context, or `None`."""
     return _current.get()
+
+
+def activate(run: Budget) -> None:
+    """Make *run* what `current` returns in this context, its clock started, without a ``with``
+    block: for a host that runs the parts of one long run each in a context of its own (the
+    kernel runs each cell of a notebook in its own). The run is not settled this way."""
+    run.lowlevel.scope.start()
+    _current.set(run)
+
+
+def stop_error(error: BaseException) -> BaseException:
+    """*error* as a ``with run:`` block raises it when it leaves: a stop unwinding through user
+    code becomes the public `BudgetError` it stands for; anything else is itself. For hosts
+    that run a run's parts outside a ``with`` block (see `activate`)."""
+    return error.stop.error() if isinstance(error, Unwind) else error
 
 
 class Budget:

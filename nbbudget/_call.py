@@ -42,11 +42,12 @@ from ._response import (
     EXIT_OK,
     EXIT_STOPPED,
     Response,
+    meta,
 )
 from ._store import Checkpoint, CheckpointRefused, Store, StoreDamaged, store
 
-__all__ = ["DEFAULT_BUDGET_MS", "ENV_BUDGET", "Spelling", "call", "check_interruption",
-           "checkpoint", "current_call", "resume_state"]
+__all__ = ["CALL_SPELLING", "DEFAULT_BUDGET_MS", "ENV_BUDGET", "FLAG_SPELLING", "Spelling", "call",
+           "check_interruption", "checkpoint", "current_call", "resume_state"]
 
 DEFAULT_BUDGET_MS = 30_000
 ENV_BUDGET = "AGENT_CALL_BUDGET_MS"
@@ -217,6 +218,8 @@ class Spelling(NamedTuple):
 
 #: `nb.call`'s keywords
 CALL_SPELLING = Spelling("detach=True", "resume=True", "budget={!r}", "budget=")
+#: ``%%budget``'s and ``nbbudget run``'s flags
+FLAG_SPELLING = Spelling("--detach", "--resume", "--budget {}", "--budget")
 
 
 def check_interruption(detach: object, resume: object, budget: object, *,
@@ -323,7 +326,8 @@ def _start(plan: _Plan, clock: Clock, started_wall: float) -> tuple[_Call | None
     loaded = db.load_checkpoint(plan.identity) if plan.resume and db is not None else None
     first_start = loaded.first_start if loaded is not None else started_wall
     if plan.runs_per_day is not None and loaded is None:  # a start, not a continuation
-        _take_run(plan, db if db is not None else store(), started_wall)
+        take_run(db if db is not None else store(), plan.identity, plan.label,
+                 plan.runs_per_day, started_wall)
     if loaded is not None:
         try:
             run = Budget.resume(loaded.ledger, plan.limits, clock=clock)
@@ -360,14 +364,13 @@ def _start(plan: _Plan, clock: Clock, started_wall: float) -> tuple[_Call | None
 _wall = time.time
 
 
-def _take_run(plan: _Plan, db: Store, now: float) -> None:
-    """S4-12: count this start against the work's quota for the day (UTC), or refuse it."""
-    quota = plan.runs_per_day
-    assert quota is not None
+def take_run(db: Store, identity: str, label: str, quota: int, now: float) -> None:
+    """S4-12: count a start of the work *identity* (named *label*) at *now* against its quota
+    for the day (UTC), or refuse it with `RunsPerDayExceeded`."""
     day = time.strftime("%Y-%m-%d", time.gmtime(now))
-    if db.take_run(plan.identity, day, quota) is None:
+    if db.take_run(identity, day, quota) is None:
         raise RunsPerDayExceeded(
-            f"{plan.label} has already started {quota} time{'s' if quota != 1 else ''} on "
+            f"{label} has already started {quota} time{'s' if quota != 1 else ''} on "
             f"{day} (UTC), its quota of runs_per_day={quota}; nothing was run. Try again "
             f"after 00:00 UTC, or raise runs_per_day")
 
@@ -535,13 +538,9 @@ def _error_code(error: BaseException) -> str:
 def _respond(plan: _Plan, started: float, *, ok: bool, exit_code: int, data: Any = None,
              error: dict[str, str] | None = None, job: Job | None = None,
              refusal: BaseException | None = None) -> Response:
-    meta: dict[str, Any] = {"exit_code": exit_code,
-                            "duration_ms": round((time.monotonic() - started) * 1000)}
-    if plan.budget_ms is not None:
-        meta["budget_ms"] = plan.budget_ms
-    if plan.timeout_ms is not None:
-        meta["timeout_ms"] = plan.timeout_ms
-    return Response(ok, data, error, [], meta, plan.envelope_bytes, job, refusal)
+    return Response(ok, data, error, [],
+                    meta(exit_code, started, plan.budget_ms, plan.timeout_ms),
+                    plan.envelope_bytes, job, refusal)
 
 
 # -- inside the work ----------------------------------------------------------------------------

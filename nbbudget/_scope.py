@@ -46,6 +46,13 @@ class Unwind(BaseException):
         super().__init__(stop.message)
         self.stop = stop
 
+    def _render_traceback_(self) -> list[str]:
+        """How IPython shows a stop that reached the top of a cell, where no ``with`` block
+        turned it into its public error (a run made current with `activate`): that error, in
+        one line."""
+        error = self.stop.error()
+        return [f"{type(error).__name__}: {error}"]
+
 
 @dataclass(frozen=True)
 class Stop:

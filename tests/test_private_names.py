@@ -58,6 +58,7 @@ def reaches() -> list[tuple[str, str]]:
                 source = imported(name, node)
                 found += [(name, a.name) for a in node.names
                           if a.name.startswith("_") and not a.name.startswith("__")
+                          and source.startswith("nbbudget")
                           and f"{source}.{a.name}" not in mods]
             elif (isinstance(node, ast.Attribute) and node.attr.startswith("_")
                   and not node.attr.startswith("__")
