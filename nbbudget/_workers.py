@@ -21,7 +21,7 @@ IDLE_SECONDS = 1.0
 #: a task runs on a worker and returns what to do once that worker is counted idle (or None)
 Task = Callable[[], Callable[[], object] | None]
 
-_tasks: queue.SimpleQueue[Task] = queue.SimpleQueue()
+_tasks: queue.Queue[Task] = queue.Queue()  # SimpleQueue's timed get can miss its timeout here
 _lock = threading.Lock()
 _idle = 0
 _names = itertools.count(1)
