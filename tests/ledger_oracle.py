@@ -20,6 +20,9 @@ from typing import Any
 #: the kinds a charge takes, in the attribution order of S3-3: tokens > cost > turns > calls
 KINDS = ("tokens", "output_tokens", "cost_usd", "turns", "steps", "tool_calls",
          "agent_invocations", "provider_calls")
+#: each kind's place in that order; the calls and steps tie (S3-3)
+RANKS = {"tokens": 0, "output_tokens": 1, "cost_usd": 2, "turns": 3, "steps": 4, "tool_calls": 4,
+         "agent_invocations": 4, "provider_calls": 4}
 #: the kinds whose limit is a per-slice window on a run that suspends (S3-1); time is the third
 WINDOWS = frozenset({"tokens", "cost_usd"})
 CODES = {"tokens": "TokenBudgetExceeded", "output_tokens": "OutputTokenBudgetExceeded",
@@ -84,6 +87,8 @@ class Ledger:
         self.base_ms = active_ms if suspend else 0.0
         self.refusals: list[Refusal] = []
         self.consumptions: Counter[str] = Counter()  # granted charges by kind, this run (S4-9)
+        #: each granted charge, as a full trace records it: kind, amount, target, budget
+        self.charges: list[tuple[str, float, str | None, str]] = []
         root.deadline_ms = self._root_deadline()
 
     # -- reading ---------------------------------------------------------------------------
@@ -145,6 +150,15 @@ class Ledger:
         with self._lock:
             self._halt(self._accounts[name], "stopped", None)
 
+    def pause(self, ms: float) -> None:
+        """Time passes with the run paused: no budget's clock moves (S4-4)."""
+        with self._lock:
+            self.now_ms += ms
+            for acct in self._accounts.values():
+                acct.started_ms += ms
+                if acct.deadline_ms is not None:
+                    acct.deadline_ms += ms
+
     def advance(self, ms: float) -> None:
         """Move time on: each budget whose deadline passes stops (S2-1, S3-1)."""
         with self._lock:
@@ -180,23 +194,33 @@ class Ledger:
         """Check and reserve *n* of *kind*: `GRANTED`, a `Refusal` (nothing changed anywhere),
         or `STOPPED` (the budget is stopped, or this refusal spent a window and suspended it)."""
         with self._lock:
-            return self._charge(self._accounts[name], kind, n, target)
+            return self._charge(self._accounts[name], {kind: n}, target)
 
-    def _charge(self, acct: Account, kind: str, n: float, target: str | None) -> Any:
+    def charge_many(self, name: str, amounts: Mapping[str, float],
+                    target: str | None = None) -> Any:
+        """Several kinds at once, all or nothing; a refusal names the first kind, in the
+        attribution order, that cannot be had (S3-3), on the grant's allowance or the run's."""
+        with self._lock:
+            return self._charge(self._accounts[name], amounts, target)
+
+    def _charge(self, acct: Account, amounts: Mapping[str, float], target: str | None) -> Any:
         if self.stopped(acct.name):
             return STOPPED
         root = self.root
-        if acct is not root and acct.spent[kind] + n > acct.limits.get(kind, INF):
-            return self._refuse(Refusal(kind, acct.limits[kind], acct.spent[kind], n, target,
-                                        "grant"))
-        if root.spent[kind] + n > self.ceiling(kind):
-            refusal, window = self._run_refusal(kind, n, target)
-            self._refuse(refusal)
-            if window:
-                self._halt(root, "suspended", kind)  # S3-1: a spent window suspends the run
-                return STOPPED
-            return refusal
-        self._add(acct, kind, n)
+        ordered = sorted(amounts.items(), key=lambda item: RANKS[item[0]])
+        for kind, n in ordered:
+            if acct is not root and acct.spent[kind] + n > acct.limits.get(kind, INF):
+                return self._refuse(Refusal(kind, acct.limits[kind], acct.spent[kind], n,
+                                            target, "grant"))
+            if root.spent[kind] + n > self.ceiling(kind):
+                refusal, window = self._run_refusal(kind, n, target)
+                self._refuse(refusal)
+                if window:
+                    self._halt(root, "suspended", kind)  # S3-1: a spent window suspends it
+                    return STOPPED
+                return refusal
+        for kind, n in ordered:
+            self._add(acct, kind, n, target)
         return GRANTED
 
     def _run_refusal(self, kind: str, n: float, target: str | None) -> tuple[Refusal, bool]:
@@ -214,11 +238,12 @@ class Ledger:
         self.refusals.append(refusal)  # S4-8: every refusal is traced
         return refusal
 
-    def _add(self, acct: Account, kind: str, n: float) -> None:
+    def _add(self, acct: Account, kind: str, n: float, target: str | None) -> None:
         acct.spent[kind] += n
         if acct is not self.root:
             self.root.spent[kind] += n
         self.consumptions[kind] += 1
+        self.charges.append((kind, n, target, acct.name))
 
     # -- provider calls: usage spent after the fact (S2-9, S3-3, S4-6, S4-10) ----------------------
     def ask(self, name: str, *, input_tokens: int, output_tokens: int, cost_usd: float,
@@ -240,7 +265,7 @@ class Ledger:
                                                 acct.spent["output_tokens"], 1, PROVIDER,
                                                 "grant"))
                 return self._refuse(self._run_refusal("output_tokens", 1, PROVIDER)[0])
-            permit = self._charge(acct, "provider_calls", 1, PROVIDER)
+            permit = self._charge(acct, {"provider_calls": 1}, PROVIDER)
             if permit is not GRANTED or error:
                 return permit if permit is not GRANTED else FAILED_DISPATCH
             if cancel is not None:
@@ -253,7 +278,7 @@ class Ledger:
     def _spend(self, acct: Account, items: list[tuple[str, float]]) -> None:
         for kind, n in items:
             if n:
-                self._add(acct, kind, n)
+                self._add(acct, kind, n, PROVIDER)
         root = self.root
         over = [k for k, n in items if n and root.spent[k] > self.ceiling(k)]
         if over:
@@ -266,12 +291,12 @@ class Ledger:
         if acct is not root and own:
             self._halt(acct, "failed", own[0])
 
-    def spend_passes(self, name: str, used: Mapping[str, float]) -> tuple[list[str], list[str]]:
-        """The kinds whose limit spending *used* on *name* would pass: the run's, the grant's."""
+    def over(self, name: str, amounts: Mapping[str, float]) -> tuple[list[str], list[str]]:
+        """The kinds whose limit *amounts* added on *name* would pass: the run's, the grant's."""
         with self._lock:
             acct = self._accounts[name]
-            run = [k for k, n in used.items() if n and self.root.spent[k] + n > self.ceiling(k)]
-            own = [k for k, n in used.items() if n and acct is not self.root
+            run = [k for k, n in amounts.items() if self.root.spent[k] + n > self.ceiling(k)]
+            own = [k for k, n in amounts.items() if acct is not self.root
                    and acct.spent[k] + n > acct.limits.get(k, INF)]
             return run, own
 

@@ -55,6 +55,7 @@ KNOWN_DIVERGENCES = frozenset({
     "output_refusal_untraced",    # test_S4_8_a_provider_call_with_no_output_tokens_left_...
     "reply_after_a_cancel",       # test_S2_3_a_reply_that_lands_after_a_cancel_...
     "reply_past_grant_and_run",   # test_S3_3_a_reply_that_passes_its_grants_allowance_...
+    "grant_refusal_named_first",  # test_S3_3_charge_many_on_a_grant_names_the_first_kind_...
 })
 
 
@@ -111,6 +112,12 @@ def traced_refusals(run: nb.Budget) -> list[tuple[Any, ...]]:
     return [(p["budget_kind"], p["limit_value"], p["consumed_value"], p["target_ref"],
              p["runtime_error_code"])
             for e in run.trace.events if e.kind == REFUSED for p in [e.payload]]
+
+
+def traced_charges(run: nb.Budget) -> list[tuple[Any, ...]]:
+    """The charges in a full trace: kind, amount, target, the budget charged."""
+    return [(p["budget_kind"], p["amount"], p.get("target"), p["run"])
+            for e in run.trace.events if e.kind == "consumed" for p in [e.payload]]
 
 
 def by_kind(run: nb.Budget) -> dict[str, tuple[float, float, float]]:
@@ -172,13 +179,25 @@ class LedgerMachine(RuleBasedStateMachine):
         got = attempt(lambda: self.budgets[name].charge(kind, n, target=target))
         assert got == self.model.charge(name, kind, n, target)
 
+    @rule(pick=picks, amounts=st.lists(charges, min_size=2, max_size=4,
+                                       unique_by=lambda charge: charge[0]), target_ref=targets)
+    def charge_many(self, pick, amounts, target_ref):
+        """S4-3: several kinds at once, all or nothing; S3-3: a refusal names the first kind
+        in the attribution order."""
+        name, amounts = self.pick(pick), {kind: n for kind, n, _ in amounts}
+        past_run, past_own = self.model.over(name, amounts)
+        if past_run and past_own and "grant_refusal_named_first" in KNOWN_DIVERGENCES:
+            return
+        got = attempt(lambda: self.budgets[name].charge_many(amounts, target=target_ref))
+        assert got == self.model.charge_many(name, amounts, target_ref)
+
     @rule(pick=picks)
     def step(self, pick):
         name = self.pick(pick)
         assert attempt(self.budgets[name].step) == self.model.charge(name, "steps")
 
     @precondition(lambda self: len(self.budgets) < 7)
-    @rule(pick=picks, limits=limit_maps(scale=1), time=times)
+    @rule(pick=picks, limits=limit_maps(scale=1), time=st.none() | st.none() | times)
     def grant(self, pick, limits, time):
         """S2-1, S2-2: a child grant of any budget, stopped or not (S2-3)."""
         parent, self.made = self.pick(pick), self.made + 1
@@ -212,6 +231,13 @@ class LedgerMachine(RuleBasedStateMachine):
         self.clock.advance(ms)
         self.model.advance(ms)
 
+    @rule(ms=st.integers(1, 8).map(lambda n: n * 250))
+    def pause(self, ms):
+        """S4-4: time spent paused counts in no budget's time."""
+        with self.run.paused():
+            self.clock.advance(ms)
+        self.model.pause(ms)
+
     @rule(pick=picks, used=st.tuples(st.integers(0, 30), st.integers(0, 30), amounts("cost_usd")),
           error=st.sampled_from([False, False, False, True]))
     def ask(self, pick, used, error):
@@ -237,7 +263,7 @@ class LedgerMachine(RuleBasedStateMachine):
             return False
         kept = min(out, left)  # S2-9: the reply is clamped to what is left
         used = {"tokens": inp + kept, "output_tokens": kept, "cost_usd": cost}
-        past_run, past_own = model.spend_passes(name, used)
+        past_run, past_own = model.over(name, {k: n for k, n in used.items() if n})
         if model.suspend and WINDOWS & set(past_run):
             return "reply_past_a_window" in KNOWN_DIVERGENCES
         return bool(past_run and past_own) and "reply_past_grant_and_run" in KNOWN_DIVERGENCES
@@ -319,6 +345,8 @@ class LedgerMachine(RuleBasedStateMachine):
     def the_trace_holds_each_refusal_and_the_counts(self):
         expected = [(r.kind, r.limit, r.consumed, r.target, r.code) for r in self.model.refusals]
         assert traced_refusals(self.run) == expected
+        if self.mode == "full":  # each charge, with its amount, target and budget
+            assert traced_charges(self.run) == self.model.charges
         refused = Counter(r.kind for r in self.model.refusals)
         assert by_kind(self.run) == {
             k: (self.model.root.spent[k], self.model.consumptions[k], refused[k]) for k in KINDS}
@@ -551,3 +579,27 @@ def test_S3_3_a_reply_that_passes_its_grants_allowance_and_the_runs_limit_stops_
             grant.provider(ScriptedProvider([Reply("long", input_tokens=120)]), guardrail=0)("q")
         run.step()
     assert (run.outcome.status, run.outcome.by) == ("failed", "tokens")
+
+
+@pytest.mark.xfail(strict=True, reason="on a grant, charge_many checks each of the grant's "
+                                       "allowances before any of the run's limits")
+def test_S3_3_charge_many_on_a_grant_names_the_first_kind_in_the_attribution_order():
+    with nb.budget(tokens=10, clock=FakeClock()) as run:
+        grant = run.grant(steps=1)
+        grant.step()
+        with pytest.raises(nb.BudgetExceeded) as info:
+            grant.charge_many({"tokens": 20, "steps": 1})
+    assert (info.value.kind, info.value.scope) == ("tokens", "run")
+
+
+@pytest.mark.xfail(strict=True, reason="a refused charge_many gives back what it took by "
+                                       "subtracting it, which moves a dollar counter by a "
+                                       "rounding error")
+def test_S4_3_a_refused_charge_many_leaves_a_dollar_counter_exactly_as_it_was():
+    # the machine charges quarters of a dollar, exact in binary, so it cannot see this one
+    with nb.budget(steps=1, clock=FakeClock()) as run:
+        run.charge("cost_usd", 0.1)
+        run.step()
+        with pytest.raises(nb.BudgetExceeded):
+            run.charge_many({"cost_usd": 0.7, "steps": 1})
+    assert run.consumed["cost_usd"] == 0.1
