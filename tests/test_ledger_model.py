@@ -1,8 +1,8 @@
 """A model-based test of the ledger: nbbudget and a reference ledger (`ledger_oracle.Ledger`, a
 lock and a dict written from the rules) are driven side by side, through the public API only,
-with random sequences of charges, grants, provider replies, stops, time and restores, from one
-thread and from several, and must grant, refuse and count alike (S2-1, S2-2, S2-3, S3-1, S3-3,
-S4-3, S4-4, S4-8, S4-9).
+with random sequences of charges, grants, provider replies, stops, time, pauses and restores,
+from one thread and from several, and must grant, refuse and count alike (S2-1, S2-2, S2-3,
+S2-9, S3-1, S3-3, S4-3, S4-4, S4-6, S4-8, S4-9, S4-10).
 
 Where nbbudget and the rules disagree today, a strict xfail test at the end of this file shows
 it in a few lines, and the machine steers around it while its name is in `KNOWN_DIVERGENCES`.
@@ -47,9 +47,9 @@ REFUSED = "dispatch_refused_budget_exceeded"
 #: the same examples on every run, none saved between runs: what CI sees is what you see
 DETERMINISTIC = settings(deadline=None, derandomize=True, database=None)
 
-#: Where nbbudget and the rules disagree; each is shown by the xfail test of the same name at
-#: the end of this file. Once one is fixed, its test passes (and, being strict, fails the run):
-#: then drop its name here, and the machine covers that ground too.
+#: Where nbbudget and the rules disagree; each is shown by the strict xfail test named beside it,
+#: at the end of this file. Once one is fixed, its test passes (and, being strict, fails the
+#: run): then drop its name here, and the machine covers that ground too.
 KNOWN_DIVERGENCES = frozenset({
     "reply_past_a_window",        # test_S3_1_a_reply_that_spends_a_window_suspends_the_run
     "output_refusal_untraced",    # test_S4_8_a_provider_call_with_no_output_tokens_left_...
