@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from . import _workers
-from ._budget import Budget, _Incomplete
+from ._budget import Budget
 from ._clock import Clock, default_clock
 from ._duration import parse_duration
 from ._errors import (
@@ -33,6 +33,7 @@ from ._interactive import is_interactive
 from ._jobs import Job, JobState
 from ._limits import NO_LIMITS as _NO_LIMITS
 from ._limits import Limits, Manifest
+from ._lowlevel import Incomplete, Stop
 from ._outcome import Status
 from ._response import (
     EXIT_CANCELLED,
@@ -41,11 +42,12 @@ from ._response import (
     EXIT_OK,
     EXIT_STOPPED,
     Response,
+    meta,
 )
 from ._store import Checkpoint, CheckpointRefused, Store, StoreDamaged, store
 
-__all__ = ["DEFAULT_BUDGET_MS", "ENV_BUDGET", "Spelling", "call", "check_interruption",
-           "checkpoint", "resume_state"]
+__all__ = ["CALL_SPELLING", "DEFAULT_BUDGET_MS", "ENV_BUDGET", "FLAG_SPELLING", "Spelling", "call",
+           "check_interruption", "checkpoint", "current_call", "resume_state"]
 
 DEFAULT_BUDGET_MS = 30_000
 ENV_BUDGET = "AGENT_CALL_BUDGET_MS"
@@ -56,7 +58,7 @@ _attached: dict[str, Job] = {}  # detached work by identity, until its result is
 _attached_lock = threading.Lock()
 
 
-class _Pause(_Incomplete):
+class _Pause(Incomplete):
     """Unwinds work that reached a checkpoint after its call budget ran out (S0-1, S0-2)."""
 
     def __init__(self, saved: Checkpoint) -> None:
@@ -167,9 +169,11 @@ def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
     if not callable(fn):
         raise ConfigError(f"nb.call() takes a function first, not {fn!r}")
     check_interruption(detach, resume, budget)
-    limits = _limits(limits, manifest)
-    envelope = manifest.envelope_bytes if isinstance(manifest, Manifest) else (
-        Manifest.load(manifest).envelope_bytes if manifest is not None else None)
+    loaded = manifest if isinstance(manifest, Manifest) or manifest is None else Manifest.load(
+        manifest)
+    budget_ms, timeout_ms = _turn_ceiling(
+        loaded, detach or resume, resolve_budget(budget, declares=detach or resume),
+        None if timeout is None else _positive(timeout, "timeout"))
     if key is not None and (not isinstance(key, str) or not key):
         raise ConfigError(f"key={key!r}: use a non-empty string that names the work")
     if runs_per_day is not None and (isinstance(runs_per_day, bool) or not isinstance(
@@ -180,13 +184,27 @@ def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
         work=(fn, args, kwargs, key),
         label=getattr(fn, "__nbbudget_label__", None) or key
         or getattr(fn, "__qualname__", None) or repr(fn),
-        detach=detach, resume=resume,
-        budget_ms=resolve_budget(budget, declares=detach or resume),
-        timeout_ms=None if timeout is None else _positive(timeout, "timeout"),
+        detach=detach, resume=resume, budget_ms=budget_ms, timeout_ms=timeout_ms,
         estimate_ms=None if estimate_ms is None else parse_duration(estimate_ms,
                                                                     field="estimate_ms"),
-        limits=limits, envelope_bytes=envelope, notices=notices, runs_per_day=runs_per_day,
+        limits=_limits(limits, loaded), notices=notices, runs_per_day=runs_per_day,
+        envelope_bytes=loaded.envelope_bytes if loaded is not None else None,
     )
+
+
+def _turn_ceiling(manifest: Manifest | None, declares: bool, budget_ms: int | None,
+                  timeout_ms: int | None) -> tuple[int | None, int | None]:
+    """S2-8: the manifest's ``turn.wallClock`` is the longest a caller may be held. It caps the
+    call budget of a call that can detach or pause (a budget of 0 too; a person working
+    interactively has none, S0-5), and the wall-clock limit of a call that cannot."""
+    wall = manifest.wall_clock_ms if manifest is not None else None
+    if wall is None:
+        return budget_ms, timeout_ms
+    if not declares:
+        return budget_ms, wall if timeout_ms is None else min(timeout_ms, wall)
+    if budget_ms is None:
+        return None, timeout_ms
+    return (wall if budget_ms == 0 else min(budget_ms, wall)), timeout_ms
 
 
 class Spelling(NamedTuple):
@@ -200,6 +218,8 @@ class Spelling(NamedTuple):
 
 #: `nb.call`'s keywords
 CALL_SPELLING = Spelling("detach=True", "resume=True", "budget={!r}", "budget=")
+#: ``%%budget``'s and ``nbbudget run``'s flags
+FLAG_SPELLING = Spelling("--detach", "--resume", "--budget {}", "--budget")
 
 
 def check_interruption(detach: object, resume: object, budget: object, *,
@@ -257,13 +277,12 @@ def _positive(value: int | str, field: str) -> int:
     return ms
 
 
-def _limits(limits: Limits | None, manifest: str | os.PathLike[str] | Manifest | None) -> Limits:
+def _limits(limits: Limits | None, manifest: Manifest | None) -> Limits:
     if limits is not None and not isinstance(limits, Limits):
         raise ConfigError(f"limits= takes nb.Limits, not {type(limits).__name__}")
     out = limits or _NO_LIMITS
     if manifest is not None:
-        loaded = manifest if isinstance(manifest, Manifest) else Manifest.load(manifest)
-        out = out.restrict(loaded.limits)
+        out = out.restrict(manifest.limits)
     return out
 
 
@@ -307,7 +326,8 @@ def _start(plan: _Plan, clock: Clock, started_wall: float) -> tuple[_Call | None
     loaded = db.load_checkpoint(plan.identity) if plan.resume and db is not None else None
     first_start = loaded.first_start if loaded is not None else started_wall
     if plan.runs_per_day is not None and loaded is None:  # a start, not a continuation
-        _take_run(plan, db if db is not None else store(), started_wall)
+        take_run(db if db is not None else store(), plan.identity, plan.label,
+                 plan.runs_per_day, started_wall)
     if loaded is not None:
         try:
             run = Budget.resume(loaded.ledger, plan.limits, clock=clock)
@@ -344,14 +364,13 @@ def _start(plan: _Plan, clock: Clock, started_wall: float) -> tuple[_Call | None
 _wall = time.time
 
 
-def _take_run(plan: _Plan, db: Store, now: float) -> None:
-    """S4-12: count this start against the work's quota for the day (UTC), or refuse it."""
-    quota = plan.runs_per_day
-    assert quota is not None
+def take_run(db: Store, identity: str, label: str, quota: int, now: float) -> None:
+    """S4-12: count a start of the work *identity* (named *label*) at *now* against its quota
+    for the day (UTC), or refuse it with `RunsPerDayExceeded`."""
     day = time.strftime("%Y-%m-%d", time.gmtime(now))
-    if db.take_run(plan.identity, day, quota) is None:
+    if db.take_run(identity, day, quota) is None:
         raise RunsPerDayExceeded(
-            f"{plan.label} has already started {quota} time{'s' if quota != 1 else ''} on "
+            f"{label} has already started {quota} time{'s' if quota != 1 else ''} on "
             f"{day} (UTC), its quota of runs_per_day={quota}; nothing was run. Try again "
             f"after 00:00 UTC, or raise runs_per_day")
 
@@ -369,9 +388,9 @@ def _timeout_message(plan: _Plan) -> str:
 
 def _wall_clock(ctx: _Call, plan: _Plan) -> None:
     """The wall-clock limit fired: cancel the work, across every continuation (S0-6, S4-7)."""
-    run = ctx.run
-    run._halt(run._make_stop(Status.CANCELLED, "wall-clock", "wall-clock", "Cancelled",
-                             _timeout_message(plan)))
+    scope = ctx.run.lowlevel.scope
+    scope.halt(Stop(Status.CANCELLED, "wall-clock", "wall-clock", "Cancelled",
+                    _timeout_message(plan), scope))
     ctx.wake.set()
 
 
@@ -436,7 +455,7 @@ def _await(job: Job, plan: _Plan, clock: Clock, t0_ms: float, started: float) ->
     ctx.deadline_ms = deadline
     try:
         while not job.done() and not (plan.detach and out):
-            stop = ctx.run._stop
+            stop = ctx.run.lowlevel.scope.stop
             if stop is not None and stop.status is Status.CANCELLED:
                 break  # the wall clock fired: the caller is freed even if the work ignores it
             until = None if out else deadline
@@ -454,7 +473,7 @@ def _await(job: Job, plan: _Plan, clock: Clock, t0_ms: float, started: float) ->
 def _answer(job: Job, plan: _Plan, started: float) -> Response:
     ctx: _Call = job._ctx
     if not job.done():
-        stop = ctx.run._stop
+        stop = ctx.run.lowlevel.scope.stop
         if stop is not None and stop.status is Status.CANCELLED:
             _deliver(job, plan)
             return _respond(plan, started, ok=False, exit_code=EXIT_CANCELLED,
@@ -463,7 +482,7 @@ def _answer(job: Job, plan: _Plan, started: float) -> Response:
         job._detach()
         with _attached_lock:
             _attached[plan.identity] = job
-        ctx.run._record("detached", {"job": job.id})
+        ctx.run.lowlevel.record("detached", {"job": job.id})
         return _respond(plan, started, ok=False, exit_code=EXIT_INCOMPLETE,
                         job=job,
                         data={"state": "running", "job": job.id,
@@ -519,16 +538,17 @@ def _error_code(error: BaseException) -> str:
 def _respond(plan: _Plan, started: float, *, ok: bool, exit_code: int, data: Any = None,
              error: dict[str, str] | None = None, job: Job | None = None,
              refusal: BaseException | None = None) -> Response:
-    meta: dict[str, Any] = {"exit_code": exit_code,
-                            "duration_ms": round((time.monotonic() - started) * 1000)}
-    if plan.budget_ms is not None:
-        meta["budget_ms"] = plan.budget_ms
-    if plan.timeout_ms is not None:
-        meta["timeout_ms"] = plan.timeout_ms
-    return Response(ok, data, error, [], meta, plan.envelope_bytes, job, refusal)
+    return Response(ok, data, error, [],
+                    meta(exit_code, started, plan.budget_ms, plan.timeout_ms),
+                    plan.envelope_bytes, job, refusal)
 
 
 # -- inside the work ----------------------------------------------------------------------------
+def current_call() -> _Call | None:
+    """The call whose work runs in this context (a worker of `call`), or None."""
+    return _current_call.get()
+
+
 def checkpoint(state: Any) -> None:
     """Inside work that declared ``resume``: save *state* durably (signed, atomically) with the
     run's counters and active time; when the call budget has run out, stop here: the call
@@ -545,9 +565,9 @@ def checkpoint(state: Any) -> None:
     ctx.run.check()
     saved = ctx.store.save_checkpoint(ctx.identity, state, ledger=ctx.run.state(),
                                       first_start=ctx.first_start, label=ctx.label)
-    ctx.run._record("checkpoint_saved", {"checkpoint": saved.id})
+    ctx.run.lowlevel.record("checkpoint_saved", {"checkpoint": saved.id})
     deadline = ctx.deadline_ms
-    if ctx.budget_out or (deadline is not None and ctx.run._clock.now_ms() >= deadline):
+    if ctx.budget_out or (deadline is not None and ctx.run.lowlevel.clock.now_ms() >= deadline):
         raise _Pause(saved)
 
 

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from ._errors import ConfigError
+from ._run_cli import add_commands as add_run_commands
 from ._trace import Trace
 
 __all__ = ["main"]
@@ -22,11 +23,13 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_inspect(sub)
     _add_explain(sub)
+    add_run_commands(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code (0 ok, 2 bad usage or unreadable input)."""
+    """Run the command line; returns the exit code (0 ok, 2 bad usage or unreadable input;
+    ``nbbudget run`` has codes of its own)."""
     args = _parser().parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
     return handler(args)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["Clock", "MonotonicClock", "Scheduled", "default_clock"]
+__all__ = ["Clock", "MonotonicClock", "Scheduled", "Timers", "default_clock"]
 
 
 class Scheduled:
@@ -51,20 +51,20 @@ class Clock(Protocol):
         """Block until *event* is set or the clock reaches *until_ms*; return ``event.is_set()``."""
 
 
-class _Timers:
-    """A heap of scheduled callbacks; the base of both clocks."""
+class Timers:
+    """A heap of scheduled callbacks; the base of both clocks (and of a test's clock)."""
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, Scheduled]] = []
         self._seq = itertools.count()
 
-    def _push(self, when_ms: float, callback: Callable[[], object],
+    def push(self, when_ms: float, callback: Callable[[], object],
               on_cancel: Callable[[], None] | None = None) -> Scheduled:
         item = Scheduled(when_ms, callback, on_cancel)
         heapq.heappush(self._heap, (when_ms, next(self._seq), item))
         return item
 
-    def _pop_due(self, now: float) -> list[Scheduled]:
+    def pop_due(self, now: float) -> list[Scheduled]:
         due = []
         heap = self._heap
         while heap and (heap[0][2].cancelled or heap[0][0] <= now):
@@ -73,14 +73,14 @@ class _Timers:
                 due.append(item)
         return due
 
-    def _next_ms(self) -> float | None:
+    def next_ms(self) -> float | None:
         heap = self._heap
         while heap and heap[0][2].cancelled:
             heapq.heappop(heap)
         return heap[0][0] if heap else None
 
 
-class MonotonicClock(_Timers):
+class MonotonicClock(Timers):
     """The real clock: `time.monotonic_ns`, with callbacks run on the ``nbbudget-timer`` thread.
 
     The thread starts on demand and ends as soon as nothing is scheduled, so an idle process
@@ -97,7 +97,7 @@ class MonotonicClock(_Timers):
 
     def call_at(self, when_ms: float, callback: Callable[[], object]) -> Scheduled:
         with self._cond:
-            item = self._push(when_ms, callback, self._wake)
+            item = self.push(when_ms, callback, self._wake)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._loop, name="nbbudget-timer", daemon=True
@@ -121,7 +121,7 @@ class MonotonicClock(_Timers):
     def _loop(self) -> None:
         while True:
             with self._cond:
-                next_ms = self._next_ms()
+                next_ms = self.next_ms()
                 if next_ms is None:
                     self._thread = None
                     return
@@ -129,7 +129,7 @@ class MonotonicClock(_Timers):
                 if delay > 0:
                     self._cond.wait(delay / 1000)
                     continue
-                due = self._pop_due(self.now_ms())
+                due = self.pop_due(self.now_ms())
             for item in due:
                 item.callback()
 

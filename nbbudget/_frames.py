@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import time
+from array import array
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -18,8 +20,7 @@ from ._duration import spoken
 from ._kinds import KIND_INDEX, KINDS
 
 if TYPE_CHECKING:
-    from ._budget import Snapshot
-    from ._trace import Trace
+    from ._snapshot import Snapshot
 
 __all__ = ["JobsTable", "jobs_frame", "jobs_table", "plot_trace", "trace_frame",
            "usage_frame"]
@@ -44,13 +45,13 @@ def _amount(kind: str, value: float) -> float:
     return value
 
 
-def trace_frame(trace: Trace) -> pd.DataFrame:
-    """The events of *trace*, built column-wise from its arrays (fast for millions of rows)."""
-    from ._trace import EVENT_KINDS
-
-    n = len(trace)
-    # a copy (not a view): a live run may still be appending to the array
-    rows = np.frombuffer(trace._rows[: 4 * n], dtype=np.float64).reshape(n, 4)
+def trace_frame(packed_rows: array[float], payloads: Sequence[dict[str, Any]],
+                run_names: Sequence[str], event_kinds: Sequence[str]) -> pd.DataFrame:
+    """The events of a trace, built column-wise from its rows (four doubles each: time, amount,
+    payload reference, kind and run), its payloads, its run names and its event kinds by
+    code (fast for millions of rows)."""
+    n = len(packed_rows) // 4
+    rows = np.frombuffer(packed_rows, dtype=np.float64).reshape(n, 4)
     packed = rows[:, 3].astype(np.int64)
     codes = packed % 256
     runs = packed // 256
@@ -62,17 +63,18 @@ def trace_frame(trace: Trace) -> pd.DataFrame:
     payload = np.full(n, None, dtype=object)
     names = [k.name for k in KINDS]
     for i in np.flatnonzero(~bare):
-        p = trace._payloads[refs[i]]
+        p = payloads[refs[i]]
         if charge[i]:
             kind_codes[i] = names.index(p["budget_kind"])
         else:
             payload[i] = p
             if "budget_kind" in p and p["budget_kind"] in names:
                 kind_codes[i] = names.index(p["budget_kind"])
+    names_of_runs = _unique(list(run_names))
     return pd.DataFrame({
         "t_ms": rows[:, 0],
-        "kind": pd.Categorical.from_codes(codes.astype(np.int16), categories=list(EVENT_KINDS)),
-        "run": pd.Categorical.from_codes(runs.astype(np.int32), categories=_unique(trace._runs)),
+        "kind": pd.Categorical.from_codes(codes.astype(np.int16), categories=list(event_kinds)),
+        "run": pd.Categorical.from_codes(runs.astype(np.int32), categories=names_of_runs),
         "budget_kind": pd.Categorical.from_codes(kind_codes, categories=names),
         "amount": rows[:, 1],
         "payload": payload,
@@ -90,7 +92,8 @@ def _unique(names: list[str]) -> list[str]:
     return out
 
 
-def plot_trace(trace: Trace, ax: Any = None) -> Any:
+def plot_trace(frame: pd.DataFrame, limits: Mapping[str, float], notices: Sequence[float],
+               ax: Any = None) -> Any:
     """Consumption over time of each limited axis, as a fraction of its limit (1.0 is the
     limit), with the notice thresholds, the approach notices, refusals and cuts marked.
 
@@ -99,24 +102,34 @@ def plot_trace(trace: Trace, ax: Any = None) -> Any:
     """
     import matplotlib.pyplot as plt
 
-    frame = trace_frame(trace)
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3.5), layout="constrained")
     end = float(frame["t_ms"].max()) if len(frame) else 0.0
     charges = frame[frame["kind"] == "consumed"]
     for kind, rows in charges.groupby("budget_kind", observed=True):
-        limit = trace.limits.get(str(kind))
+        limit = limits.get(str(kind))
         if not limit:
             continue
         t = [0.0, *rows["t_ms"], end]
         used = [0.0, *(rows["amount"].cumsum() / limit)]
         ax.step(t, [*used, used[-1]], where="post", label=f"{kind} (limit {limit:g})")
-    run_ms = trace.limits.get("run_ms")
+    run_ms = limits.get("run_ms")
     if run_ms and end:
         ax.plot([0.0, end], [0.0, end / run_ms], label=f"run_ms (limit {run_ms:g})")
     ax.axhline(1.0, color="black", linewidth=0.8)
-    for fraction in trace.notices:
+    for fraction in notices:
         ax.axhline(fraction, color="orange", linewidth=0.8, linestyle=":")
+    _mark_events(ax, frame)
+    ax.set_xlabel("t (ms)")
+    ax.set_ylabel("consumed / limit")
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))  # one legend entry per label
+    ax.legend(unique.values(), unique.keys(), loc="best", fontsize="small")
+    return ax
+
+
+def _mark_events(ax: Any, frame: pd.DataFrame) -> None:
+    """The approach notices, refusals, cuts and stopping outcomes of *frame*, on *ax*."""
     _marks(ax, frame[frame["kind"] == "approach_notice"],
            lambda p: p.get("threshold", 1.0), marker="^", color="orange",
            label="approach notice")
@@ -132,12 +145,6 @@ def plot_trace(trace: Trace, ax: Any = None) -> Any:
             what = payload.get("by") or payload.get("cause") or payload["status"]
             ax.axvline(t_ms, color="red", linestyle="--", linewidth=1,
                        label=f"{payload['status']} ({what})")
-    ax.set_xlabel("t (ms)")
-    ax.set_ylabel("consumed / limit")
-    handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles, strict=True))  # one legend entry per label
-    ax.legend(unique.values(), unique.keys(), loc="best", fontsize="small")
-    return ax
 
 
 def _marks(ax: Any, rows: pd.DataFrame, height: Any, **style: Any) -> None:

@@ -7,6 +7,7 @@ every piece of state; this layer only reads it and shows it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import shlex
@@ -19,7 +20,7 @@ from traitlets import Bool, Dict, Int, List, Unicode
 from traitlets.config import Configurable
 
 from . import _call, _interactive, _store
-from ._budget import Budget, _check_notices, current
+from ._budget import Budget, Grant, check_notices, current
 from ._cell import (
     CompiledCell,
     compile_cell,
@@ -28,12 +29,12 @@ from ._cell import (
     pin_output,
     remove_tee,
 )
-from ._duration import parse_duration, spoken
+from ._duration import spoken
 from ._errors import Cancelled, ConfigError, show
 from ._files import check_target
 from ._jobs import Job, jobs
 from ._limits import NO_LIMITS as _NO_LIMITS
-from ._limits import Limits, Manifest
+from ._limits import Limits, Manifest, budget_flags, limits_from_flags
 from ._panel import Panel, summary
 from ._response import EXIT_INCOMPLETE, Response
 
@@ -82,7 +83,7 @@ class NBBudget(Configurable):
         if value is None:
             return None
         try:
-            return _check_notices(tuple(value))
+            return check_notices(tuple(value))
         except ConfigError as exc:
             raise UsageError(f"NBBudget.approach_notice: {exc}") from None
 
@@ -128,10 +129,14 @@ def make_detector(shell: Any, config: NBBudget) -> Any:
 
 
 MIME = "application/vnd.nbbudget.response+json"
-_LIMIT_FLAGS = (("steps", "steps"), ("tool_calls", "tool_calls"),
-                ("agent_invocations", "agent_invocations"), ("provider_calls", "provider_calls"),
-                ("turns", "turns"), ("tokens", "tokens"), ("output_tokens", "output_tokens"),
-                ("cost", "cost_usd"))
+
+
+def _budget_flags(magic: Any) -> Any:
+    """Declare on *magic* the flags that bound a run, from the one table `nbbudget run` reads
+    too (in their order: IPython builds the parser from the last declared first)."""
+    for flag, options in reversed(budget_flags()):
+        magic = argument(flag, **options)(magic)
+    return magic
 
 
 class Incomplete(Exception):
@@ -200,22 +205,7 @@ class BudgetMagics(Magics):
                    "from another cell")
     @argument("--timeout", metavar="DUR",
               help="wall-clock limit of the whole work, across every continuation")
-    @argument("--time", metavar="DUR",
-              help="time grant of the run (run_ms): when it is spent the run fails")
-    @argument("--steps", type=int, metavar="N", help="limit on steps")
-    @argument("--tool-calls", type=int, metavar="N", help="limit on tool calls")
-    @argument("--agent-invocations", type=int, metavar="N", help="limit on sub-agents")
-    @argument("--provider-calls", type=int, metavar="N", help="limit on model calls")
-    @argument("--turns", type=int, metavar="N", help="limit on turns")
-    @argument("--tokens", type=int, metavar="N", help="limit on tokens")
-    @argument("--output-tokens", type=int, metavar="N", help="limit on output tokens")
-    @argument("--cost", type=float, metavar="USD", help="limit on cost, in dollars")
-    @argument("--run-limits-json", metavar="JSON",
-              help="run limits as JSON, e.g. '{\"max_steps\": 100}'")
-    @argument("--manifest", metavar="PATH", help="an nbbudget-manifest-v1 file of run limits")
-    @argument("--runs-per-day", type=int, metavar="N",
-              help="a quota of starts of this work per calendar day (UTC), kept in the store "
-                   "across kernel restarts; a continuation is not a start")
+    @_budget_flags  # --time, one per kind, --run-limits-json, --manifest, --runs-per-day
     @argument("--trace", metavar="PATH", help="save the run's trace to PATH")
     @argument("--no-widget", action="store_true", help="show a text summary only")
     @cell_magic("budget")  # type: ignore[arg-type]  # IPython's decorator is loosely typed
@@ -245,11 +235,13 @@ class BudgetMagics(Magics):
                 nb.checkpoint(i + 1)            # pauses here once the 2 s are spent
         """
         args, limits = _read_flags(line, self.settings.default_limits())
+        ceilings = _ceilings(args)
         compiled = compile_cell(self.shell, cell)
         panel = self._panel(limits, args)
         try:
-            if args.detach or args.resume or args.timeout or args.runs_per_day is not None:
-                return self._call(compiled, line, cell, args, limits, panel)
+            if (args.detach or args.resume or args.timeout or args.runs_per_day is not None
+                    or ceilings is not None):
+                return self._call(compiled, line, cell, args, limits, panel, ceilings)
             return self._run_here(compiled, cell, args, limits, panel)
         finally:
             if panel is not None:
@@ -271,9 +263,12 @@ class BudgetMagics(Magics):
 
     def _run_here(self, compiled: CompiledCell, cell: str, args: Any, limits: Limits,
                   panel: Panel | None) -> Any:
-        """A cell that cannot end early (no --detach, --resume or --timeout) runs here, in its
-        own run, as a plain cell would."""
-        run = Budget(limits, name=_label(cell), notices=self.settings.notices())
+        """A cell that cannot end early (no --detach, --resume or --timeout) runs here, as a
+        plain cell would: in its own run, or as a grant of the run active around it (a
+        notebook's under ``nbbudget run``, S2-1, S4-2)."""
+        outer = current()
+        run = Grant(outer, limits, _label(cell)) if outer is not None else \
+            Budget(limits, name=_label(cell), notices=self.settings.notices())
         self.last_run = run
         if panel is not None:
             panel.attach(run)
@@ -289,12 +284,12 @@ class BudgetMagics(Magics):
                 _display_text(summary(run.snapshot()))
 
     def _call(self, compiled: CompiledCell, line: str, cell: str, args: Any, limits: Limits,
-              panel: Panel | None) -> Any:
+              panel: Panel | None, ceilings: Manifest | None) -> Any:
         """A cell that may end early runs under `nb.call`, on a worker whose output is tied to
         this cell (N-2)."""
 
         def work() -> Any:
-            run, call = current(), _call._current_call.get()
+            run, call = current(), _call.current_call()
             assert run is not None and call is not None  # nb.call runs the work in its run
             self.last_run = run
             if panel is not None:
@@ -307,7 +302,7 @@ class BudgetMagics(Magics):
         key = args.key or compiled.identity(_identity_flags(line))
         try:
             resp = _call.call(work, detach=args.detach, resume=args.resume, budget=args.budget,
-                              timeout=args.timeout, key=key, limits=limits,
+                              timeout=args.timeout, key=key, limits=limits, manifest=ceilings,
                               notices=self.settings.notices(), runs_per_day=args.runs_per_day)
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
@@ -399,8 +394,6 @@ class BudgetMagics(Magics):
         return run.usage()
 
 
-#: how ``%%budget`` writes a call's flags, for the errors of `_call.check_interruption`
-_FLAG_SPELLING = _call.Spelling("--detach", "--resume", "--budget {}", "--budget")
 
 
 def _read_flags(line: str, defaults: Limits) -> tuple[Any, Limits]:
@@ -409,7 +402,8 @@ def _read_flags(line: str, defaults: Limits) -> tuple[Any, Limits]:
     it."""
     args = _parse_cell_line(line)
     try:
-        _call.check_interruption(args.detach, args.resume, args.budget, spelling=_FLAG_SPELLING)
+        _call.check_interruption(args.detach, args.resume, args.budget,
+                                 spelling=_call.FLAG_SPELLING)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     if args.trace is not None:
@@ -472,24 +466,25 @@ def _ended_how(job: Job) -> str:
 
 def _cell_limits(args: Any, defaults: Limits) -> Limits:
     """S4-2: the configured defaults, the manifest, --run-limits-json, then the flags; each
-    later source restricts, never widens."""
+    later source restricts, never widens. A bad one is a `UsageError` naming it."""
     try:
-        limits = defaults
-        if args.manifest is not None:
-            limits = limits.restrict(Manifest.load(args.manifest).limits)
-        if args.run_limits_json is not None:
-            limits = limits.restrict(Limits.from_json(args.run_limits_json))
-        fields = {name: getattr(args, flag) for flag, name in _LIMIT_FLAGS
-                  if getattr(args, flag) is not None}
-        flags = Limits(**fields) if fields else _NO_LIMITS
-        if args.time is not None:
-            ms = parse_duration(args.time, field="--time")
-            if ms == 0:
-                raise ConfigError("--time 0 is not a time grant; leave --time out for none")
-            flags = flags & Limits(run_ms=ms)
-        return limits.restrict(flags)
+        return limits_from_flags(args, defaults)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _ceilings(args: Any) -> Manifest | None:
+    """S2-8: the runtime's ceilings that the cell's manifest declares (its limits are in the
+    cell's limits already), or None."""
+    if args.manifest is None:
+        return None
+    try:
+        loaded = Manifest.load(args.manifest)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    if loaded.wall_clock_ms is None:
+        return None
+    return dataclasses.replace(loaded, limits=_NO_LIMITS)
 
 
 def _label(cell: str) -> str:

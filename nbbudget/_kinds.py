@@ -12,6 +12,7 @@ class Kind(NamedTuple):
 
     ``rank`` is the attribution order when several limits trip at one boundary (S3-3): the
     lowest rank wins. ``integral`` kinds take whole numbers; ``cost_usd`` takes dollars.
+    ``flag`` is its option in ``%%budget`` and ``nbbudget run``, ``about`` that option's help.
     """
 
     name: str
@@ -19,18 +20,25 @@ class Kind(NamedTuple):
     rank: int
     integral: bool
     unit: str
+    flag: str
+    about: str
 
 
 KINDS: tuple[Kind, ...] = (
-    Kind("tokens", "TokenBudgetExceeded", 0, True, "tokens"),
-    Kind("output_tokens", "OutputTokenBudgetExceeded", 1, True, "tokens"),
-    Kind("cost_usd", "CostBudgetExceeded", 2, False, "USD"),
-    Kind("turns", "TurnBudgetExceeded", 3, True, "turns"),
-    Kind("steps", "StepBudgetExceeded", 4, True, "steps"),
-    Kind("tool_calls", "ToolCallBudgetExceeded", 4, True, "calls"),
-    Kind("agent_invocations", "AgentInvocationBudgetExceeded", 4, True, "invocations"),
-    Kind("provider_calls", "ProviderCallBudgetExceeded", 4, True, "calls"),
-    Kind("run_ms", "RunTimeBudgetExceeded", 5, True, "ms"),
+    Kind("tokens", "TokenBudgetExceeded", 0, True, "tokens", "--tokens", "limit on tokens"),
+    Kind("output_tokens", "OutputTokenBudgetExceeded", 1, True, "tokens",
+         "--output-tokens", "limit on output tokens"),
+    Kind("cost_usd", "CostBudgetExceeded", 2, False, "USD", "--cost", "limit on cost, in dollars"),
+    Kind("turns", "TurnBudgetExceeded", 3, True, "turns", "--turns", "limit on turns"),
+    Kind("steps", "StepBudgetExceeded", 4, True, "steps", "--steps", "limit on steps"),
+    Kind("tool_calls", "ToolCallBudgetExceeded", 4, True, "calls",
+         "--tool-calls", "limit on tool calls"),
+    Kind("agent_invocations", "AgentInvocationBudgetExceeded", 4, True, "invocations",
+         "--agent-invocations", "limit on sub-agents"),
+    Kind("provider_calls", "ProviderCallBudgetExceeded", 4, True, "calls",
+         "--provider-calls", "limit on model calls"),
+    Kind("run_ms", "RunTimeBudgetExceeded", 5, True, "ms",
+         "--time", "time grant of the run (run_ms): when it is spent the run fails"),
 )
 KIND_INDEX: dict[str, int] = {k.name: i for i, k in enumerate(KINDS)}
 RUN_MS = KIND_INDEX["run_ms"]

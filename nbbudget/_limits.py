@@ -11,11 +11,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ._duration import parse_duration
 from ._errors import ConfigError, WideningError, show
 from ._files import file_path, read_json
 from ._kinds import KIND_INDEX, KINDS
 
-__all__ = ["MANIFEST_VERSION", "MAX_INT", "NO_LIMITS", "Limits", "Manifest"]
+__all__ = ["MANIFEST_VERSION", "MAX_INT", "NO_LIMITS", "Limits", "Manifest", "budget_flags",
+           "limits_from_flags"]
 
 MAX_INT = 2**53 - 1
 MANIFEST_VERSION = "nbbudget-manifest-v1"
@@ -276,3 +278,56 @@ def _entry(section: object, name: str, key: str, *, required: bool) -> Any:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_INT:
         raise ConfigError(f"{name}.{key}={_brief(value)} must be a positive integer")
     return value
+
+
+# -- the limit flags of %%budget and nbbudget run ----------------------------------------------
+#: the flags beyond one per kind: the other sources of limits, and the quota of starts
+_OTHER_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("--run-limits-json", {"metavar": "JSON",
+                           "help": "run limits as JSON, e.g. '{\"max_steps\": 100}'"}),
+    ("--manifest", {"metavar": "PATH", "help": "an nbbudget-manifest-v1 file of run limits"}),
+    ("--runs-per-day", {"type": int, "metavar": "N",
+                        "help": "a quota of starts of this work per calendar day (UTC), kept in "
+                                "the store across kernel restarts; a continuation is not a "
+                                "start"}),
+)
+
+
+def budget_flags() -> tuple[tuple[str, dict[str, Any]], ...]:
+    """The options that bound a run, as ``argparse``'s ``add_argument`` takes them: one per
+    kind (``--steps N``, ``--cost USD``, ``--time DUR``), then ``--run-limits-json``,
+    ``--manifest`` and ``--runs-per-day``. ``%%budget`` and ``nbbudget run`` declare them
+    from here."""
+    per_kind = tuple((kind.flag, {"type": _flag_type(kind), "metavar": _metavar(kind),
+                                  "help": kind.about}) for kind in KINDS)
+    return per_kind + _OTHER_FLAGS
+
+
+def _flag_type(kind: Any) -> Any:
+    return str if kind.name == "run_ms" else int if kind.integral else float
+
+
+def _metavar(kind: Any) -> str:
+    return "DUR" if kind.name == "run_ms" else "N" if kind.integral else kind.unit
+
+
+def _dest(flag: str) -> str:
+    return flag[2:].replace("-", "_")
+
+
+def limits_from_flags(args: Any, defaults: Limits = NO_LIMITS) -> Limits:
+    """The limits *args* (parsed `budget_flags`) ask for, S4-2: *defaults*, the manifest,
+    --run-limits-json, then one flag per kind; each later source restricts, never widens. A
+    bad value is a `ConfigError` naming the flag."""
+    limits = defaults
+    if args.manifest is not None:
+        limits = limits.restrict(Manifest.load(args.manifest).limits)
+    if args.run_limits_json is not None:
+        limits = limits.restrict(Limits.from_json(args.run_limits_json))
+    fields = {kind.name: getattr(args, _dest(kind.flag)) for kind in KINDS
+              if getattr(args, _dest(kind.flag)) is not None}
+    if "run_ms" in fields:
+        fields["run_ms"] = parse_duration(fields["run_ms"], field="--time")
+        if fields["run_ms"] == 0:
+            raise ConfigError("--time 0 is not a time grant; leave --time out for none")
+    return limits.restrict(Limits(**fields) if fields else NO_LIMITS)

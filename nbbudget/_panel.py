@@ -25,9 +25,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ._budget import Budget, Snapshot
+from ._budget import Budget
 from ._cell import pin_output, pins_all_output
 from ._limits import Limits
+from ._snapshot import Snapshot
 
 if TYPE_CHECKING:
     from ._jobs import Job

@@ -16,7 +16,7 @@ from ._errors import ConfigError
 from ._kinds import KIND_INDEX
 
 if TYPE_CHECKING:
-    from ._budget import Budget, Grant
+    from ._lowlevel import Run
 
 __all__ = ["agent", "parallel"]
 
@@ -25,16 +25,16 @@ _AGENTS = KIND_INDEX["agent_invocations"]
 _groups = itertools.count(1)
 
 
-def agent(run: Budget, name: str, time: int | str | None, fields: dict[str, Any]) -> Grant:
+def agent(run: Run, name: str, time: int | str | None, fields: dict[str, Any]) -> Run:
     """Count one ``agent_invocations`` on the run (refused like any charge), then open the
     sub-agent's own grant."""
     if not isinstance(name, str) or not name:
         raise ConfigError(f"agent({name!r}): name the sub-agent with a non-empty string")
-    run._charge(_AGENTS, 1, f"agent:{name}")
+    run.lowlevel.charge(_AGENTS, 1, f"agent:{name}")
     return run.grant(time=time, name=name, **fields)
 
 
-def parallel(run: Budget, branches: Iterable[Callable[[], _T]], *,
+def parallel(branches: Iterable[Callable[[], _T]], *,
              max_concurrency: int | None, max_items: int | None,
              return_exceptions: bool) -> list[Any]:
     """Run *branches* at once, at most *max_concurrency* alive at a time, each in the caller's

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 from ._duration import parse_duration
 from ._errors import BudgetCut, BudgetExceeded, ConfigError
-from ._kinds import KIND_INDEX, KINDS
+from ._kinds import KIND_INDEX
 
 if TYPE_CHECKING:
-    from ._budget import Budget
+    from ._lowlevel import Run
 
-__all__ = ["Usage", "make_provider", "usage_of"]
+__all__ = ["Usage", "clamp", "make_provider", "spend_usage", "usage_of"]
 
 GUARDRAIL_MS = 3_600_000
 
@@ -60,11 +60,46 @@ def usage_of(reply: Any) -> Usage:
     return out
 
 
-def make_provider(run: Budget, fn: Callable[..., Any], name: str | None,
+def make_provider(run: Run, fn: Callable[..., Any], name: str | None,
                   prices: Mapping[str, float] | None,
                   price: Callable[[Usage], float] | None, retries: int,
                   guardrail: int | str | None,
                   degrade: tuple[Callable[..., Any], float] | None = None) -> Callable[..., Any]:
+    _check_options(run, fn, prices, price, retries, degrade)
+    limit_ms = GUARDRAIL_MS if guardrail is None else parse_duration(guardrail,
+                                                                     field="guardrail")
+    label = name or getattr(fn, "__name__", None) or "provider"
+    takes_cap = "max_output_tokens" in inspect.signature(fn).parameters
+    target = f"provider:{label}"
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if takes_cap:
+            kwargs["max_output_tokens"] = clamp(run, kwargs.get("max_output_tokens"), target)
+        model = degrade[0] if degrade is not None and run.lowlevel.degraded else fn
+        for attempt in range(retries + 1):
+            run.charge("provider_calls", target=target)  # S4-6: every attempt
+            try:
+                reply = _guarded(run, label, limit_ms, model, args, kwargs)
+            except (BudgetCut, BudgetExceeded):
+                raise
+            except Exception:
+                if attempt == retries:
+                    raise
+                continue
+            if isinstance(reply, Iterator):  # a streamed reply
+                return _stream(run, reply, prices, price, label, degrade)
+            spend_usage(run, usage_of(reply), prices, price, label)
+            _maybe_degrade(run, degrade, label)
+            return reply
+        raise AssertionError("unreachable")
+
+    return call
+
+
+def _check_options(run: Run, fn: Callable[..., Any], prices: Mapping[str, float] | None,
+                   price: Callable[[Usage], float] | None, retries: int,
+                   degrade: tuple[Callable[..., Any], float] | None) -> None:
     if not callable(fn):
         raise ConfigError(f"provider() decorates a function, not {fn!r}")
     if degrade is not None:
@@ -79,38 +114,9 @@ def make_provider(run: Budget, fn: Callable[..., Any], name: str | None,
         raise ConfigError(f"retries={retries!r} must be a whole number >= 0")
     if prices is not None and price is not None:
         raise ConfigError("give prices= (per 1,000 tokens) or price= (a function), not both")
-    limit_ms = GUARDRAIL_MS if guardrail is None else parse_duration(guardrail,
-                                                                     field="guardrail")
-    label = name or getattr(fn, "__name__", None) or "provider"
-    takes_cap = "max_output_tokens" in inspect.signature(fn).parameters
-    target = f"provider:{label}"
-
-    @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        if takes_cap:
-            kwargs["max_output_tokens"] = _clamp(run, kwargs.get("max_output_tokens"))
-        model = degrade[0] if degrade is not None and run._degraded else fn
-        for attempt in range(retries + 1):
-            run.charge("provider_calls", target=target)  # S4-6: every attempt
-            try:
-                reply = _guarded(run, label, limit_ms, model, args, kwargs)
-            except (BudgetCut, BudgetExceeded):
-                raise
-            except Exception:
-                if attempt == retries:
-                    raise
-                continue
-            if isinstance(reply, Iterator):  # a streamed reply
-                return _stream(run, reply, prices, price, label, degrade)
-            _spend(run, usage_of(reply), prices, price, label)
-            _maybe_degrade(run, degrade, label)
-            return reply
-        raise AssertionError("unreachable")
-
-    return call
 
 
-def _stream(run: Budget, chunks: Iterator[Any], prices: Mapping[str, float] | None,
+def _stream(run: Run, chunks: Iterator[Any], prices: Mapping[str, float] | None,
             price: Callable[[Usage], float] | None, label: str,
             degrade: tuple[Callable[..., Any], float] | None) -> Iterator[Any]:
     """A streamed reply: each chunk's usage is charged as it arrives, and the stream is closed
@@ -132,7 +138,7 @@ def _stream(run: Budget, chunks: Iterator[Any], prices: Mapping[str, float] | No
             started = True
             used = usage_of(chunk)
             if used:
-                _spend(run, used, prices, price, label)  # raises once a limit is passed
+                spend_usage(run, used, prices, price, label)  # raises once a limit is passed
             yield chunk
     finally:
         close = getattr(chunks, "close", None)
@@ -140,31 +146,28 @@ def _stream(run: Budget, chunks: Iterator[Any], prices: Mapping[str, float] | No
             close()  # S3-9: the provider stops streaming
 
 
-def _maybe_degrade(run: Budget, degrade: tuple[Callable[..., Any], float] | None,
+def _maybe_degrade(run: Run, degrade: tuple[Callable[..., Any], float] | None,
                    label: str) -> None:
     """S3-7: past a fraction of the cost limit, later calls use the cheaper model (once)."""
-    if degrade is None or run._degraded:
+    if degrade is None or run.lowlevel.degraded:
         return
     limit = run.limits.cost_usd
     if limit is not None and run.consumed.get("cost_usd", 0) >= degrade[1] * limit:
         to = getattr(degrade[0], "__name__", repr(degrade[0]))
-        run._degraded = {"from": label, "to": to, "reason": "budget"}
-        run._record("degraded", dict(run._degraded))
+        run.lowlevel.degrade({"from": label, "to": to, "reason": "budget"})
 
 
-def _clamp(run: Budget, asked: Any) -> int | None:
-    """S2-9, S3-6: a reply may not ask for more output than the grant has left."""
+def clamp(run: Run, asked: Any, target: str) -> int | None:
+    """S2-9, S3-6: a reply may not ask for more output than the grant has left; with none
+    left the request is refused before dispatch, as any refusal (S4-8)."""
+    run.lowlevel.require(_OUTPUT_TOKENS, 1, target)
     left = run.remaining("output_tokens")
     if left == float("inf"):
         return asked if asked is None else int(asked)
-    if left < 1:
-        raise BudgetExceeded("output_tokens", run.limits.output_tokens or 0,
-                             run.consumed.get("output_tokens", 0), 1, None,
-                             KINDS[KIND_INDEX["output_tokens"]].code)
     return int(left) if asked is None else int(min(asked, left))
 
 
-def _guarded(run: Budget, label: str, limit_ms: int, fn: Callable[..., Any],
+def _guarded(run: Run, label: str, limit_ms: int, fn: Callable[..., Any],
              args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """S3-8: wait for the call at most the guardrail (0: as long as it takes)."""
     if limit_ms == 0:
@@ -180,11 +183,13 @@ def _guarded(run: Budget, label: str, limit_ms: int, fn: Callable[..., Any],
         finally:
             done.set()
 
-    deadline = run._clock.now_ms() + limit_ms  # from the dispatch, before the call can run
+    clock = run.lowlevel.clock
+    deadline = clock.now_ms() + limit_ms  # from the dispatch, before the call can run
     thread = threading.Thread(target=attempt, name=f"nbbudget-provider-{label}", daemon=True)
     thread.start()
-    if not run._clock.wait(done, deadline):
-        run._record("cut", {"by": "guardrail", "provider": label, "code": "guardrail_timeout"})
+    if not clock.wait(done, deadline):
+        run.lowlevel.record("cut", {"by": "guardrail", "provider": label,
+                                    "code": "guardrail_timeout"})
         raise BudgetCut("guardrail", f"provider {label} did not answer within its guardrail of "
                                      f"{limit_ms} ms (guardrail_timeout); the run stopped "
                                      f"waiting for it")
@@ -193,7 +198,7 @@ def _guarded(run: Budget, label: str, limit_ms: int, fn: Callable[..., Any],
     return box["reply"]
 
 
-def _spend(run: Budget, usage: Usage, prices: Mapping[str, float] | None,
+def spend_usage(run: Run, usage: Usage, prices: Mapping[str, float] | None,
            price: Callable[[Usage], float] | None, label: str) -> None:
     """Charge what a reply used: it was spent, so it is recorded even past a limit, and then
     the run fails by the first limit it passed (S3-3)."""
@@ -212,7 +217,7 @@ def _spend(run: Budget, usage: Usage, prices: Mapping[str, float] | None,
     if cost:
         items.append((_COST, _amount("cost_usd", cost, label)))
     if items:
-        run._spend(items, f"provider:{label}")
+        run.lowlevel.spend(items, f"provider:{label}")
 
 
 def _amount(key: str, value: Any, label: str) -> float:

@@ -3,17 +3,32 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["EXIT_CANCELLED", "EXIT_FAILED", "EXIT_INCOMPLETE", "EXIT_OK", "EXIT_STOPPED",
-           "Response"]
+           "Response", "meta"]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_INCOMPLETE = 14
 EXIT_CANCELLED = 124  # the wall-clock limit fired, as with timeout(1)
 EXIT_STOPPED = 130  # a person stopped the work, as with Ctrl-C
+
+
+def meta(exit_code: int, started: float, budget_ms: int | None,
+         timeout_ms: int | None) -> dict[str, Any]:
+    """The ``meta`` of an envelope: the exit code, the milliseconds since *started* (a
+    `time.monotonic` reading), the call budget in force (none: absent, S0-5, S0-8) and the
+    wall-clock limit, when there is one."""
+    out: dict[str, Any] = {"exit_code": exit_code,
+                           "duration_ms": round((time.monotonic() - started) * 1000)}
+    if budget_ms is not None:
+        out["budget_ms"] = budget_ms
+    if timeout_ms is not None:
+        out["timeout_ms"] = timeout_ms
+    return out
 
 
 @dataclass

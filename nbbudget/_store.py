@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import closing, contextmanager, suppress
+from contextlib import AbstractContextManager, closing, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -335,6 +335,15 @@ class Store:
                     db.execute(statement)
             if "sequences" not in tables:
                 _seed_sequences(db)
+
+    def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        """A write transaction (``BEGIN IMMEDIATE``, rolled back on an exception) on this
+        thread's connection, for modules that keep a table of their own in the store."""
+        return self._write()
+
+    def connection(self) -> sqlite3.Connection:
+        """This thread's connection to the store's database, for reads."""
+        return self._db()
 
     def close(self) -> None:
         """Close this thread's connection."""

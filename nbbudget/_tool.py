@@ -21,7 +21,7 @@ from ._errors import BudgetCut, ConfigError
 from ._kinds import TOOL_CALLS
 
 if TYPE_CHECKING:
-    from ._budget import Budget, _Stop
+    from ._lowlevel import Run, Stop
 
 __all__ = ["ABANDON_GRACE_S", "ToolContext", "make_tool"]
 
@@ -34,22 +34,20 @@ class ToolContext:
     """What a tool sees: ``signal`` (a `threading.Event` set when the call is cut),
     `progress` (the heartbeat) and `check` (raise if cut)."""
 
-    def __init__(self, run: Budget, name: str, thread_name: str) -> None:
+    def __init__(self, run: Run, name: str, thread_name: str) -> None:
         self.run = run
         self.name = name
         self.thread_name = thread_name
         self.signal = threading.Event()
         self.cut_by: str | None = None
-        self.last_beat_ms = run._clock.now_ms()
+        self.last_beat_ms = run.lowlevel.clock.now_ms()
 
     def progress(self, data: Any = None) -> None:
         """Report progress: emits a ``progress`` event and resets the silence window (S2-5)."""
         self.check()
-        run = self.run
-        self.last_beat_ms = run._clock.now_ms()
-        with run._lock:
-            run._root._trace.add("progress", run._t_ms(), run._run_id,
-                                 {"tool": self.name, "data": data})
+        core = self.run.lowlevel
+        self.last_beat_ms = core.clock.now_ms()
+        core.record("progress", {"tool": self.name, "data": data})
 
     def check(self) -> None:
         """Raise `BudgetCut` if this call has been cut; well-behaved tools call it in loops."""
@@ -64,7 +62,7 @@ class ToolContext:
         return True
 
 
-def make_tool(run: Budget, fn: Callable[..., Any], name: str | None,
+def make_tool(run: Run, fn: Callable[..., Any], name: str | None,
               max_silence: int | str | None) -> Callable[..., Any]:
     if not callable(fn):
         raise ConfigError(f"tool() decorates a function, not {fn!r}")
@@ -76,7 +74,7 @@ def make_tool(run: Budget, fn: Callable[..., Any], name: str | None,
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        run._charge(TOOL_CALLS, 1, f"tool:{tool_name}")
+        run.lowlevel.charge(TOOL_CALLS, 1, f"tool:{tool_name}")
         run.check()
         return _ToolCall(run, tool_name, silence).invoke(fn, args, kwargs, wants_ctx)
 
@@ -87,7 +85,7 @@ def make_tool(run: Budget, fn: Callable[..., Any], name: str | None,
 class _ToolCall:
     """One call of a tool: a worker thread, a wake-up event, and the ways it can be cut."""
 
-    def __init__(self, run: Budget, name: str, silence_ms: int | None) -> None:
+    def __init__(self, run: Run, name: str, silence_ms: int | None) -> None:
         self.run = run
         self.silence_ms = silence_ms
         self.thread_name = f"nbbudget-tool-{name}-{next(_thread_seq)}"
@@ -105,13 +103,14 @@ class _ToolCall:
         context = contextvars.copy_context()
         thread = threading.Thread(target=context.run, args=(self._work, fn, args, kwargs),
                                   name=self.thread_name, daemon=True)
-        self.run._add_listener(self._on_run_stop)
+        scope = self.run.lowlevel.scope
+        scope.add_listener(self._on_run_stop)
         self._arm_watchdog()
         thread.start()
         try:
-            self.run._clock.wait(self.wake, None)
+            scope.clock.wait(self.wake, None)
         finally:
-            self.run._remove_listener(self._on_run_stop)  # bound methods compare equal
+            scope.remove_listener(self._on_run_stop)  # bound methods compare equal
             if self.timer is not None:
                 self.timer.cancel()
         return self._finish(thread)
@@ -135,43 +134,39 @@ class _ToolCall:
                 raise self.error
             return self.result
         by = self.ctx.cut_by or "timeout"
-        run = self.run
+        core = self.run.lowlevel
         thread.join(ABANDON_GRACE_S)
         if thread.is_alive():
-            with run._lock:
-                run._root._trace.add("tool_abandoned", run._t_ms(), run._run_id, {
-                    "tool": self.ctx.name, "thread": self.thread_name, "by": by,
-                })
-        stop = run._stop
+            core.record("tool_abandoned", {"tool": self.ctx.name, "thread": self.thread_name,
+                                           "by": by})
+        stop = core.scope.stop
         if stop is not None:
             raise stop.signal()
         raise BudgetCut(by, f"tool {self.ctx.name} was silent for more than {self.silence_ms} ms "
                             f"and was cut by the watchdog; call ctx.progress() more often or "
                             f"raise max_silence")
 
-    def _on_run_stop(self, stop: _Stop) -> None:
+    def _on_run_stop(self, stop: Stop) -> None:
         if not self.done and self.ctx._cut(stop.by or stop.status.value):
             self.wake.set()
 
     def _arm_watchdog(self) -> None:
         if self.silence_ms is None:
             return
-        self.timer = self.run._clock.call_at(self.ctx.last_beat_ms + self.silence_ms,
-                                             self._on_silence)
+        self.timer = self.run.lowlevel.clock.call_at(self.ctx.last_beat_ms + self.silence_ms,
+                                                     self._on_silence)
 
     def _on_silence(self) -> None:
         if self.done:
             return
-        run = self.run
-        silent_for = run._clock.now_ms() - self.ctx.last_beat_ms
+        core = self.run.lowlevel
+        silent_for = core.clock.now_ms() - self.ctx.last_beat_ms
         assert self.silence_ms is not None
         if silent_for < self.silence_ms:
             self._arm_watchdog()
             return
         if self.ctx._cut("watchdog"):
-            with run._lock:
-                run._root._trace.add("watchdog_cut", run._t_ms(), run._run_id, {
-                    "tool": self.ctx.name, "silent_ms": round(silent_for, 3),
-                    "max_silence_ms": self.silence_ms,
-                })
+            core.record("watchdog_cut", {"tool": self.ctx.name,
+                                         "silent_ms": round(silent_for, 3),
+                                         "max_silence_ms": self.silence_ms})
             self.wake.set()

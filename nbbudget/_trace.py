@@ -16,11 +16,13 @@ import os
 import struct
 import sys
 import threading
+import time
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, SupportsIndex
 
+from ._clock import Clock, MonotonicClock
 from ._errors import ConfigError
 from ._files import atomic_write, file_path, read_json
 from ._kinds import KIND_INDEX, KINDS, RUN_MS
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
 
     from ._limits import Limits
 
-__all__ = ["TRACE_FORMAT", "Event", "Replay", "Trace"]
+__all__ = ["TRACE_FORMAT", "Event", "Recorder", "Replay", "Trace"]
 
 TRACE_FORMAT = "nbbudget-trace-v1"
 CONSUMED = "consumed"
@@ -43,6 +45,7 @@ EVENT_KINDS: tuple[str, ...] = (
 )
 _CODE = {k: i for i, k in enumerate(EVENT_KINDS)}
 _STAT_NAMES = ("checks", "consumptions", "consumed", "refusals")
+_REFUSED_CODE = _CODE[REFUSED]
 _GIL = getattr(sys, "_is_gil_enabled", lambda: True)()
 _ROW = struct.Struct("=4d")
 
@@ -53,6 +56,75 @@ class Event(NamedTuple):
     kind: str
     payload: dict[str, Any]
     t_ms: float
+
+
+class _Started(Protocol):
+    started_ms: float | None
+
+
+class Recorder:
+    """Writes the events of one run or grant into its run's trace; safe from any thread."""
+
+    __slots__ = ("run_id", "trace")
+
+    def __init__(self, trace: Trace, name: str) -> None:
+        self.trace = trace
+        self.run_id = trace.run_index(name)
+
+    def add(self, kind: str, t_ms: float, payload: dict[str, Any]) -> None:
+        self.trace.add(kind, t_ms, self.run_id, payload)
+
+    def charge(self, kind_index: int, amount: float, t_ms: float, target: str | None) -> None:
+        self.trace.add_charge(kind_index, amount, t_ms, self.run_id, target)
+
+    def refusal(self, kind_index: int, limit: float, consumed: float, requested: float,
+                target: str | None, t_ms: float) -> None:
+        """A ``dispatch_refused_budget_exceeded`` event (S4-8); an exhausted limit refuses with
+        one shared payload, so repeated refusals cost a row each."""
+        trace = self.trace
+        key = (kind_index, limit, consumed, target)
+        ref = trace._interned.get(key)
+        if ref is None:
+            kind = KINDS[kind_index]
+            ref = trace._ref_of({
+                "budget_kind": kind.name, "limit_value": _plain(limit),
+                "consumed_value": _plain(consumed), "target_ref": target,
+                "runtime_error_code": kind.code,
+            }, key)
+        trace._extend((t_ms, requested, ref, _REFUSED_CODE + 256 * self.run_id))
+
+    def pool(self, kind_index: int, clock: Clock, run: _Started) -> list[None]:
+        """The permit pool of a run with ``trace="full"``: each permit it hands out is
+        recorded as a ``consumed`` event as it is taken (*run* gives the time it started)."""
+        return _TracedPool(self, kind_index, clock, run)
+
+
+class _TracedPool(list[None]):
+    """The pool of a run with ``trace="full"``: each permit it hands out is also recorded as a
+    ``consumed`` event (one atomic append), so the fast path stays free of the lock."""
+
+    __slots__ = ("_now", "_ns", "_packed", "_ref", "_rows", "_run")
+
+    def __init__(self, recorder: Recorder, kind: int, clock: Clock, run: _Started) -> None:
+        super().__init__()
+        trace = recorder.trace
+        self._run = run
+        self._now = clock.now_ms
+        # the real clock's reading without a Python call in between (its now_ms is this / 1e6)
+        self._ns = time.monotonic_ns if isinstance(clock, MonotonicClock) else None
+        self._rows = trace._rows.frombytes if _GIL else trace._locked_append_bytes
+        self._ref = -1 - kind
+        self._packed = 256 * recorder.run_id
+
+    def pop(self, index: SupportsIndex = -1) -> None:
+        list.pop(self, index)  # IndexError when empty: the caller takes the locked path
+        started = self._run.started_ms
+        if started is None:
+            t = 0.0
+        else:
+            ns = self._ns
+            t = (ns() / 1e6 if ns is not None else self._now()) - started
+        self._rows(_ROW.pack(t, 1.0, self._ref, self._packed))  # one atomic append
 
 
 class Trace:
@@ -77,11 +149,19 @@ class Trace:
         self.notices: list[float] = []  # the approach-notice thresholds, fractions of a limit
         self.outcome: dict[str, Any] | None = None
 
+    def follow(self, stats: Callable[[], dict[str, dict[str, float]]]) -> None:
+        """Read the live statistics of `summary()` from *stats* (the run's counters)."""
+        self._stats_source = stats
+
     # -- recording (safe from any thread) ----------------------------------------------------
     def run_index(self, name: str) -> int:
         with self._lock:
             self._runs.append(name)
             return len(self._runs) - 1
+
+    def run_count(self) -> int:
+        """How many runs and grants write into this trace."""
+        return len(self._runs)
 
     def _append_row(self, row: tuple[float, float, float, float]) -> None:
         self._rows.frombytes(_ROW.pack(*row))  # one C call: atomic under the GIL
@@ -150,6 +230,14 @@ class Trace:
             payload = self._payloads[ref]
         return Event(EVENT_KINDS[code], payload, t)
 
+    def latest(self, kind: str) -> Event | None:
+        """The latest event of *kind*, or None (searched from the end)."""
+        code = _CODE[kind]
+        for i in reversed(range(len(self))):
+            if self._row(i)[3] == code:
+                return self._event(i)
+        return None
+
     def __iter__(self) -> Iterator[Event]:
         return (self._event(i) for i in range(len(self)))
 
@@ -196,7 +284,10 @@ class Trace:
         ``amount`` and ``payload`` (charges carry no payload dict, so a million rows is cheap)."""
         from ._frames import trace_frame
 
-        return trace_frame(self)
+        n = len(self)
+        # a copy (not a view): a live run may still be appending to the array
+        return trace_frame(self._rows[: 4 * n], self._payloads, self._runs,
+                           EVENT_KINDS)
 
     def replay(self, limits: Limits) -> Replay:
         """Where this run's charges would have been refused under *limits* (run-wide ceilings).
@@ -217,7 +308,7 @@ class Trace:
         Axes."""
         from ._frames import plot_trace
 
-        return plot_trace(self, **kwargs)
+        return plot_trace(self.to_frame(), self.limits, self.notices, **kwargs)
 
     # -- files ------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:

@@ -48,9 +48,10 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "nbbudget.pydantic_ai needs pydantic-ai: pip install 'nbbudget[pydantic-ai]'"
     ) from exc
 
-from ._budget import Budget, _Unwind, current
+from ._budget import Budget, current
 from ._errors import BudgetCut, BudgetExceeded, ConfigError
-from ._provider import _clamp, _spend, usage_of
+from ._lowlevel import Unwind
+from ._provider import clamp, spend_usage, usage_of
 
 __all__ = ["Budgeted", "UsageLimitCut", "UsageLimitRefused"]
 
@@ -149,7 +150,7 @@ class Budgeted(AbstractCapability[Any]):
         try:
             run.charge("provider_calls", target=f"provider:{label}")
             asked = settings.get("max_tokens")
-            clamped = _clamp(run, asked)
+            clamped = clamp(run, asked, f"provider:{label}")
         except BudgetExceeded as err:
             raise _refused(err) from None
         if clamped != asked:
@@ -163,8 +164,8 @@ class Budgeted(AbstractCapability[Any]):
         run = self._run()
         usage = usage_of(response)
         try:
-            _spend(run, usage, self.prices, self.price, _model_name(request_context.model))
-        except _Unwind as signal:
+            spend_usage(run, usage, self.prices, self.price, _model_name(request_context.model))
+        except Unwind as signal:
             cut = signal.stop  # the run, or the run it draws on, failed budget-cut
             err = UsageLimitCut(cut.by or "budget", cut.message)
             err._stop = cut  # so the run's `with` block raises this error, not a new one
@@ -187,12 +188,10 @@ def _notice_text(run: Budget) -> str:
     """The line for the model: the advice of the run's notice level, and which limit is how
     near from the latest notice of its trace (a run resumed from a checkpoint may have none)."""
     advice = "start converging" if run.notice_level == 1 else "deliver now"
-    trace = run.trace
-    for i in reversed(range(len(trace))):  # the latest notice is near the end: stop there
-        event = trace._event(i)
-        if event.kind == "approach_notice":
-            return (f"Budget notice: {advice} ({event.payload['budget_kind']} at "
-                    f"{event.payload['ratio']:.0%} of its limit).")
+    event = run.trace.latest("approach_notice")
+    if event is not None:
+        return (f"Budget notice: {advice} ({event.payload['budget_kind']} at "
+                f"{event.payload['ratio']:.0%} of its limit).")
     return f"Budget notice: {advice}."
 
 

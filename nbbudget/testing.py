@@ -16,13 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._clock import Scheduled, _Timers
+from ._clock import Scheduled, Timers
 from ._duration import parse_duration
 
 __all__ = ["FakeClock", "Reply", "ScriptedProvider"]
 
 
-class FakeClock(_Timers):
+class FakeClock(Timers):
     """A clock that moves only when `advance()` is called; callbacks run in the advancing thread
     (a callback scheduled in the past runs at the next ``advance()``, ``advance(0)`` included).
 
@@ -44,7 +44,7 @@ class FakeClock(_Timers):
 
     def call_at(self, when_ms: float, callback: Callable[[], object]) -> Scheduled:
         with self._lock:
-            return self._push(when_ms, callback)
+            return self.push(when_ms, callback)
 
     def advance(self, duration: int | str) -> None:
         """Move the clock forward by *duration* (ms or a string such as ``"1.5s"``), running each
@@ -52,13 +52,13 @@ class FakeClock(_Timers):
         target = self._now + parse_duration(duration)
         while True:
             with self._lock:
-                nxt = self._next_ms()
+                nxt = self.next_ms()
                 if nxt is None or nxt > target:
                     self._now = target
                     self._moved.notify_all()
                     return
                 self._now = max(self._now, nxt)
-                due = self._pop_due(self._now)
+                due = self.pop_due(self._now)
             for item in due:
                 item.callback()
 

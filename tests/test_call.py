@@ -782,6 +782,62 @@ def _manifest(tmp_path, envelope_bytes: int) -> str:
     return str(path)
 
 
+def _wall_clock_manifest(tmp_path, wall_ms: int) -> str:
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps({
+        "manifest_version": "nbbudget-manifest-v1",
+        "turn": {"wallClock": wall_ms, "under": wall_ms * 2},
+        "transport": {"envelopeBytes": 1_000_000},
+    }), encoding="utf-8")
+    return str(path)
+
+
+def test_S2_8_the_manifest_wall_clock_cancels_a_plain_call_as_its_timeout(tmp_path, clock):
+    def cooperative() -> str:
+        run = nb.current()
+        for _ in range(1000):
+            clock.advance("100ms")
+            run.check()
+        return "never cancelled"
+
+    resp = nb.call(cooperative, manifest=_wall_clock_manifest(tmp_path, 1000), clock=clock)
+    assert (resp.ok, resp.exit_code, resp.error["code"]) == (False, 124, "cancelled")
+    assert resp.meta["timeout_ms"] == 1000
+    assert clock.now_ms() <= 1100  # it stopped at the first check past the wall clock
+
+
+def test_S2_8_a_shorter_timeout_than_the_manifest_wall_clock_stands(tmp_path, clock):
+    def cooperative() -> str:
+        run = nb.current()
+        for _ in range(1000):
+            clock.advance("100ms")
+            run.check()
+        return "never cancelled"
+
+    resp = nb.call(cooperative, timeout="500ms", manifest=_wall_clock_manifest(tmp_path, 1000),
+                   clock=clock)
+    assert (resp.exit_code, resp.meta["timeout_ms"]) == (124, 500)
+
+
+def test_S2_8_the_manifest_wall_clock_caps_the_call_budget_of_a_detach_call(tmp_path, clock):
+    release = threading.Event()
+
+    def crunch() -> str:
+        outlive(clock, "1s")
+        release.wait(SOON)
+        return "crunched"
+
+    resp = nb.call(crunch, detach=True, budget="1h",
+                   manifest=_wall_clock_manifest(tmp_path, 1000), clock=clock)
+    try:
+        assert (resp.exit_code, resp.meta["budget_ms"]) == (14, 1000)
+        assert resp.data["state"] == "running"
+        job = nb.jobs[resp.data["job"]]
+    finally:
+        release.set()
+    assert job.result(timeout=SOON) == "crunched"
+
+
 @pytest.mark.parametrize("data", [
     "x" * 5000,
     "é" * 5000,

@@ -24,7 +24,8 @@ import nbbudget.testing
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
-PAGES = ["index", "quickstart", "concepts", "magics", "api", "cli", "configuration", "limits"]
+PAGES = ["index", "quickstart", "concepts", "magics", "api", "run", "cli", "configuration",
+         "limits"]
 AUTODOC = re.compile(
     r"^\.\. auto(?:function|class|exception|data|attribute|method)::\s+([\w.]+)", re.M
 )
@@ -162,6 +163,9 @@ def test_the_cli_page_is_generated_from_the_parser(render: ModuleType) -> None:
     assert ".. program:: nbbudget inspect" in text
     assert ".. option:: --json" in text
     assert ".. option:: TRACE.json" in text
+    for program in ("run", "jobs", "cancel"):
+        assert f".. program:: nbbudget {program}" in text
+    assert ".. option:: -p NAME VALUE, --parameter NAME VALUE" in text
 
 
 def test_the_configuration_page_lists_every_trait_and_variable(render: ModuleType) -> None:

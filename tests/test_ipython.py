@@ -3,6 +3,7 @@ in a real kernel (N-1, S0-3, S0-5)."""
 
 from __future__ import annotations
 
+import contextvars
 import re
 import threading
 
@@ -364,3 +365,49 @@ def test_budget_jobs_on_a_damaged_store_is_a_usage_error_naming_it(shell, tmp_pa
     with pytest.raises(UsageError, match=re.escape(
             f"the nbbudget store {str(folder / 'nbbudget.db')!r} is damaged")):
         shell.run_line_magic("budget", "jobs")
+
+
+def test_S2_1_a_budget_cell_inside_an_active_run_runs_as_a_grant_of_it(shell):
+    """Under ``nbbudget run`` every cell runs inside the notebook's run: a %%budget cell there
+    is a grant of it, its steps counted on the run too, its deadline within the run's."""
+    from nbbudget._budget import activate
+    from nbbudget.testing import FakeClock
+
+    run = nb.budget(steps=3, time="1h", name="notebook", clock=FakeClock())
+
+    def cell_in_the_run():
+        activate(run)
+        shell.run_cell("%%budget --steps 5 --time 2h --no-widget\nimport nbbudget as nb\n"
+                       "inner = nb.current()\ninner.step()\ninner.step()")
+        return shell.run_cell("%%budget --steps 5 --no-widget\nnb.current().step()\n"
+                              "nb.current().step()")
+
+    second = contextvars.copy_context().run(cell_in_the_run)  # `run` stays current only there
+    inner = shell.user_ns["inner"]
+    assert isinstance(inner, nb.Grant)
+    assert inner.remaining_ms <= 3_600_000  # S2-1: no later than the run's own deadline
+    assert isinstance(second.error_in_exec, nb.BudgetExceeded)  # the run's 3 steps, shared
+    assert (second.error_in_exec.scope, run.consumed["steps"]) == ("run", 3)
+    assert nb.current() is None
+
+
+def test_a_stop_that_reaches_the_top_of_a_cell_shows_its_public_error_in_one_line(shell, capsys):
+    """A run made current outside a ``with`` block (a notebook's under ``nbbudget run``): when
+    its time grant is spent, the next check raises at the top of a cell, and IPython shows the
+    error a ``with`` block would have raised, in one line."""
+    from nbbudget._budget import activate
+    from nbbudget.testing import FakeClock
+
+    clock = FakeClock()
+    run = nb.budget(time="1s", name="notebook", clock=clock)
+
+    def cell_in_the_run():
+        activate(run)
+        clock.advance("2s")
+        return shell.run_cell("import nbbudget as nb\nnb.current().check()")
+
+    result = contextvars.copy_context().run(cell_in_the_run)
+    assert result.error_in_exec is not None
+    shown = capsys.readouterr().out.strip().splitlines()
+    assert shown == ["BudgetCut: notebook ran out of time: its time grant of 1000 ms is spent; "
+                     "give it more time or do less work"]

@@ -553,3 +553,27 @@ def test_an_unknown_run_limit_in_a_manifest_is_refused(tmp_path: Path) -> None:
         f"manifest {str(path)!r}: unknown run limit 'max_foo'; known limits are {KNOWN_KEYS} "
         f"(the max_ is optional)"
     )
+
+
+def test_every_kind_has_its_field_its_json_key_and_its_flag_in_budget_and_run():
+    """One table of kinds: each kind is a `Limits` field, a JSON key (bare and ``max_``), and
+    a flag that ``%%budget`` and ``nbbudget run`` both declare, read back as that limit."""
+    import argparse
+    import dataclasses
+
+    from nbbudget._cli import _parser
+    from nbbudget._ipython import BudgetMagics
+    from nbbudget._kinds import KINDS
+    from nbbudget._limits import limits_from_flags
+
+    fields = {f.name for f in dataclasses.fields(nb.Limits)}
+    run_parser = next(action for action in _parser()._actions
+                      if isinstance(action, argparse._SubParsersAction)).choices["run"]
+    for kind in KINDS:
+        assert kind.name in fields
+        assert nb.Limits.from_json({kind.name: 7}) == nb.Limits.from_json({f"max_{kind.name}": 7})
+        for parser in (BudgetMagics.budget_cell.parser, run_parser):
+            value = "7ms" if kind.name == "run_ms" else "7"
+            notebook = ["report.ipynb"] if parser is run_parser else []
+            args = parser.parse_args([*notebook, kind.flag, value])
+            assert getattr(limits_from_flags(args), kind.name) == 7, (kind, parser.prog)

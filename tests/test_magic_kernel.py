@@ -230,6 +230,20 @@ def test_S4_7_a_wall_clock_that_fires_ends_the_cell_as_Cancelled_in_one_line(ker
     time.sleep(1.5)  # the work that ignored its signal ends before the next test
 
 
+def test_S2_8_a_manifest_wall_clock_ends_the_cell_as_its_wall_clock_limit(kernel, tmp_path):
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({
+        "manifest_version": "nbbudget-manifest-v1", "run_limits": {"max_steps": 10**6},
+        "turn": {"wallClock": 300, "under": 1000}, "transport": {"envelopeBytes": 65536},
+    }), encoding="utf-8")
+    cell = run(kernel, f"%%budget --manifest '{manifest}' --no-widget\nimport time\n"
+                       f"while True:\n    nb.current().step()\n    time.sleep(0.01)")
+    content = cell.reply["content"]
+    assert (cell.status, content["ename"]) == ("error", "Cancelled")
+    assert "was cancelled: its wall-clock limit of 300 ms" in content["evalue"]
+    assert cell.seconds < 5
+
+
 def test_a_spent_limit_ends_the_cell_with_one_line(kernel):
     cell = run(kernel, "%%budget --steps 2\nfor i in range(5):\n    nb.current().step()")
     assert cell.status == "error"

@@ -176,6 +176,18 @@ def test_S3_7_past_a_fraction_of_the_cost_limit_the_run_degrades_once(clock):
         {"from": "large_model", "to": "small_model", "reason": "budget"}]
 
 
+def test_S3_7_a_grant_that_degrades_records_it_in_its_own_outcome(clock):
+    cheap = ScriptedProvider([Reply("cheap", cost_usd=0.01)] * 2)
+    cheap.__name__ = "small_model"
+    big = ScriptedProvider([Reply("big", cost_usd=0.9)])
+    with nb.budget(clock=clock) as run, run.grant(name="writer", cost_usd=1.0) as child:
+        ask = child.provider(big, name="large_model", degrade=(cheap, 0.8))
+        assert [ask("q").text for _ in range(3)] == ["big", "cheap", "cheap"]
+    assert child.outcome.degraded == {"from": "large_model", "to": "small_model",
+                                      "reason": "budget"}
+    assert run.outcome.degraded is None  # the run's own providers kept their model
+
+
 def test_degrade_needs_a_cost_limit_and_a_fraction(clock):
     run = nb.budget(clock=clock)
     with pytest.raises(nb.ConfigError, match="needs a cost limit"):

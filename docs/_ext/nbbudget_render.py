@@ -80,6 +80,8 @@ def option_label(action: argparse.Action) -> str:
     if action.nargs == 0:
         return ", ".join(action.option_strings)
     metavar = action.metavar or action.dest.upper()
+    if isinstance(metavar, tuple):  # several values: -p NAME VALUE
+        metavar = " ".join(metavar)
     return ", ".join(f"{opt} {metavar}" for opt in action.option_strings)
 
 

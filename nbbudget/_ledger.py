@@ -1,0 +1,449 @@
+"""The ledger: what a run and its grants may spend and have spent (S2-2, S2-9, S3-1, S3-3,
+S3-5, S4-3, S4-4, S4-8).
+
+`Ledger` is the interface; `LocalLedger` keeps the counters in this process. A ledger holds one
+`Account` per run or grant: the run's account has the run-wide counters, a grant's has its own
+allowances beside them (S2-2). Check-and-reserve covers an account and its run's together, all
+or nothing (S4-3); a refusal leaves every counter as it was and is recorded (S4-8). Spending that
+already happened is counted even past a limit, and the first limit it passed is reported
+(S4-10, S3-3).
+
+Leases: the local ledger reserves permits of each whole-number kind ahead, in blocks, into a
+pool per kind, and ``step()`` or ``charge(kind)`` takes one with ``list.pop()``, which is atomic:
+no lock, no clock. Everything else (a refill, an amount other than 1, a notice to give, a full
+trace, a refusal, a grant) takes the lock. A used amount is ``counts - len(pool)``; a pool never
+holds permits past the limit or the next notice. A ledger kept elsewhere (a scheduler) has the
+same shape: a reservation settles a lease in the same round trip, and a stop drains the leases.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from ._clock import Clock
+from ._errors import BudgetExceeded, ConfigError
+from ._kinds import KIND_INDEX, KINDS, RUN_MS, kind_index
+from ._limits import NO_LIMITS, Limits
+from ._snapshot import AxisUsage
+from ._trace import Recorder
+
+__all__ = ["STATE_VERSION", "Account", "Ledger", "LocalLedger", "check_totals", "plain",
+           "read_state"]
+
+STATE_VERSION = "nbbudget-ledger-v1"
+_INF = math.inf
+_K = len(KINDS)
+_WINDOW_KINDS = frozenset(KIND_INDEX[k] for k in ("tokens", "cost_usd", "run_ms"))
+_POOLED = tuple(k.integral and k.name != "run_ms" for k in KINDS)
+_BLOCK = 256  # permits a pool reserves at a time
+_PERMITS: list[None] = [None] * _BLOCK
+_ROOT_CAP = tuple(_INF if pooled else -_INF for pooled in _POOLED)  # with no limit: pool freely
+_NO_CAP = (-_INF,) * _K
+_STATE_KEYS = ("name", "limits", "totals", "suspend", "counts", "active_ms", "notice_level",
+               "notices")
+
+#: (kind index, amount) pairs, in the attribution order
+Items = Sequence[tuple[int, float]]
+
+
+class Account:
+    """What one run or grant may spend and has spent. A grant's pools stay empty: it always
+    charges through the lock, on its own allowances and on its run's."""
+
+    def __init__(self, ledger: LocalLedger, name: str, limits: Limits, recorder: Recorder,
+                 parent: Account | None) -> None:
+        self.ledger = ledger
+        self.name = name
+        self.limits = limits
+        self.limits_set = limits.to_dict()
+        self.recorder = recorder
+        self.parent = parent
+        self.scope = "run" if parent is None else "grant"
+        self.counts: list[float] = [0] * _K
+        self.bulk: list[float] = [0] * _K  # amounts beyond one per charge: ops = used - bulk
+        self.base: list[float] = [0] * _K  # what earlier windows used (S3-1)
+        self.total: list[float | None] = [None] * _K
+        self.exhausted = [False] * _K
+        self.pools: list[list[None]] = [[] for _ in range(_K)]
+        self.thr = [_INF] * _K  # the count that may be reached
+        self.watch = [_INF] * _K  # the use at which the next notice is due
+        self.cap = list(_NO_CAP)  # how far the pool may reserve ahead
+
+    def used(self, i: int) -> float:
+        """What kind *i* has consumed in this slice (reserved, less what waits in the pool)."""
+        return self.counts[i] - len(self.pools[i]) - self.base[i]
+
+    def figures(self, i: int) -> tuple[float, float]:
+        """The limit of kind *i* in force (this slice's), and what this slice consumed."""
+        return plain(self.thr[i] - self.base[i]), plain(self.used(i))
+
+
+class Ledger(Protocol):
+    """What a run needs of the place its counters are kept. Amounts are ``(kind index,
+    amount)`` pairs; an account is what `open` returned. The lock is held around `reserve`,
+    `spend`, `check` and `drain` by the run, so a stop and a reservation never interleave."""
+
+    lock: threading.Lock
+    root: Account
+    suspend: bool  # windows suspend the run (S3-1)
+    totals: Limits  # whole-run totals over windows
+    notice_level: int  # approach notices given so far (S3-5)
+
+    def open(self, name: str, limits: Limits, recorder: Recorder,
+             parent: Account) -> Account: ...
+
+    def reserve(self, account: Account, items: Items, target: str | None,
+                t_ms: float) -> BudgetExceeded | None: ...
+
+    def spend(self, account: Account, items: Items, target: str | None,
+              t_ms: float) -> tuple[Account, int] | None: ...
+
+    def check(self, account: Account, i: int, n: float, target: str | None,
+              t_ms: float) -> BudgetExceeded | None: ...
+
+    def refuse(self, account: Account, holder: Account, i: int, n: float, target: str | None,
+               t_ms: float) -> BudgetExceeded: ...
+
+    def drain(self, account: Account) -> None: ...
+
+    def remaining(self, account: Account, i: int) -> float: ...
+
+    def consumed(self, account: Account) -> dict[str, float]: ...
+
+    def axes(self, account: Account, elapsed_ms: float,
+             remaining_ms: float | None) -> tuple[AxisUsage, ...]: ...
+
+    def stats(self, refused: Counter[str]) -> dict[str, dict[str, float]]: ...
+
+    def state(self, active_ms: float) -> dict[str, Any]: ...
+
+    def restore(self, state: Mapping[str, Any]) -> None: ...
+
+
+class LocalLedger:
+    """The counters of one run and its grants, in this process, under one lock."""
+
+    def __init__(self, name: str, limits: Limits, recorder: Recorder, *, clock: Clock,
+                 lock: threading.Lock, suspend: bool, totals: Limits,
+                 notices: tuple[float, float] | None, elapsed: Callable[[], float],
+                 full: bool) -> None:
+        self.lock = lock
+        self.suspend = suspend
+        self.totals = totals
+        self.notices = notices
+        self.notice_level = 0
+        self.full = full
+        self._elapsed = elapsed
+        self.root = root = Account(self, name, limits, recorder, None)
+        totals_set = totals.to_dict()
+        root.total = [totals_set.get(k.name) for k in KINDS]
+        self._totals_set = totals_set
+        self._clock = clock
+        self.arm()
+
+    def traced_pools(self, started: Any) -> None:
+        """With ``trace="full"``: the run's pools record each permit they hand out."""
+        root = self.root
+        root.pools = [root.recorder.pool(i, self._clock, started) for i in range(_K)]
+
+    # -- thresholds ------------------------------------------------------------------------------
+    def arm(self) -> None:
+        """Recompute the run's thresholds, notice points and pool caps per kind."""
+        root, totals = self.root, self._totals_set
+        thr, watch, cap = [_INF] * _K, [_INF] * _K, list(_ROOT_CAP)
+        for name in root.limits_set.keys() | totals.keys():
+            i = KIND_INDEX[name]
+            window = root.limits_set.get(name)
+            thr[i] = min(root.base[i] + window if window is not None else _INF,
+                         totals.get(name, _INF))
+            if window is not None and self.notices and self._notice_armed(i):
+                watch[i] = root.base[i] + window * self.notices[self.notice_level]
+            if _POOLED[i]:
+                cap[i] = min(thr[i], math.ceil(watch[i]) - 1 if watch[i] != _INF else _INF)
+        root.thr, root.watch, root.cap = thr, watch, cap
+
+    def _notice_armed(self, i: int) -> bool:
+        return self.notice_level < 2 and not (self.suspend and i in _WINDOW_KINDS)
+
+    def open(self, name: str, limits: Limits, recorder: Recorder,
+             parent: Account) -> Account:
+        """A grant's account under *parent* (lock held): its own allowances (S2-2)."""
+        account = Account(self, name, limits, recorder, parent)
+        for kind, value in account.limits_set.items():
+            account.thr[KIND_INDEX[kind]] = value
+        return account
+
+    # -- check and reserve (lock held) -------------------------------------------------------------
+    def reserve(self, account: Account, items: Items, target: str | None,
+                t_ms: float) -> BudgetExceeded | None:
+        """Reserve every item on *account* and its run's counters, all or nothing (S4-3)."""
+        root = self.root
+        if account is not root:
+            for i, n in items:
+                if account.counts[i] + n > account.thr[i]:
+                    return self.refuse(account, account, i, n, target, t_ms)
+        short = self._take_all(items)
+        if short is not None:
+            return self.refuse(account, root, *short, target, t_ms)
+        for i, n in items:
+            if account is not root:
+                account.counts[i] += n
+            self._after_take(account, i, n, target, t_ms)
+        return None
+
+    def _take_all(self, items: Items) -> tuple[int, float] | None:
+        """Reserve every item on the run, or none: the first that cannot be had, else None."""
+        for k, (i, n) in enumerate(items):
+            if not self._take(i, n):
+                for j, m in items[:k]:
+                    self.root.counts[j] -= m
+                    self.root.bulk[j] -= m - 1
+                return i, n
+        return None
+
+    def _take(self, i: int, n: float) -> bool:
+        """Reserve *n* of kind *i*: from what is not yet reserved, then from the pool."""
+        root = self.root
+        counts, pool, thr = root.counts, root.pools[i], root.thr[i]
+        short = counts[i] + n - thr
+        taken = 0
+        while taken < short:  # only whole-number kinds have pools; for others this fails at once
+            try:
+                list.pop(pool)  # not a charge of its own: a traced pool must not record it
+            except IndexError:
+                counts[i] -= taken  # what was taken from the pool is free again
+                if _POOLED[i] and not pool and thr - counts[i] < 1:
+                    root.exhausted[i] = True
+                return False
+            taken += 1
+        counts[i] += n - taken
+        root.bulk[i] += n - 1
+        return True
+
+    def _after_take(self, account: Account, i: int, n: float, target: str | None,
+                    t_ms: float) -> None:
+        """What follows a reservation: a full-trace event, a notice, a refill of the lease."""
+        root = self.root
+        if self.full:
+            account.recorder.charge(i, n, t_ms, target)
+        if root.used(i) >= root.watch[i]:
+            self.notice(t_ms)
+        pool = root.pools[i]
+        room = root.cap[i] - root.counts[i]
+        if room >= 1 and not pool:  # refill an empty pool only: it never holds over a block
+            k = int(min(_BLOCK, room))
+            root.counts[i] += k
+            pool.extend(_PERMITS[:k])
+
+    def drain(self, account: Account) -> None:
+        """Give back the permits waiting in *account*'s pools (a stop: lock held; pops may
+        race, each is one)."""
+        for i, pool in enumerate(account.pools):
+            while True:
+                try:
+                    list.pop(pool)  # not a charge: a traced pool records nothing here
+                except IndexError:
+                    break
+                account.counts[i] -= 1
+
+    # -- after the fact and without reserving (lock held) ---------------------------------------
+    def spend(self, account: Account, items: Items, target: str | None,
+              t_ms: float) -> tuple[Account, int] | None:
+        """Record spending that already happened, even past a limit (S4-10); the first account
+        and kind whose limit it passed, in the attribution order (S2-9, S3-3), else None."""
+        root = self.root
+        for i, n in items:
+            if account is not root:
+                account.counts[i] += n
+            root.counts[i] += n
+            root.bulk[i] += n - 1
+            self._after_take(account, i, n, target, t_ms)
+        holders = (account,) if account is root else (account, root)
+        for i, _ in items:
+            for holder in holders:
+                thr = holder.thr[i]
+                if thr != _INF and holder.used(i) + holder.base[i] > thr:
+                    return holder, i
+        return None
+
+    def check(self, account: Account, i: int, n: float, target: str | None,
+              t_ms: float) -> BudgetExceeded | None:
+        """The refusal of *n* of kind *i* by the first of *account* and its run that has not
+        that much left, else None; nothing is reserved (a clamp before dispatch)."""
+        for holder in (account,) if account is self.root else (account, self.root):
+            if holder.used(i) + holder.base[i] + n > holder.thr[i]:
+                return self.refuse(account, holder, i, n, target, t_ms)
+        return None
+
+    def refuse(self, account: Account, holder: Account, i: int, n: float, target: str | None,
+               t_ms: float) -> BudgetExceeded:
+        """Record a refusal of *n* of kind *i* against *holder* (charged from *account*) and
+        return the error (safe with or without the lock: the trace takes events from any
+        thread)."""
+        used, base, total = holder.used(i), holder.base[i], holder.total[i]
+        if total is not None and used + base + n > total:  # a whole-run total: loud (S3-1)
+            limit, consumed, window = total, used + base, False
+        else:
+            limit, consumed = holder.thr[i] - base, used
+            window = self.suspend and i in _WINDOW_KINDS and holder is self.root
+        account.recorder.refusal(i, limit, consumed, n, target, t_ms)
+        kind = KINDS[i]
+        # BaseException.__new__ stores the args; the Python __init__ would only add a call
+        err = BudgetExceeded.__new__(BudgetExceeded, kind.name, limit, consumed, n, target,
+                                     kind.code, holder.scope)
+        if window:
+            err.window = True
+        return err
+
+    # -- notices (S3-5) ---------------------------------------------------------------------------
+    def notice(self, t_ms: float) -> None:
+        """Give the approach notices now due (lock held)."""
+        notices = self.notices
+        if not notices or self.notice_level >= 2:
+            return
+        kind, ratio = self._highest_ratio()
+        while self.notice_level < 2 and ratio >= notices[self.notice_level]:
+            self.notice_level += 1
+            self.root.recorder.add("approach_notice", t_ms, {
+                "level": self.notice_level, "threshold": notices[self.notice_level - 1],
+                "budget_kind": kind, "ratio": round(ratio, 6),
+                "advice": "start converging" if self.notice_level == 1 else "deliver now",
+            })
+        self.arm()
+
+    def _highest_ratio(self) -> tuple[str, float]:
+        best, best_ratio = "", 0.0
+        for kind, limit in self.root.limits_set.items():
+            i = KIND_INDEX[kind]
+            if self.suspend and i in _WINDOW_KINDS:
+                continue
+            used = self._elapsed() if i == RUN_MS else self.root.used(i)
+            if used / limit > best_ratio:
+                best, best_ratio = kind, used / limit
+        return best, best_ratio
+
+    def time_notices(self) -> list[float]:
+        """The active ms at which a time notice is still to come."""
+        run_ms = self.root.limits.run_ms
+        if not self.notices or run_ms is None or self.suspend:
+            return []
+        return [run_ms * frac for level, frac in enumerate(self.notices)
+                if level >= self.notice_level]
+
+    # -- reading --------------------------------------------------------------------------------
+    def remaining(self, account: Account, i: int) -> float:
+        """What is left of kind *i*: the smaller of *account*'s own and the run's (lock held)."""
+        left = _left(account, i)
+        return left if account is self.root else min(left, _left(self.root, i))
+
+    def totals_used(self, account: Account) -> list[float]:
+        """Every kind's use across windows (lock held)."""
+        return [account.used(i) + account.base[i] for i in range(_K)]
+
+    def consumed(self, account: Account) -> dict[str, float]:
+        """What *account* has used of each charged kind, across windows."""
+        with self.lock:
+            used = self.totals_used(account)
+        return {k.name: plain(used[i]) for i, k in enumerate(KINDS) if used[i] and i != RUN_MS}
+
+    def axes(self, account: Account, elapsed_ms: float,
+             remaining_ms: float | None) -> tuple[AxisUsage, ...]:
+        """Each armed axis of *account* now; time figures in whole milliseconds."""
+        axes = []
+        for kind, limit in account.limits_set.items():
+            i = KIND_INDEX[kind]
+            if i == RUN_MS:  # whole milliseconds: what a person reads
+                used: float = round(elapsed_ms - account.base[RUN_MS])
+                left: float = round(remaining_ms or 0.0)
+            else:
+                used = account.used(i)
+                with self.lock:
+                    left = plain(self.remaining(account, i))
+            axes.append(AxisUsage(kind, limit, plain(used), left, used / limit))
+        return tuple(axes)
+
+    def stats(self, refused: Counter[str]) -> dict[str, dict[str, float]]:
+        """The run's checks, consumptions, amounts consumed and refusals (given), by kind
+        (S4-9); kinds with nothing to show are left out."""
+        root = self.root
+        with self.lock:
+            used = self.totals_used(root)
+            ops = [round(used[i] - root.bulk[i]) for i in range(_K)]
+        stats: dict[str, dict[str, float]] = {"checks": {}, "consumptions": {}, "consumed": {},
+                                              "refusals": {}}
+        for i, kind in enumerate(KINDS):
+            name = kind.name
+            for table, value in (("checks", ops[i] + refused[name]), ("consumptions", ops[i]),
+                                 ("consumed", plain(used[i])), ("refusals", refused[name])):
+                if value:
+                    stats[table][name] = value
+        return stats
+
+    # -- state (S3-1, S4-4, S4-5) -----------------------------------------------------------------
+    def state(self, active_ms: float) -> dict[str, Any]:
+        """The counters a checkpoint must hold, with the limits, totals and notices."""
+        root = self.root
+        with self.lock:
+            used = self.totals_used(root)
+            return {
+                "version": STATE_VERSION, "name": root.name, "limits": root.limits.to_dict(),
+                "totals": self.totals.to_dict(), "suspend": self.suspend,
+                "counts": {k.name: plain(used[i]) for i, k in enumerate(KINDS)
+                           if used[i] and i != RUN_MS},
+                "active_ms": plain(round(active_ms, 3)), "notice_level": self.notice_level,
+                "notices": list(self.notices) if self.notices else None,
+            }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Take back the counters of *state* (read with `read_state`); with suspend, the
+        windows start fresh and the totals stay (S3-1)."""
+        root = self.root
+        for kind, value in state["counts"].items():
+            root.counts[kind_index(kind, chargeable=True)] = value
+        root.bulk = list(root.counts)  # what earlier slices consumed is not this run's work
+        self.notice_level = int(state["notice_level"])
+        if self.suspend:
+            root.base = [root.counts[i] if i in _WINDOW_KINDS else 0 for i in range(_K)]
+            root.base[RUN_MS] = float(state["active_ms"])  # a fresh time window (S3-1)
+        self.arm()
+
+
+def _left(account: Account, i: int) -> float:
+    return max(0, account.thr[i] - account.base[i] - account.used(i))
+
+
+def read_state(state: object) -> Mapping[str, Any]:
+    """*state* if it is a complete ledger state of this version; else a `ConfigError`, and the
+    state is refused unchanged (S4-5)."""
+    if not isinstance(state, Mapping):
+        raise ConfigError(f"a ledger state is a mapping, not {type(state).__name__}")
+    if state.get("version") != STATE_VERSION:
+        raise ConfigError(f"ledger state version {state.get('version')!r} is not "
+                          f"{STATE_VERSION!r}; it is refused unchanged "
+                          f"(see: nbbudget explain S4-5)")
+    missing = [k for k in _STATE_KEYS if k not in state]
+    if missing:
+        raise ConfigError(f"ledger state lacks {', '.join(missing)}; it is refused unchanged")
+    return state
+
+
+def check_totals(totals: Limits | None, suspend: bool) -> Limits:
+    if totals is None:
+        return NO_LIMITS
+    if not isinstance(totals, Limits):
+        raise ConfigError(f"totals must be nb.Limits, not {type(totals).__name__}")
+    if not suspend:
+        raise ConfigError("totals= only applies with suspend=True (whole-run totals over windows)")
+    return totals
+
+
+def plain(x: float) -> float:
+    """*x*, as an int when it is a whole float (``3.0`` reads ``3``)."""
+    if isinstance(x, float) and x.is_integer() and x != _INF:
+        return int(x)
+    return x
+

@@ -1,0 +1,256 @@
+"""The low-level API of a run, for the layers built on it: tools, providers, branches, calls
+and the pydantic-ai adapter. Users need none of it.
+
+A run (`nb.Budget`) is a small facade over three parts, each replaceable on its own:
+
+- a **ledger** account (`nbbudget._ledger`): what the run or grant may spend and has spent;
+  check-and-reserve over a grant and its run, all or nothing; spending after the fact;
+- a **scope** (`nbbudget._scope`): the stop tree, the deadline and the pause;
+- a **recorder** (`nbbudget._trace.Recorder`): the events of its trace.
+
+``run.lowlevel`` is the run's `Core`, which ties the three together: every refusal and every cut
+goes through it, so each one is traced the same way (S4-8). Helpers take what they need from it
+and never another module's private names.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn, Protocol
+
+from ._clock import Clock
+from ._errors import BudgetExceeded
+from ._kinds import KINDS, RUN_MS
+from ._ledger import Account, Ledger, LocalLedger, plain
+from ._limits import Limits
+from ._outcome import Status
+from ._scope import Incomplete, Scope, Stop, Unwind
+from ._trace import Recorder, Trace
+
+__all__ = ["Core", "Incomplete", "Recorder", "Run", "Scope", "Stop", "Unwind"]
+
+
+class Run(Protocol):
+    """What the helpers built on a run use of it: `nb.Budget` is one."""
+
+    name: str
+
+    @property
+    def lowlevel(self) -> Core: ...
+
+    @property
+    def limits(self) -> Limits: ...
+
+    @property
+    def consumed(self) -> Mapping[str, float]: ...
+
+    def charge(self, kind: str, n: float = 1, *, target: str | None = None) -> None: ...
+
+    def check(self) -> None: ...
+
+    def remaining(self, kind: str) -> float: ...
+
+    def grant(self, *, time: int | str | None = None, name: str | None = None,
+              **limit_fields: Any) -> Run: ...
+
+
+class Core:
+    """One run's or grant's ledger account, scope and recorder, and the paths through them:
+    reserve, require, spend, refuse and cut."""
+
+    __slots__ = ("account", "clock", "degraded", "ledger", "name", "recorder", "scope")
+
+    def __init__(self, name: str, ledger: Ledger, account: Account, scope: Scope) -> None:
+        self.name = name
+        self.ledger = ledger
+        self.account = account
+        self.scope = scope
+        self.recorder: Recorder = scope.recorder
+        self.clock: Clock = scope.clock
+        self.degraded: dict[str, str] | None = None  # S3-7: set once, when it degrades
+        scope.on_halt = self._on_halt
+        scope.on_expire = self.expired
+        scope.limit_ms = account.thr[RUN_MS]
+
+    @classmethod
+    def run(cls, name: str, limits: Limits, clock: Clock, *, full: bool, suspend: bool,
+            totals: Limits, notices: tuple[float, float] | None) -> Core:
+        """The parts of a new run: its trace, its scope, and its account in a new
+        `LocalLedger`."""
+        log = Trace(full=full, name=name)
+        log.limits, log.notices = limits.to_dict(), list(notices or ())
+        lock, recorder = threading.Lock(), Recorder(log, name)
+        scope = Scope(name, recorder, clock, lock=lock)
+        ledger = LocalLedger(name, limits, recorder, clock=clock, lock=lock, suspend=suspend,
+                             totals=totals, notices=notices, elapsed=scope.elapsed_ms,
+                             full=full)
+        if full:
+            ledger.traced_pools(scope)
+        scope.notice_times = ledger.time_notices
+        scope.on_notice = lambda: ledger.notice(scope.t_ms())
+        core = cls(name, ledger, ledger.root, scope)
+        log.follow(core.stats)
+        return core
+
+    def grant(self, name: str | None, limits: Limits) -> Core:
+        """The parts of a grant of this run or grant (lock held): a child scope, whose time
+        never outlives this one's (S2-1), and a child account (S2-2)."""
+        trace, scope = self.recorder.trace, self.scope
+        name = name or f"{self.name}/grant-{trace.run_count()}"
+        recorder = Recorder(trace, name)
+        child = Scope(name, recorder, scope.clock, parent=scope, lock=scope.lock)
+        account = self.ledger.open(name, limits, recorder, self.account)
+        left = scope.remaining_ms()
+        if left is not None:
+            account.thr[RUN_MS] = min(account.thr[RUN_MS], left)
+        core = Core(name, self.ledger, account, child)
+        scope.adopt(child)
+        time_ms = account.thr[RUN_MS]
+        child.record("grant", {"parent": self.name, "limits": limits.to_dict(),
+                               "time_ms": plain(time_ms) if time_ms != math.inf else None})
+        return core
+
+    def _on_halt(self) -> None:
+        self.ledger.drain(self.account)
+
+    def restore(self, saved: Mapping[str, Any]) -> None:
+        """Continue from a checkpoint's ledger state (read with `_ledger.read_state`): its
+        counters, notices and active time (S4-4)."""
+        self.ledger.restore(saved)
+        self.scope.active_before_ms = float(saved["active_ms"])
+        self.scope.limit_ms = self.account.thr[RUN_MS]
+        self.record("resumed", {"counts": dict(saved["counts"]),
+                                "active_ms": saved["active_ms"]})
+
+    def end(self, ended: dict[str, Any]) -> None:
+        """The run or grant ended with the outcome *ended* (lock held): traced, and its
+        time stops."""
+        self.record("outcome", ended)
+        self.scope.end_time()
+        if self.scope.parent is None:
+            self.recorder.trace.outcome = dict(ended)
+
+    # -- reading --------------------------------------------------------------------------------
+    def consumed(self) -> dict[str, float]:
+        """What was spent, by kind, time included (whole milliseconds)."""
+        out = self.ledger.consumed(self.account)
+        elapsed = self.scope.elapsed_ms()
+        if elapsed:
+            out["run_ms"] = round(elapsed)
+        return out
+
+    def remaining(self, i: int) -> float:
+        """What is left of kind *i*: the smaller of this account's own and the run's."""
+        if i == RUN_MS:
+            left = self.scope.remaining_ms()
+            return math.inf if left is None else left
+        with self.ledger.lock:
+            return plain(self.ledger.remaining(self.account, i))
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Checks, consumptions, amounts and refusals by kind, for the trace's summary (S4-9)."""
+        stats = self.ledger.stats(self.recorder.trace.refusals_by_kind())
+        elapsed = self.scope.elapsed_ms()
+        if self.account.limits.run_ms is not None or elapsed:
+            stats["consumed"]["run_ms"] = round(elapsed)
+        return stats
+
+    # -- before dispatch ------------------------------------------------------------------------
+    def charge(self, i: int, n: float, target: str | None) -> None:
+        """The locked path of one charge of *n* of kind *i* (its pool was empty, or the amount
+        is not 1). A limit spent for good refuses without the lock."""
+        stop = self.scope.stop
+        if stop is not None:
+            raise stop.signal()
+        account = self.account
+        if account.exhausted[i] and n:  # nothing can free a unit
+            self.fail(self.ledger.refuse(account, account, i, n, target, self.scope.t_ms()))
+        self.reserve(((i, n),), target)
+
+    def reserve(self, items: Sequence[tuple[int, float]], target: str | None) -> None:
+        """Reserve every item on this account and its run's, all or nothing (S4-3); a refusal
+        is traced and raised, and leaves the counters as they were."""
+        scope = self.scope
+        with self.ledger.lock:
+            stop = scope.stop or scope.root.stop
+            err: BaseException | None = stop.signal() if stop is not None else (
+                self.ledger.reserve(self.account, items, target, scope.t_ms()))
+        if err is not None:
+            self.fail(err)
+
+    def require(self, i: int, n: float, target: str | None) -> None:
+        """Refuse *n* of kind *i* (traced) unless this account and its run's both have that
+        much left; nothing is reserved (a clamp before dispatch, S2-9)."""
+        with self.ledger.lock:
+            err = self.ledger.check(self.account, i, n, target, self.scope.t_ms())
+        if err is not None:
+            self.fail(err)
+
+    def fail(self, err: BaseException) -> NoReturn:
+        """Raise *err* (outside the lock). A spent window suspends the run instead (S3-1)."""
+        if isinstance(err, BudgetExceeded) and err.window:
+            root = self.scope.root
+            root.halt(Stop(Status.SUSPENDED, "window", err.kind, "Suspended",
+                           f"the {err.kind} window of {plain(err.limit)} is spent; the run is "
+                           f"suspended and resumes with a fresh window", root))
+            assert root.stop is not None
+            err = root.stop.signal()
+        try:
+            raise err
+        finally:
+            del err  # no cycle through this frame
+
+    # -- after the fact -------------------------------------------------------------------------
+    def spend(self, items: Sequence[tuple[int, float]], target: str | None) -> None:
+        """Record spending that already happened (S4-10): counted even past a limit, then this
+        grant or its run is cut by the first limit passed, in the attribution order (S2-9,
+        S3-3). *items* are ``(kind index, amount)`` pairs in that order, already checked."""
+        with self.ledger.lock:
+            over = self.ledger.spend(self.account, items, target, self.scope.t_ms())
+            if over is None:
+                return
+            holder, i = over
+            scope = self.scope if holder is self.account else self.scope.root
+            limit, used = holder.figures(i)
+            name = KINDS[i].name
+            stop = cut(scope, i, (limit, used), name,
+                       f"{name} passed {scope.name}'s limit of {limit}: {used} used; raise the "
+                       f"limit or ask for less")
+        scope.halt(stop)
+        assert scope.stop is not None
+        raise scope.stop.signal()
+
+    def expired(self) -> Stop:
+        """The stop of a spent time grant: a fresh window to come when the run suspends (S3-1),
+        else a cut by ``timeout`` (S4-7)."""
+        scope, ledger = self.scope, self.ledger
+        total = ledger.totals.run_ms
+        if ledger.suspend and self.account is ledger.root and not (
+                total is not None and scope.elapsed_ms() >= total):
+            return Stop(Status.SUSPENDED, "window", "run_ms", "Suspended",
+                        f"the time window of {self.account.limits.run_ms} ms is spent; the "
+                        f"run is suspended and resumes with a fresh window", scope)
+        limit = plain(scope.limit_ms)
+        return cut(scope, RUN_MS, (limit, plain(round(scope.elapsed_ms(), 3))), "timeout",
+                   f"{scope.name} ran out of time: its time grant of {limit} ms is spent; give "
+                   f"it more time or do less work")
+
+    # -- events ---------------------------------------------------------------------------------
+    def record(self, kind: str, payload: dict[str, Any]) -> None:
+        """Add an event of *kind* to the run's trace."""
+        self.scope.record(kind, payload)
+
+    def degrade(self, how: dict[str, str]) -> None:
+        """S3-7: from now on this run or grant uses a cheaper model; its outcome says so."""
+        self.degraded = how
+        self.record("degraded", dict(how))
+
+
+def cut(scope: Scope, i: int, figures: tuple[float, float], by: str, message: str) -> Stop:
+    """A cut of *scope* by kind *i*: ``failed``, cause ``budget-cut``, with the limit and what
+    was consumed in its trace event (S2-4, S4-8)."""
+    kind = KINDS[i]
+    return Stop(Status.FAILED, "budget-cut", by, kind.code, message, scope, None,
+                (kind.name, *figures))

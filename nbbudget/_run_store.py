@@ -1,0 +1,276 @@
+"""The records of ``nbbudget run``: one row per notebook run, in the store's database.
+
+The command that starts a run and the runner process that executes it talk through this row:
+the command claims the work (one write transaction, so two identical commands never start it
+twice), tells the runner how long its caller waits and whether to stop, and delivers the result
+once; the runner reports its progress, its pauses and its end. Every write is a ``BEGIN
+IMMEDIATE`` transaction of the store.
+
+A run is ``starting``, ``running`` or ``paused`` while it lives, then ``done``, ``failed``,
+``stopped`` (``nbbudget cancel``), ``cancelled`` (its ``--timeout``) or ``lost`` (its runner
+died without a word). Once a command has delivered the end of a run, the next identical
+command starts the work anew (S0-11).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import secrets
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._store import Store
+
+__all__ = ["Claim", "RunRecord", "RunState", "Runs", "runner_alive"]
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS notebook_runs (
+        id          TEXT PRIMARY KEY,
+        identity    TEXT NOT NULL,
+        spec        TEXT NOT NULL,
+        state       TEXT NOT NULL,
+        pid         INTEGER,
+        created     REAL NOT NULL,
+        updated     REAL NOT NULL,
+        cell        INTEGER,
+        executed    INTEGER NOT NULL DEFAULT 0,
+        cells       INTEGER,
+        source      TEXT,
+        deadline    REAL,
+        timeout_ms  INTEGER,
+        turn        INTEGER NOT NULL DEFAULT 1,
+        paused_turn INTEGER NOT NULL DEFAULT 0,
+        cancel      INTEGER NOT NULL DEFAULT 0,
+        result      TEXT,
+        delivered   INTEGER NOT NULL DEFAULT 0
+    )""",
+    "CREATE INDEX IF NOT EXISTS notebook_runs_work ON notebook_runs (identity, delivered)",
+)
+_KEEP_DAYS = 7  # delivered runs are forgotten after a week
+_SPAWN_GRACE_S = 60.0  # a run claimed this long ago whose runner never started is lost
+RUNNER_MODULE = "nbbudget._runner"
+
+
+class RunState(str, enum.Enum):
+    """Where a notebook run is."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    PAUSED = "paused"
+    DONE = "done"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def final(self) -> bool:
+        return self not in (RunState.STARTING, RunState.RUNNING, RunState.PAUSED)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One row: what to run (``spec``), where it is, and how it ended (``result``)."""
+
+    id: str
+    identity: str
+    spec: dict[str, Any]
+    state: RunState
+    pid: int | None
+    created: float
+    updated: float
+    cell: int | None
+    executed: int
+    cells: int | None
+    source: str | None
+    deadline: float | None
+    timeout_ms: int | None
+    turn: int
+    paused_turn: int
+    cancel: bool
+    result: dict[str, Any] | None
+    delivered: bool
+
+    @classmethod
+    def from_row(cls, values: dict[str, Any]) -> RunRecord:
+        values["spec"] = json.loads(values["spec"])
+        values["state"] = RunState(values["state"])
+        values["result"] = json.loads(values["result"]) if values["result"] else None
+        values["cancel"] = bool(values["cancel"])
+        values["delivered"] = bool(values["delivered"])
+        return cls(**values)
+
+    @property
+    def output(self) -> str:
+        return str(self.spec["output"])
+
+    def dead(self, now: float) -> bool:
+        """Whether the run is unfinished but nothing executes it any more."""
+        if self.state.final:
+            return False
+        if self.pid is None:
+            return now - self.created > _SPAWN_GRACE_S
+        return not runner_alive(self.pid)
+
+    def lost_result(self) -> dict[str, Any]:
+        return {"exit_code": 1, "state": RunState.LOST.value, "data": {},
+                "error": {"code": "lost", "message": (
+                    f"run {self.id} was lost: its runner (pid {self.pid}) ended without "
+                    f"finishing, at cell {self.cell}; the notebook as far as it got is in "
+                    f"{self.output}; run the identical command again to start anew")}}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a command got when it claimed its work: the run, whether this command started it,
+    and the turn it waits for (a continuation of a paused run is a new turn)."""
+
+    record: RunRecord
+    new: bool
+    turn: int
+
+
+class Runs:
+    """The notebook runs of one store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.logs = store.folder / "runs"
+        with store.transaction() as db:
+            for statement in _SCHEMA:
+                db.execute(statement)
+
+    def _select(self, where: str, params: tuple[Any, ...],
+                db: sqlite3.Connection | None = None) -> list[RunRecord]:
+        db = db if db is not None else self.store.connection()
+        cursor = db.execute(f"SELECT * FROM notebook_runs WHERE {where}", params)
+        names = [d[0] for d in cursor.description]
+        return [RunRecord.from_row(dict(zip(names, row, strict=True)))
+                for row in cursor.fetchall()]
+
+    def get(self, run_id: str) -> RunRecord | None:
+        found = self._select("id = ?", (run_id,))
+        return found[0] if found else None
+
+    def all(self) -> list[RunRecord]:
+        """Every run, newest first; unfinished runs whose runner died are marked ``lost``."""
+        for record in self._select("state IN ('starting', 'running', 'paused')", ()):
+            self.check(record)
+        return self._select("1 ORDER BY created DESC", ())
+
+    def claim(self, identity: str, spec: dict[str, Any], deadline: float | None,
+              timeout_ms: int | None) -> Claim:
+        """The undelivered run of *identity*, or a new one (in one write transaction, so two
+        identical commands never start the same work twice). A paused run gets a new turn
+        with this caller's *deadline*; every caller sets the wall-clock limit in force."""
+        now = time.time()
+        with self.store.transaction() as db:
+            found = self._select("identity = ? AND delivered = 0 ORDER BY created DESC LIMIT 1",
+                                 (identity,), db)
+            record = found[0] if found else None
+            if record is not None and record.dead(now):
+                self._end(db, record.id, RunState.LOST, record.lost_result())
+            if record is None:
+                run_id = f"run-{secrets.token_hex(4)}"
+                db.execute("INSERT INTO notebook_runs (id, identity, spec, state, created, "
+                           "updated, deadline, timeout_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                           (run_id, identity, json.dumps(spec), RunState.STARTING.value, now,
+                            now, deadline, timeout_ms))
+                self._forget_old(db, now)
+                new, turn = True, 1
+            else:
+                run_id, new, turn = record.id, False, record.turn
+                if record.state is RunState.PAUSED:
+                    turn += 1
+                    db.execute("UPDATE notebook_runs SET turn = ?, deadline = ? WHERE id = ?",
+                               (turn, deadline, run_id))
+                elif deadline is not None:  # a caller that joins a turn may not wait longer
+                    db.execute("UPDATE notebook_runs SET deadline = MIN(deadline, ?) WHERE "
+                               "id = ? AND deadline IS NOT NULL", (deadline, run_id))
+                db.execute("UPDATE notebook_runs SET timeout_ms = ? WHERE id = ?",
+                           (timeout_ms, run_id))
+            claimed = self._select("id = ?", (run_id,), db)[0]
+        return Claim(claimed, new, turn)
+
+    def _forget_old(self, db: sqlite3.Connection, now: float) -> None:
+        """Runs delivered more than `_KEEP_DAYS` ago go, with their logs."""
+        old = [run_id for (run_id,) in db.execute(
+            "SELECT id FROM notebook_runs WHERE delivered = 1 AND updated < ?",
+            (now - _KEEP_DAYS * 86400,))]
+        for run_id in old:
+            db.execute("DELETE FROM notebook_runs WHERE id = ?", (run_id,))
+            (self.logs / f"{run_id}.log").unlink(missing_ok=True)
+
+    def check(self, record: RunRecord) -> RunRecord:
+        """*record* as it is now; ``lost`` if it was unfinished and its runner has died."""
+        if not record.dead(time.time()):
+            return record
+        with self.store.transaction() as db:
+            fresh = self._select("id = ?", (record.id,), db)[0]
+            if fresh.dead(time.time()):
+                self._end(db, record.id, RunState.LOST, fresh.lost_result())
+        return self.get(record.id) or record
+
+    # -- written by the runner --------------------------------------------------------------
+    def update(self, run_id: str, **fields: Any) -> None:
+        """Set *fields* of an unfinished run (the runner's progress)."""
+        names = ", ".join(f"{name} = ?" for name in fields)
+        with self.store.transaction() as db:
+            db.execute(f"UPDATE notebook_runs SET {names}, updated = ? WHERE id = ? AND state "
+                       f"IN ('starting', 'running', 'paused')",
+                       (*fields.values(), time.time(), run_id))
+
+    def finish(self, run_id: str, state: RunState, result: dict[str, Any]) -> None:
+        """Record how the run ended (unless it has already ended)."""
+        with self.store.transaction() as db:
+            self._end(db, run_id, state, result)
+
+    def _end(self, db: sqlite3.Connection, run_id: str, state: RunState,
+             result: dict[str, Any]) -> None:
+        db.execute("UPDATE notebook_runs SET state = ?, result = ?, executed = COALESCE(?, "
+                   "executed), updated = ? WHERE id = ? AND state IN ('starting', 'running', "
+                   "'paused')", (state.value, json.dumps(result), result["data"].get("executed"),
+                                 time.time(), run_id))
+
+    # -- written by commands ------------------------------------------------------------------
+    def deliver(self, run_id: str) -> None:
+        """The end of the run has been told: the next identical command starts anew."""
+        with self.store.transaction() as db:
+            db.execute("UPDATE notebook_runs SET delivered = 1 WHERE id = ?", (run_id,))
+
+    def request_cancel(self, run_id: str) -> None:
+        """Ask the runner to stop the run (it interrupts the running cell)."""
+        with self.store.transaction() as db:
+            db.execute("UPDATE notebook_runs SET cancel = 1 WHERE id = ?", (run_id,))
+
+    def log_path(self, run_id: str) -> Path:
+        """Where the runner of *run_id* writes its log (and its kernel's)."""
+        self.logs.mkdir(mode=0o700, exist_ok=True)
+        return self.logs / f"{run_id}.log"
+
+
+def runner_alive(pid: int) -> bool:
+    """Whether *pid* is a live runner of notebook runs: a process that exists, is no zombie
+    and (where ``/proc`` tells) runs `nbbudget._runner`, so a reused pid is not mistaken."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False  # another user's process: not our runner
+    proc = Path(f"/proc/{pid}")
+    try:
+        stat = (proc / "stat").read_text()
+        cmdline = (proc / "cmdline").read_bytes()
+    except OSError:
+        return True  # no /proc here: the process exists, trust it
+    state = stat.rpartition(")")[2].split()[0]
+    return state != "Z" and RUNNER_MODULE.encode() in cmdline

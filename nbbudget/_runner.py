@@ -1,0 +1,386 @@
+"""The runner of ``nbbudget run``: a process of its own (``python -m nbbudget._runner RUN_ID``)
+that owns the kernel, executes the notebook cell by cell with nbclient, saves it after every
+cell, and reports to the run's row in the store (`nbbudget._run_store`).
+
+It outlives the command that started it (S0-2): a ``--detach`` run goes on to its end; a
+``--resume`` run pauses at the first cell boundary past its caller's budget, keeps the kernel
+and its state, and continues when the identical command gives it a new turn. Between cells and
+while a cell runs it watches for ``nbbudget cancel`` (the run ends ``stopped``), the wall-clock
+limit counted from the first start (``cancelled``, S0-6) and the run's time grant; each
+interrupts the running cell, and a cell that ignores the interrupt for
+`INTERRUPT_GRACE_S` loses its kernel.
+
+Whatever happens, the runner writes how the run ended before it exits, so no command waits
+for it in vain; a runner killed outright is found ``lost`` by the next command.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import hashlib
+import sys
+import time
+import traceback
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ._files import atomic_write
+from ._response import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, EXIT_STOPPED
+from ._run_store import RunRecord, Runs, RunState
+from ._store import store
+
+if TYPE_CHECKING:
+    from jupyter_client.manager import AsyncKernelManager
+    from nbclient import NotebookClient
+    from nbformat import NotebookNode
+
+__all__ = ["main"]
+
+POLL_S = 0.1  # how often the runner reads its row while a cell runs or while it is paused
+INTERRUPT_GRACE_S = 5.0  # how long an interrupted cell may take to end before its kernel dies
+TIME_GRACE_S = 0.1  # the run's own timer fires first; the interrupt follows this much later
+_EXIT = {RunState.DONE: EXIT_OK, RunState.FAILED: EXIT_FAILED, RunState.STOPPED: EXIT_STOPPED,
+         RunState.CANCELLED: EXIT_CANCELLED}
+
+
+class _End(Exception):
+    """Ends the execution: how (*state*), why (*error*) and where (*data*)."""
+
+    def __init__(self, state: RunState, error: dict[str, Any] | None = None,
+                 **data: Any) -> None:
+        super().__init__(state.value)
+        self.state = state
+        self.error = error
+        self.data = data
+
+
+async def _ending(work: Awaitable[_End]) -> _End:
+    """How *work* ended, whether it returned its end or raised it."""
+    try:
+        return await work
+    except _End as end:
+        return end
+
+
+def _error(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"code": code, "message": message, **extra}
+
+
+class Runner:
+    """Executes one notebook run, from its row in the store to its end."""
+
+    def __init__(self, runs: Runs, record: RunRecord) -> None:
+        self.runs = runs
+        self.id = record.id
+        self.spec = record.spec
+        self.turn = record.turn
+        self.ran_this_turn = 0  # cells run since the last continuation
+        self.executed = 0
+        self.code_cells: list[int] = []
+        self.client: NotebookClient | None = None
+        self.consumed: dict[str, Any] | None = None
+
+    async def run(self) -> None:
+        """Execute the notebook and record how it ended, whatever happens."""
+        try:
+            end = await _ending(self._execute())
+        except Exception as exc:  # a bug or an environment problem: reported, never silent
+            traceback.print_exc()
+            end = _End(RunState.FAILED, _error(
+                "runner_error", f"the runner of {self.id} failed: {type(exc).__name__}: {exc}; "
+                                f"its log is {self.runs.log_path(self.id)}"))
+        self._finish(end)
+
+    def _finish(self, end: _End) -> None:
+        """Record how the run ended (once: a run that has ended keeps its first end)."""
+        self.runs.finish(self.id, end.state, self._result(end))
+
+    def _result(self, end: _End) -> dict[str, Any]:
+        data = {"executed": self.executed, "cells": len(self.code_cells), **end.data}
+        if self.consumed is not None:
+            data["consumed"] = self.consumed
+        return {"exit_code": _EXIT[end.state], "state": end.state.value, "data": data,
+                "error": end.error}
+
+    async def _execute(self) -> _End:
+        """Launch the kernel first: it starts while nbclient and papermill are imported and
+        the notebook is prepared (the caller's budget counts the kernel's start-up)."""
+        km = await self._launch()
+        try:
+            return await self._execute_in(km)
+        finally:
+            if km.has_kernel:  # the notebook never reached its kernel
+                await km.shutdown_kernel(now=True)
+
+    async def _launch(self) -> AsyncKernelManager:
+        from jupyter_client.manager import AsyncKernelManager
+
+        km = AsyncKernelManager(kernel_name=self.spec["kernel"])
+        try:
+            extra = ["--HistoryManager.hist_file=:memory:"] if km.ipykernel else []
+            await km.start_kernel(cwd=self.spec["cwd"], extra_arguments=extra)
+        except Exception as exc:
+            raise _End(RunState.FAILED, _error(
+                "kernel_failed", f"the kernel {self.spec['kernel']!r} did not start: "
+                                 f"{type(exc).__name__}: {exc}")) from None
+        return km
+
+    async def _execute_in(self, km: AsyncKernelManager) -> _End:
+        from nbclient import NotebookClient
+
+        notebook = self._prepare()
+        self.code_cells = [i for i, cell in enumerate(notebook.cells)
+                           if cell.cell_type == "code"]
+        self.runs.update(self.id, state=RunState.RUNNING.value, cells=len(self.code_cells),
+                         cell=self.code_cells[0] if self.code_cells else None)
+        client = self.client = NotebookClient(
+            notebook, km=km, resources={"metadata": {"path": self.spec["cwd"]}})
+        self._save()
+        ready = False
+        try:
+            async with client.async_setup_kernel(cleanup_kc=True):  # shuts the kernel down
+                ready = True
+                end = await _ending(self._cells())
+                self._finish(end)  # told before the kernel shuts down, which takes a while
+                return end
+        except Exception as exc:
+            if ready:
+                raise
+            raise _End(RunState.FAILED, _error(
+                "kernel_failed", f"the kernel {self.spec['kernel']!r} started but never "
+                                 f"answered: {type(exc).__name__}: {exc}")) from None
+
+    async def _cells(self) -> _End:
+        await self._begin()
+        for index in self.code_cells:
+            remaining_ms = await self._boundary(index)
+            await self._cell(index, remaining_ms)
+            self.executed += 1
+            self.ran_this_turn += 1
+        status = await self._status()
+        if status["stop"] is not None:  # the last cell spent the run's budget without failing
+            raise self._budget_stop(status["stop"])
+        assert self.client is not None
+        self.client.set_widgets_metadata()
+        self._save()
+        return _End(RunState.DONE)
+
+    # -- the notebook ---------------------------------------------------------------------------
+    def _prepare(self) -> NotebookNode:
+        """The notebook as the command read it (the same bytes), with its parameters injected
+        after the cell tagged ``parameters``, as papermill does."""
+        from papermill.cli import _resolve_type  # papermill's reading of -p values
+        from papermill.iorw import load_notebook_node
+        from papermill.parameterize import parameterize_notebook
+
+        path = self.spec["notebook"]
+        if hashlib.sha256(Path(path).read_bytes()).hexdigest() != self.spec["sha256"]:
+            raise _End(RunState.FAILED, _error(
+                "notebook_changed", f"{path} changed after the command read it; run the "
+                                    f"command again to execute the notebook as it is now"))
+        notebook: NotebookNode = load_notebook_node(path)
+        parameters = {name: _resolve_type(value) for name, value in self.spec["parameters"]}
+        if parameters:
+            notebook = parameterize_notebook(notebook, parameters,
+                                             kernel_name=self.spec["kernel"],
+                                             language=self.spec["language"])
+        return notebook
+
+    def _save(self) -> None:
+        """Write the notebook as far as it ran to the output, atomically."""
+        import nbformat
+
+        assert self.client is not None
+        atomic_write(self.spec["output"], nbformat.writes(self.client.nb).encode(),
+                     overwrite=True)
+
+    # -- the kernel's side (nbbudget._kernel_run) -----------------------------------------------
+    async def _call(self, function: str, *args: str) -> Any:
+        """Call a function of `nbbudget._kernel_run` in the kernel, silently (no cell events,
+        no history); its value, read back from its repr."""
+        assert self.client is not None and self.client.kc is not None
+        call = f"__import__('nbbudget._kernel_run', fromlist=['_']).{function}" \
+               f"({', '.join(map(repr, args))})"
+        msg_id = self.client.kc.execute("", silent=True, store_history=False,
+                                        user_expressions={"value": call})
+        reply = await self.client.async_wait_for_reply(msg_id)
+        assert reply is not None  # no timeout is set: the reply comes or the kernel died
+        value = reply["content"].get("user_expressions", {}).get("value", {})
+        if value.get("status") != "ok":
+            raise _End(RunState.FAILED, _error(
+                "kernel_failed", f"the kernel could not run nbbudget "
+                                 f"({value.get('ename')}: {value.get('evalue')}); install "
+                                 f"nbbudget where the kernel {self.spec['kernel']!r} runs"))
+        return ast.literal_eval(value["data"]["text/plain"])
+
+    async def _begin(self) -> None:
+        """nbbudget loaded in the kernel, and the notebook's run that every cell shares."""
+        import json
+
+        await self._call("begin", json.dumps(self.spec["limits"]), self.spec["name"])
+
+    async def _status(self) -> dict[str, Any]:
+        import json
+
+        status: dict[str, Any] = json.loads(await self._call("status"))
+        self.consumed = status["consumed"]
+        return status
+
+    # -- between cells -------------------------------------------------------------------------
+    async def _boundary(self, index: int) -> float | None:
+        """Before cell *index*: end when asked to or when the run's budget stopped it; pause
+        when the caller's budget has run out (``--resume``). The run's time left, in ms."""
+        record = self._record()
+        self._end_if_asked(record, index)
+        status = await self._status()
+        if status["stop"] is not None:
+            raise self._budget_stop(status["stop"], cell=index)
+        if self._pause_due(record):
+            await self._pause(record, index)
+        remaining: float | None = status["remaining_ms"]
+        return remaining
+
+    def _record(self) -> RunRecord:
+        record = self.runs.get(self.id)
+        assert record is not None  # nobody deletes an unfinished run
+        return record
+
+    def _end_if_asked(self, record: RunRecord, index: int) -> None:
+        """``nbbudget cancel`` (stopped), or the wall clock since the first start (cancelled)."""
+        if record.cancel:
+            raise _End(RunState.STOPPED, _error(
+                "stopped", f"run {self.id} was stopped by nbbudget cancel at cell {index}"),
+                cell=index)
+        if record.timeout_ms is not None and \
+                (time.time() - record.created) * 1000 >= record.timeout_ms:
+            raise _End(RunState.CANCELLED, _error(
+                "cancelled", f"run {self.id} was cancelled at cell {index}: its wall-clock "
+                             f"limit of {record.timeout_ms} ms, counted from its first start "
+                             f"across every continuation, ran out (see: nbbudget explain "
+                             f"S0-6)"), cell=index)
+
+    def _pause_due(self, record: RunRecord) -> bool:
+        """S0-1: a --resume run pauses at the first boundary past its caller's budget; a
+        continuation runs at least one cell first, so every turn makes progress."""
+        if self.spec["mode"] != "resume" or record.deadline is None:
+            return False
+        return time.time() >= record.deadline and (self.turn == 1 or self.ran_this_turn > 0)
+
+    async def _pause(self, record: RunRecord, index: int) -> None:
+        """Wait at this boundary, the kernel kept, until the identical command continues."""
+        await self._call("pause")
+        self._save()
+        paused_turn = record.turn
+        self.runs.update(self.id, state=RunState.PAUSED.value, paused_turn=paused_turn,
+                         cell=index, executed=self.executed, source=None)
+        while record.turn <= paused_turn:
+            await asyncio.sleep(POLL_S)
+            record = self._record()
+            self._end_if_asked(record, index)
+        self.turn, self.ran_this_turn = record.turn, 0
+        await self._call("unpause")
+        self.runs.update(self.id, state=RunState.RUNNING.value)
+
+    # -- one cell -----------------------------------------------------------------------------
+    async def _cell(self, index: int, remaining_ms: float | None) -> None:
+        """Execute cell *index*, interrupting it when asked to stop or when the run's time
+        grant is spent."""
+        from nbclient.exceptions import CellExecutionError, DeadKernelError
+
+        client = self.client
+        assert client is not None
+        cell = client.nb.cells[index]
+        self.runs.update(self.id, cell=index, executed=self.executed,
+                         source=_first_line(cell.source))
+        task = asyncio.ensure_future(client.async_execute_cell(
+            cell, index, execution_count=client.code_cells_executed + 1))
+        time_up = None if remaining_ms is None else \
+            time.monotonic() + remaining_ms / 1000 + TIME_GRACE_S
+        asked = await self._watch(task, index, time_up)
+        self._save()  # the cell's outputs, whatever its end
+        try:
+            task.result()
+        except CellExecutionError as exc:
+            raise asked or await self._cell_failure(index, exc) from None
+        except DeadKernelError:
+            raise asked or _End(RunState.FAILED, _error(
+                "kernel_died", f"the kernel died while it ran cell {index}; the notebook as "
+                               f"far as it got is in {self.spec['output']}",
+                cell_index=index)) from None
+        if asked is not None:
+            raise asked
+
+    async def _watch(self, task: asyncio.Future[Any], index: int,
+                     time_up: float | None) -> _End | None:
+        """Wait for the cell; interrupt it when the run is stopped or cancelled (that end is
+        returned) or out of time; kill the kernel when an interrupt is ignored too long."""
+        from jupyter_core.utils import ensure_async
+
+        client = self.client
+        assert client is not None and client.km is not None
+        asked: _End | None = None
+        interrupted: float | None = None
+        while not task.done():
+            await asyncio.wait({task}, timeout=POLL_S)
+            if task.done():
+                break
+            if asked is None:
+                try:
+                    self._end_if_asked(self._record(), index)
+                except _End as end:
+                    asked = end
+            now = time.monotonic()
+            if interrupted is None and (asked is not None or (time_up and now >= time_up)):
+                interrupted = now
+                await ensure_async(client.km.interrupt_kernel())
+            elif interrupted is not None and now - interrupted > INTERRUPT_GRACE_S:
+                await ensure_async(client.km.shutdown_kernel(now=True))
+                break
+        if not task.done():
+            await asyncio.wait({task})
+        return asked
+
+    async def _cell_failure(self, index: int, exc: Any) -> _End:
+        """A cell raised: a budget stop when the run's budget ended it, else a cell error."""
+        where = {"cell_index": index, "ename": exc.ename, "evalue": exc.evalue}
+        status = await self._status()
+        if status["error"] is not None:  # the budget error the cell ended with
+            error = status["error"]
+            where.update(ename=error["ename"], evalue=error["message"])
+            return self._budget_stop(error, **where)
+        if status["stop"] is not None:  # interrupted as the run's time ran out
+            return self._budget_stop(status["stop"], **where)
+        return _End(RunState.FAILED, _error(
+            "cell_error", f"cell {index} raised {exc.ename}: {exc.evalue}; the notebook as far "
+                          f"as it got is in {self.spec['output']}", **where))
+
+    def _budget_stop(self, stop: dict[str, Any], **where: Any) -> _End:
+        """The run's budget ended the notebook: the error names the limit (S3-2)."""
+        return _End(RunState.FAILED, _error(stop["code"], stop["message"], **where))
+
+
+def _first_line(source: str) -> str:
+    """What the progress line shows of a cell: its first line of code."""
+    for line in source.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            return line.strip()[:80]
+    return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m nbbudget._runner RUN_ID``: execute the run *RUN_ID* of the store in
+    ``NBBUDGET_HOME``."""
+    args = sys.argv[1:] if argv is None else argv
+    runs = Runs(store())
+    record = runs.get(args[0]) if args else None
+    if record is None:
+        print(f"nbbudget runner: no run {args[:1]} in {runs.store.path}", file=sys.stderr)
+        return 2
+    asyncio.run(Runner(runs, record).run())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

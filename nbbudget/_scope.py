@@ -1,0 +1,323 @@
+"""The scope of a run or grant: its stop, its place in the stop tree, its deadline and pause
+(S2-1, S2-3, S4-4, S4-7).
+
+A scope knows nothing of counters. A stop is data (`Stop`), set once, first one wins, and every
+later check raises it again; stopping a scope stops every descendant, and listeners (a tool
+waiting for its worker, a call waiting for its job) hear of it outside the lock. A relative time
+becomes an absolute deadline when the scope starts: a callback on the clock, not a clock read
+per check. Paused time is not counted.
+
+What a stop means for the counters is the owner's business: the scope calls ``on_halt`` (lock
+held) when it stops, and asks ``on_expire`` for the stop to make when its deadline passes.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ._clock import Clock, Scheduled
+from ._errors import BudgetCut, BudgetError, Cancelled
+from ._outcome import Outcome, Status
+from ._trace import Recorder
+
+__all__ = ["Incomplete", "Scope", "Stop", "Unwind"]
+
+_INF = math.inf
+
+#: the trace event of a stop, by its status: a person's cancel is only requested (the work sees
+#: it at its next check: ``cancel_observed``); the wall clock cancels the call at once
+_STOP_EVENTS = {Status.STOPPED: "cancel_requested", Status.CANCELLED: "cancelled",
+                Status.FAILED: "cut", Status.SUSPENDED: "suspended"}
+
+
+class Incomplete(BaseException):
+    """Unwinds work whose call ran out of budget at a checkpoint: the run ends ``incomplete``."""
+
+
+class Unwind(BaseException):
+    """Unwinds a stopped run through user code that catches ``Exception``; the run that owns the
+    stop turns it into a public error when its ``with`` block ends."""
+
+    def __init__(self, stop: Stop) -> None:
+        super().__init__(stop.message)
+        self.stop = stop
+
+    def _render_traceback_(self) -> list[str]:
+        """How IPython shows a stop that reached the top of a cell, where no ``with`` block
+        turned it into its public error (a run made current with `activate`): that error, in
+        one line."""
+        error = self.stop.error()
+        return [f"{type(error).__name__}: {error}"]
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Why a scope stopped: kept as data, first one wins, every later check raises it again."""
+
+    status: Status
+    cause: str
+    by: str | None
+    code: str
+    message: str
+    origin: Scope
+    reason: Any = None
+    #: the limit's kind, the limit and what was consumed, for a cut by a limit (S4-8)
+    figures: tuple[str, float, float] | None = None
+
+    def signal(self) -> Unwind:
+        """What is raised into the work at a check; the work observes a cancel here."""
+        if self.status in (Status.STOPPED, Status.CANCELLED):
+            self.origin.observed(self)
+        return Unwind(self)
+
+    def error(self) -> BudgetError:
+        if self.status is Status.FAILED:
+            return BudgetCut(self.by or "timeout", self.message)
+        if self.status is Status.SUSPENDED:
+            return BudgetCut("window", self.message)
+        return Cancelled(self.message, self.reason)
+
+    def outcome(self, scope: Scope, output: Any) -> Outcome:
+        origin = self.origin.name if self.origin is not scope else None
+        return Outcome(self.status, self.cause, self.by, self.code, self.message,
+                       output if self.status is Status.FAILED else None, origin)
+
+    def event(self) -> dict[str, Any]:
+        """The payload of this stop's trace event."""
+        payload: dict[str, Any] = {"status": self.status.value, "cause": self.cause,
+                                   "by": self.by, "code": self.code, "message": self.message}
+        if self.figures is not None:
+            payload.update(zip(("budget_kind", "limit_value", "consumed_value"), self.figures,
+                               strict=True))
+        return payload
+
+
+def _nothing() -> None:
+    return None
+
+
+class Scope:
+    """The stop, the deadline and the pause of one run or grant; a grant's scope is a child
+    of its parent's and shares its lock and clock."""
+
+    def __init__(self, name: str, recorder: Recorder, clock: Clock, *,
+                 parent: Scope | None = None, lock: threading.Lock | None = None) -> None:
+        self.name = name
+        self.recorder = recorder
+        self.clock = clock
+        self.parent = parent
+        self.root: Scope = parent.root if parent is not None else self
+        self.lock = lock if lock is not None else threading.Lock()
+        self.stop: Stop | None = None
+        self.limit_ms = _INF  # the time grant in force (S2-1: never past the parent's)
+        self.started_ms: float | None = None
+        self.paused_at: float | None = None
+        self.active_before_ms = 0.0
+        #: the active ms at which an approach notice may be due, asked when the clock is armed
+        self.notice_times: Callable[[], list[float]] = list
+        self.on_notice: Callable[[], None] = _nothing  # a time notice may be due (lock held)
+        self.on_halt: Callable[[], None] = _nothing  # the scope stops (lock held)
+        self.on_expire: Callable[[], Stop] = self._timed_out  # the stop of a spent time grant
+        self._timers: list[Scheduled] = []
+        self._children: list[Scope] = []
+        self._listeners: list[Callable[[Stop], None]] = []
+        self._unobserved: list[None] = [None]  # emptied when the work first observes a cancel
+
+    # -- stopping ------------------------------------------------------------------------------
+    def halt(self, stop: Stop) -> bool:
+        """Stop this scope and its descendants with *stop*; False when it was stopped already.
+        Idempotent and safe from any thread."""
+        with self.lock:
+            first = self.halt_locked(stop)
+        if first:
+            self._notify(stop)
+        return first
+
+    def halt_locked(self, stop: Stop) -> bool:
+        if self.stop is not None:
+            return False
+        self.stop = stop
+        self.on_halt()  # every later charge takes the locked path, and raises
+        if stop.origin is self:
+            self.record(_STOP_EVENTS[stop.status], stop.event())
+        return True
+
+    def _notify(self, stop: Stop) -> None:
+        """Tell listeners and descendants, outside the lock."""
+        with self.lock:
+            listeners, children = list(self._listeners), list(self._children)
+        for child in children:
+            child.halt(stop)
+        for listener in listeners:
+            listener(stop)
+
+    def observed(self, stop: Stop) -> None:
+        """The work reached a check after a cancel, and stops there: traced once (S2-3)."""
+        try:
+            self._unobserved.pop()  # atomic: one thread traces it, whichever gets here first
+        except IndexError:
+            return
+        self.record("cancel_observed", {"cause": stop.cause, "by": stop.by})
+
+    def add_listener(self, fn: Callable[[Stop], None]) -> None:
+        """Call *fn* with the stop when this scope stops (at once if it has)."""
+        with self.lock:
+            stop = self.stop
+            if stop is None:
+                self._listeners.append(fn)
+        if stop is not None:
+            fn(stop)
+
+    def remove_listener(self, fn: Callable[[Stop], None]) -> None:
+        with self.lock:
+            if fn in self._listeners:
+                self._listeners.remove(fn)
+
+    def check(self) -> None:
+        """Raise the stop's signal if this scope is stopped or out of time."""
+        stop = self.stop
+        if stop is None:
+            self.poll()
+            stop = self.stop
+        if stop is not None:
+            raise stop.signal()
+
+    def record(self, kind: str, payload: dict[str, Any]) -> None:
+        """Add an event of *kind* to the run's trace, stamped with the time now."""
+        self.recorder.add(kind, self.t_ms(), payload)
+
+    def ending(self, exc: BaseException | None,
+               output: Any) -> tuple[Outcome, BudgetError | None] | None:
+        """How a block run in this scope ended when a stop is involved, with the error to raise
+        for it if any; None when none is. A stop that came from an ancestor settles here as
+        the ancestor's; a grant used without ``with`` that stopped surfaces here."""
+        if self.stop is None:
+            self.poll()
+        stop = self.stop
+        if isinstance(exc, Unwind) and exc.stop.origin is not self and (
+                stop is None or stop is exc.stop):
+            outcome = exc.stop.outcome(self, output)
+            return outcome, None if self.has_ancestor(exc.stop.origin) else exc.stop.error()
+        if stop is None:
+            return None
+        reports = getattr(exc, "_stop", None) is stop  # an error that reports it already
+        error = stop.origin is self and stop.status is not Status.SUSPENDED and not reports
+        return stop.outcome(self, output), stop.error() if error else None
+
+    # -- the tree ------------------------------------------------------------------------------
+    def adopt(self, child: Scope) -> None:
+        """Make *child* a descendant (lock held): it inherits this scope's stop (S2-3)."""
+        self._children.append(child)
+        child.stop = self.stop
+
+    def forget(self, child: Scope) -> None:
+        with self.lock:
+            if child in self._children:
+                self._children.remove(child)
+
+    def open_children(self) -> list[Scope]:
+        with self.lock:
+            return list(self._children)
+
+    def has_ancestor(self, scope: Scope) -> bool:
+        parent = self.parent
+        while parent is not None:
+            if parent is scope:
+                return True
+            parent = parent.parent
+        return False
+
+    # -- time ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.started_ms is None:
+            self.started_ms = self.clock.now_ms()
+            self._arm()
+
+    def deadline_ms(self) -> float | None:
+        """The absolute time (on the clock) at which this scope's time runs out."""
+        if self.limit_ms == _INF or self.started_ms is None:
+            return None
+        return self.started_ms + self.limit_ms - self.active_before_ms
+
+    def _arm(self) -> None:
+        deadline = self.deadline_ms()
+        if deadline is not None and self.paused_at is None:
+            self._timers.append(self.clock.call_at(deadline, self._on_deadline))
+        if self.started_ms is not None:
+            for at in self.notice_times():
+                self._timers.append(self.clock.call_at(
+                    self.started_ms + at - self.active_before_ms, self._on_time_notice))
+
+    def _on_time_notice(self) -> None:
+        with self.lock:
+            if self.stop is None and self.paused_at is None:
+                self.on_notice()
+
+    def poll(self) -> None:
+        """Stop now if the deadline has passed (a callback may not have run yet)."""
+        deadline = self.deadline_ms()
+        if deadline is not None and self.paused_at is None and self.clock.now_ms() >= deadline:
+            self._on_deadline()
+
+    def _on_deadline(self) -> None:
+        if self.paused_at is None:
+            self.halt(self.on_expire())
+
+    def _timed_out(self) -> Stop:
+        return Stop(Status.FAILED, "budget-cut", "timeout", "RunTimeBudgetExceeded",
+                    f"{self.name} ran out of time", self)
+
+    def elapsed_ms(self) -> float:
+        """Active milliseconds spent (time paused is not counted, S4-4)."""
+        if self.started_ms is None:
+            return self.active_before_ms
+        now = self.paused_at if self.paused_at is not None else self.clock.now_ms()
+        return self.active_before_ms + now - self.started_ms
+
+    def t_ms(self) -> float:
+        """Milliseconds since the run (the root scope) started: the time of a trace event."""
+        started = self.root.started_ms
+        return 0.0 if started is None else self.clock.now_ms() - started
+
+    def remaining_ms(self) -> float | None:
+        """Milliseconds of time grant left (`None` when no time grant applies)."""
+        if self.limit_ms == _INF:
+            return None
+        deadline = self.deadline_ms()
+        if deadline is None:
+            return max(0.0, self.limit_ms - self.active_before_ms)
+        now = self.paused_at if self.paused_at is not None else self.clock.now_ms()
+        return max(0.0, deadline - now)
+
+    def set_paused(self, pause: bool) -> None:
+        """Stop or restart this scope's clock, and its descendants' (S4-4)."""
+        with self.lock:
+            self._cancel_timers()
+            now = self.clock.now_ms()
+            if pause:
+                self.paused_at = now
+            elif self.paused_at is not None and self.started_ms is not None:
+                self.started_ms += now - self.paused_at
+                self.paused_at = None
+            self.record("pause" if pause else "unpause", {})
+            children = list(self._children)
+        if not pause:
+            self._arm()
+        for child in children:
+            child.set_paused(pause)
+
+    def end_time(self) -> None:
+        """The scope has ended (lock held): its timers go and its active time is kept."""
+        self._cancel_timers()
+        if self.started_ms is not None:
+            self.active_before_ms = self.elapsed_ms()
+            self.started_ms = self.paused_at = None
+
+    def _cancel_timers(self) -> None:
+        for t in self._timers:
+            t.cancel()
+        self._timers = []

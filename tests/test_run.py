@@ -1,0 +1,584 @@
+"""``nbbudget run``: the call budget for a whole notebook, driven as a harness or a pipeline
+drives it: the real console command in a subprocess, a real runner process, real kernels, a real
+SQLite store of each test's own (S0-1, S0-2, S0-5, S0-6, S0-9, S0-11, S0-12, S2-1, S4-2, S4-3,
+S4-12).
+
+Seed 000's numbers: with ``AGENT_CALL_BUDGET_MS=2000``, a notebook of 10 s exits 14 within 3 s
+of the command's start (the kernel's start-up included) and completes in the background;
+``--resume`` pauses at the first cell boundary past 2 s and the identical command continues
+from the next cell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pty
+import select
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+
+from nbbudget._run_store import runner_alive
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.realclock
+
+
+# -- helpers ----------------------------------------------------------------------------------
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """The commands' environment: this checkout's nbbudget, a store of the test's own, no call
+    budget and no interactive mode from outside. Runners left alive are killed after the test
+    (their kernels follow them)."""
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("AGENT_CALL_BUDGET_MS", "NBBUDGET_INTERACTIVE", "PYTEST_CURRENT_TEST")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["NBBUDGET_HOME"] = str(home)
+    yield env
+    pids: list[tuple[int]] = []
+    with contextlib.suppress(sqlite3.DatabaseError), \
+            contextlib.closing(sqlite3.connect(home / "nbbudget.db")) as db:
+        pids = db.execute("SELECT pid FROM notebook_runs WHERE pid IS NOT NULL").fetchall()
+    for (pid,) in pids:
+        if runner_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+@dataclass
+class Done:
+    """What one command did: its exit code, its streams, how long it held its caller."""
+
+    code: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def envelope(self) -> dict[str, Any]:
+        return json.loads(self.stdout)
+
+
+def nbbudget(env: dict[str, str], *args: str, cwd: Path, timeout: float = 120) -> Done:
+    """The console command, as a harness calls it (no terminal)."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "nbbudget", *args], env=env, cwd=cwd,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    return Done(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+
+
+def start(env: dict[str, str], *args: str, cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "nbbudget", *args], env=env, cwd=cwd,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def on_terminal(env: dict[str, str], *args: str, cwd: Path, timeout: float = 120) -> Done:
+    """The console command on a terminal (a pty for its three streams), as a person runs it;
+    what the terminal showed is ``stdout``."""
+    master, slave = pty.openpty()
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "nbbudget", *args], env=env, cwd=cwd,
+                            stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    shown = bytearray()
+    try:
+        while time.monotonic() - started < timeout:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # the terminal closed: the command has ended
+                break
+            if not chunk:
+                break
+            shown += chunk
+        code = proc.wait(timeout=10)
+    finally:
+        os.close(master)
+    return Done(code, shown.decode(), "", time.monotonic() - started)
+
+
+def write_notebook(path: Path, *sources: str, parameters: str | None = None,
+                   limits: dict[str, Any] | None = None) -> Path:
+    """A notebook of code cells; *parameters* is the cell tagged ``parameters``, first."""
+    notebook = nbformat.v4.new_notebook()
+    notebook.metadata.kernelspec = {"name": "python3", "display_name": "Python 3",
+                                    "language": "python"}
+    if limits is not None:
+        notebook.metadata.nbbudget = {"limits": limits}
+    cells = [nbformat.v4.new_code_cell(source) for source in sources]
+    if parameters is not None:
+        tagged = nbformat.v4.new_code_cell(parameters)
+        tagged.metadata.tags = ["parameters"]
+        cells.insert(0, tagged)
+    notebook.cells = cells
+    nbformat.write(notebook, path)
+    return path
+
+
+def logged(i: int, seconds: float) -> str:
+    """A cell that takes *seconds*, counts itself in the kernel and logs itself to ran.txt."""
+    return (f"time.sleep({seconds})\ncount += 1\n"
+            f"with open('ran.txt', 'a') as log:\n    log.write('{i}\\n')")
+
+
+def slow_notebook(folder: Path, cells: int, seconds: float, name: str = "slow.ipynb") -> Path:
+    """*cells* cells of *seconds* each after a setup cell."""
+    return write_notebook(folder / name, "import time\ncount = 0",
+                          *(logged(i, seconds) for i in range(cells)))
+
+
+def ran(folder: Path) -> list[str]:
+    log = folder / "ran.txt"
+    return log.read_text().split() if log.exists() else []
+
+
+def jobs(env: dict[str, str], cwd: Path) -> list[dict[str, Any]]:
+    done = nbbudget(env, "jobs", "--json", cwd=cwd)
+    assert done.code == 0, done.stderr
+    return list(json.loads(done.stdout))
+
+
+def wait_for_job(env: dict[str, str], cwd: Path, job: str, state: str,
+                 timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = next(row for row in jobs(env, cwd) if row["id"] == job)
+        if found["state"] == state or time.monotonic() > deadline:
+            assert found["state"] == state, found
+            return found
+        time.sleep(0.5)
+
+
+def stamp(text: str) -> float:
+    """A kernel's ISO timestamp, in seconds since the epoch."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def executed_cells(path: Path) -> list[int | None]:
+    return [cell.get("execution_count") for cell in nbformat.read(path, 4).cells
+            if cell.cell_type == "code"]
+
+
+# -- detach (S0-1, S0-2, S0-11) --------------------------------------------------------------
+def test_S0_1_a_detached_notebook_of_10s_exits_14_within_3s_and_completes_in_the_background(
+        env, tmp_path):
+    notebook = slow_notebook(tmp_path, 10, 1.0)
+    env["AGENT_CALL_BUDGET_MS"] = "2000"
+    first = nbbudget(env, "run", notebook.name, cwd=tmp_path)
+    assert first.code == 14, first.stderr
+    assert first.seconds < 3.0
+    envelope = first.envelope
+    assert (envelope["ok"], envelope["error"]) == (False, None)
+    assert envelope["meta"]["exit_code"] == 14 and envelope["meta"]["budget_ms"] == 2000
+    data = envelope["data"]
+    assert data["state"] == "running"
+    assert data["next"] == "nbbudget run slow.ipynb"  # the identical command
+    assert data["output"] == str(tmp_path / "slow.out.ipynb")
+    assert len(ran(tmp_path)) < 10
+
+    wait_for_job(env, tmp_path, data["job"], "done", timeout=40)
+    assert ran(tmp_path) == [str(i) for i in range(10)]  # each cell once, in order
+    result = nbbudget(env, "run", notebook.name, cwd=tmp_path)
+    assert result.code == 0
+    assert result.envelope["ok"] is True
+    assert result.envelope["meta"]["budget_ms"] == 2000
+    assert result.envelope["data"] | {"consumed": None} == {
+        "state": "done", "job": data["job"], "output": data["output"], "executed": 11,
+        "cells": 11, "consumed": None}
+    assert executed_cells(tmp_path / "slow.out.ipynb") == list(range(1, 12))
+
+
+def test_S0_11_once_delivered_the_identical_command_starts_anew_and_cancel_stops_it(
+        env, tmp_path):
+    notebook = slow_notebook(tmp_path, 2, 0.1, name="quick.ipynb")
+    first = nbbudget(env, "run", notebook.name, "--budget", "30s", cwd=tmp_path)
+    assert first.code == 0, first.stdout + first.stderr
+    assert ran(tmp_path) == ["0", "1"]
+    write_notebook(notebook, "import time\ntime.sleep(30)")  # new work under the same name
+    again = nbbudget(env, "run", notebook.name, "--budget", "2s", cwd=tmp_path)
+    assert again.code == 14
+    job = again.envelope["data"]["job"]
+    assert job != first.envelope["data"]["job"]
+
+    cancelled = nbbudget(env, "cancel", job, cwd=tmp_path)
+    assert cancelled.code == 0, cancelled.stderr
+    assert cancelled.stdout.startswith(f"run {job} stopped at cell 0; ")
+    stopped = nbbudget(env, "run", notebook.name, "--budget", "2s", cwd=tmp_path)
+    assert stopped.code == 130
+    assert stopped.envelope["data"]["state"] == "stopped"
+    assert stopped.envelope["error"]["code"] == "stopped"
+    assert [row["state"] for row in jobs(env, tmp_path)] == ["stopped", "done"]
+    table = nbbudget(env, "jobs", cwd=tmp_path).stdout.splitlines()
+    assert table[0].split() == ["id", "state", "cells", "started", "notebook"]
+    assert table[1].split()[:3] == [job, "stopped", "0/1"]
+
+
+# -- resume (S0-1, S0-2, S0-11, S4-4) -------------------------------------------------------
+def test_S0_1_a_resumable_notebook_pauses_at_the_first_boundary_past_2s_and_continues(
+        env, tmp_path):
+    notebook = write_notebook(tmp_path / "slow.ipynb", "import time\ncount = 0",
+                              *(logged(i, 0.6) for i in range(8)), "print('count', count)")
+    env["AGENT_CALL_BUDGET_MS"] = "2000"
+    began = time.time()
+    first = nbbudget(env, "run", notebook.name, "--resume", cwd=tmp_path)
+    assert first.code == 14, first.stderr
+    data = first.envelope["data"]
+    assert data["state"] == "paused"
+    assert 2.0 <= first.envelope["meta"]["duration_ms"] / 1000 < 6.0
+    assert data["next"] == "nbbudget run slow.ipynb --resume"
+    assert data["checkpoint"] == f"{data['job']}:{data['cell']}"
+    if data["executed"]:  # the kernel was up before 2 s: the last cell ran across them
+        timing = nbformat.read(tmp_path / "slow.out.ipynb", 4).cells[data["cell"] - 1] \
+            .metadata.execution
+        assert stamp(timing["iopub.execute_input"]) < began + 2.0 + 1.0  # its start-up
+        assert stamp(timing["shell.execute_reply"]) >= began + 2.0
+    done_before = ran(tmp_path)
+    assert len(done_before) == max(0, data["executed"] - 1)  # the setup cell logs nothing
+    time.sleep(1.0)
+    assert ran(tmp_path) == done_before  # paused: nothing runs between the commands
+
+    turns = [first]
+    while turns[-1].code == 14:
+        turns.append(nbbudget(env, "run", notebook.name, "--resume", cwd=tmp_path))
+        assert len(turns) < 10
+    last = turns[-1]
+    assert last.code == 0, last.stdout + last.stderr
+    assert all(turn.envelope["data"]["job"] == data["job"] for turn in turns)
+    assert ran(tmp_path) == [str(i) for i in range(8)]  # continued from the next cell
+    executed = nbformat.read(tmp_path / "slow.out.ipynb", 4)
+    assert executed.cells[-1].outputs[0]["text"] == "count 8\n"  # the same kernel throughout
+    assert executed_cells(tmp_path / "slow.out.ipynb") == list(range(1, 11))
+
+
+# -- within the budget (S0-9), parameters, limits shared by every cell (S4-2, S4-3, S2-1) -----
+def test_S0_9_a_notebook_within_its_budget_returns_its_result_with_its_cells_sharing_one_run(
+        env, tmp_path):
+    notebook = write_notebook(
+        tmp_path / "params.ipynb",
+        "import nbbudget as nb\nfor _ in range(rows):\n    nb.current().step()",
+        "%%budget --steps 2 --no-widget\nnb.current().step()\nnb.current().step()\n"
+        "print(type(nb.current()).__name__)",
+        "print(label, nb.current().consumed['steps'])",
+        parameters="rows = 1\nlabel = 'default'", limits={"max_steps": 10})
+    done = nbbudget(env, "run", notebook.name, "-p", "rows", "3", "-p", "label", "hello",
+                    "--steps", "8", "--budget", "30s", "--output", "out.ipynb", cwd=tmp_path)
+    assert done.code == 0, done.stdout + done.stderr
+    envelope = done.envelope
+    assert envelope["meta"]["budget_ms"] == 30000
+    assert envelope["data"]["state"] == "done"
+    assert envelope["data"]["output"] == str(tmp_path / "out.ipynb")
+    assert envelope["data"]["consumed"]["steps"] == 5  # 3 in a cell, 2 in a grant of the run
+    cells = nbformat.read(tmp_path / "out.ipynb", 4).cells
+    assert cells[1].metadata.tags == ["injected-parameters"]  # after the parameters cell
+    assert "rows = 3" in cells[1].source and "label = \"hello\"" in cells[1].source
+    grant = cells[3].outputs[0]["text"]  # the cell's run, and its own allowance used up
+    assert grant.startswith("Grant\nnbbudget cell: nb.current().step(): completed, ")
+    assert grant.endswith("; steps 2/2\n")
+    assert cells[4].outputs[0]["text"] == "hello 5\n"
+
+
+@pytest.mark.parametrize(("flag", "metadata"), [("4", 10), ("8", 4)],
+                         ids=["flag-lower", "metadata-lower"])
+def test_S4_2_a_budget_stop_names_the_limit_the_lower_of_flags_and_metadata(
+        env, tmp_path, flag, metadata):
+    notebook = write_notebook(
+        tmp_path / "steps.ipynb",
+        "import nbbudget as nb\nfor _ in range(3):\n    nb.current().step()",
+        "%%budget --steps 5 --no-widget\nfor _ in range(3):\n    nb.current().step()",
+        "print('never')", limits={"steps": metadata})
+    done = nbbudget(env, "run", notebook.name, "--steps", flag, "--budget", "30s",
+                    cwd=tmp_path)
+    assert done.code == 1, done.stdout + done.stderr
+    error = done.envelope["error"]
+    assert (error["code"], error["cell_index"], error["ename"]) == (
+        "StepBudgetExceeded", 1, "BudgetExceeded")
+    assert error["message"] == ("steps would exceed the run's limit of 4 (4 used, 1 more "
+                                "requested); raise the limit or do less work")
+    assert done.envelope["data"]["consumed"]["steps"] == 4
+    assert executed_cells(tmp_path / "steps.out.ipynb") == [1, 2, None]
+
+
+SPENT = ("long.ipynb ran out of time: its time grant of 2000 ms is spent; give it more time "
+         "or do less work")
+
+
+@pytest.mark.parametrize(("cell", "ename", "evalue"), [
+    ("time.sleep(60)", "KeyboardInterrupt", ""),
+    ("import nbbudget as nb\nwhile True:\n    time.sleep(0.05)\n    nb.current().check()",
+     "BudgetCut", SPENT),
+], ids=["interrupted", "checked"])
+def test_S4_7_the_runs_time_grant_ends_the_cell_that_spends_it(env, tmp_path, cell, ename,
+                                                                evalue):
+    notebook = write_notebook(tmp_path / "long.ipynb", "import time\ntime.sleep(0.5)", cell,
+                              "print('never')")
+    done = nbbudget(env, "run", notebook.name, "--time", "2s", "--budget", "30s", cwd=tmp_path)
+    assert done.code == 1, done.stdout + done.stderr
+    assert done.envelope["data"]["consumed"]["run_ms"] < 2000 + 1500  # not the cell's 60 s
+    error = done.envelope["error"]
+    assert (error["code"], error["message"], error["cell_index"], error["ename"],
+            error["evalue"]) == ("RunTimeBudgetExceeded", SPENT, 1, ename, evalue)
+
+
+def test_a_failing_cell_names_its_index_ename_and_evalue_and_its_notebook_is_kept(
+        env, tmp_path):
+    notebook = write_notebook(tmp_path / "fails.ipynb", "print('before')", "1 / 0",
+                              "print('after')")
+    done = nbbudget(env, "run", notebook.name, "--budget", "0", cwd=tmp_path)
+    assert done.code == 1
+    envelope = done.envelope
+    assert envelope["meta"]["budget_ms"] == 0  # S0-4: no budget, waited for the end
+    assert envelope["data"]["state"] == "failed"
+    error = envelope["error"]
+    assert (error["code"], error["cell_index"], error["ename"], error["evalue"]) == (
+        "cell_error", 1, "ZeroDivisionError", "division by zero")
+    cells = nbformat.read(tmp_path / "fails.out.ipynb", 4).cells
+    assert cells[0].outputs[0]["text"] == "before\n"
+    assert cells[1].outputs[0]["ename"] == "ZeroDivisionError"
+    assert cells[2].get("execution_count") is None
+
+
+# -- on a terminal (S0-5) ---------------------------------------------------------------------
+def test_S0_5_on_a_terminal_without_budget_it_runs_to_the_end_with_a_progress_line(
+        env, tmp_path):
+    notebook = write_notebook(tmp_path / "term.ipynb", "import time",
+                              "time.sleep(1.5)  # first", "time.sleep(1.5)  # second")
+    env["AGENT_CALL_BUDGET_MS"] = "1000"  # a person's command ignores it
+    done = on_terminal(env, "run", notebook.name, "--json", cwd=tmp_path)
+    assert done.code == 0, done.stdout
+    assert done.seconds > 3.0
+    assert "cell 2 of 3" in done.stdout and "time.sleep(1.5)  # first" in done.stdout
+    envelope = json.loads(done.stdout[done.stdout.index('{"ok"'):].splitlines()[0])
+    assert envelope["data"]["state"] == "done"
+    assert "budget_ms" not in envelope["meta"]
+
+
+def test_S0_5_a_person_reads_a_short_summary(env, tmp_path):
+    notebook = write_notebook(tmp_path / "term.ipynb", "x = 1", "print(x)")
+    done = on_terminal(env, "run", notebook.name, cwd=tmp_path)
+    assert done.code == 0, done.stdout
+    final = done.stdout.rsplit("\x1b[K", 1)[-1]  # after the progress line, cleared
+    said, used = final.replace("\r", "").rstrip("\n").splitlines()
+    assert said.startswith("done: 2 of 2 cells ran in ")
+    assert said.endswith(f" s; the executed notebook is {tmp_path / 'term.out.ipynb'}")
+    assert used.startswith("  consumed: run_ms ")
+
+
+def test_ctrl_c_on_a_terminal_stops_the_notebook_and_says_so(env, tmp_path):
+    notebook = write_notebook(tmp_path / "long.ipynb", "import time\ntime.sleep(60)")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "nbbudget", "run", notebook.name, "--json"],
+                            env=env, cwd=tmp_path, stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "long.out.ipynb").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # the cell is running
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 130
+        shown = b""
+        while select.select([master], [], [], 0.2)[0]:
+            try:
+                shown += os.read(master, 65536)
+            except OSError:
+                break
+    finally:
+        os.close(master)
+    envelope = json.loads(shown.decode()[shown.decode().index('{"ok"'):].splitlines()[0])
+    assert (envelope["data"]["state"], envelope["error"]["code"]) == ("stopped", "stopped")
+    assert [row["state"] for row in jobs(env, tmp_path)] == ["stopped"]
+
+
+# -- bad input: exit 2, nothing runs ----------------------------------------------------------
+BAD_INPUT = [
+    (["missing.ipynb"], "nbbudget run: no notebook at 'missing.ipynb'; check the path"),
+    (["junk.ipynb"], "junk.ipynb' is not a valid notebook (not JSON: Expecting property name"),
+    (["cells.ipynb"], "cells.ipynb' is not a valid notebook (it has no list of cells and "
+                      "metadata); give the path of an .ipynb file in nbformat 4"),
+    (["v3.ipynb"], "v3.ipynb' is not a valid notebook (not an nbformat 4 notebook)"),
+    (["good.ipynb", "--stepz", "3"], "nbbudget: error: unrecognized arguments: --stepz 3"),
+    (["good.ipynb", "--budget", "2x"],
+     "nbbudget run: --budget='2x' is not a duration; write a number with a unit"),
+    (["good.ipynb", "--timeout", "0"], "nbbudget run: --timeout 0 would cancel the notebook"),
+    (["good.ipynb", "--detach", "--resume"],
+     "nbbudget run: --detach and --resume exclude each other: choose how the work outlives "
+     "its budget"),
+    (["good.ipynb", "-p", "alpha", "1"],
+     "nbbudget run: -p alpha: 'good.ipynb' has no cell tagged 'parameters' to inject it "
+     "after; tag the cell that sets the defaults 'parameters' (as papermill needs), or drop -p"),
+    (["tagged.ipynb", "-p", "two words", "1"], "nbbudget run: -p 'two words': a parameter's"),
+    (["good.ipynb", "--steps", "0"], "nbbudget run: steps=0"),
+    (["limits.ipynb"], "nbbudget run: metadata.nbbudget.limits of 'limits.ipynb': "),
+    (["good.ipynb", "--output", "good.ipynb"],
+     "nbbudget run: --output 'good.ipynb' is the notebook itself"),
+    (["good.ipynb", "--output", "nowhere/out.ipynb"], "nbbudget run: the folder of the output "),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_INPUT,
+                         ids=[" ".join(args) for args, _ in BAD_INPUT])
+def test_bad_input_exits_2_with_a_message_naming_the_value_and_nothing_runs(
+        env, tmp_path, args, message):
+    write_notebook(tmp_path / "good.ipynb", "open('ran.txt', 'a').write('ran')")
+    write_notebook(tmp_path / "tagged.ipynb", "x = 1", parameters="alpha = 0")
+    write_notebook(tmp_path / "limits.ipynb", "x = 1", limits={"max_stepz": 3})
+    (tmp_path / "junk.ipynb").write_text("{not json")
+    (tmp_path / "cells.ipynb").write_text('{"cells": 3, "nbformat": 4, "nbformat_minor": 5}')
+    (tmp_path / "v3.ipynb").write_text('{"worksheets": [], "nbformat": 3, "nbformat_minor": 0}')
+    done = nbbudget(env, "run", *args, cwd=tmp_path)
+    assert done.code == 2
+    assert done.stdout == ""
+    assert message in done.stderr.splitlines()[-1]
+    assert "Traceback" not in done.stderr
+    assert not list(tmp_path.glob("*.out.ipynb")) and not (tmp_path / "ran.txt").exists()
+    assert not (tmp_path / "home").exists()  # no run was even recorded
+
+
+def test_a_bad_call_budget_in_the_environment_exits_2_naming_it(env, tmp_path):
+    write_notebook(tmp_path / "good.ipynb", "x = 1")
+    env["AGENT_CALL_BUDGET_MS"] = "soon"
+    done = nbbudget(env, "run", "good.ipynb", cwd=tmp_path)
+    assert done.code == 2
+    assert done.stderr.startswith("nbbudget run: AGENT_CALL_BUDGET_MS='soon' is not a duration")
+
+
+def test_a_damaged_store_exits_2_naming_it_and_nothing_runs(env, tmp_path):
+    write_notebook(tmp_path / "good.ipynb", "open('ran.txt', 'a').write('ran')")
+    home = Path(env["NBBUDGET_HOME"])
+    home.mkdir()
+    (home / "nbbudget.db").write_bytes(b"not a database" * 100)
+    for args in (["run", "good.ipynb"], ["jobs"], ["cancel", "run-00000000"]):
+        done = nbbudget(env, *args, cwd=tmp_path)
+        assert done.code == 2
+        assert done.stderr.startswith(f"nbbudget {args[0]}: the nbbudget store ")
+        assert " is damaged: " in done.stderr
+    assert not (tmp_path / "ran.txt").exists()
+
+
+def test_cancel_of_an_unknown_run_exits_2_naming_it(env, tmp_path):
+    done = nbbudget(env, "cancel", "run-00000000", cwd=tmp_path)
+    assert done.code == 2
+    assert done.stderr == (f"nbbudget cancel: no run 'run-00000000' in the store at "
+                           f"{env['NBBUDGET_HOME']}; nbbudget jobs lists the runs\n")
+
+
+def test_run_help_shows_every_flag_with_an_example(env, tmp_path):
+    done = nbbudget(env, "run", "--help", cwd=tmp_path)
+    assert done.code == 0
+    usage, _, examples = done.stdout.partition("\nexamples:\n")
+    flags = ["-p", "--output", "--budget", "--detach", "--resume", "--timeout", "--json",
+             "--time", "--steps", "--tool-calls", "--agent-invocations", "--provider-calls",
+             "--turns", "--tokens", "--output-tokens", "--cost", "--run-limits-json",
+             "--manifest", "--runs-per-day"]
+    for flag in flags:
+        assert f"{flag} " in usage, flag
+        assert f"{flag} " in examples, flag
+    assert "nbbudget run report.ipynb -p region emea" in examples
+
+
+# -- faults ------------------------------------------------------------------------------------
+def test_a_runner_killed_with_sigkill_is_reported_lost_and_its_partial_notebook_kept(
+        env, tmp_path):
+    notebook = slow_notebook(tmp_path, 10, 1.0)
+    first = nbbudget(env, "run", notebook.name, "--budget", "2s", cwd=tmp_path)
+    assert first.code == 14
+    job = first.envelope["data"]["job"]
+    deadline = time.monotonic() + 30
+    while len(ran(tmp_path)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    row = next(row for row in jobs(env, tmp_path) if row["id"] == job)
+    os.kill(row["pid"], signal.SIGKILL)
+
+    lost = nbbudget(env, "run", notebook.name, "--budget", "2s", cwd=tmp_path)
+    assert lost.code == 1
+    assert lost.seconds < 5.0  # never hangs
+    assert lost.envelope["data"]["state"] == "lost"
+    assert lost.envelope["error"]["code"] == "lost"
+    assert lost.envelope["error"]["message"].startswith(f"run {job} was lost: its runner (pid ")
+    assert sum(count is not None for count in executed_cells(tmp_path / "slow.out.ipynb")) >= 2
+    assert next(row for row in jobs(env, tmp_path) if row["id"] == job)["state"] == "lost"
+    anew = nbbudget(env, "run", notebook.name, "--budget", "2s", cwd=tmp_path)
+    assert anew.code == 14
+    assert anew.envelope["data"]["job"] != job
+
+
+def test_a_kernel_that_dies_is_reported_with_its_cell_and_the_notebook_kept(env, tmp_path):
+    notebook = write_notebook(tmp_path / "dies.ipynb", "print('alive')",
+                              "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+                              "print('never')")
+    done = nbbudget(env, "run", notebook.name, "--budget", "30s", cwd=tmp_path)
+    assert done.code == 1, done.stdout + done.stderr
+    error = done.envelope["error"]
+    assert (error["code"], error["cell_index"]) == ("kernel_died", 1)
+    assert done.envelope["data"]["state"] == "failed"
+    cells = nbformat.read(tmp_path / "dies.out.ipynb", 4).cells
+    assert cells[0].outputs[0]["text"] == "alive\n"
+
+
+def test_a_kernel_that_cannot_start_is_reported_and_nothing_runs(env, tmp_path):
+    notebook = write_notebook(tmp_path / "alien.ipynb", "open('ran.txt', 'a').write('ran')")
+    raw = json.loads(notebook.read_text())
+    raw["metadata"]["kernelspec"]["name"] = "no-such-kernel"
+    notebook.write_text(json.dumps(raw))
+    done = nbbudget(env, "run", notebook.name, "--budget", "30s", cwd=tmp_path)
+    assert done.code == 1, done.stdout + done.stderr
+    error = done.envelope["error"]
+    assert error["code"] == "kernel_failed"
+    assert error["message"].startswith("the kernel 'no-such-kernel' did not start: NoSuchKernel")
+    assert not (tmp_path / "ran.txt").exists()
+
+
+def test_two_identical_commands_at_once_share_one_runner_and_one_execution(env, tmp_path):
+    notebook = slow_notebook(tmp_path, 4, 1.0)
+    both = [start(env, "run", notebook.name, "--budget", "2s", cwd=tmp_path) for _ in range(2)]
+    answers = [json.loads(proc.communicate(timeout=60)[0]) for proc in both]
+    assert [proc.returncode for proc in both] == [14, 14]
+    job = answers[0]["data"]["job"]
+    assert answers[1]["data"]["job"] == job
+    assert len(jobs(env, tmp_path)) == 1
+    wait_for_job(env, tmp_path, job, "done", timeout=40)
+    assert ran(tmp_path) == ["0", "1", "2", "3"]  # executed once
+    assert nbbudget(env, "run", notebook.name, "--budget", "2s", cwd=tmp_path).code == 0
+
+
+def test_S0_6_timeout_bounds_the_whole_execution_across_continuations(env, tmp_path):
+    notebook = slow_notebook(tmp_path, 10, 1.0)
+    first = nbbudget(env, "run", notebook.name, "--resume", "--budget", "2s",
+                     "--timeout", "5s", cwd=tmp_path)
+    assert first.code == 14
+    assert first.envelope["meta"]["timeout_ms"] == 5000
+    time.sleep(4.0)  # paused time counts: the wall clock runs from the first start
+    again = nbbudget(env, "run", notebook.name, "--resume", "--budget", "2s",
+                     "--timeout", "5s", cwd=tmp_path)
+    assert again.code == 124, again.stdout + again.stderr
+    assert again.envelope["data"]["state"] == "cancelled"
+    assert again.envelope["error"]["code"] == "cancelled"
+    assert "its wall-clock limit of 5000 ms, counted from its first start across every " \
+           "continuation, ran out" in again.envelope["error"]["message"]
+
+
+def test_S4_12_runs_per_day_counts_notebook_starts_and_refuses_one_over_it(env, tmp_path):
+    notebook = slow_notebook(tmp_path, 1, 0.0, name="daily.ipynb")
+    args = ("run", notebook.name, "--runs-per-day", "1", "--budget", "30s")
+    assert nbbudget(env, *args, cwd=tmp_path).code == 0
+    refused = nbbudget(env, *args, cwd=tmp_path)
+    assert refused.code == 1
+    assert refused.envelope["error"]["code"] == "RunsPerDayExceeded"
+    assert "quota of runs_per_day=1; nothing was run" in refused.envelope["error"]["message"]
+    assert ran(tmp_path) == ["0"]
