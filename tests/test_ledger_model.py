@@ -52,7 +52,6 @@ DETERMINISTIC = settings(deadline=None, derandomize=True, database=None)
 #: run): then drop its name here, and the machine covers that ground too.
 KNOWN_DIVERGENCES = frozenset({
     "reply_past_a_window",        # test_S3_1_a_reply_that_spends_a_window_suspends_the_run
-    "output_refusal_untraced",    # test_S4_8_a_provider_call_with_no_output_tokens_left_...
     "reply_after_a_cancel",       # test_S2_3_a_reply_that_lands_after_a_cancel_...
     "reply_past_grant_and_run",   # test_S3_3_a_reply_that_passes_its_grants_allowance_...
     "grant_refusal_named_first",  # test_S3_3_charge_many_on_a_grant_names_the_first_kind_...
@@ -537,8 +536,6 @@ def test_S3_1_a_reply_that_spends_a_window_suspends_the_run_as_a_refused_charge_
     assert (run.outcome.status, run.outcome.by) == ("suspended", "tokens")
 
 
-@pytest.mark.xfail(strict=True, reason="the refusal for want of output tokens is not traced, and "
-                                       "on a grant it names a limit of 0")
 def test_S4_8_a_provider_call_with_no_output_tokens_left_is_refused_like_any_charge():
     with nb.budget(output_tokens=10, clock=FakeClock()) as run:
         run.charge("output_tokens", 10)
