@@ -72,6 +72,7 @@ class Account:
         self.thr = [_INF] * _K  # the count that may be reached
         self.watch = [_INF] * _K  # the use at which the next notice is due
         self.cap = list(_NO_CAP)  # how far the pool may reserve ahead
+        self.closed = False  # stopped: its pools stay empty, so no lock-free take succeeds
 
     def used(self, i: int) -> float:
         """What kind *i* has consumed in this slice (reserved, less what waits in the pool)."""
@@ -100,7 +101,7 @@ class Ledger(Protocol):
                 t_ms: float) -> BudgetExceeded | None: ...
 
     def spend(self, account: Account, items: Items, target: str | None,
-              t_ms: float) -> tuple[Account, int] | None: ...
+              t_ms: float) -> list[tuple[Account, int]]: ...
 
     def check(self, account: Account, i: int, n: float, target: str | None,
               t_ms: float) -> BudgetExceeded | None: ...
@@ -234,14 +235,15 @@ class LocalLedger:
             self.notice(t_ms)
         pool = root.pools[i]
         room = root.cap[i] - root.counts[i]
-        if room >= 1 and not pool:  # refill an empty pool only: it never holds over a block
+        if room >= 1 and not pool and not root.closed:  # refill an empty pool only
             k = int(min(_BLOCK, room))
             root.counts[i] += k
             pool.extend(_PERMITS[:k])
 
     def drain(self, account: Account) -> None:
-        """Give back the permits waiting in *account*'s pools (a stop: lock held; pops may
-        race, each is one)."""
+        """Give back the permits waiting in *account*'s pools and never refill them (a stop:
+        lock held; pops may race, each is one)."""
+        account.closed = True
         for i, pool in enumerate(account.pools):
             while True:
                 try:
@@ -252,9 +254,10 @@ class LocalLedger:
 
     # -- after the fact and without reserving (lock held) ---------------------------------------
     def spend(self, account: Account, items: Items, target: str | None,
-              t_ms: float) -> tuple[Account, int] | None:
-        """Record spending that already happened, even past a limit (S4-10); the first account
-        and kind whose limit it passed, in the attribution order (S2-9, S3-3), else None."""
+              t_ms: float) -> list[tuple[Account, int]]:
+        """Record spending that already happened, even past a limit (S4-10); for *account*, then
+        its run, the first kind whose limit it passed there, in the attribution order (S2-9,
+        S3-3): a reply can pass its grant's allowance and its run's limit at once."""
         root = self.root
         for i, n in items:
             if account is not root:
@@ -263,12 +266,9 @@ class LocalLedger:
             root.bulk[i] += n - 1
             self._after_take(account, i, n, target, t_ms)
         holders = (account,) if account is root else (account, root)
-        for i, _ in items:
-            for holder in holders:
-                thr = holder.thr[i]
-                if thr != _INF and holder.used(i) + holder.base[i] > thr:
-                    return holder, i
-        return None
+        return [(holder, passed[0]) for holder in holders
+                if (passed := [i for i, _ in items if holder.thr[i] != _INF
+                               and holder.used(i) + holder.base[i] > holder.thr[i]])]
 
     def check(self, account: Account, i: int, n: float, target: str | None,
               t_ms: float) -> BudgetExceeded | None:

@@ -182,9 +182,13 @@ class Core:
 
     def require(self, i: int, n: float, target: str | None) -> None:
         """Refuse *n* of kind *i* (traced) unless this account and its run's both have that
-        much left; nothing is reserved (a clamp before dispatch, S2-9)."""
+        much left; nothing is reserved (a clamp before dispatch, S2-9). A stopped run raises its
+        stop first, as a charge does (S2-3)."""
+        scope = self.scope
         with self.ledger.lock:
-            err = self.ledger.check(self.account, i, n, target, self.scope.t_ms())
+            stop = scope.stop or scope.root.stop
+            err: BaseException | None = stop.signal() if stop is not None else (
+                self.ledger.check(self.account, i, n, target, scope.t_ms()))
         if err is not None:
             self.fail(err)
 
@@ -208,19 +212,25 @@ class Core:
         grant or its run is cut by the first limit passed, in the attribution order (S2-9,
         S3-3). *items* are ``(kind index, amount)`` pairs in that order, already checked."""
         with self.ledger.lock:
-            over = self.ledger.spend(self.account, items, target, self.scope.t_ms())
-            if over is None:
-                return
-            holder, i = over
-            scope = self.scope if holder is self.account else self.scope.root
-            limit, used = holder.figures(i)
-            name = KINDS[i].name
-            stop = cut(scope, i, (limit, used), name,
-                       f"{name} passed {scope.name}'s limit of {limit}: {used} used; raise the "
-                       f"limit or ask for less")
-        scope.halt(stop)
-        assert scope.stop is not None
-        raise scope.stop.signal()
+            passed = self.ledger.spend(self.account, items, target, self.scope.t_ms())
+            stops = [self._passed(holder, i) for holder, i in passed]
+        if not stops:
+            return
+        for stop in stops:  # this grant's own cut first, then its run's (S3-2)
+            stop.origin.halt(stop)
+        first = stops[0].origin.stop
+        assert first is not None
+        raise first.signal()
+
+    def _passed(self, holder: Account, i: int) -> Stop:
+        """The cut of *holder*'s scope (this one, or the run) by kind *i*, whose limit it
+        passed."""
+        scope = self.scope if holder is self.account else self.scope.root
+        limit, used = holder.figures(i)
+        name = KINDS[i].name
+        return cut(scope, i, (limit, used), name,
+                   f"{name} passed {scope.name}'s limit of {limit}: {used} used; raise the "
+                   f"limit or ask for less")
 
     def expired(self) -> Stop:
         """The stop of a spent time grant: a fresh window to come when the run suspends (S3-1),

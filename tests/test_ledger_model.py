@@ -52,8 +52,6 @@ DETERMINISTIC = settings(deadline=None, derandomize=True, database=None)
 #: run): then drop its name here, and the machine covers that ground too.
 KNOWN_DIVERGENCES = frozenset({
     "reply_past_a_window",        # test_S3_1_a_reply_that_spends_a_window_suspends_the_run
-    "reply_after_a_cancel",       # test_S2_3_a_reply_that_lands_after_a_cancel_...
-    "reply_past_grant_and_run",   # test_S3_3_a_reply_that_passes_its_grants_allowance_...
     "grant_refusal_named_first",  # test_S3_3_charge_many_on_a_grant_names_the_first_kind_...
 })
 
@@ -549,8 +547,6 @@ def test_S4_8_a_provider_call_with_no_output_tokens_left_is_refused_like_any_cha
                                      "OutputTokenBudgetExceeded")]
 
 
-@pytest.mark.xfail(strict=True, reason="a reply counted after a cancel refills the run's pool of "
-                                       "tokens, so a later charge of one token is granted")
 def test_S2_3_a_reply_that_lands_after_a_cancel_leaves_no_permit_for_a_later_charge():
     run, granted = nb.budget(clock=FakeClock()), []
 
@@ -567,8 +563,6 @@ def test_S2_3_a_reply_that_lands_after_a_cancel_leaves_no_permit_for_a_later_cha
     assert run.consumed == {"tokens": 5, "provider_calls": 1}
 
 
-@pytest.mark.xfail(strict=True, reason="when a reply passes its grant's allowance too, the run "
-                                       "whose limit it passed goes on")
 def test_S3_3_a_reply_that_passes_its_grants_allowance_and_the_runs_limit_stops_the_run():
     run = nb.budget(tokens=100, clock=FakeClock())
     with contextlib.suppress(nb.BudgetCut), run:
