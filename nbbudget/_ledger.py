@@ -103,6 +103,8 @@ class Ledger(Protocol):
     def spend(self, account: Account, items: Items, target: str | None,
               t_ms: float) -> list[tuple[Account, int]]: ...
 
+    def window(self, holder: Account, i: int) -> bool: ...
+
     def check(self, account: Account, i: int, n: float, target: str | None,
               t_ms: float) -> BudgetExceeded | None: ...
 
@@ -269,6 +271,15 @@ class LocalLedger:
         return [(holder, passed[0]) for holder in holders
                 if (passed := [i for i, _ in items if holder.thr[i] != _INF
                                and holder.used(i) + holder.base[i] > holder.thr[i]])]
+
+    def window(self, holder: Account, i: int) -> bool:
+        """Whether *holder* passing its limit of kind *i* spends a window that suspends the run
+        (S3-1) rather than a limit that fails it: a run's tokens, cost or time, with suspend
+        on, and its whole-run total, if any, not passed."""
+        if not (self.suspend and i in _WINDOW_KINDS and holder is self.root):
+            return False
+        total = holder.total[i]
+        return total is None or holder.used(i) + holder.base[i] <= total
 
     def check(self, account: Account, i: int, n: float, target: str | None,
               t_ms: float) -> BudgetExceeded | None:

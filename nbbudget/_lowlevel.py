@@ -228,6 +228,10 @@ class Core:
         scope = self.scope if holder is self.account else self.scope.root
         limit, used = holder.figures(i)
         name = KINDS[i].name
+        if self.ledger.window(holder, i):  # S3-1: a spent window suspends, as a refusal does
+            return Stop(Status.SUSPENDED, "window", name, "Suspended",
+                        f"the {name} window of {limit} is spent; the run is suspended and "
+                        f"resumes with a fresh window", scope)
         return cut(scope, i, (limit, used), name,
                    f"{name} passed {scope.name}'s limit of {limit}: {used} used; raise the "
                    f"limit or ask for less")

@@ -51,7 +51,6 @@ DETERMINISTIC = settings(deadline=None, derandomize=True, database=None)
 #: at the end of this file. Once one is fixed, its test passes (and, being strict, fails the
 #: run): then drop its name here, and the machine covers that ground too.
 KNOWN_DIVERGENCES = frozenset({
-    "reply_past_a_window",        # test_S3_1_a_reply_that_spends_a_window_suspends_the_run
     "grant_refusal_named_first",  # test_S3_3_charge_many_on_a_grant_names_the_first_kind_...
 })
 
@@ -525,8 +524,6 @@ def test_S2_3_a_cancel_from_another_thread_stops_every_later_charge_and_loses_no
 
 
 # -- where nbbudget and the rules disagree today (see KNOWN_DIVERGENCES) ---------------------------
-@pytest.mark.xfail(strict=True, raises=(AssertionError, nb.BudgetCut),
-                   reason="a reply that spends a window fails the run instead of suspending it")
 def test_S3_1_a_reply_that_spends_a_window_suspends_the_run_as_a_refused_charge_does():
     with nb.budget(tokens=100, suspend=True, clock=FakeClock()) as run:
         ask = run.provider(ScriptedProvider([Reply("long", input_tokens=150)]), guardrail=0)
