@@ -199,12 +199,19 @@ class LocalLedger:
         return None
 
     def _take_all(self, items: Items) -> tuple[int, float] | None:
-        """Reserve every item on the run, or none: the first that cannot be had, else None."""
+        """Reserve every item on the run, or none: the first that cannot be had, else None. A
+        kind without a pool (dollars) gets back its exact figures, not a difference that
+        rounds; a pooled kind gives back by count (its pool may be popped meanwhile)."""
+        root = self.root
+        before = [(root.counts[i], root.bulk[i]) for i, _ in items]
         for k, (i, n) in enumerate(items):
             if not self._take(i, n):
-                for j, m in items[:k]:
-                    self.root.counts[j] -= m
-                    self.root.bulk[j] -= m - 1
+                for (j, m), (count, bulk) in zip(items[:k], before, strict=False):
+                    if _POOLED[j]:
+                        root.counts[j] -= m
+                        root.bulk[j] -= m - 1
+                    else:
+                        root.counts[j], root.bulk[j] = count, bulk
                 return i, n
         return None
 

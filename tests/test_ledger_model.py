@@ -580,9 +580,6 @@ def test_S3_3_charge_many_on_a_grant_names_the_first_kind_in_the_attribution_ord
     assert (info.value.kind, info.value.scope) == ("tokens", "run")
 
 
-@pytest.mark.xfail(strict=True, reason="a refused charge_many gives back what it took by "
-                                       "subtracting it, which moves a dollar counter by a "
-                                       "rounding error")
 def test_S4_3_a_refused_charge_many_leaves_a_dollar_counter_exactly_as_it_was():
     # the machine charges quarters of a dollar, exact in binary, so it cannot see this one
     with nb.budget(steps=1, clock=FakeClock()) as run:
