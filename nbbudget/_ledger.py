@@ -199,9 +199,8 @@ class LocalLedger:
         return None
 
     def _take_all(self, items: Items) -> tuple[int, float] | None:
-        """Reserve every item on the run, or none: the first that cannot be had, else None. A
-        kind without a pool (dollars) gets back its exact figures, not a difference that
-        rounds; a pooled kind gives back by count (its pool may be popped meanwhile)."""
+        """Reserve every item on the run, or none: the first that cannot be had, else None.
+        Dollars get back their exact figures; pooled kinds give back by count."""
         root = self.root
         before = [(root.counts[i], root.bulk[i]) for i, _ in items]
         for k, (i, n) in enumerate(items):
@@ -280,9 +279,8 @@ class LocalLedger:
                                and holder.used(i) + holder.base[i] > holder.thr[i]])]
 
     def window(self, holder: Account, i: int) -> bool:
-        """Whether *holder* passing its limit of kind *i* spends a window that suspends the run
-        (S3-1) rather than a limit that fails it: a run's tokens, cost or time, with suspend
-        on, and its whole-run total, if any, not passed."""
+        """Whether *holder* passing kind *i* spends a window that suspends the run (S3-1): a
+        run's tokens, cost or time, with suspend on, its whole-run total not passed."""
         if not (self.suspend and i in _WINDOW_KINDS and holder is self.root):
             return False
         total = holder.total[i]
