@@ -31,7 +31,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import nbbudget as nb
-from nbbudget._store import Store
+from nbbudget.calls.store import Store
 
 pc = time.perf_counter
 

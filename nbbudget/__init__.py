@@ -7,10 +7,14 @@ pauses at a checkpoint (`call`, `checkpoint`, `jobs`). In IPython, ``%load_ext n
 
 from __future__ import annotations
 
-from ._budget import Budget, Grant, Snapshot, budget, current
-from ._call import call, checkpoint, resume_state
-from ._duration import parse_duration
-from ._errors import (
+from .agents.budget import Budget, Grant, Snapshot, budget, current
+from .agents.tools import ToolContext
+from .calls.call import call, checkpoint, resume_state
+from .calls.jobs import Job, JobState, jobs
+from .calls.response import Response
+from .calls.store import CheckpointRefused, StoreDamaged, store
+from .core.duration import parse_duration
+from .core.errors import (
     BudgetCut,
     BudgetError,
     BudgetExceeded,
@@ -19,13 +23,9 @@ from ._errors import (
     RunsPerDayExceeded,
     WideningError,
 )
-from ._jobs import Job, JobState, jobs
-from ._limits import Limits, Manifest
-from ._outcome import Outcome, Status
-from ._response import Response
-from ._store import CheckpointRefused, StoreDamaged, store
-from ._tool import ToolContext
-from ._trace import Event, Replay, Trace
+from .core.limits import Limits, Manifest
+from .core.outcome import Outcome, Status
+from .core.trace import Event, Replay, Trace
 
 __version__ = "0.1.0"
 
@@ -35,14 +35,14 @@ last_response: Response | None = None
 
 def load_ipython_extension(shell: object) -> None:
     """``%load_ext nbbudget``: register nbbudget's magics and settings on the shell."""
-    from ._ipython import load
+    from .jupyter.magics import load
 
     load(shell)
 
 
 def unload_ipython_extension(shell: object) -> None:
     """``%unload_ext nbbudget``: remove everything ``%load_ext`` registered."""
-    from ._ipython import unload
+    from .jupyter.magics import unload
 
     unload(shell)
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 
 import nbbudget as nb
-from nbbudget._cli import format_summary
+from nbbudget.cli.main import format_summary
 
 
 def research(run: nb.Budget) -> list[str]:

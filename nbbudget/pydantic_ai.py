@@ -48,10 +48,10 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "nbbudget.pydantic_ai needs pydantic-ai: pip install 'nbbudget[pydantic-ai]'"
     ) from exc
 
-from ._budget import Budget, current
-from ._errors import BudgetCut, BudgetExceeded, ConfigError
-from ._lowlevel import Unwind
-from ._provider import clamp, spend_usage, usage_of
+from .agents.budget import Budget, current
+from .agents.providers import clamp, spend_usage, usage_of
+from .core.errors import BudgetCut, BudgetExceeded, ConfigError
+from .core.lowlevel import Unwind
 
 __all__ = ["Budgeted", "UsageLimitCut", "UsageLimitRefused"]
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._clock import Scheduled, Timers
-from ._duration import parse_duration
+from .core.clock import Scheduled, Timers
+from .core.duration import parse_duration
 
 __all__ = ["FakeClock", "Reply", "ScriptedProvider"]
 

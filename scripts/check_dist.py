@@ -82,7 +82,7 @@ def check_wheel(wheel: Path) -> None:
         entry_points = next((n for n in names if n.endswith(".dist-info/entry_points.txt")), None)
         commands = archive.read(entry_points).decode() if entry_points else ""
     require(wheel, names, package_files(), "check [tool.setuptools] in pyproject.toml")
-    if "nbbudget = nbbudget._cli:main" not in commands:
+    if "nbbudget = nbbudget.cli.main:main" not in commands:
         raise Refused(f"{wheel.name} does not declare the nbbudget command; "
                       f"check [project.scripts] in pyproject.toml")
     print(f"wheel {wheel.name}: every module, py.typed and the nbbudget command")

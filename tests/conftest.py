@@ -78,7 +78,7 @@ def no_thread_left_running() -> Iterator[None]:
 def quick_idle_workers() -> Iterator[None]:
     """Idle call workers end after ``IDLE_SECONDS``; a short wait keeps each test's thread check
     quick in modules that run many calls."""
-    from nbbudget import _workers
+    from nbbudget.calls import workers as _workers
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_workers, "IDLE_SECONDS", 0.05)

@@ -91,9 +91,9 @@ def test_a_wheel_without_a_module_is_refused_naming_it(dist: Path, tmp_path: Pat
     wheel = next(dist.glob("*.whl"))
     with zipfile.ZipFile(wheel) as full, zipfile.ZipFile(tmp_path / wheel.name, "w") as cut:
         for item in full.infolist():
-            if item.filename != "nbbudget/_rules.py":
+            if item.filename != "nbbudget/core/rules.py":
                 cut.writestr(item, full.read(item))
     result = check_dist(tmp_path)
     assert result.returncode == 1
-    assert result.stderr == (f"check_dist.py: {wheel.name} lacks nbbudget/_rules.py; "
+    assert result.stderr == (f"check_dist.py: {wheel.name} lacks nbbudget/core/rules.py; "
                              f"check [tool.setuptools] in pyproject.toml\n")

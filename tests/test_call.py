@@ -18,7 +18,7 @@ import time
 import pytest
 
 import nbbudget as nb
-from nbbudget._call import _identity, resolve_budget
+from nbbudget.calls.call import _identity, resolve_budget
 from nbbudget.testing import FakeClock
 
 #: how long (real seconds) a test waits for something that should happen at once

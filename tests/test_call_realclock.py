@@ -14,7 +14,7 @@ import time
 import pytest
 
 import nbbudget as nb
-from nbbudget._call import _identity
+from nbbudget.calls.call import _identity
 
 pytestmark = pytest.mark.realclock
 

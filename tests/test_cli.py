@@ -148,7 +148,7 @@ def console_script(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_explain_prints_the_rule_its_example_what_it_prints_and_where_to_read_more() -> None:
-    from nbbudget._rules import find
+    from nbbudget.core.rules import find
 
     rule = find("S0-10")
     result = console_script("explain", "S0-10")

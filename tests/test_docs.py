@@ -111,7 +111,7 @@ def test_concepts_explains_no_rule_that_is_not_pinned(concepts) -> None:
 
 
 def test_a_rule_shows_its_text_its_example_and_what_the_example_prints(render) -> None:
-    from nbbudget._rules import find
+    from nbbudget.core.rules import find
 
     rule = find("S0-10")
     text = "\n".join(render.rules_lines("S0"))
@@ -132,14 +132,14 @@ def test_concepts_sets_the_three_clocks_side_by_side() -> None:
 
 def test_the_magics_page_is_generated_from_the_magics() -> None:
     text = page("magics")
-    assert ".. nbbudget-magic:: nbbudget._ipython.BudgetMagics.budget_cell" in text
-    assert ".. nbbudget-magic:: nbbudget._ipython.BudgetMagics.budget\n" in text
+    assert ".. nbbudget-magic:: nbbudget.jupyter.magics.BudgetMagics.budget_cell" in text
+    assert ".. nbbudget-magic:: nbbudget.jupyter.magics.BudgetMagics.budget\n" in text
 
 
 def test_every_budget_cell_flag_is_in_the_generated_magic_reference(render: ModuleType) -> None:
-    from nbbudget._ipython import BudgetMagics
+    from nbbudget.jupyter.magics import BudgetMagics
 
-    lines = render.magic_lines("nbbudget._ipython.BudgetMagics.budget_cell", "%%budget")
+    lines = render.magic_lines("nbbudget.jupyter.magics.BudgetMagics.budget_cell", "%%budget")
     options = {line.split("::", 1)[1].split()[0]
                for line in lines if line.startswith(".. option::")}
     flags = {opt for action in BudgetMagics.budget_cell.parser._actions
@@ -151,15 +151,15 @@ def test_every_budget_cell_flag_is_in_the_generated_magic_reference(render: Modu
 
 
 def test_the_line_magic_reference_lists_its_commands(render: ModuleType) -> None:
-    text = "\n".join(render.magic_lines("nbbudget._ipython.BudgetMagics.budget", "%budget"))
+    text = "\n".join(render.magic_lines("nbbudget.jupyter.magics.BudgetMagics.budget", "%budget"))
     for command in ("jobs", "wait", "cancel", "status", "trace"):
         assert command in text
     assert ".. option:: --timeout TIMEOUT" in text
 
 
 def test_the_cli_page_is_generated_from_the_parser(render: ModuleType) -> None:
-    assert ".. nbbudget-argparse:: nbbudget._cli:_parser" in page("cli")
-    text = "\n".join(render.argparse_lines("nbbudget._cli:_parser"))
+    assert ".. nbbudget-argparse:: nbbudget.cli.main:_parser" in page("cli")
+    text = "\n".join(render.argparse_lines("nbbudget.cli.main:_parser"))
     assert ".. program:: nbbudget inspect" in text
     assert ".. option:: --json" in text
     assert ".. option:: TRACE.json" in text
@@ -169,11 +169,11 @@ def test_the_cli_page_is_generated_from_the_parser(render: ModuleType) -> None:
 
 
 def test_the_configuration_page_lists_every_trait_and_variable(render: ModuleType) -> None:
-    from nbbudget._ipython import NBBudget
+    from nbbudget.jupyter.magics import NBBudget
 
     text = page("configuration")
-    assert ".. nbbudget-traits:: nbbudget._ipython.NBBudget" in text
-    generated = "\n".join(render.traits_lines("nbbudget._ipython.NBBudget"))
+    assert ".. nbbudget-traits:: nbbudget.jupyter.magics.NBBudget" in text
+    generated = "\n".join(render.traits_lines("nbbudget.jupyter.magics.NBBudget"))
     for name in NBBudget.class_own_traits(config=True):
         assert f".. describe:: NBBudget.{name}" in generated
     for variable in ("AGENT_CALL_BUDGET_MS", "NBBUDGET_INTERACTIVE", "NBBUDGET_HOME"):

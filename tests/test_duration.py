@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 import nbbudget as nb
-from nbbudget._errors import show
+from nbbudget.core.errors import show
 
 MAX_MS = 2**53 - 1
 

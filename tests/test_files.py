@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import nbbudget as nb
-from nbbudget._files import atomic_write, check_target
+from nbbudget.core.files import atomic_write, check_target
 
 
 def test_a_write_into_a_missing_folder_names_the_path_asked_for(tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
 import nbbudget as nb
-from nbbudget import _call, _interactive
+from nbbudget.calls import call as _call
+from nbbudget.calls import interactive as _interactive
 
 pytestmark = pytest.mark.usefixtures("quick_idle_workers", "home")
 
@@ -166,7 +167,7 @@ def _execute_with_metadata(kc, code: str, *, allow_stdin: bool, metadata: dict) 
             return "".join(out)
 
 
-PROBE = "%load_ext nbbudget\nfrom nbbudget._interactive import is_interactive\n" \
+PROBE = "%load_ext nbbudget\nfrom nbbudget.calls.interactive import is_interactive\n" \
         "print(is_interactive())"
 
 
@@ -370,7 +371,7 @@ def test_budget_jobs_on_a_damaged_store_is_a_usage_error_naming_it(shell, tmp_pa
 def test_S2_1_a_budget_cell_inside_an_active_run_runs_as_a_grant_of_it(shell):
     """Under ``nbbudget run`` every cell runs inside the notebook's run: a %%budget cell there
     is a grant of it, its steps counted on the run too, its deadline within the run's."""
-    from nbbudget._budget import activate
+    from nbbudget.agents.budget import activate
     from nbbudget.testing import FakeClock
 
     run = nb.budget(steps=3, time="1h", name="notebook", clock=FakeClock())
@@ -395,7 +396,7 @@ def test_a_stop_that_reaches_the_top_of_a_cell_shows_its_public_error_in_one_lin
     """A run made current outside a ``with`` block (a notebook's under ``nbbudget run``): when
     its time grant is spent, the next check raises at the top of a cell, and IPython shows the
     error a ``with`` block would have raised, in one line."""
-    from nbbudget._budget import activate
+    from nbbudget.agents.budget import activate
     from nbbudget.testing import FakeClock
 
     clock = FakeClock()

@@ -124,13 +124,13 @@ def test_N_4_budget_jobs_reads_well_as_text_and_as_html(kernel):
     (3780, "1 h 3 min"), (-0.5, "0 ms"),
 ])
 def test_a_duration_reads_as_a_person_says_it(seconds, said):
-    from nbbudget._duration import spoken
+    from nbbudget.core.duration import spoken
 
     assert spoken(seconds * 1000) == said
 
 
 def test_a_start_time_is_short_today_and_dated_another_day():
-    from nbbudget._frames import _clock_time
+    from nbbudget.calls.jobs_frame import _clock_time
 
     now = time.mktime((2026, 11, 30, 14, 2, 31, 0, 0, -1))
     assert _clock_time(now - 60, now) == "14:01:31"

@@ -98,7 +98,7 @@ def attempt(fn: Callable[[], Any]) -> Any:
         raise
     except Exception:
         raise
-    except BaseException:  # a stop unwinds past `except Exception:` (see nbbudget._errors)
+    except BaseException:  # a stop unwinds past `except Exception:` (see nbbudget.core.errors)
         return STOPPED
     return GRANTED if value is None else value
 

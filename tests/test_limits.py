@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import nbbudget as nb
-from nbbudget._errors import show
+from nbbudget.core.errors import show
 
 MAX_INT = 2**53 - 1
 FIELDS = [
@@ -561,10 +561,10 @@ def test_every_kind_has_its_field_its_json_key_and_its_flag_in_budget_and_run():
     import argparse
     import dataclasses
 
-    from nbbudget._cli import _parser
-    from nbbudget._ipython import BudgetMagics
-    from nbbudget._kinds import KINDS
-    from nbbudget._limits import limits_from_flags
+    from nbbudget.cli.main import _parser
+    from nbbudget.core.kinds import KINDS
+    from nbbudget.core.limits import limits_from_flags
+    from nbbudget.jupyter.magics import BudgetMagics
 
     fields = {f.name for f in dataclasses.fields(nb.Limits)}
     run_parser = next(action for action in _parser()._actions

@@ -11,7 +11,7 @@ from IPython.utils.capture import capture_output
 from traitlets.config import Config
 
 import nbbudget as nb
-from nbbudget._panel import Panel, summary
+from nbbudget.jupyter.panel import Panel, summary
 from nbbudget.testing import FakeClock
 
 pytestmark = pytest.mark.usefixtures("quick_idle_workers", "home")

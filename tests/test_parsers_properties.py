@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from IPython.core.error import UsageError
 
 import nbbudget as nb
-from nbbudget import _call
-from nbbudget._errors import show
+from nbbudget.calls import call as _call
+from nbbudget.core.errors import show
 
 MAX_MS = 2**53 - 1
 UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "": 1}
@@ -224,7 +224,7 @@ lines = (st.lists(words, max_size=8).map(" ".join) | st.text(max_size=40)).filte
 
 @pytest.fixture
 def magic_lines(folder: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    from nbbudget import _ipython
+    from nbbudget.jupyter import magics as _ipython
 
     monkeypatch.chdir(folder)  # a --manifest or --trace of the fuzz is looked up here only
     return _ipython

@@ -1,6 +1,11 @@
 """A leading underscore means "this module only": no module of nbbudget imports another's
 private names or reads another's private attributes, and the modules import each other in no
-circle, lazy imports included. The layers above the core use `nbbudget._lowlevel`."""
+circle, lazy imports included. The layers above the core use `nbbudget.core.lowlevel`.
+
+The layers (``docs/architecture.md``) only look down: `nbbudget.core`, then `nbbudget.agents`,
+then `nbbudget.calls`, then `nbbudget.jupyter` and `nbbudget.cli`, then the public modules
+(`nbbudget`, `nbbudget.testing`, `nbbudget.pydantic_ai`, `nbbudget.demo`). No module imports
+one of a higher layer, lazily or not."""
 
 from __future__ import annotations
 
@@ -13,14 +18,33 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "nbbudget"
 
 #: what the job runner still reads of a job's private state, until it has its own interface
-JOB_RUNNER = {("nbbudget._call", name) for name in ("_detach", "_settle", "_signal", "_timers")}
+JOB_RUNNER = {("nbbudget.calls.call", name)
+              for name in ("_detach", "_settle", "_signal", "_timers")}
+
+
+#: each folder's layer; the modules at the top of the package are the public layer
+LAYERS = {"core": 0, "agents": 1, "calls": 2, "jupyter": 3, "cli": 3}
+PUBLIC_LAYER = 4
+
+
+def module_name(path: Path) -> str:
+    parts = ["nbbudget", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 @functools.cache
 def modules() -> dict[str, ast.Module]:
-    return {f"nbbudget.{path.stem}" if path.stem != "__init__" else "nbbudget":
-            ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-            for path in sorted(PACKAGE.glob("*.py"))}
+    return {module_name(path): ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def is_package(module: str) -> bool:
+    return (PACKAGE.joinpath(*module.split(".")[1:]) / "__init__.py").exists()
+
+
+def layer(module: str) -> int:
+    parts = module.split(".")
+    return LAYERS[parts[1]] if len(parts) > 1 and parts[1] in LAYERS else PUBLIC_LAYER
 
 
 def private_names(tree: ast.Module) -> set[str]:
@@ -41,7 +65,7 @@ def imported(module: str, node: ast.ImportFrom) -> str:
     if not node.level:
         return node.module or ""
     base = module.split(".")
-    if module != "nbbudget":
+    if not is_package(module):
         base = base[:-1]
     base = base[: len(base) - node.level + 1]
     return ".".join(base + ([node.module] if node.module else []))
@@ -85,22 +109,46 @@ def test_no_module_reads_or_imports_another_modules_private_names() -> None:
     assert [r for r in reaches() if r not in JOB_RUNNER] == []
 
 
+def test_every_module_of_the_package_is_in_a_layer() -> None:
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert folders == set(LAYERS)
+    assert len(modules()) > 30  # the walk found the folders' modules
+
+
+@pytest.mark.parametrize("module", sorted(modules()))
+def test_no_module_imports_a_higher_layer_lazily_or_not(module: str) -> None:
+    upward = sorted(t for t in imports()[module] if layer(t) > layer(module))
+    assert upward == [], f"{module} (layer {layer(module)}) imports {upward}"
+
+
+def test_the_layer_check_finds_an_upward_import(monkeypatch) -> None:
+    monkeypatch.setitem(globals(), "modules", lambda: {
+        "nbbudget.core.ledger": ast.parse("def f():\n    from ..calls.jobs import Job\n"),
+        "nbbudget.calls.jobs": ast.parse("Job = 1\n")})
+    monkeypatch.setitem(globals(), "imports", imports.__wrapped__)
+    assert imports()["nbbudget.core.ledger"] == {"nbbudget.calls.jobs"}
+    assert layer("nbbudget.core.ledger") < layer("nbbudget.calls.jobs")
+
+
 def test_the_reach_check_finds_a_private_import_and_a_private_read(monkeypatch) -> None:
     tree = ast.parse("from ._budget import _current\nrun._core.charge(0, 1, None)\n")
     monkeypatch.setitem(globals(), "modules", lambda: {
-        "nbbudget._budget": ast.parse("_current = 1\nclass B:\n    _core = 2\n"),
-        "nbbudget._tool": tree})
-    assert reaches() == [("nbbudget._tool", "_core"), ("nbbudget._tool", "_current")]
+        "nbbudget.agents.budget": ast.parse("_current = 1\nclass B:\n    _core = 2\n"),
+        "nbbudget.agents.tools": tree})
+    assert reaches() == [("nbbudget.agents.tools", "_core"), ("nbbudget.agents.tools", "_current")]
+
+
+PACKAGES = {name for name in modules() if is_package(name)}
 
 
 @pytest.mark.parametrize("start", sorted(modules()))
 def test_no_module_imports_itself_through_others_lazily_or_not(start: str) -> None:
     graph = imports()
-    seen, todo = set(), list(graph[start] - {"nbbudget"})
+    seen, todo = set(), list(graph[start] - PACKAGES)
     while todo:
         name = todo.pop()
-        if name in seen or name == "nbbudget":
-            continue  # the package re-exports everything: not a layer
+        if name in seen or name in PACKAGES:
+            continue  # a package's __init__ only documents or re-exports: not a layer
         seen.add(name)
         todo += graph[name]
     assert start not in seen, f"{start} imports itself through {sorted(seen)}"

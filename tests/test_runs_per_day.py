@@ -11,7 +11,7 @@ import time
 import pytest
 
 import nbbudget as nb
-from nbbudget import _call
+from nbbudget.calls import call as _call
 from nbbudget.testing import FakeClock
 
 pytestmark = pytest.mark.usefixtures("quick_idle_workers", "home")

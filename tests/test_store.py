@@ -22,8 +22,8 @@ from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
 import nbbudget as nb
-from nbbudget._call import _identity
-from nbbudget._store import CHECKPOINT_FORMAT, Store, home
+from nbbudget.calls.call import _identity
+from nbbudget.calls.store import CHECKPOINT_FORMAT, Store, home
 from nbbudget.testing import FakeClock
 
 SOON = 5.0

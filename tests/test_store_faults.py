@@ -21,8 +21,8 @@ import time
 import pytest
 
 import nbbudget as nb
-from nbbudget._call import _identity
-from nbbudget._store import Store
+from nbbudget.calls.call import _identity
+from nbbudget.calls.store import Store
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ One directive is written in Markdown and goes straight into a MyST page, outside
 ```{nbbudget-rules} S0
 ```
 ````
-    The rules of one group (``S0``, ``S2``, ``S3``, ``S4`` or ``N``) from ``nbbudget._rules``,
+    The rules of one group (``S0``, ``S2``, ``S3``, ``S4`` or ``N``) from ``nbbudget.core.rules``,
     the table ``nbbudget explain`` prints from: one heading and target (``(s0-10)=``) per rule,
     its text, its example and what the example prints.
 """
@@ -62,7 +62,7 @@ class _Generated(SphinxDirective):
 
 
 class MagicDirective(_Generated):
-    """``.. nbbudget-magic:: nbbudget._ipython.BudgetMagics.budget_cell``"""
+    """``.. nbbudget-magic:: nbbudget.jupyter.magics.BudgetMagics.budget_cell``"""
 
     option_spec: ClassVar[dict[str, Callable[[str], Any]]] = {
         "name": directives.unchanged_required,
@@ -75,14 +75,14 @@ class MagicDirective(_Generated):
 
 
 class ArgparseDirective(_Generated):
-    """``.. nbbudget-argparse:: nbbudget._cli:_parser``"""
+    """``.. nbbudget-argparse:: nbbudget.cli.main:_parser``"""
 
     def run(self) -> list[nodes.Node]:
         return self.render(argparse_lines(self.arguments[0]))
 
 
 class TraitsDirective(_Generated):
-    """``.. nbbudget-traits:: nbbudget._ipython.NBBudget``"""
+    """``.. nbbudget-traits:: nbbudget.jupyter.magics.NBBudget``"""
 
     def run(self) -> list[nodes.Node]:
         return self.render(traits_lines(self.arguments[0]))
@@ -95,12 +95,12 @@ class RulesDirective(SphinxDirective):
     required_arguments = 1
 
     def run(self) -> list[nodes.Node]:
-        import nbbudget._rules
+        import nbbudget.core.rules
 
-        self.env.note_dependency(nbbudget._rules.__file__)
+        self.env.note_dependency(nbbudget.core.rules.__file__)
         holder = nodes.section()
         holder.document = self.state.document
-        lines = StringList(rules_lines(self.arguments[0]), source="nbbudget/_rules.py")
+        lines = StringList(rules_lines(self.arguments[0]), source="nbbudget/core/rules.py")
         nested_parse_with_titles(self.state, lines, holder)
         return holder.children
 

@@ -1,6 +1,6 @@
 """Reference text generated from the code: an IPython magic, an argparse command line and the
 configurable traits of a traitlets class, each as lines of reStructuredText; and the rules of
-the model, from the table in ``nbbudget._rules``, as lines of Markdown (MyST).
+the model, from the table in ``nbbudget.core.rules``, as lines of Markdown (MyST).
 
 This module needs neither Sphinx nor docutils, so the test suite can check what the
 documentation will say; ``nbbudget_docs`` wraps it in Sphinx directives.
@@ -175,7 +175,7 @@ def traits_lines(path: str) -> list[str]:
 def rules_lines(group: str) -> list[str]:
     """The rules whose ids start with *group* (``S0``, ..., ``N``), each under a heading of its
     own with a target named after its id, its text, its example and what the example prints."""
-    from nbbudget._rules import RULES
+    from nbbudget.core.rules import RULES
 
     rules = [rule for rule in RULES if rule.group == group]
     if not rules:

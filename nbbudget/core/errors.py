@@ -1,7 +1,7 @@
 """The exceptions nbbudget raises.
 
 Every error keeps its data as attributes and builds its message from them (the two store
-errors live with the store, in ``_store``)::
+errors live with the store, in `nbbudget.calls.store`)::
 
     Exception
      +-- BudgetError                 anything a budget stopped
@@ -26,7 +26,7 @@ import reprlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._outcome import Outcome
+    from .outcome import Outcome
 
 __all__ = [
     "BudgetCut",

@@ -22,15 +22,15 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, SupportsIndex
 
-from ._clock import Clock, MonotonicClock
-from ._errors import ConfigError
-from ._files import atomic_write, file_path, read_json
-from ._kinds import KIND_INDEX, KINDS, RUN_MS
+from .clock import Clock, MonotonicClock
+from .errors import ConfigError
+from .files import atomic_write, file_path, read_json
+from .kinds import KIND_INDEX, KINDS, RUN_MS
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ._limits import Limits
+    from .limits import Limits
 
 __all__ = ["TRACE_FORMAT", "Event", "Recorder", "Replay", "Trace"]
 
@@ -282,7 +282,7 @@ class Trace:
     def to_frame(self) -> pd.DataFrame:
         """The events as a pandas DataFrame: ``t_ms``, ``kind``, ``run``, ``budget_kind``,
         ``amount`` and ``payload`` (charges carry no payload dict, so a million rows is cheap)."""
-        from ._frames import trace_frame
+        from .frames import trace_frame
 
         n = len(self)
         # a copy (not a view): a live run may still be appending to the array
@@ -295,7 +295,7 @@ class Trace:
         Exact for a trace recorded with ``trace="full"``; from totals only otherwise, and then
         `Replay.exact` is false and no event index is given.
         """
-        from ._limits import Limits as _Limits
+        from .limits import Limits as _Limits
 
         if not isinstance(limits, _Limits):
             raise ConfigError(f"replay() takes nb.Limits, not {type(limits).__name__}")
@@ -306,7 +306,7 @@ class Trace:
         thresholds, the approach notices, refusals and cuts marked (needs matplotlib: the
         ``plot`` extra). Keyword arguments: ``ax``, a matplotlib Axes to draw on. Returns the
         Axes."""
-        from ._frames import plot_trace
+        from .frames import plot_trace
 
         return plot_trace(self.to_frame(), self.limits, self.notices, **kwargs)
 

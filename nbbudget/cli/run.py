@@ -3,7 +3,7 @@ whole notebook, from the command line.
 
 ``nbbudget run`` checks its input (a bad one is exit 2 and nothing runs), claims the work in
 the store (two identical commands never start it twice), starts a runner process
-(`nbbudget._runner`) that owns the kernel, and waits for it at most its call budget, the
+(`nbbudget.cli.runner`) that owns the kernel, and waits for it at most its call budget, the
 kernel's start-up included: it answers with the run's end (exit 0, or the end's own code), or
 with INCOMPLETE (exit 14) while the runner goes on (``--detach``) or waits at the first cell
 boundary past the budget (``--resume``). The identical command reattaches or continues, and
@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from ._call import FLAG_SPELLING, check_interruption, resolve_budget, take_run
-from ._duration import parse_duration
-from ._errors import ConfigError, RunsPerDayExceeded
-from ._limits import Limits, budget_flags, limits_from_flags
-from ._response import EXIT_INCOMPLETE, Response, meta
-from ._run_store import RUNNER_MODULE, Claim, RunRecord, Runs, RunState
-from ._store import store
+from ..calls.call import FLAG_SPELLING, check_interruption, resolve_budget, take_run
+from ..calls.response import EXIT_INCOMPLETE, Response, meta
+from ..calls.store import store
+from ..core.duration import parse_duration
+from ..core.errors import ConfigError, RunsPerDayExceeded
+from ..core.limits import Limits, budget_flags, limits_from_flags
+from .run_store import RUNNER_MODULE, Claim, RunRecord, Runs, RunState
 
 __all__ = ["add_commands"]
 

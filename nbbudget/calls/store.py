@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._errors import ConfigError
+from ..core.errors import ConfigError
 
 __all__ = ["CHECKPOINT_FORMAT", "Checkpoint", "CheckpointRefused", "Store", "StoreDamaged", "home",
            "store"]

@@ -15,13 +15,13 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ._clock import Scheduled
-from ._duration import parse_duration
-from ._errors import BudgetCut, ConfigError
-from ._kinds import TOOL_CALLS
+from ..core.clock import Scheduled
+from ..core.duration import parse_duration
+from ..core.errors import BudgetCut, ConfigError
+from ..core.kinds import TOOL_CALLS
 
 if TYPE_CHECKING:
-    from ._lowlevel import Run, Stop
+    from ..core.lowlevel import Run, Stop
 
 __all__ = ["ABANDON_GRACE_S", "ToolContext", "make_tool"]
 

@@ -19,9 +19,18 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from traitlets import Bool, Dict, Int, List, Unicode
 from traitlets.config import Configurable
 
-from . import _call, _interactive, _store
-from ._budget import Budget, Grant, check_notices, current
-from ._cell import (
+from ..agents.budget import Budget, Grant, check_notices, current
+from ..calls import call as _call
+from ..calls import interactive as _interactive
+from ..calls import store as _store
+from ..calls.jobs import Job, jobs
+from ..calls.response import EXIT_INCOMPLETE, Response
+from ..core.duration import spoken
+from ..core.errors import Cancelled, ConfigError, show
+from ..core.files import check_target
+from ..core.limits import NO_LIMITS as _NO_LIMITS
+from ..core.limits import Limits, Manifest, budget_flags, limits_from_flags
+from .cells import (
     CompiledCell,
     compile_cell,
     install_tee,
@@ -29,14 +38,7 @@ from ._cell import (
     pin_output,
     remove_tee,
 )
-from ._duration import spoken
-from ._errors import Cancelled, ConfigError, show
-from ._files import check_target
-from ._jobs import Job, jobs
-from ._limits import NO_LIMITS as _NO_LIMITS
-from ._limits import Limits, Manifest, budget_flags, limits_from_flags
-from ._panel import Panel, summary
-from ._response import EXIT_INCOMPLETE, Response
+from .panel import Panel, summary
 
 __all__ = ["BudgetMagics", "NBBudget", "load", "unload"]
 
@@ -353,7 +355,7 @@ class BudgetMagics(Magics):
         """
         args = self.budget.parser.parse_args(_shell_words("%budget", line))
         if args.command == "jobs":
-            from ._frames import jobs_table  # pandas, only when asked
+            from ..calls.jobs_frame import jobs_table  # pandas, only when asked
 
             try:
                 return jobs_table(jobs)

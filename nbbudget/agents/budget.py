@@ -3,9 +3,9 @@
 Rules: S2-1..S2-4, S3-1..S3-5, S4-3, S4-4.
 
 A run (`Budget`) is a small facade: what it may spend and has spent is its account in a
-`LocalLedger` (`nbbudget._ledger`), its stop, deadline and pause are its `Scope`
-(`nbbudget._scope`), and its events go through its `Recorder` (`nbbudget._trace`); `Core`
-(`nbbudget._lowlevel`) ties them together for the layers above. A grant is the same facade over
+`LocalLedger` (`nbbudget.core.ledger`), its stop, deadline and pause are its `Scope`
+(`nbbudget.core.scope`), and its events go through its `Recorder` (`nbbudget.core.trace`); `Core`
+(`nbbudget.core.lowlevel`) ties them together for the layers above. A grant is the same facade over
 a child account and a child scope of its run. ``step()`` and ``charge(kind)`` take a permit from
 the account's pool with ``list.pop()``, which is atomic: no lock, no clock.
 """
@@ -20,23 +20,23 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from ._clock import Clock, default_clock
-from ._duration import parse_duration
-from ._errors import BudgetCut, BudgetError, BudgetExceeded, Cancelled, ConfigError
-from ._kinds import CHARGE_INDEX as _CHARGE_INDEX
-from ._kinds import KIND_INDEX, KINDS, STEPS, kind_index
-from ._ledger import STATE_VERSION, check_totals, read_state
-from ._limits import NO_LIMITS as _NO_LIMITS
-from ._limits import Limits
-from ._lowlevel import Core
-from ._outcome import Outcome, Status
-from ._parallel import agent as _agent
-from ._parallel import parallel as _parallel
-from ._provider import make_provider
-from ._scope import Incomplete, Stop, Unwind
-from ._snapshot import Snapshot
-from ._tool import make_tool
-from ._trace import Trace
+from ..core.clock import Clock, default_clock
+from ..core.duration import parse_duration
+from ..core.errors import BudgetCut, BudgetError, BudgetExceeded, Cancelled, ConfigError
+from ..core.kinds import CHARGE_INDEX as _CHARGE_INDEX
+from ..core.kinds import KIND_INDEX, KINDS, STEPS, kind_index
+from ..core.ledger import STATE_VERSION, check_totals, read_state
+from ..core.limits import NO_LIMITS as _NO_LIMITS
+from ..core.limits import Limits
+from ..core.lowlevel import Core
+from ..core.outcome import Outcome, Status
+from ..core.scope import Incomplete, Stop, Unwind
+from ..core.snapshot import Snapshot
+from ..core.trace import Trace
+from .branches import agent as _agent
+from .branches import parallel as _parallel
+from .providers import make_provider
+from .tools import make_tool
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -116,7 +116,7 @@ class Budget:
     @property
     def lowlevel(self) -> Core:
         """This run's parts (ledger account, scope, recorder), for the layers built on it: see
-        `nbbudget._lowlevel`. Users need none of it."""
+        `nbbudget.core.lowlevel`. Users need none of it."""
         return self._core
 
     # -- charging -----------------------------------------------------------------------------
@@ -343,7 +343,7 @@ class Budget:
     def usage(self) -> pd.DataFrame:
         """A pandas DataFrame, one row per armed axis: ``limit``, ``consumed``, ``remaining``,
         ``fraction``."""
-        from ._frames import usage_frame
+        from ..core.frames import usage_frame
 
         return usage_frame(self.snapshot())
 

@@ -7,9 +7,9 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
-from ._errors import ConfigError
-from ._run_cli import add_commands as add_run_commands
-from ._trace import Trace
+from ..core.errors import ConfigError
+from ..core.trace import Trace
+from .run import add_commands as add_run_commands
 
 __all__ = ["main"]
 
@@ -78,7 +78,7 @@ def _add_explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from . import _rules  # the table is read only here
+    from ..core import rules as _rules  # the table is read only here
 
     if args.rule is None:
         print(_rules.index())

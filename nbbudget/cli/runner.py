@@ -1,6 +1,6 @@
-"""The runner of ``nbbudget run``: a process of its own (``python -m nbbudget._runner RUN_ID``)
+"""The runner of ``nbbudget run``: a process of its own (``python -m nbbudget.cli.runner RUN_ID``)
 that owns the kernel, executes the notebook cell by cell with nbclient, saves it after every
-cell, and reports to the run's row in the store (`nbbudget._run_store`).
+cell, and reports to the run's row in the store (`nbbudget.cli.run_store`).
 
 It outlives the command that started it (S0-2): a ``--detach`` run goes on to its end; a
 ``--resume`` run pauses at the first cell boundary past its caller's budget, keeps the kernel
@@ -26,10 +26,10 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._files import atomic_write
-from ._response import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, EXIT_STOPPED
-from ._run_store import RunRecord, Runs, RunState
-from ._store import store
+from ..calls.response import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, EXIT_STOPPED
+from ..calls.store import store
+from ..core.files import atomic_write
+from .run_store import RunRecord, Runs, RunState
 
 if TYPE_CHECKING:
     from jupyter_client.manager import AsyncKernelManager
@@ -196,12 +196,12 @@ class Runner:
         atomic_write(self.spec["output"], nbformat.writes(self.client.nb).encode(),
                      overwrite=True)
 
-    # -- the kernel's side (nbbudget._kernel_run) -----------------------------------------------
+    # -- the kernel's side (nbbudget.jupyter.kernel_run) ----------------------------------------
     async def _call(self, function: str, *args: str) -> Any:
-        """Call a function of `nbbudget._kernel_run` in the kernel, silently (no cell events,
+        """Call a function of `nbbudget.jupyter.kernel_run` in the kernel, silently (no cell events,
         no history); its value, read back from its repr."""
         assert self.client is not None and self.client.kc is not None
-        call = f"__import__('nbbudget._kernel_run', fromlist=['_']).{function}" \
+        call = f"__import__('nbbudget.jupyter.kernel_run', fromlist=['_']).{function}" \
                f"({', '.join(map(repr, args))})"
         msg_id = self.client.kc.execute("", silent=True, store_history=False,
                                         user_expressions={"value": call})
@@ -370,7 +370,7 @@ def _first_line(source: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m nbbudget._runner RUN_ID``: execute the run *RUN_ID* of the store in
+    """``python -m nbbudget.cli.runner RUN_ID``: execute the run *RUN_ID* of the store in
     ``NBBUDGET_HOME``."""
     args = sys.argv[1:] if argv is None else argv
     runs = Runs(store())

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ._outcome import Outcome
+from .outcome import Outcome
 
 __all__ = ["AxisUsage", "Snapshot"]
 

@@ -19,12 +19,12 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ._duration import parse_duration
-from ._errors import BudgetCut, BudgetExceeded, ConfigError
-from ._kinds import KIND_INDEX
+from ..core.duration import parse_duration
+from ..core.errors import BudgetCut, BudgetExceeded, ConfigError
+from ..core.kinds import KIND_INDEX
 
 if TYPE_CHECKING:
-    from ._lowlevel import Run
+    from ..core.lowlevel import Run
 
 __all__ = ["Usage", "clamp", "make_provider", "spend_usage", "usage_of"]
 

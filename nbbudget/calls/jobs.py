@@ -17,14 +17,14 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ConfigError
+from ..core.errors import ConfigError
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ._budget import Budget
-    from ._clock import Scheduled
-    from ._store import Store
+    from ..agents.budget import Budget
+    from ..core.clock import Scheduled
+    from .store import Store
 
 __all__ = ["Job", "JobState", "Jobs", "jobs"]
 
@@ -120,7 +120,7 @@ class Job:
             for attempt in range(_RECORD_TRIES):
                 try:
                     if self._store is None:
-                        from ._store import store
+                        from .store import store
 
                         self._store = store()  # opened here, off the caller's path
                     self._store.record_job(self.id, self.identity, self.label,
@@ -146,7 +146,7 @@ class Job:
         record is written off the caller's path, so a busy store never delays the caller."""
         self.detached = True
         jobs._add(self)
-        from ._workers import submit
+        from .workers import submit
 
         submit(self._record)
 
@@ -238,7 +238,7 @@ class Jobs:
 
     def to_frame(self) -> pd.DataFrame:
         """Every job, this process's and the store's records, as a pandas DataFrame."""
-        from ._frames import jobs_frame
+        from .jobs_frame import jobs_frame
 
         return jobs_frame(self)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from decimal import ROUND_HALF_EVEN, Context, Decimal
 
-from ._errors import ConfigError, show
+from .errors import ConfigError, show
 
 __all__ = ["parse_duration", "spoken"]
 

@@ -18,24 +18,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from . import _workers
-from ._budget import Budget
-from ._clock import Clock, default_clock
-from ._duration import parse_duration
-from ._errors import (
+from ..agents.budget import Budget
+from ..core.clock import Clock, default_clock
+from ..core.duration import parse_duration
+from ..core.errors import (
     BudgetCut,
     BudgetError,
     Cancelled,
     ConfigError,
     RunsPerDayExceeded,
 )
-from ._interactive import is_interactive
-from ._jobs import Job, JobState
-from ._limits import NO_LIMITS as _NO_LIMITS
-from ._limits import Limits, Manifest
-from ._lowlevel import Incomplete, Stop
-from ._outcome import Status
-from ._response import (
+from ..core.limits import NO_LIMITS as _NO_LIMITS
+from ..core.limits import Limits, Manifest
+from ..core.lowlevel import Incomplete, Stop
+from ..core.outcome import Status
+from . import workers as _workers
+from .interactive import is_interactive
+from .jobs import Job, JobState
+from .response import (
     EXIT_CANCELLED,
     EXIT_FAILED,
     EXIT_INCOMPLETE,
@@ -44,7 +44,7 @@ from ._response import (
     Response,
     meta,
 )
-from ._store import Checkpoint, CheckpointRefused, Store, StoreDamaged, store
+from .store import Checkpoint, CheckpointRefused, Store, StoreDamaged, store
 
 __all__ = ["CALL_SPELLING", "DEFAULT_BUDGET_MS", "ENV_BUDGET", "FLAG_SPELLING", "Spelling", "call",
            "check_interruption", "checkpoint", "current_call", "resume_state"]

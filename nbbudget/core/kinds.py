@@ -58,7 +58,7 @@ def kind_index(kind: object, *, chargeable: bool = False) -> int:
     try:
         return table[kind]  # type: ignore[index]
     except (KeyError, TypeError):
-        from ._errors import ConfigError
+        from .errors import ConfigError
 
         raise ConfigError(
             f"{kind!r} is not a budget kind; use one of: {', '.join(table)}"

@@ -11,10 +11,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ._duration import parse_duration
-from ._errors import ConfigError, WideningError, show
-from ._files import file_path, read_json
-from ._kinds import KIND_INDEX, KINDS
+from .duration import parse_duration
+from .errors import ConfigError, WideningError, show
+from .files import file_path, read_json
+from .kinds import KIND_INDEX, KINDS
 
 __all__ = ["MANIFEST_VERSION", "MAX_INT", "NO_LIMITS", "Limits", "Manifest", "budget_flags",
            "limits_from_flags"]

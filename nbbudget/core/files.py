@@ -6,7 +6,7 @@ import json
 import os
 from typing import Any
 
-from ._errors import ConfigError, show
+from .errors import ConfigError, show
 
 __all__ = ["atomic_write", "check_target", "file_path", "read_json"]
 

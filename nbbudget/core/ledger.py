@@ -24,12 +24,12 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from ._clock import Clock
-from ._errors import BudgetExceeded, ConfigError
-from ._kinds import KIND_INDEX, KINDS, RUN_MS, kind_index
-from ._limits import NO_LIMITS, Limits
-from ._snapshot import AxisUsage
-from ._trace import Recorder
+from .clock import Clock
+from .errors import BudgetExceeded, ConfigError
+from .kinds import KIND_INDEX, KINDS, RUN_MS, kind_index
+from .limits import NO_LIMITS, Limits
+from .snapshot import AxisUsage
+from .trace import Recorder
 
 __all__ = ["STATE_VERSION", "Account", "Ledger", "LocalLedger", "check_totals", "plain",
            "read_state"]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._store import Store
+from ..calls.store import Store
 
 __all__ = ["Claim", "RunRecord", "RunState", "Runs", "runner_alive"]
 
@@ -53,7 +53,7 @@ _SCHEMA = (
 )
 _KEEP_DAYS = 7  # delivered runs are forgotten after a week
 _SPAWN_GRACE_S = 60.0  # a run claimed this long ago whose runner never started is lost
-RUNNER_MODULE = "nbbudget._runner"
+RUNNER_MODULE = "nbbudget.cli.runner"
 
 
 class RunState(str, enum.Enum):
@@ -259,7 +259,7 @@ class Runs:
 
 def runner_alive(pid: int) -> bool:
     """Whether *pid* is a live runner of notebook runs: a process that exists, is no zombie
-    and (where ``/proc`` tells) runs `nbbudget._runner`, so a reused pid is not mistaken."""
+    and (where ``/proc`` tells) runs `nbbudget.cli.runner`, so a reused pid is not mistaken."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

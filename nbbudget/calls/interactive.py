@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from ._errors import ConfigError
+from ..core.errors import ConfigError
 
 __all__ = ["is_interactive", "set_detector"]
 

@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._errors import ConfigError
-from ._kinds import KIND_INDEX
+from ..core.errors import ConfigError
+from ..core.kinds import KIND_INDEX
 
 if TYPE_CHECKING:
-    from ._lowlevel import Run
+    from ..core.lowlevel import Run
 
 __all__ = ["agent", "parallel"]
 

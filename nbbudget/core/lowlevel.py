@@ -3,10 +3,10 @@ and the pydantic-ai adapter. Users need none of it.
 
 A run (`nb.Budget`) is a small facade over three parts, each replaceable on its own:
 
-- a **ledger** account (`nbbudget._ledger`): what the run or grant may spend and has spent;
+- a **ledger** account (`nbbudget.core.ledger`): what the run or grant may spend and has spent;
   check-and-reserve over a grant and its run, all or nothing; spending after the fact;
-- a **scope** (`nbbudget._scope`): the stop tree, the deadline and the pause;
-- a **recorder** (`nbbudget._trace.Recorder`): the events of its trace.
+- a **scope** (`nbbudget.core.scope`): the stop tree, the deadline and the pause;
+- a **recorder** (`nbbudget.core.trace.Recorder`): the events of its trace.
 
 ``run.lowlevel`` is the run's `Core`, which ties the three together: every refusal and every cut
 goes through it, so each one is traced the same way (S4-8). Helpers take what they need from it
@@ -20,14 +20,14 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn, Protocol
 
-from ._clock import Clock
-from ._errors import BudgetExceeded
-from ._kinds import KINDS, RUN_MS
-from ._ledger import Account, Ledger, LocalLedger, plain
-from ._limits import Limits
-from ._outcome import Status
-from ._scope import Incomplete, Scope, Stop, Unwind
-from ._trace import Recorder, Trace
+from .clock import Clock
+from .errors import BudgetExceeded
+from .kinds import KINDS, RUN_MS
+from .ledger import Account, Ledger, LocalLedger, plain
+from .limits import Limits
+from .outcome import Status
+from .scope import Incomplete, Scope, Stop, Unwind
+from .trace import Recorder, Trace
 
 __all__ = ["Core", "Incomplete", "Recorder", "Run", "Scope", "Stop", "Unwind"]
 

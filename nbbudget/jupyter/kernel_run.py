@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ._budget import Budget, activate, stop_error
-from ._errors import BudgetError
-from ._limits import Limits
+from ..agents.budget import Budget, activate, stop_error
+from ..core.errors import BudgetError
+from ..core.limits import Limits
 
 __all__ = ["begin", "pause", "status", "unpause"]
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import time
 from array import array
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -16,14 +14,12 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "nbbudget's DataFrames need pandas; install it with: pip install 'nbbudget[frames]'"
     ) from exc
 
-from ._duration import spoken
-from ._kinds import KIND_INDEX, KINDS
+from .kinds import KIND_INDEX, KINDS
 
 if TYPE_CHECKING:
-    from ._snapshot import Snapshot
+    from .snapshot import Snapshot
 
-__all__ = ["JobsTable", "jobs_frame", "jobs_table", "plot_trace", "trace_frame",
-           "usage_frame"]
+__all__ = ["plot_trace", "trace_frame", "usage_frame"]
 
 
 def usage_frame(snap: Snapshot) -> pd.DataFrame:
@@ -150,106 +146,3 @@ def _mark_events(ax: Any, frame: pd.DataFrame) -> None:
 def _marks(ax: Any, rows: pd.DataFrame, height: Any, **style: Any) -> None:
     if len(rows):
         ax.scatter(rows["t_ms"], [height(p or {}) for p in rows["payload"]], zorder=3, **style)
-
-
-_JOB_COLUMNS = ["id", "label", "state", "cancel", "pid", "created", "ended", "error", "output"]
-
-
-def _job_rows(jobs: Any) -> list[dict[str, Any]]:
-    """The jobs of this process, then the store's records of other processes, as plain rows
-    (times in seconds since the epoch)."""
-    from ._store import store
-
-    rows = [{"id": j.id, "label": j.label, "state": j.state.value, "cancel": j.cancel_status,
-             "pid": os.getpid(), "created": j.created, "ended": j.ended,
-             "error": _last_line(j.traceback), "output": j.output_text}
-            for j in jobs]
-    seen = {r["id"] for r in rows}
-    for rec in store().jobs():
-        if rec["id"] not in seen:
-            # a settled record was last written when its job ended; a lost one, when found lost
-            ended = rec["updated"] if rec["state"] in ("done", "failed", "cancelled") else None
-            rows.append({"id": rec["id"], "label": rec["label"], "state": rec["state"],
-                         "cancel": None, "pid": rec["pid"], "created": rec["created"],
-                         "ended": ended, "error": _last_line(rec["error"]), "output": None})
-    return rows
-
-
-def jobs_frame(jobs: Any) -> pd.DataFrame:
-    """The jobs of this process, then the store's records of other processes (``lost`` among
-    them), one row each, with ``created`` and ``ended`` as datetimes (UTC). ``cancel`` is what
-    became of a cancel (``requested``, ``stopped``, ``not honoured``), known for this process's
-    jobs."""
-    frame = pd.DataFrame(_job_rows(jobs), columns=_JOB_COLUMNS)
-    for col in ("created", "ended"):
-        frame[col] = pd.to_datetime(frame[col], unit="s", utc=True)
-    return frame.set_index("id")
-
-
-NO_JOBS = "no background jobs in this kernel or its store"
-_TABLE_COLUMNS = ["id", "label", "state", "cancel", "started", "took", "kernel", "error",
-                  "output"]
-
-
-class JobsTable:
-    """What ``%budget jobs`` shows a person: one row per job, with the time it started (local,
-    short), how long it took (or has run so far), which kernel runs it, the last line of its
-    error and of its output, and blanks where there is nothing to say; a sentence when there is
-    no job. ``frame`` holds the same text as a DataFrame indexed by job id; programs read
-    ``nb.jobs.to_frame()``, whose times are datetimes."""
-
-    def __init__(self, frame: pd.DataFrame) -> None:
-        self.frame = frame
-
-    def __repr__(self) -> str:
-        if self.frame.empty:
-            return NO_JOBS
-        table = self.frame.reset_index()
-        cells = [list(table.columns), *table.values.tolist()]
-        widths = [max(len(row[i]) for row in cells) for i in range(len(table.columns))]
-        lines = ("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
-                 for row in cells)
-        return "\n".join(line.rstrip() for line in lines)
-
-    def _repr_html_(self) -> str:
-        if self.frame.empty:
-            return f"<p>{NO_JOBS}</p>"
-        return str(self.frame.reset_index().to_html(index=False))
-
-
-def jobs_table(jobs: Any) -> JobsTable:
-    """The jobs of `jobs_frame`, for a person to read (``%budget jobs``)."""
-    now = time.time()
-    rows = [_readable(row, now) for row in _job_rows(jobs)]
-    return JobsTable(pd.DataFrame(rows, columns=_TABLE_COLUMNS, dtype=str).set_index("id"))
-
-
-def _readable(row: dict[str, Any], now: float) -> dict[str, str]:
-    ended = row["ended"]
-    took = spoken(((ended if ended is not None else now) - row["created"]) * 1000)
-    if ended is None:
-        took = f"{took} so far" if row["state"] == "running" else ""
-    return {"id": row["id"], "label": _clip(row["label"], 50), "state": row["state"],
-            "cancel": row["cancel"] or "", "started": _clock_time(row["created"], now),
-            "took": took, "kernel": "this" if row["pid"] == os.getpid() else f"pid {row['pid']}",
-            "error": _clip(row["error"], 60), "output": _clip(_last_line(row["output"]), 40)}
-
-
-def _clock_time(t: float, now: float) -> str:
-    """A local time: ``14:02:31`` today, ``Nov 30 08:13`` another day."""
-    same_day = time.localtime(t)[:3] == time.localtime(now)[:3]
-    return time.strftime("%H:%M:%S" if same_day else "%b %d %H:%M", time.localtime(t))
-
-
-def _clip(text: str | None, width: int) -> str:
-    """*text* on at most *width* characters (blank for None)."""
-    if not text:
-        return ""
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def _last_line(text: str | None) -> str | None:
-    if not text:
-        return None
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else None

@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._clock import Clock, Scheduled
-from ._errors import BudgetCut, BudgetError, Cancelled
-from ._outcome import Outcome, Status
-from ._trace import Recorder
+from .clock import Clock, Scheduled
+from .errors import BudgetCut, BudgetError, Cancelled
+from .outcome import Outcome, Status
+from .trace import Recorder
 
 __all__ = ["Incomplete", "Scope", "Stop", "Unwind"]
 

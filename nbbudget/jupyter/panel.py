@@ -25,13 +25,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ._budget import Budget
-from ._cell import pin_output, pins_all_output
-from ._limits import Limits
-from ._snapshot import Snapshot
+from ..agents.budget import Budget
+from ..core.limits import Limits
+from ..core.snapshot import Snapshot
+from .cells import pin_output, pins_all_output
 
 if TYPE_CHECKING:
-    from ._jobs import Job
+    from ..calls.jobs import Job
 
 __all__ = ["Panel", "summary"]
 
