@@ -168,7 +168,7 @@ class Budgeted(AbstractCapability[Any]):
         except Unwind as signal:
             cut = signal.stop  # the run, or the run it draws on, failed budget-cut
             err = UsageLimitCut(cut.by or "budget", cut.message)
-            err._stop = cut  # so the run's `with` block raises this error, not a new one
+            err.reports = cut  # so the run's `with` block raises this error, not a new one
             raise err from None
         return response
 

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from ..core.clock import Clock, default_clock
 from ..core.duration import parse_duration
-from ..core.errors import BudgetCut, BudgetError, BudgetExceeded, Cancelled, ConfigError
+from ..core.endings import outcome_of
+from ..core.errors import BudgetError, ConfigError
 from ..core.kinds import CHARGE_INDEX as _CHARGE_INDEX
 from ..core.kinds import KIND_INDEX, KINDS, STEPS, kind_index
 from ..core.ledger import STATE_VERSION, check_totals, read_state
@@ -30,7 +31,7 @@ from ..core.limits import NO_LIMITS as _NO_LIMITS
 from ..core.limits import Limits
 from ..core.lowlevel import Core
 from ..core.outcome import Outcome, Status
-from ..core.scope import Incomplete, Stop, Unwind
+from ..core.scope import Stop, Unwind
 from ..core.snapshot import Snapshot
 from ..core.trace import Trace
 from .branches import agent as _agent
@@ -160,8 +161,7 @@ class Budget:
         The run settles as ``stopped``; every later check in it raises again.
         """
         message = f"{self.name} was stopped" + (f": {reason}" if reason is not None else "")
-        self._scope.halt(Stop(Status.STOPPED, "user", None, "Stopped", message, self._scope,
-                              reason))
+        self._scope.halt(Stop.of(Status.STOPPED, message, self._scope, reason=reason))
 
     def check(self) -> None:
         """Raise if this run is stopped, cut or out of time; otherwise do nothing."""
@@ -200,7 +200,7 @@ class Budget:
         if self._tokens:
             _current.reset(self._tokens.pop())
         outcome, error = self._scope.ending(exc, self._output) or (
-            Outcome(Status.COMPLETED) if exc is None else _outcome_of(exc, self._output), None)
+            Outcome(Status.COMPLETED) if exc is None else outcome_of(exc, self._output), None)
         self._settle(outcome)
         if error is not None:
             error.outcome = outcome
@@ -453,18 +453,4 @@ def _trace_mode(mode: object) -> bool:
     if mode not in ("counts", "full"):
         raise ConfigError(f"trace={mode!r}: use 'counts' (the default) or 'full'")
     return mode == "full"
-
-
-def _outcome_of(exc: BaseException, output: Any) -> Outcome:
-    if isinstance(exc, Incomplete):
-        return Outcome(Status.INCOMPLETE, "call-budget", None, "Incomplete", str(exc))
-    if isinstance(exc, BudgetExceeded):
-        return Outcome(Status.FAILED, "budget-cut", exc.kind, exc.code, str(exc), output)
-    if isinstance(exc, BudgetCut):
-        return Outcome(Status.FAILED, "budget-cut", exc.by, "BudgetCut", str(exc), output)
-    if isinstance(exc, Cancelled):
-        return Outcome(Status.STOPPED, "user", None, "Stopped", str(exc))
-    if isinstance(exc, KeyboardInterrupt):
-        return Outcome(Status.STOPPED, "interrupt", None, "KeyboardInterrupt", "interrupted")
-    return Outcome(Status.FAILED, "error", None, type(exc).__name__, str(exc), output)
 

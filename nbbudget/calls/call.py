@@ -389,8 +389,7 @@ def _timeout_message(plan: _Plan) -> str:
 def _wall_clock(ctx: _Call, plan: _Plan) -> None:
     """The wall-clock limit fired: cancel the work, across every continuation (S0-6, S4-7)."""
     scope = ctx.run.lowlevel.scope
-    scope.halt(Stop(Status.CANCELLED, "wall-clock", "wall-clock", "Cancelled",
-                    _timeout_message(plan), scope))
+    scope.halt(Stop.of(Status.CANCELLED, _timeout_message(plan), scope, by="wall-clock"))
     ctx.wake.set()
 
 

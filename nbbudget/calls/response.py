@@ -7,15 +7,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.endings import EXIT_CANCELLED, EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, EXIT_STOPPED
+
 __all__ = ["EXIT_CANCELLED", "EXIT_FAILED", "EXIT_INCOMPLETE", "EXIT_OK", "EXIT_STOPPED",
            "Response", "meta"]
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_INCOMPLETE = 14
-EXIT_CANCELLED = 124  # the wall-clock limit fired, as with timeout(1)
-EXIT_STOPPED = 130  # a person stopped the work, as with Ctrl-C
-
 
 def meta(exit_code: int, started: float, budget_ms: int | None,
          timeout_ms: int | None) -> dict[str, Any]:

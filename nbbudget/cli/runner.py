@@ -26,9 +26,10 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..calls.response import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, EXIT_STOPPED
 from ..calls.store import store
+from ..core.endings import ENDINGS
 from ..core.files import atomic_write
+from ..core.outcome import Status
 from .run_store import RunRecord, Runs, RunState
 
 if TYPE_CHECKING:
@@ -41,8 +42,10 @@ __all__ = ["main"]
 POLL_S = 0.1  # how often the runner reads its row while a cell runs or while it is paused
 INTERRUPT_GRACE_S = 5.0  # how long an interrupted cell may take to end before its kernel dies
 TIME_GRACE_S = 0.1  # the run's own timer fires first; the interrupt follows this much later
-_EXIT = {RunState.DONE: EXIT_OK, RunState.FAILED: EXIT_FAILED, RunState.STOPPED: EXIT_STOPPED,
-         RunState.CANCELLED: EXIT_CANCELLED}
+#: the exit code of a run's end, from the ending of its status
+_EXIT = {state: ENDINGS[status].exit_code for state, status in (
+    (RunState.DONE, Status.COMPLETED), (RunState.FAILED, Status.FAILED),
+    (RunState.STOPPED, Status.STOPPED), (RunState.CANCELLED, Status.CANCELLED))}
 
 
 class _End(Exception):
@@ -62,6 +65,21 @@ async def _ending(work: Awaitable[_End]) -> _End:
         return await work
     except _End as end:
         return end
+
+
+def parameter_value(text: str) -> Any:
+    """A ``-p NAME VALUE`` value as papermill's command line reads it: ``True``, ``False`` and
+    ``None`` are those constants, a number is an `int` or else a `float`, anything else stays
+    the text it was."""
+    constants: dict[str, Any] = {"True": True, "False": False, "None": None}
+    if text in constants:
+        return constants[text]
+    for number in (int, float):
+        try:
+            return number(text)
+        except ValueError:
+            pass
+    return text
 
 
 def _error(code: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -171,7 +189,6 @@ class Runner:
     def _prepare(self) -> NotebookNode:
         """The notebook as the command read it (the same bytes), with its parameters injected
         after the cell tagged ``parameters``, as papermill does."""
-        from papermill.cli import _resolve_type  # papermill's reading of -p values
         from papermill.iorw import load_notebook_node
         from papermill.parameterize import parameterize_notebook
 
@@ -181,7 +198,7 @@ class Runner:
                 "notebook_changed", f"{path} changed after the command read it; run the "
                                     f"command again to execute the notebook as it is now"))
         notebook: NotebookNode = load_notebook_node(path)
-        parameters = {name: _resolve_type(value) for name, value in self.spec["parameters"]}
+        parameters = {name: parameter_value(value) for name, value in self.spec["parameters"]}
         if parameters:
             notebook = parameterize_notebook(notebook, parameters,
                                              kernel_name=self.spec["kernel"],

@@ -63,6 +63,9 @@ class BudgetError(Exception):
     """Base class of every error that means a budget stopped work."""
 
     outcome: Outcome | None = None
+    #: the run's stop this error was raised for, when it reports one: the run's ``with`` block
+    #: then re-raises this error rather than a new one (the pydantic-ai adapter's cuts)
+    reports: object = None
 
     def _render_traceback_(self) -> list[str]:
         """How IPython shows it: one line, what happened and what to do, no traceback."""

@@ -196,9 +196,9 @@ class Core:
         """Raise *err* (outside the lock). A spent window suspends the run instead (S3-1)."""
         if isinstance(err, BudgetExceeded) and err.window:
             root = self.scope.root
-            root.halt(Stop(Status.SUSPENDED, "window", err.kind, "Suspended",
-                           f"the {err.kind} window of {plain(err.limit)} is spent; the run is "
-                           f"suspended and resumes with a fresh window", root))
+            root.halt(Stop.of(Status.SUSPENDED, f"the {err.kind} window of {plain(err.limit)} "
+                              f"is spent; the run is suspended and resumes with a fresh window",
+                              root, by=err.kind))
             assert root.stop is not None
             err = root.stop.signal()
         try:
@@ -229,9 +229,8 @@ class Core:
         limit, used = holder.figures(i)
         name = KINDS[i].name
         if self.ledger.window(holder, i):  # S3-1: a spent window suspends, as a refusal does
-            return Stop(Status.SUSPENDED, "window", name, "Suspended",
-                        f"the {name} window of {limit} is spent; the run is suspended and "
-                        f"resumes with a fresh window", scope)
+            return Stop.of(Status.SUSPENDED, f"the {name} window of {limit} is spent; the run "
+                           f"is suspended and resumes with a fresh window", scope, by=name)
         return cut(scope, i, (limit, used), name,
                    f"{name} passed {scope.name}'s limit of {limit}: {used} used; raise the "
                    f"limit or ask for less")
@@ -243,9 +242,9 @@ class Core:
         total = ledger.totals.run_ms
         if ledger.suspend and self.account is ledger.root and not (
                 total is not None and scope.elapsed_ms() >= total):
-            return Stop(Status.SUSPENDED, "window", "run_ms", "Suspended",
-                        f"the time window of {self.account.limits.run_ms} ms is spent; the "
-                        f"run is suspended and resumes with a fresh window", scope)
+            return Stop.of(Status.SUSPENDED, f"the time window of "
+                           f"{self.account.limits.run_ms} ms is spent; the run is suspended "
+                           f"and resumes with a fresh window", scope, by="run_ms")
         limit = plain(scope.limit_ms)
         return cut(scope, RUN_MS, (limit, plain(round(scope.elapsed_ms(), 3))), "timeout",
                    f"{scope.name} ran out of time: its time grant of {limit} ms is spent; give "
@@ -266,5 +265,5 @@ def cut(scope: Scope, i: int, figures: tuple[float, float], by: str, message: st
     """A cut of *scope* by kind *i*: ``failed``, cause ``budget-cut``, with the limit and what
     was consumed in its trace event (S2-4, S4-8)."""
     kind = KINDS[i]
-    return Stop(Status.FAILED, "budget-cut", by, kind.code, message, scope, None,
-                (kind.name, *figures))
+    return Stop.of(Status.FAILED, message, scope, by=by, code=kind.code,
+                   figures=(kind.name, *figures))

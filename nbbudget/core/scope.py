@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .clock import Clock, Scheduled
+from .endings import ENDINGS, Incomplete
 from .errors import BudgetCut, BudgetError, Cancelled
 from .outcome import Outcome, Status
 from .trace import Recorder
@@ -27,16 +28,6 @@ from .trace import Recorder
 __all__ = ["Incomplete", "Scope", "Stop", "Unwind"]
 
 _INF = math.inf
-
-#: the trace event of a stop, by its status: a person's cancel is only requested (the work sees
-#: it at its next check: ``cancel_observed``); the wall clock cancels the call at once
-_STOP_EVENTS = {Status.STOPPED: "cancel_requested", Status.CANCELLED: "cancelled",
-                Status.FAILED: "cut", Status.SUSPENDED: "suspended"}
-
-
-class Incomplete(BaseException):
-    """Unwinds work whose call ran out of budget at a checkpoint: the run ends ``incomplete``."""
-
 
 class Unwind(BaseException):
     """Unwinds a stopped run through user code that catches ``Exception``; the run that owns the
@@ -68,6 +59,16 @@ class Stop:
     #: the limit's kind, the limit and what was consumed, for a cut by a limit (S4-8)
     figures: tuple[str, float, float] | None = None
 
+    @classmethod
+    def of(cls, status: Status, message: str, origin: Scope, *, by: str | None = None,
+           code: str | None = None, reason: Any = None,
+           figures: tuple[str, float, float] | None = None) -> Stop:
+        """A stop of *status*, with the cause (and, unless given, the code) of its row in
+        `ENDINGS`."""
+        ending = ENDINGS[status]
+        return cls(status, ending.cause or "", by, code or ending.code or "", message, origin,
+                   reason, figures)
+
     def signal(self) -> Unwind:
         """What is raised into the work at a check; the work observes a cancel here."""
         if self.status in (Status.STOPPED, Status.CANCELLED):
@@ -75,10 +76,11 @@ class Stop:
         return Unwind(self)
 
     def error(self) -> BudgetError:
-        if self.status is Status.FAILED:
-            return BudgetCut(self.by or "timeout", self.message)
-        if self.status is Status.SUSPENDED:
-            return BudgetCut("window", self.message)
+        """The public error of this stop, of its row's class in `ENDINGS`: a cut names what
+        cut it (a window's suspension is cut by ``"window"``), a cancel keeps its reason."""
+        if ENDINGS[self.status].error is BudgetCut:
+            by = "window" if self.status is Status.SUSPENDED else self.by or "timeout"
+            return BudgetCut(by, self.message)
         return Cancelled(self.message, self.reason)
 
     def outcome(self, scope: Scope, output: Any) -> Outcome:
@@ -143,7 +145,9 @@ class Scope:
         self.stop = stop
         self.on_halt()  # every later charge takes the locked path, and raises
         if stop.origin is self:
-            self.record(_STOP_EVENTS[stop.status], stop.event())
+            event = ENDINGS[stop.status].event
+            assert event is not None, f"a run does not stop {stop.status}"
+            self.record(event, stop.event())
         return True
 
     def _notify(self, stop: Stop) -> None:
@@ -204,8 +208,8 @@ class Scope:
             return outcome, None if self.has_ancestor(exc.stop.origin) else exc.stop.error()
         if stop is None:
             return None
-        reports = getattr(exc, "_stop", None) is stop  # an error that reports it already
-        error = stop.origin is self and stop.status is not Status.SUSPENDED and not reports
+        reports = isinstance(exc, BudgetError) and exc.reports is stop  # raised for it already
+        error = stop.origin is self and ENDINGS[stop.status].raises and not reports
         return stop.outcome(self, output), stop.error() if error else None
 
     # -- the tree ------------------------------------------------------------------------------
@@ -268,8 +272,8 @@ class Scope:
             self.halt(self.on_expire())
 
     def _timed_out(self) -> Stop:
-        return Stop(Status.FAILED, "budget-cut", "timeout", "RunTimeBudgetExceeded",
-                    f"{self.name} ran out of time", self)
+        return Stop.of(Status.FAILED, f"{self.name} ran out of time", self, by="timeout",
+                       code="RunTimeBudgetExceeded")
 
     def elapsed_ms(self) -> float:
         """Active milliseconds spent (time paused is not counted, S4-4)."""

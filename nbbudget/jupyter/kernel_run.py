@@ -12,8 +12,10 @@ import json
 from typing import Any
 
 from ..agents.budget import Budget, activate, stop_error
+from ..core.endings import ENDINGS
 from ..core.errors import BudgetError
 from ..core.limits import Limits
+from ..core.outcome import Status
 
 __all__ = ["begin", "pause", "status", "unpause"]
 
@@ -55,7 +57,7 @@ class NotebookRun:
         for event in reversed(self.run.trace.events):
             if event.kind in _STOPS:
                 return dict(event.payload)
-        return {"code": "Stopped", "message": f"{self.run.name} was stopped"}
+        return {"code": ENDINGS[Status.STOPPED].code, "message": f"{self.run.name} was stopped"}
 
     def pause(self) -> None:
         if self._paused is None:

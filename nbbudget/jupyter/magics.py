@@ -26,7 +26,8 @@ from ..calls import store as _store
 from ..calls.jobs import Job, jobs
 from ..calls.response import EXIT_INCOMPLETE, Response
 from ..core.duration import spoken
-from ..core.errors import Cancelled, ConfigError, show
+from ..core.endings import ENDINGS
+from ..core.errors import ConfigError, show
 from ..core.files import check_target
 from ..core.limits import NO_LIMITS as _NO_LIMITS
 from ..core.limits import Limits, Manifest, budget_flags, limits_from_flags
@@ -161,10 +162,10 @@ class CallFailed(Exception):
         return [f"CallFailed: {self}"]
 
 
-#: the documented error of a failed response whose work raised nothing, by the response's code
+#: the documented error of a failed response whose work raised nothing, by the response's code:
+#: ``cancelled`` when the wall clock fired (S4-7) or had run out before a continuation
 _FAILURES: dict[str, type[Exception]] = {
-    "cancelled": Cancelled,  # the wall clock fired (S4-7), or had run out before a continuation
-}
+    e.envelope: e.error for e in ENDINGS.values() if e.envelope and e.error}
 
 
 def _failure(resp: Response) -> BaseException:
