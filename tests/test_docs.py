@@ -25,7 +25,7 @@ import nbbudget.testing
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 PAGES = ["index", "quickstart", "concepts", "magics", "api", "run", "cli", "configuration",
-         "limits"]
+         "limits", "architecture"]
 AUTODOC = re.compile(
     r"^\.\. auto(?:function|class|exception|data|attribute|method)::\s+([\w.]+)", re.M
 )
@@ -186,3 +186,18 @@ def test_the_limits_page_is_honest_about_threads_kernels_and_disks() -> None:
     for phrase in ("cannot be killed", "abandoned", "C code", "ipykernel", "subshell",
                    "Stop button", "NFS", "WAL"):
         assert phrase in text, phrase
+
+
+def test_the_architecture_page_draws_every_module_in_its_layer() -> None:
+    """The diagram on the architecture page names each folder and every module in it, on the
+    folder's lines, so a module added or moved without updating the page fails here."""
+    text = page("architecture")
+    diagram = text[text.index("```text"):text.index("```", text.index("```text") + 3)]
+    package = Path(nb.__file__).resolve().parent
+    for folder in sorted(p for p in package.iterdir() if (p / "__init__.py").exists()):
+        start = diagram.index(f"nbbudget/{folder.name}/")
+        stop = diagram.find("───", start)
+        lines = diagram[start:stop]
+        names = {m.stem for m in folder.glob("*.py") if m.stem != "__init__"}
+        drawn = set(re.findall(r"\b[a-z_]+\b", lines))
+        assert names <= drawn, f"{folder.name}: {sorted(names - drawn)} missing from the page"

@@ -273,3 +273,17 @@ def test_the_same_flags_however_quoted_placed_or_budgeted_name_the_same_work(
     assert magic_lines._identity_flags(plain) != magic_lines._identity_flags(
         plain.replace("--steps 5", "--steps 6"))
 
+
+
+# -- nbbudget run's -p values --------------------------------------------------------------------
+@fuzz
+@given(st.one_of(st.text(), st.sampled_from(["True", "False", "None", "1", "-2", "1.5", "1e3",
+                                             "nan", "inf", " 7 ", "0x10", "1_000", "true"])))
+def test_a_parameter_value_is_read_as_papermills_command_line_reads_it(text: str) -> None:
+    from papermill.cli import _resolve_type  # the reading nbbudget run promises to match
+
+    from nbbudget.cli.runner import parameter_value
+
+    ours, theirs = parameter_value(text), _resolve_type(text)
+    assert type(ours) is type(theirs)
+    assert ours == theirs or (ours != ours and theirs != theirs)  # nan is nan
