@@ -23,7 +23,7 @@ from traitlets.config import Config
 
 import nbbudget as nb
 from nbbudget.calls.call import _identity
-from nbbudget.calls.store import CHECKPOINT_FORMAT, Store, home
+from nbbudget.calls.store import CHECKPOINT_FORMAT, SQLiteStore, home
 from nbbudget.testing import FakeClock
 
 SOON = 5.0
@@ -63,7 +63,7 @@ def execute(db_path, sql: str, *params) -> None:
 def test_the_folder_is_0700_and_its_files_0600(folder):
     old = os.umask(0)  # whatever the umask, the owner alone may read the store
     try:
-        s = Store(folder)
+        s = SQLiteStore(folder)
         s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
         s.record_job("job-1", IDENTITY, "crunch", "running")
     finally:
@@ -82,7 +82,7 @@ def test_the_folder_is_0700_and_its_files_0600(folder):
 def test_an_existing_folder_open_to_others_is_closed_to_them(folder):
     folder.mkdir(mode=0o755)
     os.chmod(folder, 0o755)
-    Store(folder).close()
+    SQLiteStore(folder).close()
     assert mode(folder) == 0o700
 
 
@@ -90,7 +90,7 @@ STORE_FILES = ("nbbudget.db", "nbbudget.db-wal", "nbbudget.db-shm", "secret")
 
 
 def test_existing_files_open_to_others_are_closed_to_them_and_sqlite_remakes_its_own_0600(folder):
-    s = Store(folder)
+    s = SQLiteStore(folder)
     s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
     holder = sqlite3.connect(s.path)  # another reader: the -wal and -shm files stay in place
     assert holder.execute("SELECT count(*) FROM checkpoints").fetchone() == (1,)
@@ -99,12 +99,12 @@ def test_existing_files_open_to_others_are_closed_to_them_and_sqlite_remakes_its
     try:
         for name in STORE_FILES:  # as an older release, or a copy, left them
             os.chmod(folder / name, 0o644)
-        Store(folder).close()
+        SQLiteStore(folder).close()
         assert {name: mode(folder / name) for name in STORE_FILES} == dict.fromkeys(
             STORE_FILES, 0o600)
         holder.close()  # the last connection: SQLite removes its -wal and -shm files
         assert not (folder / "nbbudget.db-wal").exists()
-        s = Store(folder)
+        s = SQLiteStore(folder)
         s.save_checkpoint(IDENTITY, "again", ledger=LEDGER, first_start=0.0, label="crunch")
         assert (folder / "nbbudget.db-wal").exists()  # made again by SQLite, with the db's mode
         assert {name: mode(folder / name) for name in STORE_FILES} == dict.fromkeys(
@@ -172,17 +172,17 @@ def test_a_store_that_cannot_be_made_is_a_config_error_naming_the_folder(tmp_pat
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     with pytest.raises(nb.ConfigError, match="set NBBUDGET_HOME to a writable folder") as info:
-        Store(blocker / "store")
+        SQLiteStore(blocker / "store")
     assert str(blocker / "store") in str(info.value)
 
 
 def test_stores_opened_at_once_on_a_new_folder_share_one_secret(folder):
-    opened: list[Store] = []
+    opened: list[SQLiteStore] = []
     start = threading.Barrier(8)
 
     def open_store() -> None:
         start.wait()
-        opened.append(Store(folder))
+        opened.append(SQLiteStore(folder))
 
     threads = [threading.Thread(target=open_store) for _ in range(8)]
     for t in threads:
@@ -199,7 +199,7 @@ def test_stores_opened_at_once_on_a_new_folder_share_one_secret(folder):
 
 # -- checkpoints -----------------------------------------------------------------------------------
 def test_a_checkpoint_round_trips_and_each_save_increments_its_seq(folder):
-    s = Store(folder)
+    s = SQLiteStore(folder)
     first = s.save_checkpoint(IDENTITY, {"done": [1, 2]}, ledger=LEDGER, first_start=123.5,
                               label="crunch")
     loaded = s.load_checkpoint(IDENTITY)
@@ -231,7 +231,7 @@ class TouchOnLoad:
 
 def test_the_unpickling_probe_works_on_a_checkpoint_that_verifies(tmp_path, folder):
     marker = tmp_path / "unpickled"
-    s = Store(folder)
+    s = SQLiteStore(folder)
     s.save_checkpoint(IDENTITY, TouchOnLoad(marker), ledger=LEDGER, first_start=0.0,
                       label="crunch")
     assert not marker.exists()
@@ -280,7 +280,7 @@ TAMPERINGS = {
 def test_S4_5_a_checkpoint_that_fails_a_check_is_refused_unchanged_and_never_unpickled(
         tmp_path, folder, tamper):
     marker = tmp_path / "unpickled"
-    s = Store(folder)
+    s = SQLiteStore(folder)
     s.save_checkpoint(IDENTITY, TouchOnLoad(marker), ledger=LEDGER, first_start=0.0,
                       label="crunch")
     db_path = folder / "nbbudget.db"
@@ -301,7 +301,7 @@ def test_S4_5_a_checkpoint_that_fails_a_check_is_refused_unchanged_and_never_unp
 
 
 def test_S4_5_the_old_format_is_named_in_the_refusal(folder):
-    s = Store(folder)
+    s = SQLiteStore(folder)
     s.save_checkpoint(IDENTITY, 1, ledger=LEDGER, first_start=0.0, label="crunch")
     _old_format(folder / "nbbudget.db", None)
     with pytest.raises(nb.CheckpointRefused, match="'nbbudget-ckpt-v0' is not "
@@ -312,10 +312,10 @@ def test_S4_5_the_old_format_is_named_in_the_refusal(folder):
 
 def test_S4_5_a_checkpoint_signed_with_another_secret_is_refused_unchanged(tmp_path, folder):
     marker = tmp_path / "unpickled"
-    mine = Store(folder)
+    mine = SQLiteStore(folder)
     mine.save_checkpoint(IDENTITY, TouchOnLoad(marker), ledger=LEDGER, first_start=0.0,
                          label="crunch")
-    theirs = Store(tmp_path / "elsewhere")  # another store: another secret
+    theirs = SQLiteStore(tmp_path / "elsewhere")  # another store: another secret
     (row,) = rows(folder / "nbbudget.db")
     execute(theirs.path, "INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?)", *row)
     before = rows(theirs.path)
@@ -330,7 +330,7 @@ def test_S4_5_a_checkpoint_signed_with_another_secret_is_refused_unchanged(tmp_p
 
 def test_S4_5_a_signed_row_moved_to_another_identity_is_refused_unchanged(tmp_path, folder):
     marker = tmp_path / "unpickled"
-    s = Store(folder)
+    s = SQLiteStore(folder)
     s.save_checkpoint(IDENTITY, TouchOnLoad(marker), ledger=LEDGER, first_start=0.0,
                       label="crunch")
     (row,) = rows(s.path)
@@ -348,7 +348,7 @@ def test_S4_5_a_signed_row_moved_to_another_identity_is_refused_unchanged(tmp_pa
 def test_S4_5_a_signed_header_that_lacks_a_field_is_refused_unchanged(tmp_path, folder):
     """As an older writer with the same secret would have left it."""
     marker = tmp_path / "unpickled"
-    s = Store(folder)
+    s = SQLiteStore(folder)
     header = json.dumps({"format": CHECKPOINT_FORMAT, "identity": IDENTITY, "seq": 1,
                          "created": 0.0, "ledger": LEDGER, "first_start": 0.0},
                         sort_keys=True, separators=(",", ":"))  # no "label"
@@ -370,7 +370,7 @@ def _put_back(db_path, row) -> None:
 def test_S4_5_an_older_checkpoint_of_the_same_work_put_back_is_refused_unchanged(tmp_path,
                                                                                  folder):
     marker = tmp_path / "unpickled"
-    s = Store(folder)
+    s = SQLiteStore(folder)
     s.save_checkpoint(IDENTITY, TouchOnLoad(marker), ledger=LEDGER, first_start=0.0,
                       label="crunch")
     (older,) = rows(s.path)  # validly signed, by this store, for this work
@@ -391,7 +391,7 @@ def test_S4_5_an_older_checkpoint_of_the_same_work_put_back_is_refused_unchanged
 
 
 def test_S4_5_a_checkpoint_put_back_after_its_work_completed_is_refused(folder):
-    s = Store(folder)
+    s = SQLiteStore(folder)
     s.save_checkpoint(IDENTITY, "first", ledger=LEDGER, first_start=0.0, label="crunch")
     (older,) = rows(s.path)
     assert s.delete_checkpoint(IDENTITY)  # the work delivered its result
@@ -408,7 +408,7 @@ def test_S4_5_a_checkpoint_put_back_after_its_work_completed_is_refused(folder):
 
 
 def test_a_checkpoint_removed_behind_the_stores_back_is_refused_not_started_over(folder):
-    s = Store(folder)
+    s = SQLiteStore(folder)
     s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
     execute(s.path, "DELETE FROM checkpoints")
     with pytest.raises(nb.CheckpointRefused, match="checkpoint 1 of this work was saved and is "
@@ -420,11 +420,11 @@ def test_a_checkpoint_removed_behind_the_stores_back_is_refused_not_started_over
 
 
 def test_a_store_made_before_it_kept_sequences_resumes_its_checkpoints(folder):
-    s = Store(folder)
+    s = SQLiteStore(folder)
     s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
     s.close()
     execute(s.path, "DROP TABLE sequences")  # as the previous release left its store
-    s = Store(folder)
+    s = SQLiteStore(folder)
     assert s.load_checkpoint(IDENTITY).state == "state"
     assert s.save_checkpoint(IDENTITY, "next", ledger=LEDGER, first_start=0.0,
                              label="crunch").seq == 2
@@ -570,11 +570,11 @@ def assert_damaged(message: str, folder) -> None:
 
 
 def test_a_new_folder_and_a_store_killed_before_it_made_its_secret_open_as_new_stores(folder):
-    Store(folder).close()  # a brand-new folder
+    SQLiteStore(folder).close()  # a brand-new folder
     for name in ("secret", "nbbudget.db-wal", "nbbudget.db-shm"):
         (folder / name).unlink(missing_ok=True)
     _truncated(folder / "nbbudget.db")  # its database made, no secret yet
-    s = Store(folder)
+    s = SQLiteStore(folder)
     s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
     assert s.load_checkpoint(IDENTITY).state == "state"
     s.close()
@@ -582,14 +582,14 @@ def test_a_new_folder_and_a_store_killed_before_it_made_its_secret_open_as_new_s
 
 @pytest.mark.parametrize("damage", DAMAGES.values(), ids=DAMAGES.keys())
 def test_a_store_that_lost_what_it_held_is_damaged_and_left_as_it_is(folder, damage):
-    s = Store(folder)
+    s = SQLiteStore(folder)
     s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
     s.close()  # the last connection: everything is in nbbudget.db
     damage(folder / "nbbudget.db")
     before = snapshot(folder)
     for _ in range(2):  # damaged every time, never made over
         with pytest.raises(nb.StoreDamaged) as info:
-            Store(folder)
+            SQLiteStore(folder)
         assert snapshot(folder) == before
     err = info.value
     assert isinstance(err, nb.ConfigError)
@@ -684,7 +684,7 @@ def test_a_resume_cell_on_a_store_emptied_after_its_pause_stops_and_runs_nothing
 
 
 # -- concurrency -----------------------------------------------------------------------------------
-def _hammer(stores: list[Store], threads: int, per_thread: int) -> list[BaseException]:
+def _hammer(stores: list[SQLiteStore], threads: int, per_thread: int) -> list[BaseException]:
     errors: list[BaseException] = []
     start = threading.Barrier(threads)
 
@@ -713,7 +713,7 @@ def _hammer(stores: list[Store], threads: int, per_thread: int) -> list[BaseExce
 
 
 def test_eight_threads_write_to_one_store_without_locking_errors(folder):
-    s = Store(folder)
+    s = SQLiteStore(folder)
     errors = _hammer([s], threads=8, per_thread=200)
     assert errors == []
     assert len(rows(s.path)) == 8 * 200
@@ -725,8 +725,8 @@ def test_eight_threads_write_to_one_store_without_locking_errors(folder):
 
 
 def test_two_stores_on_one_folder_write_concurrently(folder):
-    """Two Store objects, two connections each, as two kernels of one user would have."""
-    first, second = Store(folder), Store(folder)
+    """Two SQLiteStore objects, two connections each, as two kernels of one user would have."""
+    first, second = SQLiteStore(folder), SQLiteStore(folder)
     errors = _hammer([first, second], threads=4, per_thread=100)
     assert errors == []
     assert len(rows(first.path)) == 4 * 100
@@ -758,7 +758,7 @@ def test_opening_a_store_marks_the_lost_jobs(folder):
     code = ("import nbbudget as nb; "
             "nb.store().record_job('theirs', 'fn:theirs', 'crunch', 'running')")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env=dict(os.environ))
-    s = Store(folder)
+    s = SQLiteStore(folder)
     assert [(j["id"], j["state"]) for j in s.jobs()] == [("theirs", "lost")]
     s.close()
 
