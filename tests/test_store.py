@@ -19,6 +19,7 @@ import time
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
+from stores import execute, rows
 from traitlets.config import Config
 
 import nbbudget as nb
@@ -41,22 +42,6 @@ def folder(home):
 
 def mode(path) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)
-
-
-def rows(db_path) -> list[tuple]:
-    """Every checkpoint row, read through a connection of its own."""
-    with sqlite3.connect(db_path) as db:
-        return db.execute("SELECT identity, format, header, payload, tag FROM checkpoints "
-                          "ORDER BY identity").fetchall()
-
-
-def execute(db_path, sql: str, *params) -> None:
-    db = sqlite3.connect(db_path)
-    try:
-        with db:
-            db.execute(sql, params)
-    finally:
-        db.close()
 
 
 # -- files -----------------------------------------------------------------------------------------
@@ -198,8 +183,8 @@ def test_stores_opened_at_once_on_a_new_folder_share_one_secret(folder):
 
 
 # -- checkpoints -----------------------------------------------------------------------------------
-def test_a_checkpoint_round_trips_and_each_save_increments_its_seq(folder):
-    s = SQLiteStore(folder)
+def test_a_checkpoint_round_trips_and_each_save_increments_its_seq(any_store):
+    s = any_store.store
     first = s.save_checkpoint(IDENTITY, {"done": [1, 2]}, ledger=LEDGER, first_start=123.5,
                               label="crunch")
     loaded = s.load_checkpoint(IDENTITY)
@@ -211,12 +196,22 @@ def test_a_checkpoint_round_trips_and_each_save_increments_its_seq(folder):
                                label="crunch")
     assert second.seq == 2
     assert s.load_checkpoint(IDENTITY).state == {"done": [1, 2, 3]}
-    assert len(rows(folder / "nbbudget.db")) == 1  # replaced, not added
+    assert len(any_store.rows()) == 1  # replaced, not added
     assert s.load_checkpoint("fn:unknown") is None
     assert s.delete_checkpoint(IDENTITY) is True
     assert s.delete_checkpoint(IDENTITY) is False
     assert s.load_checkpoint(IDENTITY) is None
-    s.close()
+
+
+def test_a_saved_state_is_kept_as_it_was_when_saved(any_store):
+    state = {"done": [1, 2]}
+    any_store.store.save_checkpoint(IDENTITY, state, ledger=LEDGER, first_start=0.0,
+                                    label="crunch")
+    state["done"].append(3)  # the work goes on changing its object
+    loaded = any_store.store.load_checkpoint(IDENTITY)
+    assert loaded.state == {"done": [1, 2]}
+    loaded.ledger["counts"]["steps"] = 99
+    assert any_store.store.load_checkpoint(IDENTITY).ledger == LEDGER
 
 
 class TouchOnLoad:
@@ -363,60 +358,53 @@ def test_S4_5_a_signed_header_that_lacks_a_field_is_refused_unchanged(tmp_path, 
     s.close()
 
 
-def _put_back(db_path, row) -> None:
-    execute(db_path, "INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?)", *row)
-
-
 def test_S4_5_an_older_checkpoint_of_the_same_work_put_back_is_refused_unchanged(tmp_path,
-                                                                                 folder):
+                                                                                 any_store):
     marker = tmp_path / "unpickled"
-    s = SQLiteStore(folder)
+    s = any_store.store
     s.save_checkpoint(IDENTITY, TouchOnLoad(marker), ledger=LEDGER, first_start=0.0,
                       label="crunch")
-    (older,) = rows(s.path)  # validly signed, by this store, for this work
+    older = any_store.row(IDENTITY)  # validly signed (on SQLite), by this store, for this work
     s.save_checkpoint(IDENTITY, "later", ledger=LEDGER, first_start=0.0, label="crunch")
-    _put_back(s.path, older)
-    before = rows(s.path)
+    any_store.put_back(older)
+    before = any_store.rows()
     for _ in range(2):
         with pytest.raises(nb.CheckpointRefused) as info:
             s.load_checkpoint(IDENTITY)
-        assert rows(s.path) == before
+        assert any_store.rows() == before
     assert str(info.value) == (
-        f"checkpoint {IDENTITY!r} in {s.path} is refused: it is checkpoint 1 of this work, "
+        f"checkpoint {IDENTITY!r} in {s.location} is refused: it is checkpoint 1 of this work, "
         f"but the last one saved was 2 (a checkpoint put back from earlier is never resumed); "
         f"it was left unchanged. Delete it with nb.store().delete_checkpoint({IDENTITY!r}) to "
         f"start over")
     assert not marker.exists()
-    s.close()
 
 
-def test_S4_5_a_checkpoint_put_back_after_its_work_completed_is_refused(folder):
-    s = SQLiteStore(folder)
+def test_S4_5_a_checkpoint_put_back_after_its_work_completed_is_refused(any_store):
+    s = any_store.store
     s.save_checkpoint(IDENTITY, "first", ledger=LEDGER, first_start=0.0, label="crunch")
-    (older,) = rows(s.path)
+    older = any_store.row(IDENTITY)
     assert s.delete_checkpoint(IDENTITY)  # the work delivered its result
-    _put_back(s.path, older)
+    any_store.put_back(older)
     with pytest.raises(nb.CheckpointRefused, match="it is checkpoint 1 of this work, but the "
                                                    "last one saved was 1 and then deleted"):
         s.load_checkpoint(IDENTITY)
-    assert rows(s.path) == [older]
+    assert any_store.rows() == [older]
     assert s.delete_checkpoint(IDENTITY)  # the way out the refusal names
     again = s.save_checkpoint(IDENTITY, "anew", ledger=LEDGER, first_start=0.0, label="crunch")
     assert again.seq == 2  # the work starts anew and its checkpoints go on counting
     assert s.load_checkpoint(IDENTITY).state == "anew"
-    s.close()
 
 
-def test_a_checkpoint_removed_behind_the_stores_back_is_refused_not_started_over(folder):
-    s = SQLiteStore(folder)
+def test_a_checkpoint_removed_behind_the_stores_back_is_refused_not_started_over(any_store):
+    s = any_store.store
     s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
-    execute(s.path, "DELETE FROM checkpoints")
+    any_store.remove_all()
     with pytest.raises(nb.CheckpointRefused, match="checkpoint 1 of this work was saved and is "
                                                    "no longer in the store"):
         s.load_checkpoint(IDENTITY)
     assert s.delete_checkpoint(IDENTITY) is False  # nothing to delete, and now it starts over
     assert s.load_checkpoint(IDENTITY) is None
-    s.close()
 
 
 def test_a_store_made_before_it_kept_sequences_resumes_its_checkpoints(folder):
@@ -467,21 +455,23 @@ def test_S4_5_a_tampered_checkpoint_fails_the_identical_call_loudly(folder):
     assert rows(db_path) == before
 
 
-def test_S4_5_a_checkpoint_whose_ledger_lacks_its_state_fails_the_call_as_refused(folder):
+def test_S4_5_a_checkpoint_whose_ledger_lacks_its_state_fails_the_call_as_refused(any_store):
     runs: list[object] = []
     clock = FakeClock()
     crunch = _resumable(runs, clock)
     identity = _identity(crunch, (), {}, None)
-    nb.store().save_checkpoint(identity, "half way", ledger={"version": "nbbudget-ledger-v0"},
-                               first_start=0.0, label="crunch")
-    before = rows(folder / "nbbudget.db")
+    any_store.store.save_checkpoint(identity, "half way",
+                                    ledger={"version": "nbbudget-ledger-v0"}, first_start=0.0,
+                                    label="crunch")
+    before = any_store.rows()
     try:
         resp = nb.call(crunch, resume=True, budget="1s", clock=clock)
     finally:
         assert runs == []
-        assert rows(folder / "nbbudget.db") == before
+        assert any_store.rows() == before
     assert resp.error["code"] == "checkpoint_refused"
     assert repr(identity) in resp.error["message"]
+    assert any_store.store.location in resp.error["message"]
 
 
 def _pausing(runs: list[object], clock: FakeClock):
@@ -498,25 +488,25 @@ def _pausing(runs: list[object], clock: FakeClock):
     return crunch
 
 
-def test_S4_5_the_identical_call_refuses_an_older_checkpoint_put_back_and_runs_nothing(folder):
+def test_S4_5_the_identical_call_refuses_an_older_checkpoint_put_back_and_runs_nothing(
+        any_store):
     runs: list[object] = []
     clock = FakeClock()
     crunch = _pausing(runs, clock)
     identity = _identity(crunch, (), {}, None)
     assert nb.call(crunch, resume=True, budget="1s", clock=clock).data["state"] == "paused"
-    (older,) = rows(folder / "nbbudget.db")
+    older = any_store.row(identity)
     clock.waiting.clear()
     second = nb.call(crunch, resume=True, budget="1s", clock=clock)
     assert second.data["checkpoint"] == f"{identity[:12]}:2"
-    execute(folder / "nbbudget.db", "UPDATE checkpoints SET header = ?, payload = ?, tag = ? "
-            "WHERE identity = ?", *older[2:], identity)  # a copy kept from the first pause
-    before = rows(folder / "nbbudget.db")
+    any_store.put_back(older)  # a copy kept from the first pause
+    before = any_store.rows()
     resp = nb.call(crunch, resume=True, budget="1s", clock=clock)
     assert (resp.ok, resp.exit_code, resp.error["code"]) == (False, 1, "checkpoint_refused")
     assert ("it is checkpoint 1 of this work, but the last one saved was 2"
             in resp.error["message"])
     assert runs == [0, 1]  # the work did not run from the older state
-    assert rows(folder / "nbbudget.db") == before
+    assert any_store.rows() == before
 
 
 # -- a store that lost what it held ----------------------------------------------------------------
