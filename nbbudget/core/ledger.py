@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from .clock import Clock
 from .errors import BudgetExceeded, ConfigError
-from .kinds import KIND_INDEX, KINDS, RUN_MS, kind_index
+from .kinds import KIND_INDEX, KINDS, POOLED, RUN_MS, WINDOWS, kind_index
 from .limits import NO_LIMITS, Limits
 from .snapshot import AxisUsage
 from .trace import Recorder
@@ -37,11 +37,9 @@ __all__ = ["STATE_VERSION", "Account", "Ledger", "LocalLedger", "check_totals", 
 STATE_VERSION = "nbbudget-ledger-v1"
 _INF = math.inf
 _K = len(KINDS)
-_WINDOW_KINDS = frozenset(KIND_INDEX[k] for k in ("tokens", "cost_usd", "run_ms"))
-_POOLED = tuple(k.integral and k.name != "run_ms" for k in KINDS)
 _BLOCK = 256  # permits a pool reserves at a time
 _PERMITS: list[None] = [None] * _BLOCK
-_ROOT_CAP = tuple(_INF if pooled else -_INF for pooled in _POOLED)  # with no limit: pool freely
+_ROOT_CAP = tuple(_INF if pooled else -_INF for pooled in POOLED)  # with no limit: pool freely
 _NO_CAP = (-_INF,) * _K
 _STATE_KEYS = ("name", "limits", "totals", "suspend", "counts", "active_ms", "notice_level",
                "notices")
@@ -165,12 +163,12 @@ class LocalLedger:
                          totals.get(name, _INF))
             if window is not None and self.notices and self._notice_armed(i):
                 watch[i] = root.base[i] + window * self.notices[self.notice_level]
-            if _POOLED[i]:
+            if POOLED[i]:
                 cap[i] = min(thr[i], math.ceil(watch[i]) - 1 if watch[i] != _INF else _INF)
         root.thr, root.watch, root.cap = thr, watch, cap
 
     def _notice_armed(self, i: int) -> bool:
-        return self.notice_level < 2 and not (self.suspend and i in _WINDOW_KINDS)
+        return self.notice_level < 2 and not (self.suspend and i in WINDOWS)
 
     def open(self, name: str, limits: Limits, recorder: Recorder,
              parent: Account) -> Account:
@@ -206,7 +204,7 @@ class LocalLedger:
         for k, (i, n) in enumerate(items):
             if not self._take(i, n):
                 for (j, m), (count, bulk) in zip(items[:k], before, strict=False):
-                    if _POOLED[j]:
+                    if POOLED[j]:
                         root.counts[j] -= m
                         root.bulk[j] -= m - 1
                     else:
@@ -225,7 +223,7 @@ class LocalLedger:
                 list.pop(pool)  # not a charge of its own: a traced pool must not record it
             except IndexError:
                 counts[i] -= taken  # what was taken from the pool is free again
-                if _POOLED[i] and not pool and thr - counts[i] < 1:
+                if POOLED[i] and not pool and thr - counts[i] < 1:
                     root.exhausted[i] = True
                 return False
             taken += 1
@@ -281,7 +279,7 @@ class LocalLedger:
     def window(self, holder: Account, i: int) -> bool:
         """Whether *holder* passing kind *i* spends a window that suspends the run (S3-1): a
         run's tokens, cost or time, with suspend on, its whole-run total not passed."""
-        if not (self.suspend and i in _WINDOW_KINDS and holder is self.root):
+        if not (self.suspend and i in WINDOWS and holder is self.root):
             return False
         total = holder.total[i]
         return total is None or holder.used(i) + holder.base[i] <= total
@@ -305,7 +303,7 @@ class LocalLedger:
             limit, consumed, window = total, used + base, False
         else:
             limit, consumed = holder.thr[i] - base, used
-            window = self.suspend and i in _WINDOW_KINDS and holder is self.root
+            window = self.suspend and i in WINDOWS and holder is self.root
         account.recorder.refusal(i, limit, consumed, n, target, t_ms)
         kind = KINDS[i]
         # BaseException.__new__ stores the args; the Python __init__ would only add a call
@@ -335,7 +333,7 @@ class LocalLedger:
         best, best_ratio = "", 0.0
         for kind, limit in self.root.limits_set.items():
             i = KIND_INDEX[kind]
-            if self.suspend and i in _WINDOW_KINDS:
+            if self.suspend and i in WINDOWS:
                 continue
             used = self._elapsed() if i == RUN_MS else self.root.used(i)
             if used / limit > best_ratio:
@@ -423,7 +421,7 @@ class LocalLedger:
         root.bulk = list(root.counts)  # what earlier slices consumed is not this run's work
         self.notice_level = int(state["notice_level"])
         if self.suspend:
-            root.base = [root.counts[i] if i in _WINDOW_KINDS else 0 for i in range(_K)]
+            root.base = [root.counts[i] if i in WINDOWS else 0 for i in range(_K)]
             root.base[RUN_MS] = float(state["active_ms"])  # a fresh time window (S3-1)
         self.arm()
 

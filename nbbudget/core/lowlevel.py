@@ -31,6 +31,8 @@ from .trace import Recorder, Trace
 
 __all__ = ["Core", "Incomplete", "Recorder", "Run", "Scope", "Stop", "Unwind"]
 
+_TIME = KINDS[RUN_MS].name  # the kind the run's clock spends
+
 
 class Run(Protocol):
     """What the helpers built on a run use of it: `nb.Budget` is one."""
@@ -116,7 +118,7 @@ class Core:
         self.ledger.drain(self.account)
 
     def restore(self, saved: Mapping[str, Any]) -> None:
-        """Continue from a checkpoint's ledger state (read with `_ledger.read_state`): its
+        """Continue from a checkpoint's ledger state (read with `ledger.read_state`): its
         counters, notices and active time (S4-4)."""
         self.ledger.restore(saved)
         self.scope.active_before_ms = float(saved["active_ms"])
@@ -138,7 +140,7 @@ class Core:
         out = self.ledger.consumed(self.account)
         elapsed = self.scope.elapsed_ms()
         if elapsed:
-            out["run_ms"] = round(elapsed)
+            out[_TIME] = round(elapsed)
         return out
 
     def remaining(self, i: int) -> float:
@@ -154,7 +156,7 @@ class Core:
         stats = self.ledger.stats(self.recorder.trace.refusals_by_kind())
         elapsed = self.scope.elapsed_ms()
         if self.account.limits.run_ms is not None or elapsed:
-            stats["consumed"]["run_ms"] = round(elapsed)
+            stats["consumed"][_TIME] = round(elapsed)
         return stats
 
     # -- before dispatch ------------------------------------------------------------------------
@@ -244,7 +246,7 @@ class Core:
                 total is not None and scope.elapsed_ms() >= total):
             return Stop.of(Status.SUSPENDED, f"the time window of "
                            f"{self.account.limits.run_ms} ms is spent; the run is suspended "
-                           f"and resumes with a fresh window", scope, by="run_ms")
+                           f"and resumes with a fresh window", scope, by=_TIME)
         limit = plain(scope.limit_ms)
         return cut(scope, RUN_MS, (limit, plain(round(scope.elapsed_ms(), 3))), "timeout",
                    f"{scope.name} ran out of time: its time grant of {limit} ms is spent; give "
