@@ -22,9 +22,9 @@ class Kind(NamedTuple):
     ``rank`` is the attribution order when several limits trip at one boundary (S3-3): the
     lowest rank wins. ``integral`` kinds take whole numbers; ``cost_usd`` takes dollars.
     ``flag`` is its option in ``%%budget`` and ``nbbudget run``, ``about`` that option's help,
-    ``counts`` what it counts (the docs' table). ``window``: with ``suspend=True`` the run's
-    limit of this kind is a window, spent, it suspends the run (S3-1). ``clock``: the run's
-    clock spends it (the time grant), ``charge()`` does not.
+    ``counts`` what it counts (Markdown, for the docs' table). ``window``: with ``suspend=True``
+    the run's limit of this kind is a window, which suspends the run when spent (S3-1).
+    ``clock``: the run's clock spends it (the time grant), ``charge()`` does not.
     """
 
     name: str
@@ -51,25 +51,25 @@ class Kind(NamedTuple):
 
 KINDS: tuple[Kind, ...] = (
     Kind("tokens", "TokenBudgetExceeded", 0, True, "tokens", "--tokens", "limit on tokens",
-         "the tokens of model replies, input and output", window=True),
+         "the tokens of model replies, input and output (`run.provider`)", window=True),
     Kind("output_tokens", "OutputTokenBudgetExceeded", 1, True, "tokens", "--output-tokens",
          "limit on output tokens",
-         "the output tokens of model replies; a request asks for at most what is left (S2-9)"),
+         "the output tokens of model replies; a request asks for at most what is left"),
     Kind("cost_usd", "CostBudgetExceeded", 2, False, "USD", "--cost", "limit on cost, in dollars",
-         "what model replies cost", window=True),
+         "dollars spent on model replies (their `cost_usd`, or from `prices=`)", window=True),
     Kind("turns", "TurnBudgetExceeded", 3, True, "turns", "--turns", "limit on turns",
-         "the turns of an agent loop"),
+         "the turns of an agent loop (the pydantic-ai adapter counts each)"),
     Kind("steps", "StepBudgetExceeded", 4, True, "steps", "--steps", "limit on steps",
-         "steps: each run.step()"),
+         "steps: each `run.step()`"),
     Kind("tool_calls", "ToolCallBudgetExceeded", 4, True, "calls", "--tool-calls",
-         "limit on tool calls", "calls of tools wrapped by run.tool"),
+         "limit on tool calls", "calls of tools wrapped by `run.tool`"),
     Kind("agent_invocations", "AgentInvocationBudgetExceeded", 4, True, "invocations",
-         "--agent-invocations", "limit on sub-agents", "sub-agents started with run.agent"),
+         "--agent-invocations", "limit on sub-agents", "sub-agents started with `run.agent`"),
     Kind("provider_calls", "ProviderCallBudgetExceeded", 4, True, "calls", "--provider-calls",
-         "limit on model calls", "model calls, each attempt and retry (S4-6)"),
+         "limit on model calls", "model calls, each attempt and retry"),
     Kind("run_ms", "RunTimeBudgetExceeded", 5, True, "ms", "--time",
          "time grant of the run (run_ms): when it is spent the run fails",
-         "the run's active time, paused time not counted (S4-4): its time grant",
+         "the run's active time, paused time not counted: its time grant",
          window=True, clock=True),
 )
 KIND_INDEX: dict[str, int] = {k.name: i for i, k in enumerate(KINDS)}
