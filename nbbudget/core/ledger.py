@@ -1,7 +1,10 @@
 """The ledger: what a run and its grants may spend and have spent (S2-2, S2-9, S3-1, S3-3,
 S3-5, S4-3, S4-4, S4-8).
 
-`Ledger` is the interface; `LocalLedger` keeps the counters in this process. A ledger holds one
+`Ledger` is the interface; `LocalLedger` keeps the counters in this process. A run's ledger is
+made by a `LedgerFactory`, chosen with ``nb.Budget(..., ledger=...)`` (`LocalLedger` by default,
+and itself a factory); a ledger kept elsewhere comes from a factory bound to the place it lives
+(its class with a cluster's client, say). A ledger holds one
 `Account` per run or grant: the run's account has the run-wide counters, a grant's has its own
 allowances beside them (S2-2). Check-and-reserve covers an account and its run's together, all
 or nothing (S4-3); a refusal leaves every counter as it was and is recorded (S4-8). Spending that
@@ -31,8 +34,8 @@ from .limits import NO_LIMITS, Limits
 from .snapshot import AxisUsage
 from .trace import Recorder
 
-__all__ = ["STATE_VERSION", "Account", "Ledger", "LocalLedger", "check_totals", "plain",
-           "read_state"]
+__all__ = ["STATE_VERSION", "Account", "Ledger", "LedgerFactory", "LocalLedger", "check_totals",
+           "plain", "read_state"]
 
 STATE_VERSION = "nbbudget-ledger-v1"
 _INF = math.inf
@@ -52,7 +55,7 @@ class Account:
     """What one run or grant may spend and has spent. A grant's pools stay empty: it always
     charges through the lock, on its own allowances and on its run's."""
 
-    def __init__(self, ledger: LocalLedger, name: str, limits: Limits, recorder: Recorder,
+    def __init__(self, ledger: Ledger, name: str, limits: Limits, recorder: Recorder,
                  parent: Account | None) -> None:
         self.ledger = ledger
         self.name = name
@@ -92,6 +95,12 @@ class Ledger(Protocol):
     totals: Limits  # whole-run totals over windows
     notice_level: int  # approach notices given so far (S3-5)
 
+    def traced_pools(self, started: Any) -> None: ...
+
+    def time_notices(self) -> list[float]: ...
+
+    def notice(self, t_ms: float) -> None: ...
+
     def open(self, name: str, limits: Limits, recorder: Recorder,
              parent: Account) -> Account: ...
 
@@ -123,6 +132,17 @@ class Ledger(Protocol):
     def state(self, active_ms: float) -> dict[str, Any]: ...
 
     def restore(self, state: Mapping[str, Any]) -> None: ...
+
+
+class LedgerFactory(Protocol):
+    """What makes the ledger of a new run, with its root account: `LocalLedger` is one. *clock*
+    and *elapsed* are the run's (time notices, S3-5), *lock* the one its scope holds; *full*
+    asks for each charge in the trace."""
+
+    def __call__(self, name: str, limits: Limits, recorder: Recorder, *, clock: Clock,
+                 lock: threading.Lock, suspend: bool, totals: Limits,
+                 notices: tuple[float, float] | None, elapsed: Callable[[], float],
+                 full: bool) -> Ledger: ...
 
 
 class LocalLedger:
