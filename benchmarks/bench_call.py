@@ -7,10 +7,16 @@
 1. INCOMPLETE lateness: how long after its budget a ``detach`` call whose work is CPU-bound
    returns, median and p99 over N calls, against the lateness of ``stopit.ThreadingTimeout``
    around the same work (goal: at most 1.0x). The same with the work blocked in C
-   (``time.sleep``): goal within 2 ms of the budget.
+   (``time.sleep``): goal within 2 ms of the budget. Under load the GIL and the scheduler can hold
+   a caller past its budget for long enough that CPU-bound work finishes first (150-370 ms were
+   seen, for stopit too): such a call is counted, not asserted INCOMPLETE.
 2. Handoff: ``nb.call`` on a trivial function (with a budget, so it runs on a worker; and with
    none, so it runs in place) against ``ThreadPoolExecutor(1).submit(f).result()``
-   (goal: at most 1.0x).
+   (goal: at most 1.0x, in CPU time). Wall-clock ratios swing from 0.3x to 6x on a shared
+   machine; the CPU time of the whole process (``time.process_time``, every thread) holds, so
+   the goal is judged on it. The peer runs interleaved with the calls in this process, in
+   blocks, the order rotated every rep; medians are printed with the spread (min..max). Where
+   ``taskset`` exists the section runs again pinned to one core, as a cross-check.
 3. Checkpoint save of a 1 KB and a 1 MB state against a bare durable SQLite commit of the same
    bytes (WAL, synchronous=FULL, BEGIN IMMEDIATE) (goal: at most 2x).
 
@@ -22,8 +28,10 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import shutil
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -50,16 +58,20 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def lateness_nb(budget_s: float, work: Callable[[], object], n: int) -> list[float]:
-    out = []
+def lateness_nb(budget_s: float, work: Callable[[], object], n: int) -> tuple[list[float], int]:
+    """How late each call came back after its budget, and how many finished in place (held
+    past their budget by the GIL and the scheduler until the work itself was done)."""
+    out, finished = [], 0
     for i in range(n):
         start = pc()
         response = nb.call(work, detach=True, budget=f"{round(budget_s * 1000)}ms",
                            key=f"lateness-{id(work)}-{i}")  # a new piece of work each time
         out.append((pc() - start - budget_s) * 1000)
-        assert response.exit_code == 14, response
-        nb.jobs[response.data["job"]].wait_done(10)
-    return out
+        if response.exit_code == 14:
+            nb.jobs[response.data["job"]].wait_done(10)
+        else:
+            finished += 1
+    return out, finished
 
 
 def lateness_stopit(budget_s: float, work: Callable[[], object], n: int) -> list[float]:
@@ -88,6 +100,82 @@ def per_call_us(fn: Callable[[], object], n: int) -> float:
         gc.enable()
 
 
+def cpu_us(fn: Callable[[], object], n: int) -> tuple[float, float]:
+    """CPU time of the whole process (every thread) and wall time per call, in us, over *n*
+    calls with the garbage collector off."""
+    gc.collect()
+    gc.disable()
+    try:
+        cpu, wall = time.process_time(), pc()
+        for _ in range(n):
+            fn()
+        return (time.process_time() - cpu) / n * 1e6, (pc() - wall) / n * 1e6
+    finally:
+        gc.enable()
+
+
+def interleaved(cases: dict[str, Callable[[], object]], n: int,
+                reps: int) -> dict[str, list[tuple[float, float]]]:
+    """(CPU, wall) us per call of each case, one block of *n* calls of each in turn per rep,
+    the order rotated every rep, after a warm-up of each."""
+    names = list(cases)
+    for fn in cases.values():
+        for _ in range(min(200, n)):
+            fn()
+    out: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    for rep in range(reps):
+        k = rep % len(names)
+        for name in names[k:] + names[:k]:
+            out[name].append(cpu_us(cases[name], n))
+    return out
+
+
+def spread(values: list[float], digits: int = 1) -> str:
+    """The median, and the min..max beside it."""
+    return (f"{statistics.median(values):.{digits}f} "
+            f"({min(values):.{digits}f}..{max(values):.{digits}f})")
+
+
+def handoff(n: int, reps: int) -> tuple[list[tuple[str, str, str]], dict[str, list[float]]]:
+    """Section 2: rows to print, and the per-rep CPU ratios of each nb.call case to the
+    executor."""
+    def trivial() -> int:
+        return 1
+
+    pool = ThreadPoolExecutor(1)
+    try:
+        got = interleaved({
+            "tpe": lambda: pool.submit(trivial).result(),
+            "worker": lambda: nb.call(trivial, detach=True, budget="30s"),
+            "inline": lambda: nb.call(trivial)}, n, reps)
+    finally:
+        pool.shutdown()
+    names = {"tpe": "ThreadPoolExecutor(1).submit(f).result()",
+             "worker": "nb.call(f, detach=True, budget='30s')",
+             "inline": "nb.call(f) (no budget: runs in place)"}
+    rows = []
+    for key, name in names.items():
+        rows.append((f"{name}, CPU", spread([c for c, _ in got[key]]), "us/call med (min..max)"))
+        rows.append((f"{name}, wall", spread([w for _, w in got[key]]), "us/call med (min..max)"))
+    ratios = {key: [c / t for (c, _), (t, _) in zip(got[key], got["tpe"], strict=True)]
+              for key in ("worker", "inline")}
+    for key in ratios:
+        rows.append((f"{names[key]} / executor, CPU", spread(ratios[key], 2),
+                     "x med (min..max)"))
+    return rows, ratios
+
+
+def pinned_handoff(n: int, reps: int) -> str | None:
+    """The handoff section again, in a process pinned to one core (``taskset -c 0``), as a
+    cross-check: its median CPU ratio of the worker case, or None without taskset."""
+    if shutil.which("taskset") is None:
+        return None
+    out = subprocess.run(["taskset", "-c", "0", sys.executable, __file__, "--handoff-only",
+                          "--handoffs", str(n), "--reps", str(reps)],
+                         capture_output=True, text=True, check=True, env=os.environ)
+    return out.stdout.strip().splitlines()[-1]
+
+
 def bare_commit(path: str, blob: bytes, n: int) -> float:
     db = sqlite3.connect(path, isolation_level=None)
     db.execute("PRAGMA journal_mode=WAL")
@@ -109,27 +197,59 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small N, for a smoke run")
     parser.add_argument("--calls", type=int, default=50, help="calls per lateness case")
+    parser.add_argument("--handoffs", type=int, default=None, help="calls per handoff block")
+    parser.add_argument("--reps", type=int, default=None, help="interleaved handoff reps")
+    parser.add_argument("--handoff-only", action="store_true",
+                        help="only section 2, its last line the worker case's CPU ratio")
     args = parser.parse_args()
     calls = 10 if args.quick else args.calls
-    handoffs = 500 if args.quick else 3000
+    handoffs = args.handoffs or (300 if args.quick else 1000)
+    reps = args.reps or (3 if args.quick else 9)
     saves = 50 if args.quick else 300
     home = tempfile.mkdtemp(prefix="nbbudget-bench-")
     os.environ["NBBUDGET_HOME"] = home
     os.environ["NBBUDGET_INTERACTIVE"] = "0"
-    budget_s = 0.05
+    if args.handoff_only:
+        _, ratios = handoff(handoffs, reps)
+        print(spread(ratios["worker"], 2))
+        return 0
     rows: list[tuple[str, str, str]] = []
     goals: list[tuple[str, bool, str]] = []
     print(f"nbbudget call benchmark: Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
-          f"switchinterval {sys.getswitchinterval()} s, {calls} calls per lateness case")
+          f"switchinterval {sys.getswitchinterval()} s, {calls} calls per lateness case, "
+          f"{reps} x {handoffs} handoffs per case, load {os.getloadavg()[0]:.2f}")
+    lateness(calls, rows, goals)
+    found, ratios = handoff(handoffs, reps)
+    rows += found
+    pinned = pinned_handoff(handoffs, reps)
+    rows.append(("the same pinned to one core (taskset -c 0), CPU ratio",
+                 pinned if pinned is not None else "skipped", "x med (min..max)"))
+    for key, what in (("worker", "with a budget"), ("inline", "without a budget")):
+        med = statistics.median(ratios[key])
+        goals.append((f"nb.call {what} <= 1.0x ThreadPoolExecutor (CPU)", med <= 1.0,
+                      f"{med:.2f}"))
+    checkpoints(home, saves, rows, goals)
+    width = max(len(r[0]) for r in rows) + 2
+    print()
+    for name, value, unit in rows:
+        print(f"{name:<{width}}{value:>22}  {unit}")
+    print("\ngoals" + (" (quick mode: indicative only)" if args.quick else ""))
+    for name, ok, value in goals:
+        print(f"  {'PASS' if ok else 'MISS'}  {name:<58}{value:>10}")
+    return 0
 
-    # 1. lateness
+
+def lateness(calls: int, rows: list[tuple[str, str, str]],
+             goals: list[tuple[str, bool, str]]) -> None:
+    """Section 1: INCOMPLETE lateness, CPU-bound against stopit, and blocked in C."""
+    budget_s = 0.05
     cpu_work = lambda: busy(budget_s * 4)  # noqa: E731 - a value for both runners
-    ours = lateness_nb(budget_s, cpu_work, calls)
+    ours, finished = lateness_nb(budget_s, cpu_work, calls)
     try:
         theirs = lateness_stopit(budget_s, cpu_work, calls)
     except ImportError:
         theirs = []
-    blocked = lateness_nb(budget_s, lambda: time.sleep(budget_s * 4), calls)
+    blocked, _ = lateness_nb(budget_s, lambda: time.sleep(budget_s * 4), calls)
     for name, values in (("nb.call detach, CPU-bound", ours),
                          ("stopit.ThreadingTimeout, CPU-bound", theirs),
                          ("nb.call detach, blocked in C", blocked)):
@@ -138,6 +258,8 @@ def main() -> int:
                                f"{percentile(values, 0.99):.2f}", "ms late (median / p99)"))
         else:
             rows.append((name, "skipped", "pip install -e '.[bench]'"))
+    rows.append(("CPU-bound calls held until their work ended", f"{finished} of {calls}",
+                 "(load: not a failure)"))
     if theirs:
         med = statistics.median(ours) / statistics.median(theirs)
         p99 = percentile(ours, 0.99) / percentile(theirs, 0.99)
@@ -146,26 +268,10 @@ def main() -> int:
     goals.append(("blocked in C: back within 2 ms of the budget (median)",
                   statistics.median(blocked) <= 2.0, f"{statistics.median(blocked):.2f} ms"))
 
-    # 2. handoff
-    def trivial() -> int:
-        return 1
 
-    pool = ThreadPoolExecutor(1)
-    try:
-        tpe = per_call_us(lambda: pool.submit(trivial).result(), handoffs)
-        worker = per_call_us(lambda: nb.call(trivial, detach=True, budget="30s"), handoffs)
-        inline = per_call_us(lambda: nb.call(trivial), handoffs)
-    finally:
-        pool.shutdown()
-    rows += [("ThreadPoolExecutor(1).submit(f).result()", f"{tpe:.1f}", "us/call"),
-             ("nb.call(f, detach=True, budget='30s')", f"{worker:.1f}", "us/call"),
-             ("nb.call(f) (no budget: runs in place)", f"{inline:.1f}", "us/call")]
-    goals.append(("nb.call with a budget <= 1.0x ThreadPoolExecutor", worker / tpe <= 1.0,
-                  f"{worker / tpe:.2f}"))
-    goals.append(("nb.call without a budget <= 1.0x ThreadPoolExecutor", inline / tpe <= 1.0,
-                  f"{inline / tpe:.2f}"))
-
-    # 3. checkpoint saves
+def checkpoints(home: str, saves: int, rows: list[tuple[str, str, str]],
+                goals: list[tuple[str, bool, str]]) -> None:
+    """Section 3: checkpoint saves against a bare durable SQLite commit."""
     store = SQLiteStore(os.path.join(home, "store"))
     ledger = nb.Budget(steps=10).state()
     for size, label in ((1024, "1 KB"), (1024 * 1024, "1 MB")):
@@ -178,15 +284,6 @@ def main() -> int:
                  (f"bare durable SQLite commit, {label}", f"{bare_us:.0f}", "us")]
         goals.append((f"checkpoint save {label} <= 2x a bare commit", ours_us / bare_us <= 2.0,
                       f"{ours_us / bare_us:.2f}"))
-
-    width = max(len(r[0]) for r in rows) + 2
-    print()
-    for name, value, unit in rows:
-        print(f"{name:<{width}}{value:>18}  {unit}")
-    print("\ngoals" + (" (quick mode: indicative only)" if args.quick else ""))
-    for name, ok, value in goals:
-        print(f"  {'PASS' if ok else 'MISS'}  {name:<58}{value:>10}")
-    return 0
 
 
 if __name__ == "__main__":
