@@ -25,7 +25,7 @@ from typing import Any
 from .calls.memory_store import MemoryStore
 from .calls.runner import Backend, current_backend, use_backend
 from .calls.store import Store
-from .core.clock import Scheduled, Timers
+from .core.clock import Scheduled, Timers, Waitable
 from .core.duration import parse_duration
 
 __all__ = ["FakeClock", "MemoryStore", "Reply", "ScriptedProvider", "use_store"]
@@ -89,7 +89,7 @@ class FakeClock(Timers):
         with self._lock:
             return sum(1 for _, _, item in self._heap if not item.cancelled)
 
-    def wait(self, event: threading.Event, until_ms: float | None) -> bool:
+    def wait(self, event: Waitable, until_ms: float | None) -> bool:
         # Poll the event in short real waits so that a set() from any thread is seen promptly,
         # and the fake deadline only passes when some thread advances the clock.
         self.waiting.set()

@@ -385,10 +385,11 @@ def _timeout_message(plan: _Plan) -> str:
 
 
 def _wall_clock(job: Job, plan: _Plan) -> None:
-    """The wall-clock limit fired: cancel the work, across every continuation (S0-6, S4-7)."""
+    """The wall-clock limit fired: cancel the work, across every continuation (S0-6, S4-7), and
+    free its callers (a run stopped before keeps its stop, and its callers keep waiting)."""
     scope = job.run.lowlevel.scope
-    scope.halt(Stop.of(Status.CANCELLED, _timeout_message(plan), scope, by="wall-clock"))
-    job.nudge()
+    if scope.halt(Stop.of(Status.CANCELLED, _timeout_message(plan), scope, by="wall-clock")):
+        job.nudge()
 
 
 def _work(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],

@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from ..core.clock import Latch
 from ..core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -72,8 +73,8 @@ class Job:
         self.ended: float | None = None
         self._store = store  # opened when the job is first recorded, off the caller's path
         self._state = JobState.RUNNING
-        self._done = threading.Event()
-        self._wake = threading.Event()  # its waiter should look again
+        self._done = Latch()
+        self._wake = Latch()  # its waiters should look again: it ended, or its wall clock fired
         self._value: Any = None
         self._error: BaseException | None = None
         self.traceback: str | None = None
@@ -121,17 +122,14 @@ class Job:
         self._wake.set()
 
     def nudge(self) -> None:
-        """Wake the job's waiter to look at its run again (its wall clock fired)."""
+        """Wake the job's waiters to look at its run again: its wall clock cancelled it, which
+        frees them for good (a wake-up stays: every later wait returns at once)."""
         self._wake.set()
 
     def wait_woken(self, clock: Clock, until_ms: float | None) -> bool:
         """Wait until the job ends or is nudged, or *clock* reaches *until_ms* (None: no
-        limit); whether it was woken. A wake-up is taken once: the waiter re-reads every state
-        before it waits again, so none is lost."""
-        if clock.wait(self._wake, until_ms):
-            self._wake.clear()
-            return True
-        return False
+        limit); whether it was woken."""
+        return clock.wait(self._wake, until_ms)
 
     def add_timer(self, timer: Scheduled) -> None:
         """*timer* (the wall clock of the work) matters only while the job runs."""

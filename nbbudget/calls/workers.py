@@ -1,74 +1,92 @@
 """Pre-started worker threads for calls, so the timed path never pays ``Thread.start()``.
 
-A worker takes the next task from a queue; a worker whose task runs past its caller's budget
-simply keeps running it (the caller has gone), and the pool starts another when a task finds no
-idle worker. A task returns what should happen once the worker is free again (typically: wake
-the caller), so that a caller that submits again at once finds that worker idle. Idle workers end
-after ``IDLE_SECONDS``: an idle process holds no thread.
+An idle worker blocks on a lock of its own; `submit` takes the last idle worker off the idle
+stack, hands it the task and releases its lock (one futex wake, no queue and no Condition). A
+worker whose task runs past its caller's budget simply keeps running it (the caller has gone),
+and the pool starts another when a task finds no idle worker. A task returns what should happen
+once the worker is free again (typically: wake the caller): the worker puts itself back on the
+idle stack first, so a caller that submits again at once always finds an idle worker. Idle
+workers end after ``IDLE_SECONDS``: an idle process holds no thread.
 """
 
 from __future__ import annotations
 
 import itertools
-import queue
 import threading
 from collections.abc import Callable
 
-__all__ = ["IDLE_SECONDS", "Task", "ensure_idle", "submit"]
+__all__ = ["IDLE_SECONDS", "Task", "ensure_idle", "idle_count", "submit"]
 
 IDLE_SECONDS = 1.0
 
 #: a task runs on a worker and returns what to do once that worker is counted idle (or None)
 Task = Callable[[], Callable[[], object] | None]
 
-_tasks: queue.Queue[Task] = queue.Queue()  # SimpleQueue's timed get can miss its timeout here
-_lock = threading.Lock()
-_idle = 0
+
+class _Worker:
+    """One worker thread: its lock is held while it has no task; `submit` releases it."""
+
+    __slots__ = ("task", "wake")
+
+    def __init__(self, task: Task | None) -> None:
+        self.task = task
+        self.wake = threading.Lock()
+        self.wake.acquire()
+
+
+_idle: list[_Worker] = []  # a stack: list.append, list.pop and list.remove are atomic
 _names = itertools.count(1)
 
 
 def submit(task: Task) -> None:
     """Run *task* on a worker thread (an idle one if there is one)."""
-    global _idle
-    with _lock:
-        start = _idle == 0
-        if not start:
-            _idle -= 1
-    if start:
-        threading.Thread(target=_work, args=(task,), name=f"nbbudget-worker-{next(_names)}",
-                         daemon=True).start()
-    else:
-        _tasks.put(task)
+    try:
+        worker = _idle.pop()
+    except IndexError:
+        _start(_Worker(task))
+        return
+    worker.task = task
+    worker.wake.release()
 
 
 def ensure_idle(n: int) -> None:
     """Start workers until *n* are idle, so that tasks submitted later (when a busy thread may
-    hold the GIL) only queue: ``Thread.start()`` waits for the new thread, which costs a GIL
+    hold the GIL) only hand over: ``Thread.start()`` waits for the new thread, which costs a GIL
     switch interval or more each time the GIL is contended."""
-    global _idle
-    with _lock:
-        missing = max(0, n - _idle)
-        _idle += missing  # counted idle from now: they will wait on the queue
-    for _ in range(missing):
-        threading.Thread(target=_work, args=(None,), name=f"nbbudget-worker-{next(_names)}",
-                         daemon=True).start()
+    while len(_idle) < n:
+        worker = _Worker(None)
+        _idle.append(worker)  # counted idle from now: it will wait on its lock
+        _start(worker)
 
 
-def _work(task: Task | None) -> None:
-    global _idle
+def idle_count() -> int:
+    """How many workers are idle now."""
+    return len(_idle)
+
+
+def _start(worker: _Worker) -> None:
+    threading.Thread(target=_work, args=(worker,), name=f"nbbudget-worker-{next(_names)}",
+                     daemon=True).start()
+
+
+def _work(worker: _Worker) -> None:
+    wake = worker.wake
     while True:
+        task, worker.task = worker.task, None
         if task is not None:
             then = task()
-            with _lock:
-                _idle += 1
+            _idle.append(worker)  # idle before its caller is told: the next call finds it
             if then is not None:
                 then()
-        try:
-            task = _tasks.get(timeout=IDLE_SECONDS)
-        except queue.Empty:
-            with _lock:
-                # a task may have been queued for us just as we timed out: take it
-                if _idle > 0 and _tasks.empty():
-                    _idle -= 1
-                    return
-            task = _tasks.get()
+        if not wake.acquire(timeout=IDLE_SECONDS) and _leave(worker):
+            return
+
+
+def _leave(worker: _Worker) -> bool:
+    """After an idle spell: leave, unless a task was handed over meanwhile (then wait for it)."""
+    try:
+        _idle.remove(worker)
+    except ValueError:  # submit took it off the stack: its task is coming
+        worker.wake.acquire()
+        return False
+    return True

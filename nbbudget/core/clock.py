@@ -16,7 +16,53 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["Clock", "MonotonicClock", "Scheduled", "Timers", "default_clock"]
+__all__ = ["Clock", "Latch", "MonotonicClock", "Scheduled", "Timers", "Waitable", "default_clock"]
+
+
+class Waitable(Protocol):
+    """What a clock waits on: a `threading.Event`, or a `Latch`."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+class Latch:
+    """A flag that is set once and stays set, to wait on as on a `threading.Event`, made of one
+    raw lock held while it is not set: setting it is one release, and a timed wait one acquire
+    (an Event pays a Condition and a lock of its own per wait). Safe from any thread; any number
+    may wait."""
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            try:  # noqa: SIM105 - suppress() would cost a context manager on the hot path
+                self._lock.release()
+            except RuntimeError:  # another thread set it at the same moment
+                pass
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the latch is set, at most *timeout* seconds; whether it is set."""
+        if self._set:
+            return True
+        lock = self._lock
+        if lock.acquire(timeout=-1 if timeout is None else timeout):
+            try:  # noqa: SIM105 - suppress() would cost a context manager on the hot path
+                lock.release()  # it stays set for every other waiter
+            except RuntimeError:  # a second setter released it meanwhile: set all the same
+                pass
+            return True
+        return self._set
 
 
 class Scheduled:
@@ -47,7 +93,7 @@ class Clock(Protocol):
     def call_at(self, when_ms: float, callback: Callable[[], object]) -> Scheduled:
         """Run *callback* (which must not block) once `now_ms()` reaches *when_ms*."""
 
-    def wait(self, event: threading.Event, until_ms: float | None) -> bool:
+    def wait(self, event: Waitable, until_ms: float | None) -> bool:
         """Block until *event* is set or the clock reaches *until_ms*; return ``event.is_set()``."""
 
 
@@ -113,7 +159,7 @@ class MonotonicClock(Timers):
         with self._cond:
             self._cond.notify()
 
-    def wait(self, event: threading.Event, until_ms: float | None) -> bool:
+    def wait(self, event: Waitable, until_ms: float | None) -> bool:
         if until_ms is None:
             return event.wait()
         return event.wait(max(0.0, until_ms - self.now_ms()) / 1000)

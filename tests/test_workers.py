@@ -1,0 +1,97 @@
+"""The call workers: pre-started threads, handed a task each through a raw lock."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from nbbudget.calls import workers
+from nbbudget.core.clock import Latch
+
+pytestmark = pytest.mark.usefixtures("quick_idle_workers")
+
+SOON = 5.0
+
+
+def _workers_alive() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("nbbudget-worker-")]
+
+
+def test_a_worker_is_idle_again_before_what_its_task_returns_runs():
+    """The caller is told only once the worker is back on the idle stack, so a caller that
+    submits again at once finds it idle: the next task runs on the same thread, no new one."""
+    ran_on: list[str] = []
+    told = Latch()
+
+    def second() -> Callable[[], None]:
+        ran_on.append(threading.current_thread().name)
+        return told.set
+
+    def first() -> Callable[[], None]:
+        ran_on.append(threading.current_thread().name)
+        return lambda: workers.submit(second)  # as a caller woken by it would, at once
+
+    workers.submit(first)
+    assert told.wait(SOON)
+    assert len(ran_on) == 2 and ran_on[0] == ran_on[1]
+
+
+def test_every_task_runs_once_when_many_threads_submit_at_once():
+    ran: list[int] = []
+    lock = threading.Lock()
+    count = 400
+    done = threading.Semaphore(0)
+
+    def task_of(i: int) -> workers.Task:
+        def task() -> Callable[[], object]:
+            with lock:
+                ran.append(i)
+            return done.release
+
+        return task
+
+    def submitter(k: int) -> None:
+        for i in range(k * 100, (k + 1) * 100):
+            workers.submit(task_of(i))
+
+    threads = [threading.Thread(target=submitter, args=(k,), name=f"submitter-{k}")
+               for k in range(count // 100)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(SOON)
+    for _ in range(count):
+        assert done.acquire(timeout=SOON)
+    assert sorted(ran) == list(range(count))
+
+
+def test_idle_workers_end_after_idle_seconds():
+    workers.ensure_idle(3)
+    assert len(_workers_alive()) >= 3
+    deadline = time.monotonic() + SOON
+    while _workers_alive():
+        assert time.monotonic() < deadline, "idle workers never ended"
+        time.sleep(0.01)
+    assert workers.idle_count() == 0
+    done = Latch()
+    workers.submit(lambda: done.set)  # a worker is started again when none is idle
+    assert done.wait(SOON)
+
+
+def test_a_latch_frees_every_waiter_and_stays_set():
+    latch = Latch()
+    assert not latch.wait(0.01)
+    freed: list[bool] = []
+    waiters = [threading.Thread(target=lambda: freed.append(latch.wait(SOON)),
+                                name=f"waiter-{i}") for i in range(8)]
+    for t in waiters:
+        t.start()
+    latch.set()
+    latch.set()  # idempotent
+    for t in waiters:
+        t.join(SOON)
+    assert freed == [True] * 8
+    assert latch.is_set() and latch.wait(0)
