@@ -413,6 +413,87 @@ def test_S0_11_the_identical_call_reattaches_and_returns_the_result_once_done(an
     assert runs == [21, 21]  # the result was delivered: the next identical call starts anew
 
 
+def test_S0_11_a_result_taken_through_nb_jobs_waits_for_the_identical_call_while_held(
+        any_store):
+    """The identical call still takes a result read through ``nb.jobs[id]`` while the job is
+    held; once nothing holds it, nothing keeps it for that call, and the call starts anew."""
+    import gc
+    import weakref
+
+    runs = []
+
+    def crunch() -> int:
+        runs.append(1)
+        return len(runs)
+
+    first = nb.call(crunch, detach=True, budget="1s", estimate_ms="5s")  # hands off at once
+    assert nb.jobs[first.data["job"]].result(SOON) == 1
+    held = nb.call(crunch, detach=True, budget="1s", estimate_ms="5s")
+    assert (held.ok, held.data) == (True, 1)  # the job's result, once: it did not run again
+    second = nb.call(crunch, detach=True, budget="1s", estimate_ms="5s")
+    assert nb.jobs[second.data["job"]].result(SOON) == 2
+    gone = weakref.ref(second.job)
+    del second
+    _eventually(lambda: gc.collect() is not None and gone() is None)  # its record written too
+    anew = nb.call(crunch, detach=True, budget="1s", estimate_ms="5s")
+    assert anew.data["state"] == "running"  # nothing held job 2: a new start
+    assert anew.job.result(SOON) == 3
+
+
+def test_S0_11_detach_and_collect_cycles_leave_no_entries_and_no_growth_in_memory():
+    """1,000 calls that detach, each collected through ``nb.jobs[id]`` (after 1,000 more that
+    fill the bounded caches): the runner keeps no job by identity, ``nb.jobs`` holds none once
+    nothing else does, and memory does not grow."""
+    import gc
+    import tracemalloc
+
+    from nbbudget.calls.jobs import Jobs
+    from nbbudget.calls.runner import Backend, LocalRunner, current_backend, use_backend
+    from nbbudget.calls.workers import submit
+    from nbbudget.core.clock import Latch
+
+    jobs = Jobs(list)  # this test's own nb.jobs and runner: no other test's jobs in them
+    runner = LocalRunner(jobs)
+
+    def crunch(n: int) -> int:
+        return n
+
+    def cycle(n: int) -> None:
+        with use_backend(Backend(runner, current_backend().store)):
+            resp = nb.call(crunch, n, detach=True, budget="1s", estimate_ms="5s")
+        assert resp.data["state"] == "running"
+        assert jobs[resp.data["job"]].result(SOON) == n
+
+    def settled() -> None:  # the job records, written off the callers' path, are all written
+        for _ in range(4):
+            written = Latch()
+            submit(lambda written=written: written.set)
+            assert written.wait(SOON)
+        gc.collect()
+
+    for n in range(1000):  # warm up: workers, the store's connections and statement caches
+        cycle(n)
+    settled()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        for n in range(1000, 2000):
+            cycle(n)
+        settled()
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    # the store's connections (one per worker thread, each with its statement cache) are the
+    # store's business: what is measured is what the calls and their jobs keep
+    mine = [tracemalloc.Filter(False, "*/calls/store.py")]
+    grown = sum(stat.size_diff for stat in after.filter_traces(mine).compare_to(
+        before.filter_traces(mine), "filename"))
+    assert runner.attached() == 0
+    assert len(jobs) == 0  # listed only while something holds them
+    # a job kept alive costs about 7 KB: 1,000 of them would be 7 MB
+    assert grown < 64 * 1000, f"memory grew {grown} bytes over 1,000 cycles"
+
+
 def test_S0_11_a_key_makes_two_functions_the_same_work(any_store, clock):
     release = threading.Event()
     ran = []

@@ -1,6 +1,7 @@
 """Background jobs: work that outlived its caller's budget (S0-2, S0-11).
 
-``nb.jobs`` lists them: ``nb.jobs[id]`` is a `Job` of this process; ``nb.jobs.to_frame()`` adds
+``nb.jobs`` lists them: ``nb.jobs[id]`` is a `Job` of this process (one whose result went out
+stays listed while something else holds it); ``nb.jobs.to_frame()`` adds
 the records of other kernels sharing the store (a job whose kernel died is ``lost``). The job
 runner that starts, detaches and reattaches them is `nbbudget.calls.runner`.
 """
@@ -15,6 +16,7 @@ import threading
 import time
 import traceback
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +85,7 @@ class Job:
         self.output: list[str] = []
         self._timers: list[Scheduled] = []
         self._record_lock = threading.Lock()
+        self._collected: Callable[[], None] | None = None  # its runner's, once detached
         self._pause = False
         self._pause_at: float | None = None
         #: when `cancel` was first asked (``time.time()``), or None
@@ -139,6 +142,11 @@ class Job:
         """The work has ended, or its result went out: its timers no longer matter."""
         for timer in self._timers:
             timer.cancel()
+
+    def on_collect(self, fn: Callable[[], None] | None) -> None:
+        """Call *fn* once, when the job's result (or error) first goes out through `result`:
+        its runner forgets it then, so the next identical call starts anew (S0-11)."""
+        self._collected = fn
 
     def pause(self, at_ms: float | None = None) -> None:
         """Ask resumable work to stop at its next checkpoint (S0-1, S0-2): now, or once its
@@ -197,6 +205,9 @@ class Job:
         if not self._done.wait(timeout):
             raise TimeoutError(f"job {self.id} ({self.label}) is still running after "
                                f"{timeout} s; wait longer or call .cancel()")
+        collected, self._collected = self._collected, None
+        if collected is not None:
+            collected()
         if self._error is not None:
             raise self._error
         return self._value
@@ -241,7 +252,8 @@ class Jobs:
 
     def __init__(self, records: Callable[[], list[dict[str, Any]]]) -> None:
         self._lock = threading.Lock()
-        self._jobs: dict[str, Job] = {}
+        self._jobs: dict[str, Job] = {}  # their result has not gone out yet
+        self._collected: weakref.WeakValueDictionary[str, Job] = weakref.WeakValueDictionary()
         self.records = records
 
     def add(self, job: Job) -> None:
@@ -249,22 +261,30 @@ class Jobs:
         with self._lock:
             self._jobs[job.id] = job
 
+    def collected(self, job: Job) -> None:
+        """*job*'s result went out: it stays listed while something else holds it (a response,
+        a variable), and its record stays in the store."""
+        with self._lock:
+            if self._jobs.pop(job.id, None) is not None:
+                self._collected[job.id] = job
+
     def __getitem__(self, job_id: str) -> Job:
         with self._lock:
-            found = self._jobs.get(job_id)
+            found = self._jobs.get(job_id) or self._collected.get(job_id)
         if found is None:
-            known = ", ".join(self._jobs) or "none"
+            known = ", ".join(j.id for j in self) or "none"
             raise KeyError(f"no job {job_id!r} in this process (jobs here: {known}); "
                            f"nb.jobs.to_frame() also lists the store's records")
         return found
 
     def __iter__(self) -> Iterator[Job]:
         with self._lock:
-            return iter(list(self._jobs.values()))
+            listed = {**self._collected, **self._jobs}
+        return iter(sorted(listed.values(), key=lambda job: job.created))
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._jobs)
+            return len(self._jobs) + len(self._collected)
 
     def running(self) -> list[Job]:
         return [j for j in self if j.state is JobState.RUNNING]

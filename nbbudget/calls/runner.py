@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -72,11 +73,14 @@ class LocalRunner:
     """The local `JobRunner`: work runs on this process's worker threads, and detached jobs are
     kept by identity in memory until their result is delivered (lost with the process, as the
     threads are). Every caller waiting on a job when it ends gets its result; once it has
-    ended, exactly one identical call takes it, and the next one starts anew."""
+    ended, exactly one identical call takes it, and the next one starts anew. A job whose
+    result was taken through ``nb.jobs[id]`` waits for that call only while something still
+    holds it (the response, a variable): nothing keeps it alive for a call that never comes."""
 
     def __init__(self, jobs: Jobs) -> None:
         self.jobs = jobs
         self._attached: dict[str, Job] = {}  # detached work by identity, until delivered
+        self._taken: weakref.WeakValueDictionary[str, Job] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
 
     def start(self, job: Job, task: workers.Task, *, detachable: bool) -> None:
@@ -93,24 +97,48 @@ class LocalRunner:
         job.detached = True
         self.jobs.add(job)
         workers.submit(job.record)
+        identity = work.identity
         with self._lock:
-            self._attached[work.identity] = job
+            self._attached[identity] = job
+        job.on_collect(lambda: self._taken_out(identity, job))
 
     def reattach(self, work: Work) -> Job | None:
-        if not self._attached:  # nothing detached: no need to work out the identity
+        if not self._attached and not self._taken:  # no need to work out the identity
             return None
         identity = work.identity
         with self._lock:
-            job = self._attached.get(identity)
+            job = self._attached.get(identity) or self._taken.get(identity)
             if job is not None and job.done():  # its result goes to this caller alone
-                del self._attached[identity]
+                self._drop(identity, job)
             return job
 
     def deliver(self, work: Work, job: Job) -> None:
         if job.detached:
+            job.on_collect(None)
             with self._lock:
-                if self._attached.get(work.identity) is job:
-                    del self._attached[work.identity]
+                self._drop(work.identity, job)
+            self.jobs.collected(job)
+
+    def attached(self) -> int:
+        """How many detached jobs are kept by identity for the identical call."""
+        with self._lock:
+            return len(self._attached) + len(self._taken)
+
+    def _taken_out(self, identity: str, job: Job) -> None:
+        """*job*'s result was taken through ``nb.jobs[id]``: from now on it is kept for the
+        identical call only while something else holds it."""
+        with self._lock:
+            if self._attached.get(identity) is job:
+                del self._attached[identity]
+                self._taken[identity] = job
+        self.jobs.collected(job)
+
+    def _drop(self, identity: str, job: Job) -> None:
+        """Forget *job* by *identity* (lock held)."""
+        if self._attached.get(identity) is job:
+            del self._attached[identity]
+        if self._taken.get(identity) is job:
+            del self._taken[identity]
 
 
 @dataclass(frozen=True)

@@ -74,12 +74,17 @@ def _work(worker: _Worker) -> None:
     while True:
         task, worker.task = worker.task, None
         if task is not None:
-            then = task()
-            _idle.append(worker)  # idle before its caller is told: the next call finds it
-            if then is not None:
-                then()
+            _run(worker, task)
+        del task  # an idle worker holds nothing of its last task (its job, its run)
         if not wake.acquire(timeout=IDLE_SECONDS) and _leave(worker):
             return
+
+
+def _run(worker: _Worker, task: Task) -> None:
+    then = task()
+    _idle.append(worker)  # idle before its caller is told: the next call finds it
+    if then is not None:
+        then()
 
 
 def _leave(worker: _Worker) -> bool:

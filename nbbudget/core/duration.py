@@ -26,32 +26,58 @@ def parse_duration(value: object, *, field: str = "duration") -> int:
     >>> parse_duration("1.5s")
     1500
     """
-    shown = f"{field}={show(value)}"
+    if type(value) is int and 0 <= value <= _MAX_MS:
+        return value
+    if type(value) is str:
+        known = _parsed.get(value)
+        if known is not None:
+            return known
+    ms = _read(value, field)
+    if type(value) is str:
+        if len(_parsed) >= _CACHED:
+            _parsed.clear()
+        _parsed[value] = ms
+    return ms
+
+
+#: durations read before, by their text (a call's budget is read at every call)
+_parsed: dict[str, int] = {}
+_CACHED = 256
+
+
+def _read(value: object, field: str) -> int:
+    """*value* read as a duration; a `ConfigError` names *field* and the value."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ConfigError(
-            f"{shown} is not a duration; use milliseconds as an int or a string "
+            f"{_shown(field, value)} is not a duration; use milliseconds as an int or a string "
             f"such as '250ms', '5s', '1.5s', '2m' or '1h'"
         )
-    ms = Decimal(value) if isinstance(value, int) else _text_ms(value, shown)
+    ms = Decimal(value) if isinstance(value, int) else _text_ms(value, field)
     if ms < 0:
-        raise ConfigError(f"{shown} is negative; a duration is 0 or more milliseconds")
+        raise ConfigError(f"{_shown(field, value)} is negative; a duration is 0 or more "
+                          f"milliseconds")
     if ms > _MAX_MS:
-        raise ConfigError(f"{shown} is too large; the most is {_MAX_MS} ms")
+        raise ConfigError(f"{_shown(field, value)} is too large; the most is {_MAX_MS} ms")
     whole = ms.to_integral_value(rounding=ROUND_HALF_EVEN)
     if ms != whole:
         raise ConfigError(
-            f"{shown} is not a whole number of milliseconds; round it, e.g. '{whole}ms'"
+            f"{_shown(field, value)} is not a whole number of milliseconds; round it, e.g. "
+            f"'{whole}ms'"
         )
     return int(whole)
 
 
-def _text_ms(text: str, shown: str) -> Decimal:
+def _shown(field: str, value: object) -> str:
+    return f"{field}={show(value)}"
+
+
+def _text_ms(text: str, field: str) -> Decimal:
     """The milliseconds a duration text says, exactly: decimal arithmetic, so that a number of
     any length is read without Python's limit on digits, and leading zeros count for nothing."""
     match = _PATTERN.fullmatch(text.strip().lower())
     if match is None:
         raise ConfigError(
-            f"{shown} is not a duration; write a number with a unit: "
+            f"{_shown(field, text)} is not a duration; write a number with a unit: "
             f"'250ms', '5s', '1.5s', '2m', '1h' (a bare number means milliseconds)"
         )
     whole, fraction, unit = match.group(1).lstrip("0"), match.group(2) or "", match.group(3)
