@@ -511,3 +511,83 @@ def test_a_ledger_that_is_not_a_factory_is_a_config_error():
     with pytest.raises(nb.ConfigError) as info:
         nb.budget(steps=5, ledger="local")
     assert str(info.value) == "ledger must be a ledger factory such as LocalLedger, not str"
+
+
+# -- a run built on first use --------------------------------------------------------------------
+def _run_for(clock: FakeClock, *, built_first: bool, step_at: int | None = None) -> nb.Budget:
+    """A run entered, held 30 ms (stepping once at *step_at*), and left; its parts built before
+    it was entered, or when first needed."""
+    run = nb.budget(steps=5, clock=clock)
+    if built_first:
+        assert run.lowlevel is not None
+    with run:
+        if step_at is not None:
+            clock.advance(step_at)
+            run.step()
+        clock.advance(30 - (step_at or 0))
+    return run
+
+
+@pytest.mark.parametrize("step_at", [None, 10])
+def test_a_run_built_on_first_use_reads_as_one_built_up_front(step_at):
+    """Used for nothing, or first charged halfway: its outcome, its snapshot, its time and its
+    trace (the outcome event at 30 ms) are those of a run whose parts were built at once."""
+    late, early = (_run_for(FakeClock(), built_first=first, step_at=step_at)
+                   for first in (False, True))
+    assert late.outcome == early.outcome == nb.Outcome(nb.Status.COMPLETED)
+    assert late.snapshot() == early.snapshot()
+    assert late.snapshot().elapsed_ms == 30
+    assert list(late.trace) == list(early.trace)
+    assert late.trace.latest("outcome").t_ms == 30
+    assert late.trace.summary() == early.trace.summary()
+    assert late.consumed == early.consumed
+
+
+def test_a_run_used_for_nothing_builds_no_parts_and_cannot_be_entered_again(monkeypatch):
+    from nbbudget.core.lowlevel import Core
+
+    built = []
+    real = Core.run
+    monkeypatch.setattr(Core, "run", lambda *a, **k: built.append(1) or real(*a, **k))
+    clock = FakeClock()
+    with nb.budget(steps=5, clock=clock) as run:
+        run.check()
+        assert not run.cancelled and run.remaining_ms is None
+        assert nb.current() is run
+    assert built == []
+    with pytest.raises(nb.ConfigError, match="has already ended"), run:
+        pass
+    assert run.snapshot().status == "completed"  # reading it builds it, as it was
+    assert built == [1]
+
+
+def test_a_run_timed_or_traced_in_full_is_built_at_once(monkeypatch):
+    from nbbudget.core.lowlevel import Core
+
+    built = []
+    real = Core.run
+    monkeypatch.setattr(Core, "run", lambda *a, **k: built.append(1) or real(*a, **k))
+    nb.budget(time="1s")  # its deadline is armed on entry
+    nb.budget(trace="full")
+    assert built == [1, 1]
+
+
+def test_threads_that_first_use_a_run_at_once_share_its_one_set_of_parts():
+    run = nb.budget(steps=10**6, clock=FakeClock())
+    barrier = threading.Barrier(8)
+    seen: list[object] = []
+
+    def stepper() -> None:
+        barrier.wait()
+        for _ in range(1000):
+            run.step()
+        seen.append(run.lowlevel)
+
+    with run:
+        threads = [threading.Thread(target=stepper, name=f"stepper-{i}") for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(5)
+    assert len({id(core) for core in seen}) == 1
+    assert run.consumed == {"steps": 8000}

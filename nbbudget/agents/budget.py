@@ -17,6 +17,7 @@ import contextvars
 import dataclasses
 import functools
 import math
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -49,6 +50,11 @@ __all__ = ["STATE_VERSION", "Budget", "Grant", "Snapshot", "activate", "budget",
 _R = TypeVar("_R")
 _INF = math.inf
 _DEFAULT_NOTICES = (0.8, 0.95)
+#: the attributes of a run that its parts provide (built on first use)
+_PARTS = frozenset({"_core", "_ledger", "_scope", "_account", "_trace", "_pools"})
+_NO_POOL: list[None] = []  # the step pool of a run not built yet: always empty, never filled
+_BUILDING = threading.Lock()  # a run's parts are built once, by one thread
+_COMPLETED = Outcome(Status.COMPLETED)
 
 _current: contextvars.ContextVar[Budget | None] = contextvars.ContextVar(
     "nbbudget_current", default=None
@@ -92,6 +98,7 @@ class Budget:
     """
 
     _parent: Budget | None = None
+    _lazy: tuple[Any, ...] | None = None  # what builds the parts, until first used
 
     def __init__(self, limits: Limits | None = None, *, time: int | str | None = None,
                  clock: Clock | None = None, name: str | None = None, suspend: bool = False,
@@ -100,23 +107,61 @@ class Budget:
                  ledger: LedgerFactory = LocalLedger, **limit_fields: Any) -> None:
         limits = _combine(limits, time, limit_fields)
         full, totals = _trace_mode(trace), check_totals(totals, suspend)
-        core = Core.run(name or "run", limits, clock if clock is not None else default_clock(),
-                        full=full, suspend=bool(suspend), totals=totals,
-                        notices=check_notices(notices), ledger=ledger)
-        self._attach(core, self)
+        parts = (name or "run", limits, clock if clock is not None else default_clock(), full,
+                 bool(suspend), totals, check_notices(notices), ledger)
+        self._open(parts[0], self)
+        self._full = full
+        if ledger is LocalLedger and not full and limits.run_ms is None and totals.run_ms is None:
+            self._lazy, self._clock = parts, parts[2]  # nothing is timed: build on first use
+            self._step_pool = _NO_POOL
+        else:
+            self._attach(_build(parts))
 
-    def _attach(self, core: Core, root: Budget) -> None:
-        """Take *core* (an account, a scope, a recorder) as this run's or grant's parts."""
-        self.name = core.name
-        self._core, self._root, self._ledger = core, root, core.ledger
-        self._scope, self._account, self._trace = core.scope, core.account, core.recorder.trace
-        self._pools = core.account.pools
-        self._step_pool = self._pools[STEPS]
-        self._full = self._trace.full
+    def _open(self, name: str, root: Budget) -> None:
+        """What a run or grant holds of its own, beside its parts."""
+        self.name = name
+        self._root = root
         self._grants: list[Grant] = []
         self._outcome: Outcome | None = None
         self._output: Any = None
         self._tokens: list[contextvars.Token[Budget | None]] = []
+        self._began: float | None = None  # when a run not yet built was entered, and left
+        self._ended: float | None = None
+
+    def _attach(self, core: Core) -> None:
+        """Take *core* (an account, a scope, a recorder) as this run's or grant's parts."""
+        self._core, self._ledger = core, core.ledger
+        self._scope, self._account, self._trace = core.scope, core.account, core.recorder.trace
+        self._pools = core.account.pools
+        self._step_pool = self._pools[STEPS]
+        self._full = self._trace.full
+
+    def _unbuilt(self) -> bool:
+        return self._lazy is not None
+
+    def __getattr__(self, name: str) -> Any:
+        """The parts of a run are built the first time one is needed (a charge, a stop, a
+        grant, a reading): a run used for nothing costs almost nothing."""
+        if name not in _PARTS or self._lazy is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        self._build_parts()
+        return object.__getattribute__(self, name)
+
+    def _build_parts(self) -> None:
+        """Build this run's parts now (once, whichever thread asks first), started and ended
+        as the run was."""
+        with _BUILDING:
+            parts = self._lazy
+            if parts is None:
+                return
+            core = _build(parts)
+            if self._began is not None:
+                core.scope.start_at(self._began)
+            if self._outcome is not None:
+                assert self._ended is not None
+                core.end_at(self._outcome.to_dict(), self._ended)
+            self._attach(core)
+            self._lazy = None
 
     @property
     def lowlevel(self) -> Core:
@@ -169,17 +214,18 @@ class Budget:
 
     def check(self) -> None:
         """Raise if this run is stopped, cut or out of time; otherwise do nothing."""
-        self._scope.check()
+        if self._lazy is None:  # a run not built yet has no time grant and no stop
+            self._scope.check()
 
     @property
     def cancelled(self) -> bool:
         """Whether the run has been stopped, cut or suspended."""
-        return self._scope.stop is not None
+        return self._lazy is None and self._scope.stop is not None
 
     @property
     def remaining_ms(self) -> float | None:
         """Milliseconds of time grant left (`None` when no time grant applies)."""
-        return self._scope.remaining_ms()
+        return None if self._lazy is not None else self._scope.remaining_ms()
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -196,13 +242,27 @@ class Budget:
         if self._outcome is not None:
             raise ConfigError(f"{self.name} has already ended ({self._outcome.status}); "
                               f"make a new budget for new work")
-        self._scope.start()
+        if not self._enter_unbuilt():
+            self._scope.start()
         self._tokens.append(_current.set(self))
         return self
+
+    def _enter_unbuilt(self) -> bool:
+        """Start the clock of a run whose parts are not built yet; False when they are."""
+        if self._lazy is None:
+            return False
+        with _BUILDING:
+            if not self._unbuilt():  # built meanwhile, by another thread
+                return False
+            if self._began is None:
+                self._began = self._clock.now_ms()
+            return True
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool | None:
         if self._tokens:
             _current.reset(self._tokens.pop())
+        if exc is None and self._exit_unbuilt():
+            return None
         outcome, error = self._scope.ending(exc, self._output) or (
             Outcome(Status.COMPLETED) if exc is None else outcome_of(exc, self._output), None)
         self._settle(outcome)
@@ -214,6 +274,18 @@ class Budget:
         if isinstance(exc, Unwind) and exc.stop.origin is self._scope:
             return True  # a suspended run: the block was left at a resumable point
         return None
+
+    def _exit_unbuilt(self) -> bool:
+        """Complete a run whose parts were never needed (nothing charged, stopped or granted):
+        its outcome is kept, and traced if its parts are ever built. False when they are."""
+        if self._lazy is None:
+            return False
+        with _BUILDING:
+            if not self._unbuilt():  # built meanwhile, by another thread
+                return False
+            if self._outcome is None:
+                self._outcome, self._ended = _COMPLETED, self._clock.now_ms()
+            return True
 
     def _settle(self, outcome: Outcome) -> None:
         scope = self._scope
@@ -386,7 +458,9 @@ class Grant(Budget):
     def __init__(self, parent: Budget, limits: Limits, name: str | None) -> None:
         with parent._scope.lock:
             self._parent = parent
-            self._attach(parent._core.grant(name, limits), parent._root)
+            core = parent._core.grant(name, limits)
+            self._open(core.name, parent._root)
+            self._attach(core)
             parent._grants.append(self)
         self._scope.start()
 
@@ -404,6 +478,14 @@ class Grant(Budget):
             if self in parent._grants:
                 parent._grants.remove(self)
         parent._scope.forget(self._scope)
+
+
+def _build(parts: tuple[Any, ...]) -> Core:
+    """A run's parts from what `Budget` was given: name, limits, clock, full trace, suspend,
+    totals, notices and ledger factory."""
+    name, limits, clock, full, suspend, totals, notices, ledger = parts
+    return Core.run(name, limits, clock, full=full, suspend=suspend, totals=totals,
+                    notices=notices, ledger=ledger)
 
 
 def budget(limits: Limits | None = None, **kwargs: Any) -> Budget:

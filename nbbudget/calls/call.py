@@ -448,8 +448,7 @@ def _await(job: Job, plan: _Plan, runner: JobRunner, clock: Clock, t0_ms: float)
         job.pause(at_ms=deadline)  # a checkpoint past it pauses, even before the caller wakes
     try:
         while not job.done() and not (plan.detach and out):
-            stop = job.run.lowlevel.scope.stop
-            if stop is not None and stop.status is Status.CANCELLED:
+            if _wall_clocked(job):
                 break  # the wall clock fired: the caller is freed even if the work ignores it
             until = None if out else deadline
             if not runner.wait(job, clock, until) and until is not None:
@@ -458,6 +457,14 @@ def _await(job: Job, plan: _Plan, runner: JobRunner, clock: Clock, t0_ms: float)
     except KeyboardInterrupt:  # the person interrupted the call: stop the work, then re-raise
         job.run.cancel("interrupted")
         raise
+
+
+def _wall_clocked(job: Job) -> bool:
+    """Whether the wall clock cancelled *job*'s run (a run never stopped is not asked)."""
+    if not job.run.cancelled:
+        return False
+    stop = job.run.lowlevel.scope.stop
+    return stop is not None and stop.status is Status.CANCELLED
 
 
 def _answer(job: Job, plan: _Plan, started: float, runner: JobRunner,
@@ -500,10 +507,9 @@ def _unfinished(job: Job, plan: _Plan, started: float, runner: JobRunner,
                 db: Store | None) -> Response:
     """The caller is let go before the work ended: the wall clock cancelled it, or its budget
     ran out and it goes on as a job (S0-2)."""
-    stop = job.run.lowlevel.scope.stop
-    if stop is not None and stop.status is Status.CANCELLED:
+    if _wall_clocked(job):
         _deliver(job, plan, runner, db)
-        return _stopped(plan, started, Status.CANCELLED, stop.message, job)
+        return _stopped(plan, started, Status.CANCELLED, _timeout_message(plan), job)
     runner.detach(plan, job)
     job.run.lowlevel.record("detached", {"job": job.id})
     return _respond(plan, started, ok=False, exit_code=EXIT_INCOMPLETE,

@@ -138,6 +138,16 @@ class Core:
         if self.scope.parent is None:
             self.recorder.trace.outcome = dict(ended)
 
+    def end_at(self, ended: dict[str, Any], now_ms: float) -> None:
+        """The run ended with the outcome *ended* at *now_ms* on its clock, before these
+        parts were built: traced at that time, and its time stopped then."""
+        scope = self.scope
+        started = scope.root.started_ms
+        self.recorder.add("outcome", 0.0 if started is None else now_ms - started, ended)
+        scope.end_time(now_ms)
+        if scope.parent is None:
+            self.recorder.trace.outcome = dict(ended)
+
     # -- reading --------------------------------------------------------------------------------
     def consumed(self) -> dict[str, float]:
         """What was spent, by kind, time included (whole milliseconds)."""

@@ -238,7 +238,13 @@ class Scope:
     # -- time ----------------------------------------------------------------------------------
     def start(self) -> None:
         if self.started_ms is None:
-            self.started_ms = self.clock.now_ms()
+            self.start_at(self.clock.now_ms())
+
+    def start_at(self, now_ms: float) -> None:
+        """Start this scope's time as if at *now_ms* on its clock (a run whose parts were built
+        after it was entered), unless it has started."""
+        if self.started_ms is None:
+            self.started_ms = now_ms
             self._arm()
 
     def deadline_ms(self) -> float | None:
@@ -314,11 +320,15 @@ class Scope:
         for child in children:
             child.set_paused(pause)
 
-    def end_time(self) -> None:
-        """The scope has ended (lock held): its timers go and its active time is kept."""
+    def end_time(self, now_ms: float | None = None) -> None:
+        """The scope has ended (lock held), now or at *now_ms*: its timers go and its active
+        time is kept."""
         self._cancel_timers()
         if self.started_ms is not None:
-            self.active_before_ms = self.elapsed_ms()
+            if now_ms is None or self.paused_at is not None:
+                self.active_before_ms = self.elapsed_ms()
+            else:
+                self.active_before_ms += now_ms - self.started_ms
             self.started_ms = self.paused_at = None
 
     def _cancel_timers(self) -> None:
