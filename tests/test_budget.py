@@ -535,12 +535,13 @@ def test_a_run_built_on_first_use_reads_as_one_built_up_front(step_at):
     late, early = (_run_for(FakeClock(), built_first=first, step_at=step_at)
                    for first in (False, True))
     assert late.outcome == early.outcome == nb.Outcome(nb.Status.COMPLETED)
-    assert late.snapshot() == early.snapshot()
+    assert late.snapshot() == early.snapshot()  # read before its parts are built, if unused
+    assert late.consumed == early.consumed
     assert late.snapshot().elapsed_ms == 30
     assert list(late.trace) == list(early.trace)
     assert late.trace.latest("outcome").t_ms == 30
     assert late.trace.summary() == early.trace.summary()
-    assert late.consumed == early.consumed
+    assert late.snapshot() == early.snapshot()  # and after
 
 
 def test_a_run_used_for_nothing_builds_no_parts_and_cannot_be_entered_again(monkeypatch):
@@ -557,7 +558,9 @@ def test_a_run_used_for_nothing_builds_no_parts_and_cannot_be_entered_again(monk
     assert built == []
     with pytest.raises(nb.ConfigError, match="has already ended"), run:
         pass
-    assert run.snapshot().status == "completed"  # reading it builds it, as it was
+    assert run.snapshot().status == "completed"
+    assert built == []
+    assert run.trace.latest("outcome") is not None  # reading its trace builds it, as it was
     assert built == [1]
 
 

@@ -27,14 +27,14 @@ from ..core.duration import parse_duration
 from ..core.endings import outcome_of
 from ..core.errors import BudgetError, ConfigError
 from ..core.kinds import CHARGE_INDEX as _CHARGE_INDEX
-from ..core.kinds import KIND_INDEX, KINDS, STEPS, kind_index
+from ..core.kinds import KIND_INDEX, KINDS, RUN_MS, STEPS, kind_index
 from ..core.ledger import STATE_VERSION, LedgerFactory, LocalLedger, check_totals, read_state
 from ..core.limits import NO_LIMITS as _NO_LIMITS
 from ..core.limits import Limits
 from ..core.lowlevel import Core
 from ..core.outcome import Outcome, Status
 from ..core.scope import Stop, Unwind
-from ..core.snapshot import Snapshot
+from ..core.snapshot import AxisUsage, Snapshot
 from ..core.trace import Trace
 from .branches import agent as _agent
 from .branches import parallel as _parallel
@@ -55,6 +55,7 @@ _PARTS = frozenset({"_core", "_ledger", "_scope", "_account", "_trace", "_pools"
 _NO_POOL: list[None] = []  # the step pool of a run not built yet: always empty, never filled
 _BUILDING = threading.Lock()  # a run's parts are built once, by one thread
 _COMPLETED = Outcome(Status.COMPLETED)
+_TIME = KINDS[RUN_MS].name  # the kind the run's clock spends
 
 _current: contextvars.ContextVar[Budget | None] = contextvars.ContextVar(
     "nbbudget_current", default=None
@@ -99,6 +100,7 @@ class Budget:
 
     _parent: Budget | None = None
     _lazy: tuple[Any, ...] | None = None  # what builds the parts, until first used
+    _end_once: list[None]  # emptied by whichever thread traces an unbuilt run's end
 
     def __init__(self, limits: Limits | None = None, *, time: int | str | None = None,
                  clock: Clock | None = None, name: str | None = None, suspend: bool = False,
@@ -149,19 +151,31 @@ class Budget:
 
     def _build_parts(self) -> None:
         """Build this run's parts now (once, whichever thread asks first), started and ended
-        as the run was."""
+        as the run was. A thread entering or leaving the run meanwhile, without the lock,
+        looks again once it has written its time: one of the two sees the other's write."""
         with _BUILDING:
             parts = self._lazy
             if parts is None:
                 return
             core = _build(parts)
-            if self._began is not None:
-                core.scope.start_at(self._began)
-            if self._outcome is not None:
-                assert self._ended is not None
-                core.end_at(self._outcome.to_dict(), self._ended)
             self._attach(core)
-            self._lazy = None
+            self._lazy = None  # from now on, entering and leaving use the parts
+            began = self._began
+            if began is not None:
+                core.scope.start_at(began)
+            if self._outcome is not None:
+                self._end_built()
+
+    def _end_built(self) -> None:
+        """Trace the end of a run that was left before its parts were built (once)."""
+        try:
+            self._end_once.pop()  # atomic: one of the builder and the leaving thread
+        except IndexError:
+            return
+        outcome, ended = self._outcome, self._ended
+        assert outcome is not None and ended is not None
+        with self._scope.lock:
+            self._core.end_at(outcome.to_dict(), ended)
 
     @property
     def lowlevel(self) -> Core:
@@ -242,26 +256,21 @@ class Budget:
         if self._outcome is not None:
             raise ConfigError(f"{self.name} has already ended ({self._outcome.status}); "
                               f"make a new budget for new work")
-        if not self._enter_unbuilt():
-            self._scope.start()
-        self._tokens.append(_current.set(self))
-        return self
-
-    def _enter_unbuilt(self) -> bool:
-        """Start the clock of a run whose parts are not built yet; False when they are."""
         if self._lazy is None:
-            return False
-        with _BUILDING:
-            if not self._unbuilt():  # built meanwhile, by another thread
-                return False
+            self._scope.start()
+        else:  # its parts are not built: only its start is kept
             if self._began is None:
                 self._began = self._clock.now_ms()
-            return True
+            if not self._unbuilt():  # built meanwhile: its builder may not have seen it
+                self._scope.start_at(self._began)
+        self._tokens.append(_current.set(self))
+        return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool | None:
         if self._tokens:
             _current.reset(self._tokens.pop())
-        if exc is None and self._exit_unbuilt():
+        if exc is None and self._lazy is not None:
+            self._leave_unbuilt()
             return None
         outcome, error = self._scope.ending(exc, self._output) or (
             Outcome(Status.COMPLETED) if exc is None else outcome_of(exc, self._output), None)
@@ -275,17 +284,16 @@ class Budget:
             return True  # a suspended run: the block was left at a resumable point
         return None
 
-    def _exit_unbuilt(self) -> bool:
+    def _leave_unbuilt(self) -> None:
         """Complete a run whose parts were never needed (nothing charged, stopped or granted):
-        its outcome is kept, and traced if its parts are ever built. False when they are."""
-        if self._lazy is None:
-            return False
-        with _BUILDING:
-            if not self._unbuilt():  # built meanwhile, by another thread
-                return False
-            if self._outcome is None:
-                self._outcome, self._ended = _COMPLETED, self._clock.now_ms()
-            return True
+        its end and outcome are kept, and traced if its parts are ever built."""
+        if self._outcome is not None:
+            return
+        self._end_once = [None]
+        self._ended = self._clock.now_ms()
+        self._outcome = _COMPLETED  # written last: what a builder reads
+        if not self._unbuilt():  # built meanwhile: its builder may not have seen the end
+            self._end_built()
 
     def _settle(self, outcome: Outcome) -> None:
         scope = self._scope
@@ -394,6 +402,8 @@ class Budget:
     @property
     def consumed(self) -> dict[str, float]:
         """What was spent, by kind: on a run the run-wide totals, on a grant its own charges."""
+        if self._lazy is not None:
+            return self._unbuilt_consumed()
         return self._core.consumed()
 
     def remaining(self, kind: str) -> float:
@@ -408,6 +418,8 @@ class Budget:
 
     def snapshot(self) -> Snapshot:
         """A frozen view of this run now."""
+        if self._lazy is not None:
+            return self._unbuilt_snapshot()
         scope = self._scope
         axes = self._ledger.axes(self._account, scope.elapsed_ms(), self.remaining_ms)
         status = self._outcome.status.value if self._outcome else (
@@ -415,6 +427,29 @@ class Budget:
             "running" if scope.started_ms is not None else "ready")
         return Snapshot(self.name, status, scope.elapsed_ms(), self.remaining_ms, axes,
                         self.consumed, self.notice_level, self._outcome)
+
+    def _unbuilt_snapshot(self) -> Snapshot:
+        """The view of a run whose parts are not built: it has spent nothing but time, and
+        each armed axis stands at 0."""
+        parts = self._lazy
+        assert parts is not None
+        axes = tuple(AxisUsage(kind, limit, 0, limit, 0.0)
+                     for kind, limit in parts[1].to_dict().items())
+        outcome = self._outcome
+        status = outcome.status.value if outcome else (
+            "running" if self._began is not None else "ready")
+        return Snapshot(self.name, status, self._unbuilt_elapsed(), None, axes,
+                        self._unbuilt_consumed(), 0, outcome)
+
+    def _unbuilt_elapsed(self) -> float:
+        began, ended = self._began, self._ended
+        if began is None:
+            return 0.0
+        return (ended if ended is not None else self._clock.now_ms()) - began
+
+    def _unbuilt_consumed(self) -> dict[str, float]:
+        elapsed = self._unbuilt_elapsed()
+        return {_TIME: round(elapsed)} if elapsed else {}
 
     def usage(self) -> pd.DataFrame:
         """A pandas DataFrame, one row per armed axis: ``limit``, ``consumed``, ``remaining``,
@@ -495,6 +530,8 @@ def budget(limits: Limits | None = None, **kwargs: Any) -> Budget:
 
 # -- helpers --------------------------------------------------------------------------------
 def _combine(limits: Limits | None, time: int | str | None, fields: dict[str, Any]) -> Limits:
+    if time is None and not fields and type(limits) is Limits:
+        return limits
     if limits is not None and not isinstance(limits, Limits):
         raise ConfigError(f"limits must be nb.Limits, not {type(limits).__name__}; "
                           f"pass fields as keywords (steps=10) or use Limits.from_json")

@@ -8,13 +8,11 @@ function and its arguments, or ``key``), never the budget or the timeout (S0-11)
 from __future__ import annotations
 
 import contextvars
-import functools
 import hashlib
 import os
 import pickle
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..agents.budget import Budget
@@ -60,16 +58,19 @@ class _Pause(Incomplete):
         self.saved = saved
 
 
-@dataclass
 class _Call:
     """One invocation: what the work sees through `checkpoint` and `resume_state`. Its job
     says when to pause (`Job.pause`)."""
 
-    plan: _Plan
-    job: Job
-    store: Store | None
-    first_start: float
-    loaded: Checkpoint | None = None
+    __slots__ = ("first_start", "job", "loaded", "plan", "store")
+
+    def __init__(self, plan: _Plan, job: Job, store: Store | None, first_start: float,
+                 loaded: Checkpoint | None = None) -> None:
+        self.plan = plan
+        self.job = job
+        self.store = store
+        self.first_start = first_start
+        self.loaded = loaded
 
     @property
     def identity(self) -> str:
@@ -144,24 +145,29 @@ def _run(plan: _Plan, backend: Backend, clock: Clock, t0_ms: float, started: flo
 
 
 # -- planning -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
 class _Plan:
-    work: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str | None]
-    label: str
-    detach: bool
-    resume: bool
-    budget_ms: int | None
-    timeout_ms: int | None
-    estimate_ms: int | None
-    limits: Limits
-    envelope_bytes: int | None
-    notices: tuple[float, float] | None
-    runs_per_day: int | None
+    """What a call was asked to do, checked: the work, how it may end early, and its limits."""
 
-    @functools.cached_property
+    __slots__ = ("_identity", "budget_ms", "detach", "envelope_bytes", "estimate_ms", "label",
+                 "limits", "notices", "resume", "runs_per_day", "timeout_ms", "work")
+
+    def __init__(self, work: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any],
+                                   str | None], label: str, detach: bool, resume: bool,
+                 budget_ms: int | None, timeout_ms: int | None, estimate_ms: int | None,
+                 limits: Limits, envelope_bytes: int | None,
+                 notices: tuple[float, float] | None, runs_per_day: int | None) -> None:
+        self.work, self.label, self.detach, self.resume = work, label, detach, resume
+        self.budget_ms, self.timeout_ms, self.estimate_ms = budget_ms, timeout_ms, estimate_ms
+        self.limits, self.envelope_bytes, self.notices = limits, envelope_bytes, notices
+        self.runs_per_day = runs_per_day
+        self._identity: str | None = None
+
+    @property
     def identity(self) -> str:
         """Worked out only when needed: to reattach, to detach, or to resume."""
-        return _identity(*self.work)
+        if self._identity is None:
+            self._identity = _identity(*self.work)
+        return self._identity
 
 
 def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], detach: bool,
@@ -184,15 +190,13 @@ def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
         raise ConfigError(f"runs_per_day={runs_per_day!r}: use a whole number from 1 to "
                           f"1000000, or None for no quota")
     return _Plan(
-        work=(fn, args, kwargs, key),
-        label=getattr(fn, "__nbbudget_label__", None) or key
-        or getattr(fn, "__qualname__", None) or repr(fn),
-        detach=detach, resume=resume, budget_ms=budget_ms, timeout_ms=timeout_ms,
-        estimate_ms=None if estimate_ms is None else parse_duration(estimate_ms,
-                                                                    field="estimate_ms"),
-        limits=_limits(limits, loaded), notices=notices, runs_per_day=runs_per_day,
-        envelope_bytes=loaded.envelope_bytes if loaded is not None else None,
-    )
+        (fn, args, kwargs, key),
+        getattr(fn, "__nbbudget_label__", None) or key or getattr(fn, "__qualname__", None)
+        or repr(fn),
+        detach, resume, budget_ms, timeout_ms,
+        None if estimate_ms is None else parse_duration(estimate_ms, field="estimate_ms"),
+        _limits(limits, loaded), loaded.envelope_bytes if loaded is not None else None,
+        notices, runs_per_day)
 
 
 def _turn_ceiling(manifest: Manifest | None, declares: bool, budget_ms: int | None,

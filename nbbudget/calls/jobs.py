@@ -65,34 +65,42 @@ class Job:
     call path use: settle and announce the end, arm the wall clock, ask for a pause.
     """
 
+    # what most jobs never change, read from the class until set
+    ended: float | None = None
+    traceback: str | None = None
+    detached = False
+    paused = False  # the work stopped at a checkpoint (a resumable call)
+    #: when `cancel` was first asked (``time.time()``), or None
+    cancel_requested: float | None = None
+    #: after a cancel of its run: True when the work stopped at a budget check, False when
+    #: it ended anyway; None before the work ends, or when no cancel was in force
+    cancel_honoured: bool | None = None
+    _value: Any = None
+    _error: BaseException | None = None
+    _collected: Callable[[], None] | None = None  # its runner's, once detached
+    _timers: tuple[Scheduled, ...] | list[Scheduled] = ()
+    _pause = False
+    _pause_at: float | None = None
+
     def __init__(self, identity: Callable[[], str], label: str, run: Budget,
                  store: Callable[[], Store]) -> None:
-        self.id = f"{os.getpid():x}-{next(_ids)}"
         self._identity = identity
         self.label = label
         self.run = run
         self.created = time.time()
-        self.ended: float | None = None
         self._store = store  # opened when the job is first recorded, off the caller's path
         self._state = JobState.RUNNING
-        self._done = Latch()
-        self._wake = Latch()  # its waiters should look again: it ended, or its wall clock fired
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self.traceback: str | None = None
-        self.detached = False
-        self.paused = False  # the work stopped at a checkpoint (a resumable call)
+        self._done = self._wake = Latch()  # its waiters look again when it ends (add_timer)
         self.output: list[str] = []
-        self._timers: list[Scheduled] = []
         self._record_lock = threading.Lock()
-        self._collected: Callable[[], None] | None = None  # its runner's, once detached
-        self._pause = False
-        self._pause_at: float | None = None
-        #: when `cancel` was first asked (``time.time()``), or None
-        self.cancel_requested: float | None = None
-        #: after a cancel of its run: True when the work stopped at a budget check, False when
-        #: it ended anyway; None before the work ends, or when no cancel was in force
-        self.cancel_honoured: bool | None = None
+
+    @property
+    def id(self) -> str:
+        """The job's id, as ``nb.jobs[id]`` takes it: this process's, then a count."""
+        made: str | None = self.__dict__.get("_id")
+        if made is None:  # the first thread to ask sets it: setdefault is atomic
+            made = self.__dict__.setdefault("_id", f"{os.getpid():x}-{next(_ids)}")
+        return made
 
     @property
     def identity(self) -> str:
@@ -122,11 +130,14 @@ class Job:
         if self.detached:
             self.record()
         self._done.set()
-        self._wake.set()
+        if self._wake is not self._done:
+            self._wake.set()
 
     def nudge(self) -> None:
-        """Wake the job's waiters to look at its run again: its wall clock cancelled it, which
-        frees them for good (a wake-up stays: every later wait returns at once)."""
+        """Wake the job's waiters to look at its run again: its wall clock (`add_timer`)
+        cancelled it, which frees them for good (a wake-up stays: every later wait returns at
+        once)."""
+        assert self._wake is not self._done, "a job is nudged by a timer it was given"
         self._wake.set()
 
     def wait_woken(self, clock: Clock, until_ms: float | None) -> bool:
@@ -135,7 +146,13 @@ class Job:
         return clock.wait(self._wake, until_ms)
 
     def add_timer(self, timer: Scheduled) -> None:
-        """*timer* (the wall clock of the work) matters only while the job runs."""
+        """*timer* (the wall clock of the work) matters only while the job runs. Given before
+        the work starts; from then on `nudge` (the timer firing) also wakes the job's
+        waiters."""
+        if self._wake is self._done:
+            self._wake = Latch()
+        if not isinstance(self._timers, list):
+            self._timers = []
         self._timers.append(timer)
 
     def cancel_timers(self) -> None:
