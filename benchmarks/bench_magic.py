@@ -1,23 +1,34 @@
 #!/usr/bin/env python3
-"""Speed benchmark of ``%%budget`` through a real kernel, as ratios measured in the same run.
+"""Speed benchmark of ``%%budget``, as ratios measured in the same run.
 
     python benchmarks/bench_magic.py           # about a minute
     python benchmarks/bench_magic.py --quick
 
-1. Per-cell overhead: ``%%budget --no-widget`` on a trivial cell against what ``%%time`` adds to
-   the same cell (goal: at most 1.0x), and what the panel adds on top.
-2. The panel's updater: the CPU it uses while a cell calls ``step()`` a million times, as a share
+1. In process: what ``%%budget --no-widget`` adds to a trivial cell against what ``%%time``
+   adds (goal: at most 1.0x), in CPU time (``time.process_time``), the magic's body run by an
+   IPython shell in this process; "adds" is beyond compiling and running the cell as the
+   magics do. The cases run interleaved in blocks, the order rotated every rep; medians with
+   the spread (min..max).
+2. Through a real kernel: the same cells sent as messages. The round trip (6-16 ms per cell on
+   a shared machine) is far above the 50 us in question, so this only checks that the
+   difference is within the noise of the round trip (the spread of the plain cell's figures),
+   and what the panel adds on top.
+3. The panel's updater: the CPU it uses while a cell calls ``step()`` a million times, as a share
    of one core (goal: under 5%).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
+import io
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 from jupyter_client.manager import start_new_kernel
 
@@ -57,6 +68,62 @@ def value(kc, expr: str) -> str:
             return out.strip()
 
 
+def cpu_us(fn: Callable[[], object], n: int) -> float:
+    """CPU time of the whole process per call, in us, over *n* calls (output discarded, the
+    garbage collector off)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        gc.collect()
+        gc.disable()
+        try:
+            start = time.process_time()
+            for _ in range(n):
+                fn()
+            return (time.process_time() - start) / n * 1e6
+        finally:
+            gc.enable()
+
+
+def spread(values: list[float], digits: int = 1) -> str:
+    return (f"{statistics.median(values):.{digits}f} "
+            f"({min(values):.{digits}f}..{max(values):.{digits}f})")
+
+
+def in_process(n: int, reps: int) -> float:
+    """Section 1: the magics' bodies in an IPython shell of this process; the median ratio of
+    what %%budget --no-widget adds to what %%time adds."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    from nbbudget.jupyter.cells import compile_cell
+
+    config = Config()
+    config.HistoryManager.enabled = False
+    shell = InteractiveShell.instance(config=config)
+    shell.run_line_magic("load_ext", "nbbudget")
+    cases: dict[str, Callable[[], object]] = {
+        "plain": lambda: compile_cell(shell, "pass").run(),
+        "time": lambda: shell.run_cell_magic("time", "", "pass"),
+        "budget": lambda: shell.run_cell_magic("budget", "--no-widget", "pass")}
+    for fn in cases.values():
+        cpu_us(fn, n)
+    got: dict[str, list[float]] = {k: [] for k in cases}
+    names = list(cases)
+    for rep in range(reps):
+        k = rep % len(names)
+        for name in names[k:] + names[:k]:
+            got[name].append(cpu_us(cases[name], n))
+    shell.run_line_magic("unload_ext", "nbbudget")
+    added = {k: [v - p for v, p in zip(got[k], got["plain"], strict=True)]
+             for k in ("time", "budget")}
+    ratios = [b / t for b, t in zip(added["budget"], added["time"], strict=True) if t > 0]
+    print(f"in process: {reps} reps x {n} cells per case, CPU time")
+    print(f"  compile and run 'pass' as the magics do  {spread(got['plain']):>24} us/cell")
+    print(f"  %%time adds                               {spread(added['time']):>24} us/cell")
+    print(f"  %%budget --no-widget adds                 {spread(added['budget']):>24} us/cell")
+    print(f"  ratio                                     {spread(ratios, 2):>24} x")
+    return statistics.median(ratios)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -64,6 +131,8 @@ def main() -> int:
     args = parser.parse_args()
     n = 50 if args.quick else 200
     reps = 2 if args.quick else args.reps
+    os.environ.setdefault("NBBUDGET_HOME", tempfile.mkdtemp(prefix="nbbudget-bench-"))
+    ratio_in_process = in_process(200 if args.quick else 500, 5 if args.quick else 15)
     env = {**os.environ, "NBBUDGET_HOME": tempfile.mkdtemp(prefix="nbbudget-bench-")}
     env.pop("NBBUDGET_INTERACTIVE", None)
     km, kc = start_new_kernel(kernel_name="python3", env=env)
@@ -80,12 +149,14 @@ def main() -> int:
         time_over = med["time"] - med["plain"]
         budget_over = med["budget"] - med["plain"]
         panel_over = med["panel"] - med["budget"]
+        noise = max(samples["plain"]) - min(samples["plain"])
         print(f"%%budget through a real kernel: Python {sys.version.split()[0]}, "
               f"{os.cpu_count()} CPUs, {n} cells x {reps} reps per case")
         for name in cases:
             print(f"  {cases[name]!r:<32} {med[name]:8.3f} ms/cell")
         print(f"  %%time adds {time_over * 1000:.0f} us; %%budget --no-widget adds "
-              f"{budget_over * 1000:.0f} us; the panel adds {panel_over * 1000:.0f} us more")
+              f"{budget_over * 1000:.0f} us; the panel adds {panel_over * 1000:.0f} us more; "
+              f"the plain cell's figures spread over {noise * 1000:.0f} us")
 
         steps = "import time\nfor _ in range(10**6):\n    nb.current().step()\n" \
                 "    if _ % 1000 == 0: time.sleep(0)"
@@ -98,10 +169,13 @@ def main() -> int:
         share = cpu / wall
         print(f"  a cell stepping 10**6 times for {wall:.2f} s: the panel's updater thread used "
               f"{cpu * 1000:.1f} ms of CPU, {share * 100:.1f}% of one core")
-        ratio = budget_over / time_over
+        difference = abs(budget_over - time_over)
         print("\ngoals" + (" (quick mode: indicative only)" if args.quick else ""))
-        print(f"  {'PASS' if ratio <= 1.0 else 'MISS'}  %%budget --no-widget overhead <= 1.0x "
-              f"%%time's {ratio:10.2f}")
+        print(f"  {'PASS' if ratio_in_process <= 1.0 else 'MISS'}  %%budget --no-widget adds "
+              f"<= 1.0x what %%time adds, in process (CPU) {ratio_in_process:8.2f}")
+        print(f"  {'PASS' if difference <= noise else 'MISS'}  through a kernel, the difference "
+              f"is within the round trip's noise {difference * 1000:6.0f} us <= "
+              f"{noise * 1000:.0f} us")
         print(f"  {'PASS' if share < 0.05 else 'MISS'}  panel updater < 5% of one core"
               f"{share * 100:17.1f}%")
     finally:

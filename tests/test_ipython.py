@@ -4,6 +4,7 @@ in a real kernel (N-1, S0-3, S0-5)."""
 from __future__ import annotations
 
 import contextvars
+import json
 import re
 import threading
 
@@ -236,6 +237,39 @@ def test_S4_2_configured_limits_apply_and_a_cell_may_only_restrict_them(shell):
     assert "steps=10 would widen the limit steps=3" in str(result.error_in_exec)
     result = shell.run_cell("%%budget --run-limits-json '{\"steps\": 2}'\npass")
     assert result.error_in_exec is None
+
+
+def test_a_cell_line_read_once_is_read_again_when_the_settings_or_its_files_change(
+        shell, tmp_path):
+    """The same line under new settings, a manifest changed on disk, and a --trace target
+    whose folder is gone: each cell sees them as they are now."""
+    magics = shell.magics_manager.registry["BudgetMagics"]
+    cell = "%%budget --no-widget\npass"
+    shell.run_cell(cell)
+    assert magics.last_run.limits == nb.Limits()
+    shell.run_line_magic("config", "NBBudget.limits = {'max_steps': 3}")
+    shell.run_cell(cell)
+    assert magics.last_run.limits == nb.Limits(steps=3)
+    shell.run_line_magic("config", "NBBudget.approach_notice = [0.5, 0.6]")
+    shell.run_cell("%%budget --steps 2 --no-widget\nimport nbbudget as nb\n"
+                   "nb.current().step()")
+    assert magics.last_run.notice_level == 1
+    manifest = tmp_path / "manifest.json"
+    for steps in (2, 1):
+        manifest.write_text(json.dumps({"manifest_version": "nbbudget-manifest-v1",
+                                        "run_limits": {"max_steps": steps}}))
+        assert shell.run_cell(f"%%budget --no-widget --manifest {manifest}\npass"
+                              ).error_in_exec is None
+        assert magics.last_run.limits == nb.Limits(steps=steps)
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    line = f"%%budget --no-widget --trace {folder / 'run.json'}\npass"
+    assert shell.run_cell(line).error_in_exec is None
+    (folder / "run.json").unlink()
+    folder.rmdir()
+    result = shell.run_cell(line)
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "does not exist" in str(result.error_in_exec)
 
 
 def test_the_configured_home_is_used_when_NBBUDGET_HOME_is_unset(shell, monkeypatch, tmp_path):

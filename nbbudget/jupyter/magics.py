@@ -194,6 +194,7 @@ class BudgetMagics(Magics):
         self.settings = config
         self.last_panel: Panel | None = None  # the panel of the last cell, if it had one
         self.last_run: Budget | None = None  # the run of the last cell
+        self._lines: dict[tuple[Any, ...], _Line] = {}  # cell lines read, by line and settings
 
     @magic_arguments("%budget")  # IPython adds a % for a cell magic: shown as %%budget
     @argument("--budget", metavar="DUR",
@@ -238,18 +239,35 @@ class BudgetMagics(Magics):
                 work(i)
                 nb.checkpoint(i + 1)            # pauses here once the 2 s are spent
         """
-        args, limits = _read_flags(line, self.settings.default_limits())
-        ceilings = _ceilings(args)
+        args, limits, ceilings, notices = self._line(line)
         compiled = compile_cell(self.shell, cell)
         panel = self._panel(limits, args)
         try:
             if (args.detach or args.resume or args.timeout or args.runs_per_day is not None
                     or ceilings is not None):
                 return self._call(compiled, line, cell, args, limits, panel, ceilings)
-            return self._run_here(compiled, cell, args, limits, panel)
+            return self._run_here(compiled, cell, args, limits, panel, notices)
         finally:
             if panel is not None:
                 panel.end_cell()  # however the cell ended (a second call does nothing)
+
+    def _line(self, line: str) -> _Line:
+        """A cell line read with the settings in force: its flags, limits, ceilings and
+        notices, each checked (a bad one is a `UsageError`). A line that names no file is read
+        once per settings; a --trace target is checked every time, as the disk may change."""
+        settings = self.settings
+        key = (line, tuple(sorted(settings.limits.items())), _notices_key(settings))
+        found = self._lines.get(key)
+        if found is None:
+            args, limits = _read_flags(line, settings.default_limits())
+            found = (args, limits, _ceilings(args), settings.notices())
+            if args.manifest is None:  # a manifest is read from its file every time
+                if len(self._lines) >= _LINES_KEPT:
+                    self._lines.clear()
+                self._lines[key] = found
+        elif found[0].trace is not None:
+            _check_trace(found[0].trace)
+        return found
 
     def _panel(self, limits: Limits, args: Any) -> Panel | None:
         """The live panel, shown before the work starts; None where widgets are off or fail."""
@@ -266,13 +284,13 @@ class BudgetMagics(Magics):
         return panel
 
     def _run_here(self, compiled: CompiledCell, cell: str, args: Any, limits: Limits,
-                  panel: Panel | None) -> Any:
+                  panel: Panel | None, notices: tuple[float, float] | None) -> Any:
         """A cell that cannot end early (no --detach, --resume or --timeout) runs here, as a
         plain cell would: in its own run, or as a grant of the run active around it (a
         notebook's under ``nbbudget run``, S2-1, S4-2)."""
         outer = current()
         run = Grant(outer, limits, _label(cell)) if outer is not None else \
-            Budget(limits, name=_label(cell), notices=self.settings.notices())
+            Budget(limits, name=_label(cell), notices=notices)
         self.last_run = run
         if panel is not None:
             panel.attach(run)
@@ -411,11 +429,25 @@ def _read_flags(line: str, defaults: Limits) -> tuple[Any, Limits]:
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     if args.trace is not None:
-        try:
-            check_target(args.trace)
-        except ConfigError as exc:
-            raise UsageError(f"--trace {exc}") from None
+        _check_trace(args.trace)
     return args, _cell_limits(args, defaults)
+
+
+def _check_trace(path: str) -> None:
+    try:
+        check_target(path)
+    except ConfigError as exc:
+        raise UsageError(f"--trace {exc}") from None
+
+
+#: a cell line read: its flags, limits, ceilings (S2-8) and approach notices
+_Line = tuple[Any, Limits, "Manifest | None", "tuple[float, float] | None"]
+_LINES_KEPT = 64
+
+
+def _notices_key(settings: NBBudget) -> tuple[float, ...] | None:
+    value: Any = settings.approach_notice
+    return None if value is None else tuple(value)
 
 
 @functools.lru_cache(maxsize=64)
@@ -491,6 +523,7 @@ def _ceilings(args: Any) -> Manifest | None:
     return dataclasses.replace(loaded, limits=_NO_LIMITS)
 
 
+@functools.lru_cache(maxsize=256)
 def _label(cell: str) -> str:
     """A cell's name in its panel and in ``%budget jobs``: its first line of code that is not
     an import or a magic (else its first line of code), without a closing colon."""
