@@ -92,10 +92,8 @@ class Budget:
 
     Python threads cannot be killed: a stop is delivered at the next ``step()``, ``charge()``
     or ``check()``, or through ``ctx.signal`` inside a tool. A tool that ignores its signal is
-    abandoned (its caller is freed and the trace says so), not killed.
-
-    ``ledger`` (low-level API, see `nbbudget.core.ledger`) chooses where the run's counters are
-    kept: a `LedgerFactory`, `LocalLedger` (this process) by default.
+    abandoned (its caller is freed and the trace says so), not killed. ``ledger`` (low-level
+    API) is the `LedgerFactory` of the place its counters are kept: this process by default.
     """
 
     _parent: Budget | None = None
