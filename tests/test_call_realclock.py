@@ -207,3 +207,35 @@ def test_S0_4_budget_0_returns_when_the_timeout_fires():
     assert resp.meta["budget_ms"] == 0
     assert resp.meta["timeout_ms"] == 1000
     assert 1.0 <= took < 1.5  # the environment's 2000 ms did not apply either
+
+
+def test_S0_11_racing_the_budget_each_result_goes_out_exactly_once():
+    """Work that ends about when its budget runs out, 300 times: each call returns its result
+    at once or INCOMPLETE, and then the identical call returns it; never both, never neither,
+    and the work runs once per start."""
+    starts: dict[str, int] = {}
+
+    def edge(key: str, spin_s: float) -> str:
+        starts[key] = starts.get(key, 0) + 1
+        end = time.perf_counter() + spin_s
+        while time.perf_counter() < end:
+            pass
+        return key
+
+    direct = later = 0
+    for i in range(300):
+        key = f"edge-{i}"
+        resp = nb.call(edge, key, i % 6 * 0.005, detach=True, budget=5, key=key)
+        if resp.ok:
+            direct += 1
+            anew = nb.call(edge, key, 0.0, detach=True, budget=1000, key=key)
+            assert anew.ok and starts[key] == 2  # delivered once: the identical call runs again
+        else:
+            assert resp.data["state"] == "running", resp
+            assert resp.job.wait_done(5)
+            again = nb.call(edge, key, 0.0, detach=True, budget=1000, key=key)
+            assert (again.ok, again.data) == (True, key)  # the job's result, not a new run
+            later += 1
+            assert starts[key] == 1
+    print(f"\n{direct} results returned at once, {later} through the identical call")
+    assert direct + later == 300

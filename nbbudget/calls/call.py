@@ -234,6 +234,9 @@ def check_interruption(detach: object, resume: object, budget: object, *,
     """How a call may end before its work does, checked in one place for `nb.call` and
     ``%%budget``: *detach* and *resume* are booleans that exclude each other, and a budget needs
     one of them (S0-10). A `ConfigError` names the flags as *spelling* writes them."""
+    if type(detach) is bool and type(resume) is bool and not (detach and resume) and (
+            budget is None or detach or resume):
+        return  # the usual case, checked at every call
     for name, flag in (("detach", detach), ("resume", resume)):
         if not isinstance(flag, bool):
             raise ConfigError(f"{name}={flag!r}: use True or False")

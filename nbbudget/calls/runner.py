@@ -80,8 +80,8 @@ class LocalRunner:
     def __init__(self, jobs: Jobs) -> None:
         self.jobs = jobs
         self._attached: dict[str, Job] = {}  # detached work by identity, until delivered
-        self._taken: weakref.WeakValueDictionary[str, Job] = weakref.WeakValueDictionary()
-        self._lock = threading.Lock()
+        self._taken: dict[str, weakref.ref[Job]] = {}  # its result read: kept while held
+        self._lock = threading.RLock()  # a job freed while it is held calls `_gone` at once
 
     def start(self, job: Job, task: workers.Task, *, detachable: bool) -> None:
         if detachable:  # one worker for the work, one to write the job record if it detaches
@@ -107,7 +107,9 @@ class LocalRunner:
             return None
         identity = work.identity
         with self._lock:
-            job = self._attached.get(identity) or self._taken.get(identity)
+            job = self._attached.get(identity)
+            if job is None and identity in self._taken:
+                job = self._taken[identity]()
             if job is not None and job.done():  # its result goes to this caller alone
                 self._drop(identity, job)
             return job
@@ -129,16 +131,23 @@ class LocalRunner:
         identical call only while something else holds it."""
         with self._lock:
             if self._attached.get(identity) is job:
-                del self._attached[identity]
-                self._taken[identity] = job
+                self._attached.pop(identity, None)
+                self._taken[identity] = weakref.ref(job, lambda ref: self._gone(identity, ref))
         self.jobs.collected(job)
+
+    def _gone(self, identity: str, ref: weakref.ref[Job]) -> None:
+        """A job whose result was read is no longer held by anything: forget it."""
+        with self._lock:
+            if self._taken.get(identity) is ref:
+                self._taken.pop(identity, None)
 
     def _drop(self, identity: str, job: Job) -> None:
         """Forget *job* by *identity* (lock held)."""
         if self._attached.get(identity) is job:
             del self._attached[identity]
-        if self._taken.get(identity) is job:
-            del self._taken[identity]
+        taken = self._taken.get(identity)
+        if taken is not None and taken() in (job, None):
+            self._taken.pop(identity, None)
 
 
 @dataclass(frozen=True)
