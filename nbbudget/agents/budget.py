@@ -18,9 +18,9 @@ import dataclasses
 import functools
 import math
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from ..core.clock import Clock, default_clock
 from ..core.duration import parse_duration
@@ -28,12 +28,20 @@ from ..core.endings import outcome_of
 from ..core.errors import BudgetError, ConfigError
 from ..core.kinds import CHARGE_INDEX as _CHARGE_INDEX
 from ..core.kinds import KIND_INDEX, KINDS, RUN_MS, STEPS, kind_index
-from ..core.ledger import STATE_VERSION, LedgerFactory, LocalLedger, check_totals, read_state
+from ..core.ledger import (
+    STATE_VERSION,
+    Account,
+    Ledger,
+    LedgerFactory,
+    LocalLedger,
+    check_totals,
+    read_state,
+)
 from ..core.limits import NO_LIMITS as _NO_LIMITS
 from ..core.limits import Limits
 from ..core.lowlevel import Core
 from ..core.outcome import Outcome, Status
-from ..core.scope import Stop, Unwind
+from ..core.scope import Scope, Stop, Unwind
 from ..core.snapshot import AxisUsage, Snapshot
 from ..core.trace import Trace
 from .branches import agent as _agent
@@ -51,8 +59,31 @@ _R = TypeVar("_R")
 _INF = math.inf
 _DEFAULT_NOTICES = (0.8, 0.95)
 #: the attributes of a run that its parts provide (built on first use)
-_PARTS = frozenset({"_core", "_ledger", "_scope", "_account", "_trace", "_pools"})
-_NO_POOL: list[None] = []  # the step pool of a run not built yet: always empty, never filled
+_NO_POOL: list[None] = []  # the pools of a run not built yet: always empty, never filled
+_NO_POOLS: Sequence[list[None]] = (_NO_POOL,) * len(KINDS)
+_P = TypeVar("_P")
+
+
+class _Part(Generic[_P]):
+    """A part of a run (its core, ledger, scope, account or trace), built the first time it is
+    read: a run used for nothing costs almost nothing. Once built, the run's own attribute is
+    read instead (no ``__getattr__``, which would slow every attribute of every run)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, run: None, owner: type) -> _Part[_P]: ...
+
+    @overload
+    def __get__(self, run: Budget, owner: type) -> _P: ...
+
+    def __get__(self, run: Budget | None, owner: type) -> _P | _Part[_P]:
+        if run is None:
+            return self
+        run._build_parts()  # its attributes now shadow this descriptor
+        part: _P = object.__getattribute__(run, self.name)  # run.__dict__ would slow the run
+        return part
 _BUILDING = threading.Lock()  # a run's parts are built once, by one thread
 _COMPLETED = Outcome(Status.COMPLETED)
 _TIME = KINDS[RUN_MS].name  # the kind the run's clock spends
@@ -96,9 +127,13 @@ class Budget:
     API) is the `LedgerFactory` of the place its counters are kept: this process by default.
     """
 
-    _parent: Budget | None = None
-    _lazy: tuple[Any, ...] | None = None  # what builds the parts, until first used
-    _end_once: list[None]  # emptied by whichever thread traces an unbuilt run's end
+    _core: _Part[Core] = _Part()
+    _ledger: _Part[Ledger] = _Part()
+    _scope: _Part[Scope] = _Part()
+    _account: _Part[Account] = _Part()
+    _trace: _Part[Trace] = _Part()
+    _pools: Sequence[list[None]]
+    _lazy: tuple[Any, ...] | None
 
     def __init__(self, limits: Limits | None = None, *, time: int | str | None = None,
                  clock: Clock | None = None, name: str | None = None, suspend: bool = False,
@@ -109,24 +144,31 @@ class Budget:
         full, totals = _trace_mode(trace), check_totals(totals, suspend)
         parts = (name or "run", limits, clock if clock is not None else default_clock(), full,
                  bool(suspend), totals, check_notices(notices), ledger)
-        self._open(parts[0], self)
-        self._full = full
+        self._open(parts[0], self, None, full, parts[2].now_ms)
         if ledger is LocalLedger and not full and limits.run_ms is None and totals.run_ms is None:
-            self._lazy, self._clock = parts, parts[2]  # nothing is timed: build on first use
-            self._step_pool = _NO_POOL
+            self._lazy = parts  # nothing is timed: build on first use (a charge, say)
         else:
             self._attach(_build(parts))
 
-    def _open(self, name: str, root: Budget) -> None:
-        """What a run or grant holds of its own, beside its parts."""
+    def _open(self, name: str, root: Budget, parent: Budget | None, full: bool,
+              now: Callable[[], float]) -> None:
+        """What a run or grant holds of its own, beside its parts. Every run sets the same
+        attributes in the same order, its parts last, so that they all share one layout of
+        keys (a run whose keys came in another order would read each attribute slower)."""
         self.name = name
         self._root = root
+        self._parent = parent
         self._grants: list[Grant] = []
         self._outcome: Outcome | None = None
         self._output: Any = None
         self._tokens: list[contextvars.Token[Budget | None]] = []
         self._began: float | None = None  # when a run not yet built was entered, and left
         self._ended: float | None = None
+        self._end_once: list[None] = _NO_POOL  # emptied by whichever thread traces its end
+        self._lazy = None  # what builds the parts, until they are built
+        self._now = now
+        self._full = full
+        self._pools, self._step_pool = _NO_POOLS, _NO_POOL  # until it is built
 
     def _attach(self, core: Core) -> None:
         """Take *core* (an account, a scope, a recorder) as this run's or grant's parts."""
@@ -138,14 +180,6 @@ class Budget:
 
     def _unbuilt(self) -> bool:
         return self._lazy is not None
-
-    def __getattr__(self, name: str) -> Any:
-        """The parts of a run are built the first time one is needed (a charge, a stop, a
-        grant, a reading): a run used for nothing costs almost nothing."""
-        if name not in _PARTS or self._lazy is None:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        self._build_parts()
-        return object.__getattribute__(self, name)
 
     def _build_parts(self) -> None:
         """Build this run's parts now (once, whichever thread asks first), started and ended
@@ -258,7 +292,7 @@ class Budget:
             self._scope.start()
         else:  # its parts are not built: only its start is kept
             if self._began is None:
-                self._began = self._clock.now_ms()
+                self._began = self._now()
             if not self._unbuilt():  # built meanwhile: its builder may not have seen it
                 self._scope.start_at(self._began)
         self._tokens.append(_current.set(self))
@@ -288,7 +322,7 @@ class Budget:
         if self._outcome is not None:
             return
         self._end_once = [None]
-        self._ended = self._clock.now_ms()
+        self._ended = self._now()
         self._outcome = _COMPLETED  # written last: what a builder reads
         if not self._unbuilt():  # built meanwhile: its builder may not have seen the end
             self._end_built()
@@ -443,7 +477,7 @@ class Budget:
         began, ended = self._began, self._ended
         if began is None:
             return 0.0
-        return (ended if ended is not None else self._clock.now_ms()) - began
+        return (ended if ended is not None else self._now()) - began
 
     def _unbuilt_consumed(self) -> dict[str, float]:
         elapsed = self._unbuilt_elapsed()
@@ -490,9 +524,9 @@ class Grant(Budget):
 
     def __init__(self, parent: Budget, limits: Limits, name: str | None) -> None:
         with parent._scope.lock:
-            self._parent = parent
             core = parent._core.grant(name, limits)
-            self._open(core.name, parent._root)
+            self._open(core.name, parent._root, parent, core.recorder.trace.full,
+                       core.clock.now_ms)
             self._attach(core)
             parent._grants.append(self)
         self._scope.start()
