@@ -141,9 +141,12 @@ class Budget:
                  notices: tuple[float, float] | None = (0.8, 0.95), trace: str = "counts",
                  ledger: LedgerFactory = LocalLedger, **limit_fields: Any) -> None:
         limits = _combine(limits, time, limit_fields)
-        full, totals = _trace_mode(trace), check_totals(totals, suspend)
+        full = False if trace == "counts" else _trace_mode(trace)
+        totals = _NO_LIMITS if totals is None else check_totals(totals, suspend)
         parts = (name or "run", limits, clock if clock is not None else default_clock(), full,
-                 bool(suspend), totals, check_notices(notices), ledger)
+                 bool(suspend), totals,
+                 _DEFAULT_NOTICES if notices == _DEFAULT_NOTICES else check_notices(notices),
+                 ledger)
         self._open(parts[0], self, None, full, parts[2].now_ms)
         if ledger is LocalLedger and not full and limits.run_ms is None and totals.run_ms is None:
             self._lazy = parts  # nothing is timed: build on first use (a charge, say)

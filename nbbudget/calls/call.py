@@ -180,9 +180,10 @@ def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
     check_interruption(detach, resume, budget)
     loaded = manifest if isinstance(manifest, Manifest) or manifest is None else Manifest.load(
         manifest)
-    budget_ms, timeout_ms = _turn_ceiling(
-        loaded, detach or resume, resolve_budget(budget, declares=detach or resume),
-        None if timeout is None else _positive(timeout, "timeout"))
+    budget_ms = resolve_budget(budget, declares=detach or resume)
+    timeout_ms = None if timeout is None else _positive(timeout, "timeout")
+    if loaded is not None:
+        budget_ms, timeout_ms = _turn_ceiling(loaded, detach or resume, budget_ms, timeout_ms)
     if key is not None and (not isinstance(key, str) or not key):
         raise ConfigError(f"key={key!r}: use a non-empty string that names the work")
     if runs_per_day is not None and (isinstance(runs_per_day, bool) or not isinstance(
@@ -195,7 +196,8 @@ def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
         or repr(fn),
         detach, resume, budget_ms, timeout_ms,
         None if estimate_ms is None else parse_duration(estimate_ms, field="estimate_ms"),
-        _limits(limits, loaded), loaded.envelope_bytes if loaded is not None else None,
+        _NO_LIMITS if limits is None and loaded is None else _limits(limits, loaded),
+        loaded.envelope_bytes if loaded is not None else None,
         notices, runs_per_day)
 
 
@@ -451,7 +453,7 @@ def _await(job: Job, plan: _Plan, runner: JobRunner, clock: Clock, t0_ms: float)
     if out:
         job.pause()  # S0-7: it cannot finish in time: hand off or checkpoint now
     deadline = t0_ms + budget_ms if budget_ms else None
-    if deadline is not None:
+    if deadline is not None and plan.resume:  # work that did not declare resume never pauses
         job.pause(at_ms=deadline)  # a checkpoint past it pauses, even before the caller wakes
     try:
         while not job.done() and not (plan.detach and out):
