@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -19,6 +20,19 @@ import pytest
 THREAD_GRACE_SECONDS = 2.0
 #: How often the fixture looks again while it waits.
 THREAD_POLL_SECONDS = 0.01
+#: Threads a live Dask cluster owns in this process: its event loop, its workers' task threads,
+#: the watchers of its worker processes. The per-test check lets them be while a cluster made by
+#: `dask_cluster` is alive; the cluster checks that they end when it closes.
+DASK_THREADS = ("IO loop", "Dask-Default-Threads", "AsyncProcess Dask", "QueueFeederThread")
+#: distributed's offload executor: one thread for the whole process, from its first use; it is
+#: shut down at the end of the session, before the last check.
+DASK_OFFLOAD = "Dask-Offload"
+_clusters_alive = [0]
+
+
+def _exempt(t: threading.Thread) -> bool:
+    return t.name.startswith(DASK_OFFLOAD) or (
+        _clusters_alive[0] > 0 and any(name in t.name for name in DASK_THREADS))
 
 
 def _wait_for_threads(
@@ -63,7 +77,7 @@ def no_thread_left_running() -> Iterator[None]:
     """
     before = set(threading.enumerate())
     yield
-    started = [t for t in threading.enumerate() if t not in before]
+    started = [t for t in threading.enumerate() if t not in before and not _exempt(t)]
     leftover = _wait_for_threads(started, THREAD_GRACE_SECONDS)
     if leftover:
         names = ", ".join(repr(t.name) for t in leftover)
@@ -95,12 +109,56 @@ def home(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     return folder
 
 
+@contextmanager
+def dask_cluster(processes: bool, **kwargs: Any) -> Iterator[Any]:
+    """A client of a new `LocalCluster` of 2 workers with 2 threads each, in this process or in
+    worker processes; closed on leaving, and then none of its threads may be left."""
+    from distributed import Client, LocalCluster
+
+    before = set(threading.enumerate())
+    _clusters_alive[0] += 1
+    try:
+        with LocalCluster(processes=processes, n_workers=2, threads_per_worker=2,
+                          dashboard_address=":0", **kwargs) as cluster, Client(cluster) as client:
+            yield client
+    finally:
+        _clusters_alive[0] -= 1
+    started = [t for t in threading.enumerate()
+               if t not in before and not t.name.startswith(DASK_OFFLOAD)]
+    leftover = _wait_for_threads(started, THREAD_GRACE_SECONDS)
+    if leftover:
+        pytest.fail(f"a closed Dask cluster left threads running:\n{_describe(leftover)}",
+                    pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def dask_client() -> Iterator[Any]:
+    """A client of an in-process cluster (2 workers x 2 threads) for a test module."""
+    with dask_cluster(processes=False) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def dask_process_client() -> Iterator[Any]:
+    """A client of a cluster of 2 worker processes (2 threads each) for a test module."""
+    with dask_cluster(processes=True) as client:
+        yield client
+
+
+def _stop_dask_offload() -> None:
+    utils = sys.modules.get("distributed.utils")
+    executor = getattr(utils, "_offload_executor", None)
+    if executor is not None:
+        executor.shutdown(wait=True)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run if any thread other than the main thread is still alive at its end.
 
     This also catches threads started outside a test (at import or collection time) that the
     per-test fixture cannot see.
     """
+    _stop_dask_offload()
     main = threading.main_thread()
     others = [t for t in threading.enumerate() if t is not main]
     leftover = _wait_for_threads(others, THREAD_GRACE_SECONDS)

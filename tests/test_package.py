@@ -2,8 +2,8 @@
 
 ``import nbbudget`` pulls in none of IPython, ipywidgets, pandas, traitlets, numpy or Dask (the
 core is standard library only; the Jupyter layer, the frames and the Dask ledger load when asked
-for). ``__all__`` is pinned, every public error is under `nb.BudgetError` or `nb.ConfigError`, and ``py.typed``
-ships with the package.
+for). ``__all__`` is pinned, every public error is under `nb.BudgetError` or `nb.ConfigError`,
+and ``py.typed`` ships with the package.
 """
 
 from __future__ import annotations
