@@ -31,7 +31,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import nbbudget as nb
-from nbbudget.calls.store import Store
+from nbbudget.calls.store import SQLiteStore
 
 pc = time.perf_counter
 
@@ -166,7 +166,7 @@ def main() -> int:
                   f"{inline / tpe:.2f}"))
 
     # 3. checkpoint saves
-    store = Store(os.path.join(home, "store"))
+    store = SQLiteStore(os.path.join(home, "store"))
     ledger = nb.Budget(steps=10).state()
     for size, label in ((1024, "1 KB"), (1024 * 1024, "1 MB")):
         blob = os.urandom(size)

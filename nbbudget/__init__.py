@@ -10,8 +10,9 @@ from __future__ import annotations
 from .agents.budget import Budget, Grant, Snapshot, budget, current
 from .agents.tools import ToolContext
 from .calls.call import call, checkpoint, resume_state
-from .calls.jobs import Job, JobState, jobs
+from .calls.jobs import Job, JobState
 from .calls.response import Response
+from .calls.runner import jobs
 from .calls.store import CheckpointRefused, StoreDamaged, store
 from .core.duration import parse_duration
 from .core.errors import (

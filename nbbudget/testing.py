@@ -1,10 +1,15 @@
-"""Helpers for testing code that uses nbbudget: a clock you move by hand.
+"""Helpers for testing code that uses nbbudget: a clock you move by hand, a scripted model
+provider, and a store in memory.
 
 >>> from nbbudget.testing import FakeClock
 >>> clock = FakeClock()
 >>> with nb.budget(time="5s", clock=clock) as run:       # doctest: +SKIP
 ...     clock.advance("6s")                                # the time grant runs out here
 ...     run.check()                                        # raises: the run is cut by timeout
+
+>>> from nbbudget.testing import MemoryStore, use_store
+>>> with use_store(MemoryStore()) as memory:              # doctest: +SKIP
+...     nb.call(crunch, resume=True, budget="1s")          # its checkpoints stay in memory
 """
 
 from __future__ import annotations
@@ -12,14 +17,31 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from .calls.memory_store import MemoryStore
+from .calls.runner import Backend, current_backend, use_backend
+from .calls.store import Store
 from .core.clock import Scheduled, Timers
 from .core.duration import parse_duration
 
-__all__ = ["FakeClock", "Reply", "ScriptedProvider"]
+__all__ = ["FakeClock", "MemoryStore", "Reply", "ScriptedProvider", "use_store"]
+
+
+@contextmanager
+def use_store(store: Store) -> Iterator[Store]:
+    """Within the block, `nb.call` and ``%%budget`` cells made in this context (and the work they
+    run) keep their checkpoints, runs-per-day counts and job records in *store*, a
+    `MemoryStore` or any other `nbbudget.calls.store.Store`, instead of the SQLite store of
+    ``NBBUDGET_HOME``; ``nb.jobs.to_frame()`` reads its records. The work still runs on the
+    runner in force, and ``nb.store()`` is still the SQLite store. Like every context variable,
+    it does not reach a thread started in the block unless that thread runs in a copy of this
+    context (``contextvars.copy_context().run``)."""
+    with use_backend(Backend(current_backend().runner, lambda: store)):
+        yield store
 
 
 class FakeClock(Timers):

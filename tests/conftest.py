@@ -152,6 +152,24 @@ def _stop_dask_offload() -> None:
         executor.shutdown(wait=True)
 
 
+@pytest.fixture(params=["sqlite", "memory"])
+def any_store(request: pytest.FixtureRequest, home: Any) -> Iterator[Any]:
+    """The test runs once on each implementation of the store (``tests/stores.py``): the
+    SQLite store of its ``NBBUDGET_HOME``, and a `nbbudget.testing.MemoryStore`. Its calls run
+    on a local runner of its own, so that no detached job of another test (the same work, run
+    on the other store) is reattached. ``any_store.store`` is the store."""
+    from stores import MemoryHeld, SQLiteHeld
+
+    import nbbudget as nb
+    from nbbudget.calls.runner import Backend, LocalRunner, use_backend
+    from nbbudget.testing import MemoryStore
+
+    held = SQLiteHeld(nb.store()) if request.param == "sqlite" else MemoryHeld(MemoryStore())
+    opener = nb.store if request.param == "sqlite" else lambda: held.store
+    with use_backend(Backend(LocalRunner(nb.jobs), opener)):
+        yield held
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run if any thread other than the main thread is still alive at its end.
 

@@ -357,7 +357,7 @@ def test_S0_1_the_budget_counts_from_the_start_of_the_call():
     assert nb.jobs[resp.data["job"]].wait_done(SOON)
 
 
-def test_S0_1_a_checkpoint_past_the_budget_pauses_even_before_the_caller_wakes():
+def test_S0_1_a_checkpoint_past_the_budget_pauses_even_before_the_caller_wakes(any_store):
     class SlowToWakeClock(FakeClock):
         def wait(self, event: threading.Event, until_ms: float | None) -> bool:
             woke = super().wait(event, until_ms)
@@ -383,7 +383,7 @@ def test_S0_1_a_checkpoint_past_the_budget_pauses_even_before_the_caller_wakes()
 
 
 # -- S0-11: the identical call ---------------------------------------------------------------------
-def test_S0_11_the_identical_call_reattaches_and_returns_the_result_once_done(clock):
+def test_S0_11_the_identical_call_reattaches_and_returns_the_result_once_done(any_store, clock):
     release = threading.Event()
     runs = []
 
@@ -413,7 +413,7 @@ def test_S0_11_the_identical_call_reattaches_and_returns_the_result_once_done(cl
     assert runs == [21, 21]  # the result was delivered: the next identical call starts anew
 
 
-def test_S0_11_a_key_makes_two_functions_the_same_work(clock):
+def test_S0_11_a_key_makes_two_functions_the_same_work(any_store, clock):
     release = threading.Event()
     ran = []
 
@@ -438,7 +438,7 @@ def test_S0_11_a_key_makes_two_functions_the_same_work(clock):
     assert ran == ["first"]
 
 
-def test_S0_11_different_arguments_are_different_work(clock):
+def test_S0_11_different_arguments_are_different_work(any_store, clock):
     release = threading.Event()
     runs = []
 
@@ -463,7 +463,7 @@ def test_S0_11_different_arguments_are_different_work(clock):
     assert runs == [1, 2]
 
 
-def test_S0_11_budget_and_timeout_do_not_change_the_identity(clock):
+def test_S0_11_budget_and_timeout_do_not_change_the_identity(any_store, clock):
     release = threading.Event()
 
     def crunch() -> str:
@@ -483,7 +483,7 @@ def test_S0_11_budget_and_timeout_do_not_change_the_identity(clock):
     assert (final.ok, final.data) == (True, "crunched")
 
 
-def test_S0_11_two_different_lambdas_are_different_work(clock):
+def test_S0_11_two_different_lambdas_are_different_work(any_store, clock):
     release = threading.Event()
 
     def slow(value: str) -> str:
@@ -535,7 +535,8 @@ def test_S0_11_the_same_function_defined_again_is_the_same_work(first_file, seco
 
 
 # -- S0-1, S0-2: resume ----------------------------------------------------------------------------
-def test_S0_1_S0_2_resume_pauses_at_the_first_checkpoint_past_the_budget_and_continues(clock):
+def test_S0_1_S0_2_resume_pauses_at_the_first_checkpoint_past_the_budget_and_continues(
+        any_store, clock):
     processed: list[int] = []
     calls = []
 
@@ -551,7 +552,7 @@ def test_S0_1_S0_2_resume_pauses_at_the_first_checkpoint_past_the_budget_and_con
         return done
 
     identity = _identity(crunch, (), {}, None)
-    db = nb.store()
+    db = any_store.store
 
     first = nb.call(crunch, resume=True, budget="1s", clock=clock)
     assert first.ok is False
@@ -603,7 +604,7 @@ def _stepper(clock: FakeClock, steps_seen: list[int], limits_seen: list[object])
     nb.Limits(steps=100),  # raising the limit gives nothing more
     None,  # nor does removing it
 ])
-def test_S4_4_counters_and_limits_carry_over_at_resume(clock, limits_at_resume):
+def test_S4_4_counters_and_limits_carry_over_at_resume(any_store, clock, limits_at_resume):
     steps_seen: list[int] = []
     limits_seen: list[object] = []
     stepper = _stepper(clock, steps_seen, limits_seen)
@@ -611,7 +612,7 @@ def test_S4_4_counters_and_limits_carry_over_at_resume(clock, limits_at_resume):
 
     first = nb.call(stepper, resume=True, budget="1s", limits=nb.Limits(steps=5), clock=clock)
     assert first.data["state"] == "paused"
-    assert nb.store().load_checkpoint(identity).ledger["counts"] == {"steps": 3}
+    assert any_store.store.load_checkpoint(identity).ledger["counts"] == {"steps": 3}
 
     clock.waiting.clear()
     second = nb.call(stepper, resume=True, budget="1s", limits=limits_at_resume, clock=clock)
@@ -623,7 +624,7 @@ def test_S4_4_counters_and_limits_carry_over_at_resume(clock, limits_at_resume):
 
 
 # -- S0-6: the wall clock spans continuations ------------------------------------------------------
-def test_S0_6_the_timeout_counts_from_the_first_start_across_continuations(clock):
+def test_S0_6_the_timeout_counts_from_the_first_start_across_continuations(any_store, clock):
     runs = []
 
     def crunch() -> str:
@@ -638,7 +639,7 @@ def test_S0_6_the_timeout_counts_from_the_first_start_across_continuations(clock
     first = nb.call(crunch, resume=True, budget="100ms", timeout="300ms", clock=clock)
     assert first.data["state"] == "paused"
     assert first.meta["timeout_ms"] == 300
-    assert nb.store().load_checkpoint(identity) is not None
+    assert any_store.store.load_checkpoint(identity) is not None
     time.sleep(0.35)  # the wall clock runs while the work is paused
 
     clock.waiting.clear()
@@ -650,10 +651,10 @@ def test_S0_6_the_timeout_counts_from_the_first_start_across_continuations(clock
     assert "300 ms" in second.error["message"]
     assert second.meta["duration_ms"] < 300  # cancelled at once, not after another 300 ms
     assert runs == [0]  # the work never ran again
-    assert nb.store().load_checkpoint(identity) is None
+    assert any_store.store.load_checkpoint(identity) is None
 
 
-def test_S0_6_S4_7_the_wall_clock_cancels_a_continuation_and_ends_the_work(clock):
+def test_S0_6_S4_7_the_wall_clock_cancels_a_continuation_and_ends_the_work(any_store, clock):
     def crunch() -> str:
         assert clock.waiting.wait(SOON)
         for i in range(nb.resume_state(0), 100):
@@ -670,7 +671,7 @@ def test_S0_6_S4_7_the_wall_clock_cancels_a_continuation_and_ends_the_work(clock
     assert second.exit_code == 124
     assert second.error["code"] == "cancelled"
     assert clock.now_ms() < 120 + 2000 + 60  # stopped at the first checkpoint past the limit
-    assert nb.store().load_checkpoint(identity) is None
+    assert any_store.store.load_checkpoint(identity) is None
 
 
 def test_S4_7_a_cancelled_call_answers_the_same_envelope_whoever_notices_first():
@@ -709,7 +710,7 @@ def test_S0_7_detach_with_an_estimate_over_budget_hands_off_at_once():
     assert clock.now_ms() == 0
 
 
-def test_S0_7_resume_with_an_estimate_over_budget_pauses_at_the_first_checkpoint(clock):
+def test_S0_7_resume_with_an_estimate_over_budget_pauses_at_the_first_checkpoint(any_store, clock):
     processed = []
 
     def crunch() -> str:
@@ -901,7 +902,7 @@ def _eventually(check, timeout: float = SOON):
         time.sleep(0.005)
 
 
-def test_an_exception_in_detached_work_is_kept_with_its_traceback(clock):
+def test_an_exception_in_detached_work_is_kept_with_its_traceback(any_store, clock):
     release = threading.Event()
 
     def explode_after_budget() -> None:
@@ -921,7 +922,7 @@ def test_an_exception_in_detached_work_is_kept_with_its_traceback(clock):
     assert isinstance(job.exception(), RowError)
 
     def recorded() -> dict:
-        return {r["id"]: r for r in nb.store().jobs()}.get(job.id, {})
+        return {r["id"]: r for r in any_store.store.jobs()}.get(job.id, {})
 
     _eventually(lambda: recorded().get("state") == "failed")
     assert "explode_after_budget" in recorded()["error"]
@@ -934,8 +935,9 @@ def test_an_exception_in_detached_work_is_kept_with_its_traceback(clock):
     assert again.error == {"code": "RowError", "message": "row 7 is malformed"}
 
 
-def test_a_detached_job_is_recorded_in_the_store_before_its_result_is_given(clock, monkeypatch):
-    db = nb.store()
+def test_a_detached_job_is_recorded_in_the_store_before_its_result_is_given(any_store, clock,
+                                                                             monkeypatch):
+    db = any_store.store
     write = db.record_job
 
     def slow_final_write(job_id, identity, label, state, error=None):
@@ -958,7 +960,7 @@ def test_a_detached_job_is_recorded_in_the_store_before_its_result_is_given(cloc
     assert {r["id"]: r["state"] for r in db.jobs()}.get(job.id) == "done"
 
 
-def test_cancelling_a_detached_cooperative_job_ends_it_cancelled(clock):
+def test_cancelling_a_detached_cooperative_job_ends_it_cancelled(any_store, clock):
     def cooperative() -> str:
         outlive(clock)
         run = nb.current()
@@ -976,7 +978,7 @@ def test_cancelling_a_detached_cooperative_job_ends_it_cancelled(clock):
     assert job.state is nb.JobState.CANCELLED
     with pytest.raises(nb.Cancelled):
         job.result()
-    _eventually(lambda: {r["id"]: r["state"] for r in nb.store().jobs()}.get(job.id)
+    _eventually(lambda: {r["id"]: r["state"] for r in any_store.store.jobs()}.get(job.id)
                 == "cancelled")
     again = nb.call(cooperative, detach=True, budget="1s", clock=FakeClock())
     assert again.ok is False
@@ -984,7 +986,7 @@ def test_cancelling_a_detached_cooperative_job_ends_it_cancelled(clock):
     assert again.error["code"] == "stopped"
 
 
-def test_a_cancelled_job_whose_work_never_checks_runs_on_then_keeps_its_result(clock):
+def test_a_cancelled_job_whose_work_never_checks_runs_on_then_keeps_its_result(any_store, clock):
     release = threading.Event()
 
     def never_checks() -> str:
@@ -1006,7 +1008,7 @@ def test_a_cancelled_job_whose_work_never_checks_runs_on_then_keeps_its_result(c
     assert (job.cancel_status, job.cancel_honoured) == ("not honoured", False)
     kinds = [e.kind for e in job.run.trace.events]
     assert "cancel_requested" in kinds and "cancel_observed" not in kinds
-    _eventually(lambda: {r["id"]: r["state"] for r in nb.store().jobs()}.get(job.id) == "done")
+    _eventually(lambda: {r["id"]: r["state"] for r in any_store.store.jobs()}.get(job.id) == "done")
     frame = nb.jobs.to_frame()
     assert (frame.loc[job.id, "state"], frame.loc[job.id, "cancel"]) == ("done", "not honoured")
     again = nb.call(never_checks, detach=True, budget="1s", clock=FakeClock())
@@ -1084,14 +1086,14 @@ def test_checkpoint_and_resume_state_outside_a_call_are_config_errors():
 
 
 @pytest.mark.parametrize("mode", [{"detach": True}, {}], ids=["detach", "plain"])
-def test_checkpoint_does_nothing_in_work_that_did_not_declare_resume(mode):
+def test_checkpoint_does_nothing_in_work_that_did_not_declare_resume(any_store, mode):
     def crunch() -> str:
         nb.checkpoint({"i": 1})
         return nb.resume_state("fresh")
 
     resp = nb.call(crunch, **mode)
     assert (resp.ok, resp.data) == (True, "fresh")
-    assert nb.store().load_checkpoint(_identity(crunch, (), {}, None)) is None
+    assert any_store.store.load_checkpoint(_identity(crunch, (), {}, None)) is None
 
 
 def test_inside_the_work_nb_current_is_the_calls_run(clock):

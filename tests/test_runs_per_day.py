@@ -27,7 +27,7 @@ def day(monkeypatch):
     return now
 
 
-def test_S4_12_starts_past_the_quota_are_refused_and_run_nothing(day):
+def test_S4_12_starts_past_the_quota_are_refused_and_run_nothing(any_store, day):
     ran: list[int] = []
 
     def job(n: int) -> int:
@@ -43,10 +43,10 @@ def test_S4_12_starts_past_the_quota_are_refused_and_run_nothing(day):
     assert third.error["code"] == "RunsPerDayExceeded"
     assert "already started 2 times on 2026-11-30 (UTC)" in third.error["message"]
     assert "raise runs_per_day" in third.error["message"]
-    assert nb.store().runs_on(_call._identity(job, (1,), {}, None), "2026-11-30") == 2
+    assert any_store.store.runs_on(_call._identity(job, (1,), {}, None), "2026-11-30") == 2
 
 
-def test_S4_12_the_quota_is_per_work_and_per_utc_day(day):
+def test_S4_12_the_quota_is_per_work_and_per_utc_day(any_store, day):
     def job(n: int) -> int:
         return n
 
@@ -61,7 +61,7 @@ def test_S4_12_the_quota_is_per_work_and_per_utc_day(day):
     assert nb.call(job, 1, runs_per_day=1).ok
 
 
-def test_S4_12_a_continuation_is_not_a_new_start(day):
+def test_S4_12_a_continuation_is_not_a_new_start(any_store, day):
     """A paused call continued by the identical call, and a reattach, count once."""
     clock = FakeClock()
 
@@ -83,9 +83,10 @@ def test_S4_12_a_continuation_is_not_a_new_start(day):
     assert again.error["code"] == "RunsPerDayExceeded"  # delivered: a new start today is not
 
 
-def test_S4_12_concurrent_starts_never_pass_the_quota(day):
-    """16 threads, each with its own connection, start the same work against a quota of 5."""
-    db = nb.store()
+def test_S4_12_concurrent_starts_never_pass_the_quota(any_store, day):
+    """16 threads (each with its own connection, on SQLite) start the same work against a
+    quota of 5."""
+    db = any_store.store
     barrier = threading.Barrier(16)
     granted: list[int | None] = []
     lock = threading.Lock()
@@ -95,7 +96,7 @@ def test_S4_12_concurrent_starts_never_pass_the_quota(day):
         got = db.take_run("fn:same", "2026-11-30", 5)
         with lock:
             granted.append(got)
-        db.close()
+        any_store.close_thread()
 
     threads = [threading.Thread(target=start, name=f"quota-{i}") for i in range(16)]
     for t in threads:

@@ -19,11 +19,12 @@ import time
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
+from stores import execute, rows
 from traitlets.config import Config
 
 import nbbudget as nb
 from nbbudget.calls.call import _identity
-from nbbudget.calls.store import CHECKPOINT_FORMAT, Store, home
+from nbbudget.calls.store import CHECKPOINT_FORMAT, SQLiteStore, home
 from nbbudget.testing import FakeClock
 
 SOON = 5.0
@@ -43,27 +44,11 @@ def mode(path) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)
 
 
-def rows(db_path) -> list[tuple]:
-    """Every checkpoint row, read through a connection of its own."""
-    with sqlite3.connect(db_path) as db:
-        return db.execute("SELECT identity, format, header, payload, tag FROM checkpoints "
-                          "ORDER BY identity").fetchall()
-
-
-def execute(db_path, sql: str, *params) -> None:
-    db = sqlite3.connect(db_path)
-    try:
-        with db:
-            db.execute(sql, params)
-    finally:
-        db.close()
-
-
 # -- files -----------------------------------------------------------------------------------------
 def test_the_folder_is_0700_and_its_files_0600(folder):
     old = os.umask(0)  # whatever the umask, the owner alone may read the store
     try:
-        s = Store(folder)
+        s = SQLiteStore(folder)
         s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
         s.record_job("job-1", IDENTITY, "crunch", "running")
     finally:
@@ -82,7 +67,7 @@ def test_the_folder_is_0700_and_its_files_0600(folder):
 def test_an_existing_folder_open_to_others_is_closed_to_them(folder):
     folder.mkdir(mode=0o755)
     os.chmod(folder, 0o755)
-    Store(folder).close()
+    SQLiteStore(folder).close()
     assert mode(folder) == 0o700
 
 
@@ -90,7 +75,7 @@ STORE_FILES = ("nbbudget.db", "nbbudget.db-wal", "nbbudget.db-shm", "secret")
 
 
 def test_existing_files_open_to_others_are_closed_to_them_and_sqlite_remakes_its_own_0600(folder):
-    s = Store(folder)
+    s = SQLiteStore(folder)
     s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
     holder = sqlite3.connect(s.path)  # another reader: the -wal and -shm files stay in place
     assert holder.execute("SELECT count(*) FROM checkpoints").fetchone() == (1,)
@@ -99,12 +84,12 @@ def test_existing_files_open_to_others_are_closed_to_them_and_sqlite_remakes_its
     try:
         for name in STORE_FILES:  # as an older release, or a copy, left them
             os.chmod(folder / name, 0o644)
-        Store(folder).close()
+        SQLiteStore(folder).close()
         assert {name: mode(folder / name) for name in STORE_FILES} == dict.fromkeys(
             STORE_FILES, 0o600)
         holder.close()  # the last connection: SQLite removes its -wal and -shm files
         assert not (folder / "nbbudget.db-wal").exists()
-        s = Store(folder)
+        s = SQLiteStore(folder)
         s.save_checkpoint(IDENTITY, "again", ledger=LEDGER, first_start=0.0, label="crunch")
         assert (folder / "nbbudget.db-wal").exists()  # made again by SQLite, with the db's mode
         assert {name: mode(folder / name) for name in STORE_FILES} == dict.fromkeys(
@@ -172,17 +157,17 @@ def test_a_store_that_cannot_be_made_is_a_config_error_naming_the_folder(tmp_pat
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     with pytest.raises(nb.ConfigError, match="set NBBUDGET_HOME to a writable folder") as info:
-        Store(blocker / "store")
+        SQLiteStore(blocker / "store")
     assert str(blocker / "store") in str(info.value)
 
 
 def test_stores_opened_at_once_on_a_new_folder_share_one_secret(folder):
-    opened: list[Store] = []
+    opened: list[SQLiteStore] = []
     start = threading.Barrier(8)
 
     def open_store() -> None:
         start.wait()
-        opened.append(Store(folder))
+        opened.append(SQLiteStore(folder))
 
     threads = [threading.Thread(target=open_store) for _ in range(8)]
     for t in threads:
@@ -198,8 +183,8 @@ def test_stores_opened_at_once_on_a_new_folder_share_one_secret(folder):
 
 
 # -- checkpoints -----------------------------------------------------------------------------------
-def test_a_checkpoint_round_trips_and_each_save_increments_its_seq(folder):
-    s = Store(folder)
+def test_a_checkpoint_round_trips_and_each_save_increments_its_seq(any_store):
+    s = any_store.store
     first = s.save_checkpoint(IDENTITY, {"done": [1, 2]}, ledger=LEDGER, first_start=123.5,
                               label="crunch")
     loaded = s.load_checkpoint(IDENTITY)
@@ -211,12 +196,22 @@ def test_a_checkpoint_round_trips_and_each_save_increments_its_seq(folder):
                                label="crunch")
     assert second.seq == 2
     assert s.load_checkpoint(IDENTITY).state == {"done": [1, 2, 3]}
-    assert len(rows(folder / "nbbudget.db")) == 1  # replaced, not added
+    assert len(any_store.rows()) == 1  # replaced, not added
     assert s.load_checkpoint("fn:unknown") is None
     assert s.delete_checkpoint(IDENTITY) is True
     assert s.delete_checkpoint(IDENTITY) is False
     assert s.load_checkpoint(IDENTITY) is None
-    s.close()
+
+
+def test_a_saved_state_is_kept_as_it_was_when_saved(any_store):
+    state = {"done": [1, 2]}
+    any_store.store.save_checkpoint(IDENTITY, state, ledger=LEDGER, first_start=0.0,
+                                    label="crunch")
+    state["done"].append(3)  # the work goes on changing its object
+    loaded = any_store.store.load_checkpoint(IDENTITY)
+    assert loaded.state == {"done": [1, 2]}
+    loaded.ledger["counts"]["steps"] = 99
+    assert any_store.store.load_checkpoint(IDENTITY).ledger == LEDGER
 
 
 class TouchOnLoad:
@@ -231,7 +226,7 @@ class TouchOnLoad:
 
 def test_the_unpickling_probe_works_on_a_checkpoint_that_verifies(tmp_path, folder):
     marker = tmp_path / "unpickled"
-    s = Store(folder)
+    s = SQLiteStore(folder)
     s.save_checkpoint(IDENTITY, TouchOnLoad(marker), ledger=LEDGER, first_start=0.0,
                       label="crunch")
     assert not marker.exists()
@@ -280,7 +275,7 @@ TAMPERINGS = {
 def test_S4_5_a_checkpoint_that_fails_a_check_is_refused_unchanged_and_never_unpickled(
         tmp_path, folder, tamper):
     marker = tmp_path / "unpickled"
-    s = Store(folder)
+    s = SQLiteStore(folder)
     s.save_checkpoint(IDENTITY, TouchOnLoad(marker), ledger=LEDGER, first_start=0.0,
                       label="crunch")
     db_path = folder / "nbbudget.db"
@@ -301,7 +296,7 @@ def test_S4_5_a_checkpoint_that_fails_a_check_is_refused_unchanged_and_never_unp
 
 
 def test_S4_5_the_old_format_is_named_in_the_refusal(folder):
-    s = Store(folder)
+    s = SQLiteStore(folder)
     s.save_checkpoint(IDENTITY, 1, ledger=LEDGER, first_start=0.0, label="crunch")
     _old_format(folder / "nbbudget.db", None)
     with pytest.raises(nb.CheckpointRefused, match="'nbbudget-ckpt-v0' is not "
@@ -312,10 +307,10 @@ def test_S4_5_the_old_format_is_named_in_the_refusal(folder):
 
 def test_S4_5_a_checkpoint_signed_with_another_secret_is_refused_unchanged(tmp_path, folder):
     marker = tmp_path / "unpickled"
-    mine = Store(folder)
+    mine = SQLiteStore(folder)
     mine.save_checkpoint(IDENTITY, TouchOnLoad(marker), ledger=LEDGER, first_start=0.0,
                          label="crunch")
-    theirs = Store(tmp_path / "elsewhere")  # another store: another secret
+    theirs = SQLiteStore(tmp_path / "elsewhere")  # another store: another secret
     (row,) = rows(folder / "nbbudget.db")
     execute(theirs.path, "INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?)", *row)
     before = rows(theirs.path)
@@ -330,7 +325,7 @@ def test_S4_5_a_checkpoint_signed_with_another_secret_is_refused_unchanged(tmp_p
 
 def test_S4_5_a_signed_row_moved_to_another_identity_is_refused_unchanged(tmp_path, folder):
     marker = tmp_path / "unpickled"
-    s = Store(folder)
+    s = SQLiteStore(folder)
     s.save_checkpoint(IDENTITY, TouchOnLoad(marker), ledger=LEDGER, first_start=0.0,
                       label="crunch")
     (row,) = rows(s.path)
@@ -348,7 +343,7 @@ def test_S4_5_a_signed_row_moved_to_another_identity_is_refused_unchanged(tmp_pa
 def test_S4_5_a_signed_header_that_lacks_a_field_is_refused_unchanged(tmp_path, folder):
     """As an older writer with the same secret would have left it."""
     marker = tmp_path / "unpickled"
-    s = Store(folder)
+    s = SQLiteStore(folder)
     header = json.dumps({"format": CHECKPOINT_FORMAT, "identity": IDENTITY, "seq": 1,
                          "created": 0.0, "ledger": LEDGER, "first_start": 0.0},
                         sort_keys=True, separators=(",", ":"))  # no "label"
@@ -363,68 +358,61 @@ def test_S4_5_a_signed_header_that_lacks_a_field_is_refused_unchanged(tmp_path, 
     s.close()
 
 
-def _put_back(db_path, row) -> None:
-    execute(db_path, "INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?)", *row)
-
-
 def test_S4_5_an_older_checkpoint_of_the_same_work_put_back_is_refused_unchanged(tmp_path,
-                                                                                 folder):
+                                                                                 any_store):
     marker = tmp_path / "unpickled"
-    s = Store(folder)
+    s = any_store.store
     s.save_checkpoint(IDENTITY, TouchOnLoad(marker), ledger=LEDGER, first_start=0.0,
                       label="crunch")
-    (older,) = rows(s.path)  # validly signed, by this store, for this work
+    older = any_store.row(IDENTITY)  # validly signed (on SQLite), by this store, for this work
     s.save_checkpoint(IDENTITY, "later", ledger=LEDGER, first_start=0.0, label="crunch")
-    _put_back(s.path, older)
-    before = rows(s.path)
+    any_store.put_back(older)
+    before = any_store.rows()
     for _ in range(2):
         with pytest.raises(nb.CheckpointRefused) as info:
             s.load_checkpoint(IDENTITY)
-        assert rows(s.path) == before
+        assert any_store.rows() == before
     assert str(info.value) == (
-        f"checkpoint {IDENTITY!r} in {s.path} is refused: it is checkpoint 1 of this work, "
+        f"checkpoint {IDENTITY!r} in {s.location} is refused: it is checkpoint 1 of this work, "
         f"but the last one saved was 2 (a checkpoint put back from earlier is never resumed); "
         f"it was left unchanged. Delete it with nb.store().delete_checkpoint({IDENTITY!r}) to "
         f"start over")
     assert not marker.exists()
-    s.close()
 
 
-def test_S4_5_a_checkpoint_put_back_after_its_work_completed_is_refused(folder):
-    s = Store(folder)
+def test_S4_5_a_checkpoint_put_back_after_its_work_completed_is_refused(any_store):
+    s = any_store.store
     s.save_checkpoint(IDENTITY, "first", ledger=LEDGER, first_start=0.0, label="crunch")
-    (older,) = rows(s.path)
+    older = any_store.row(IDENTITY)
     assert s.delete_checkpoint(IDENTITY)  # the work delivered its result
-    _put_back(s.path, older)
+    any_store.put_back(older)
     with pytest.raises(nb.CheckpointRefused, match="it is checkpoint 1 of this work, but the "
                                                    "last one saved was 1 and then deleted"):
         s.load_checkpoint(IDENTITY)
-    assert rows(s.path) == [older]
+    assert any_store.rows() == [older]
     assert s.delete_checkpoint(IDENTITY)  # the way out the refusal names
     again = s.save_checkpoint(IDENTITY, "anew", ledger=LEDGER, first_start=0.0, label="crunch")
     assert again.seq == 2  # the work starts anew and its checkpoints go on counting
     assert s.load_checkpoint(IDENTITY).state == "anew"
-    s.close()
 
 
-def test_a_checkpoint_removed_behind_the_stores_back_is_refused_not_started_over(folder):
-    s = Store(folder)
+def test_a_checkpoint_removed_behind_the_stores_back_is_refused_not_started_over(any_store):
+    s = any_store.store
     s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
-    execute(s.path, "DELETE FROM checkpoints")
+    any_store.remove_all()
     with pytest.raises(nb.CheckpointRefused, match="checkpoint 1 of this work was saved and is "
                                                    "no longer in the store"):
         s.load_checkpoint(IDENTITY)
     assert s.delete_checkpoint(IDENTITY) is False  # nothing to delete, and now it starts over
     assert s.load_checkpoint(IDENTITY) is None
-    s.close()
 
 
 def test_a_store_made_before_it_kept_sequences_resumes_its_checkpoints(folder):
-    s = Store(folder)
+    s = SQLiteStore(folder)
     s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
     s.close()
     execute(s.path, "DROP TABLE sequences")  # as the previous release left its store
-    s = Store(folder)
+    s = SQLiteStore(folder)
     assert s.load_checkpoint(IDENTITY).state == "state"
     assert s.save_checkpoint(IDENTITY, "next", ledger=LEDGER, first_start=0.0,
                              label="crunch").seq == 2
@@ -467,21 +455,23 @@ def test_S4_5_a_tampered_checkpoint_fails_the_identical_call_loudly(folder):
     assert rows(db_path) == before
 
 
-def test_S4_5_a_checkpoint_whose_ledger_lacks_its_state_fails_the_call_as_refused(folder):
+def test_S4_5_a_checkpoint_whose_ledger_lacks_its_state_fails_the_call_as_refused(any_store):
     runs: list[object] = []
     clock = FakeClock()
     crunch = _resumable(runs, clock)
     identity = _identity(crunch, (), {}, None)
-    nb.store().save_checkpoint(identity, "half way", ledger={"version": "nbbudget-ledger-v0"},
-                               first_start=0.0, label="crunch")
-    before = rows(folder / "nbbudget.db")
+    any_store.store.save_checkpoint(identity, "half way",
+                                    ledger={"version": "nbbudget-ledger-v0"}, first_start=0.0,
+                                    label="crunch")
+    before = any_store.rows()
     try:
         resp = nb.call(crunch, resume=True, budget="1s", clock=clock)
     finally:
         assert runs == []
-        assert rows(folder / "nbbudget.db") == before
+        assert any_store.rows() == before
     assert resp.error["code"] == "checkpoint_refused"
     assert repr(identity) in resp.error["message"]
+    assert any_store.store.location in resp.error["message"]
 
 
 def _pausing(runs: list[object], clock: FakeClock):
@@ -498,25 +488,25 @@ def _pausing(runs: list[object], clock: FakeClock):
     return crunch
 
 
-def test_S4_5_the_identical_call_refuses_an_older_checkpoint_put_back_and_runs_nothing(folder):
+def test_S4_5_the_identical_call_refuses_an_older_checkpoint_put_back_and_runs_nothing(
+        any_store):
     runs: list[object] = []
     clock = FakeClock()
     crunch = _pausing(runs, clock)
     identity = _identity(crunch, (), {}, None)
     assert nb.call(crunch, resume=True, budget="1s", clock=clock).data["state"] == "paused"
-    (older,) = rows(folder / "nbbudget.db")
+    older = any_store.row(identity)
     clock.waiting.clear()
     second = nb.call(crunch, resume=True, budget="1s", clock=clock)
     assert second.data["checkpoint"] == f"{identity[:12]}:2"
-    execute(folder / "nbbudget.db", "UPDATE checkpoints SET header = ?, payload = ?, tag = ? "
-            "WHERE identity = ?", *older[2:], identity)  # a copy kept from the first pause
-    before = rows(folder / "nbbudget.db")
+    any_store.put_back(older)  # a copy kept from the first pause
+    before = any_store.rows()
     resp = nb.call(crunch, resume=True, budget="1s", clock=clock)
     assert (resp.ok, resp.exit_code, resp.error["code"]) == (False, 1, "checkpoint_refused")
     assert ("it is checkpoint 1 of this work, but the last one saved was 2"
             in resp.error["message"])
     assert runs == [0, 1]  # the work did not run from the older state
-    assert rows(folder / "nbbudget.db") == before
+    assert any_store.rows() == before
 
 
 # -- a store that lost what it held ----------------------------------------------------------------
@@ -570,11 +560,11 @@ def assert_damaged(message: str, folder) -> None:
 
 
 def test_a_new_folder_and_a_store_killed_before_it_made_its_secret_open_as_new_stores(folder):
-    Store(folder).close()  # a brand-new folder
+    SQLiteStore(folder).close()  # a brand-new folder
     for name in ("secret", "nbbudget.db-wal", "nbbudget.db-shm"):
         (folder / name).unlink(missing_ok=True)
     _truncated(folder / "nbbudget.db")  # its database made, no secret yet
-    s = Store(folder)
+    s = SQLiteStore(folder)
     s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
     assert s.load_checkpoint(IDENTITY).state == "state"
     s.close()
@@ -582,14 +572,14 @@ def test_a_new_folder_and_a_store_killed_before_it_made_its_secret_open_as_new_s
 
 @pytest.mark.parametrize("damage", DAMAGES.values(), ids=DAMAGES.keys())
 def test_a_store_that_lost_what_it_held_is_damaged_and_left_as_it_is(folder, damage):
-    s = Store(folder)
+    s = SQLiteStore(folder)
     s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
     s.close()  # the last connection: everything is in nbbudget.db
     damage(folder / "nbbudget.db")
     before = snapshot(folder)
     for _ in range(2):  # damaged every time, never made over
         with pytest.raises(nb.StoreDamaged) as info:
-            Store(folder)
+            SQLiteStore(folder)
         assert snapshot(folder) == before
     err = info.value
     assert isinstance(err, nb.ConfigError)
@@ -684,7 +674,7 @@ def test_a_resume_cell_on_a_store_emptied_after_its_pause_stops_and_runs_nothing
 
 
 # -- concurrency -----------------------------------------------------------------------------------
-def _hammer(stores: list[Store], threads: int, per_thread: int) -> list[BaseException]:
+def _hammer(stores: list[SQLiteStore], threads: int, per_thread: int) -> list[BaseException]:
     errors: list[BaseException] = []
     start = threading.Barrier(threads)
 
@@ -713,7 +703,7 @@ def _hammer(stores: list[Store], threads: int, per_thread: int) -> list[BaseExce
 
 
 def test_eight_threads_write_to_one_store_without_locking_errors(folder):
-    s = Store(folder)
+    s = SQLiteStore(folder)
     errors = _hammer([s], threads=8, per_thread=200)
     assert errors == []
     assert len(rows(s.path)) == 8 * 200
@@ -725,8 +715,8 @@ def test_eight_threads_write_to_one_store_without_locking_errors(folder):
 
 
 def test_two_stores_on_one_folder_write_concurrently(folder):
-    """Two Store objects, two connections each, as two kernels of one user would have."""
-    first, second = Store(folder), Store(folder)
+    """Two SQLiteStore objects, two connections each, as two kernels of one user would have."""
+    first, second = SQLiteStore(folder), SQLiteStore(folder)
     errors = _hammer([first, second], threads=4, per_thread=100)
     assert errors == []
     assert len(rows(first.path)) == 4 * 100
@@ -758,7 +748,7 @@ def test_opening_a_store_marks_the_lost_jobs(folder):
     code = ("import nbbudget as nb; "
             "nb.store().record_job('theirs', 'fn:theirs', 'crunch', 'running')")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env=dict(os.environ))
-    s = Store(folder)
+    s = SQLiteStore(folder)
     assert [(j["id"], j["state"]) for j in s.jobs()] == [("theirs", "lost")]
     s.close()
 

@@ -22,7 +22,7 @@ import pytest
 
 import nbbudget as nb
 from nbbudget.calls.call import _identity
-from nbbudget.calls.store import Store
+from nbbudget.calls.store import SQLiteStore
 
 pytestmark = pytest.mark.slow
 
@@ -103,7 +103,7 @@ def test_S0_2_a_checkpoint_survives_100_kills_at_random_moments(tmp_path):
             secret = (home / "secret").read_bytes()
         assert (home / "secret").read_bytes() == secret, context
 
-        db = Store(home)  # it always opens
+        db = SQLiteStore(home)  # it always opens
         try:
             saved = db.load_checkpoint(identity)  # and verifies (S4-5)
         finally:
@@ -211,7 +211,7 @@ def test_S0_2_a_process_killed_while_creating_the_store_leaves_a_store_that_open
     check.close()
     assert "checkpoints" in tables  # made before the secret
 
-    db = Store(home)  # it always opens
+    db = SQLiteStore(home)  # it always opens
     try:
         assert db.load_checkpoint(_identity(None, (), {}, "faults")) is None
     finally:

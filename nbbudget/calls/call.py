@@ -12,18 +12,16 @@ import functools
 import hashlib
 import os
 import pickle
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..agents.budget import Budget
 from ..core.clock import Clock, default_clock
 from ..core.duration import parse_duration
+from ..core.endings import ENDINGS, envelope_code
 from ..core.errors import (
-    BudgetCut,
-    BudgetError,
     Cancelled,
     ConfigError,
     RunsPerDayExceeded,
@@ -32,19 +30,17 @@ from ..core.limits import NO_LIMITS as _NO_LIMITS
 from ..core.limits import Limits, Manifest
 from ..core.lowlevel import Incomplete, Stop
 from ..core.outcome import Status
-from . import workers as _workers
 from .interactive import is_interactive
 from .jobs import Job, JobState
 from .response import (
-    EXIT_CANCELLED,
     EXIT_FAILED,
     EXIT_INCOMPLETE,
     EXIT_OK,
-    EXIT_STOPPED,
     Response,
     meta,
 )
-from .store import Checkpoint, CheckpointRefused, Store, StoreDamaged, store
+from .runner import Backend, JobRunner, current_backend
+from .store import Checkpoint, CheckpointRefused, Store, StoreDamaged
 
 __all__ = ["CALL_SPELLING", "DEFAULT_BUDGET_MS", "ENV_BUDGET", "FLAG_SPELLING", "Spelling", "call",
            "check_interruption", "checkpoint", "current_call", "resume_state"]
@@ -54,8 +50,6 @@ ENV_BUDGET = "AGENT_CALL_BUDGET_MS"
 
 _current_call: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
     "nbbudget_call", default=None)
-_attached: dict[str, Job] = {}  # detached work by identity, until its result is delivered
-_attached_lock = threading.Lock()
 
 
 class _Pause(Incomplete):
@@ -68,16 +62,14 @@ class _Pause(Incomplete):
 
 @dataclass
 class _Call:
-    """One invocation: what the work sees through `checkpoint` and `resume_state`."""
+    """One invocation: what the work sees through `checkpoint` and `resume_state`. Its job
+    says when to pause (`Job.pause`)."""
 
     plan: _Plan
     job: Job
     store: Store | None
     first_start: float
     loaded: Checkpoint | None = None
-    budget_out: bool = False  # the caller's budget ran out: pause at the next checkpoint
-    deadline_ms: float | None = None  # when it runs out, on the run's clock
-    wake: threading.Event = field(default_factory=threading.Event)
 
     @property
     def identity(self) -> str:
@@ -118,7 +110,8 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     start over the quota fails with the code ``RunsPerDayExceeded`` and runs nothing (S4-12).
 
     Keyword arguments with the names above are nbbudget's; pass such arguments to *fn* with
-    `functools.partial`.
+    `functools.partial`. The work runs, and its records are kept, on the backend in force
+    (`nbbudget.calls.runner.current_backend`).
     """
     started = time.monotonic()
     started_wall = _wall()  # the wall clock of a first start counts from here (S0-6)
@@ -126,18 +119,28 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     t0_ms = clock.now_ms()  # the call budget counts from the call, store work included
     plan = _plan(fn, args, kwargs, detach, resume, budget, timeout, key, estimate_ms, limits,
                  manifest, notices, runs_per_day)
-    job = _reattach(plan) if plan.detach else None
+    return _run(plan, current_backend(), clock, t0_ms, started, started_wall)
+
+
+def _run(plan: _Plan, backend: Backend, clock: Clock, t0_ms: float, started: float,
+         started_wall: float) -> Response:
+    """Reattach to the identical detached work, or start it on *backend*; then hold the caller
+    until it ends or its budget runs out. *t0_ms* is when the call began on the run's clock,
+    *started* on the monotonic clock and *started_wall* on the wall clock."""
+    runner = backend.runner
+    job = runner.reattach(plan) if plan.detach else None
+    db = None
     if job is None:
         try:
-            ctx, job = _start(plan, clock, started_wall)
+            ctx, job = _start(plan, backend, clock, started_wall)
         except (CheckpointRefused, StoreDamaged, RunsPerDayExceeded) as exc:  # nothing started
             return _respond(plan, started, ok=False, exit_code=EXIT_FAILED, refusal=exc,
                             error={"code": exc.code, "message": str(exc)})
         if ctx is None:  # the wall clock had already run out before this continuation
-            return _respond(plan, started, ok=False, exit_code=EXIT_CANCELLED,
-                            data={"state": "cancelled"},
-                            error={"code": "cancelled", "message": _timeout_message(plan)})
-    return _await(job, plan, clock, t0_ms, started)
+            return _stopped(plan, started, Status.CANCELLED, _timeout_message(plan), None)
+        db = ctx.store
+    _await(job, plan, runner, clock, t0_ms)
+    return _answer(job, plan, started, runner, db)
 
 
 # -- planning -----------------------------------------------------------------------------------
@@ -312,52 +315,47 @@ def _code_digest(code: Any) -> bytes:
     return digest.digest()
 
 
-# -- starting and reattaching ----------------------------------------------------------------------
-def _reattach(plan: _Plan) -> Job | None:
-    if not _attached:  # nothing detached: no need to work out the identity
-        return None
-    with _attached_lock:
-        return _attached.get(plan.identity)
-
-
-def _start(plan: _Plan, clock: Clock, started_wall: float) -> tuple[_Call | None, Job]:
+# -- starting -----------------------------------------------------------------------------------
+def _start(plan: _Plan, backend: Backend, clock: Clock,
+           started_wall: float) -> tuple[_Call | None, Job]:
     fn, args, kwargs, _ = plan.work
-    db = store() if plan.resume else None
-    loaded = db.load_checkpoint(plan.identity) if plan.resume and db is not None else None
+    db = backend.store() if plan.resume else None
+    loaded = db.load_checkpoint(plan.identity) if db is not None else None
     first_start = loaded.first_start if loaded is not None else started_wall
     if plan.runs_per_day is not None and loaded is None:  # a start, not a continuation
-        take_run(db if db is not None else store(), plan.identity, plan.label,
+        take_run(db if db is not None else backend.store(), plan.identity, plan.label,
                  plan.runs_per_day, started_wall)
-    if loaded is not None:
-        try:
-            run = Budget.resume(loaded.ledger, plan.limits, clock=clock)
-        except ConfigError as exc:  # a signed checkpoint whose ledger lacks its state (S4-5)
-            assert db is not None
-            raise CheckpointRefused(plan.identity, str(db.path), str(exc)) from None
-    else:
-        run = Budget(plan.limits, clock=clock, name=plan.label, notices=plan.notices)
-    job = Job(lambda: plan.identity, plan.label, run, db)
+    job = Job(lambda: plan.identity, plan.label, _open_run(plan, loaded, db, clock),
+              backend.store)
     ctx = _Call(plan, job, db, first_start, loaded)
     left = _timeout_left(plan, first_start)
     if left is not None and left <= 0:
-        job._settle(JobState.CANCELLED, error=Cancelled(_timeout_message(plan)))
-        job._signal()
+        job.settle(JobState.CANCELLED, error=Cancelled(_timeout_message(plan)))
+        job.notify_done()
         if db is not None:
             db.delete_checkpoint(plan.identity)
         return None, job
     if left is not None:
-        ctx_timer = clock.call_at(clock.now_ms() + left, lambda: _wall_clock(ctx, plan))
-        job._timers.append(ctx_timer)
-    job._ctx = ctx
+        job.add_timer(clock.call_at(clock.now_ms() + left, lambda: _wall_clock(job, plan)))
     context = contextvars.copy_context()
     if plan.budget_ms is None and left is None:
         # nothing can end the wait early (no budget, no wall clock): run it here, synchronously
-        context.run(_work, fn, args, kwargs, ctx, job)()
+        context.run(_work, fn, args, kwargs, ctx)()
     else:
-        if plan.detach:  # one worker for the work, one to write the job record if it detaches
-            _workers.ensure_idle(2)
-        _workers.submit(lambda: context.run(_work, fn, args, kwargs, ctx, job))
+        backend.runner.start(job, lambda: context.run(_work, fn, args, kwargs, ctx),
+                             detachable=plan.detach)
     return ctx, job
+
+
+def _open_run(plan: _Plan, loaded: Checkpoint | None, db: Store | None, clock: Clock) -> Budget:
+    """The work's run: a new one, or the paused one continued from its checkpoint (S4-4)."""
+    if loaded is None:
+        return Budget(plan.limits, clock=clock, name=plan.label, notices=plan.notices)
+    try:
+        return Budget.resume(loaded.ledger, plan.limits, clock=clock)
+    except ConfigError as exc:  # a signed checkpoint whose ledger lacks its state (S4-5)
+        assert db is not None
+        raise CheckpointRefused(plan.identity, db.location, str(exc)) from None
 
 
 #: the wall clock: dates a start for its day's quota, and a first start for its timeout
@@ -386,18 +384,19 @@ def _timeout_message(plan: _Plan) -> str:
             f"from its first start across every continuation, ran out")
 
 
-def _wall_clock(ctx: _Call, plan: _Plan) -> None:
+def _wall_clock(job: Job, plan: _Plan) -> None:
     """The wall-clock limit fired: cancel the work, across every continuation (S0-6, S4-7)."""
-    scope = ctx.run.lowlevel.scope
+    scope = job.run.lowlevel.scope
     scope.halt(Stop.of(Status.CANCELLED, _timeout_message(plan), scope, by="wall-clock"))
-    ctx.wake.set()
+    job.nudge()
 
 
-def _work(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], ctx: _Call,
-          job: Job) -> Callable[[], None]:
-    """Runs on a worker thread: the work, under its run, with this call visible to it. Returns
-    what tells the caller, run once the worker is free again."""
+def _work(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+          ctx: _Call) -> Callable[[], None]:
+    """Runs where the runner runs it: the work, under its run, with this call visible to it.
+    Settles the job, and returns what tells its waiters, run once the worker is free again."""
     _current_call.set(ctx)
+    job = ctx.job
     returned, value = False, None
     try:
         with ctx.run:
@@ -405,25 +404,19 @@ def _work(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
             returned = True
     except _Pause as paused:
         job.paused = True
-        job._settle(JobState.DONE, value=paused.saved)
+        job.settle(JobState.DONE, value=paused.saved)
     except Cancelled as exc:
         _settle_cancelled(job, exc, returned, value)
     except (KeyboardInterrupt, SystemExit) as exc:  # only in place, in the caller's thread
-        job._settle(JobState.CANCELLED, error=exc)
-        job._signal()
+        job.settle(JobState.CANCELLED, error=exc)
+        job.notify_done()
         raise
     except BaseException as exc:  # kept with its traceback: no job is silently dropped
-        job._settle(JobState.FAILED, error=exc)
+        job.settle(JobState.FAILED, error=exc)
     else:
-        job._settle(JobState.DONE, value=value)
-    for timer in job._timers:  # the work has ended: its wall clock no longer matters
-        timer.cancel()
-
-    def tell() -> None:
-        job._signal()
-        ctx.wake.set()
-
-    return tell
+        job.settle(JobState.DONE, value=value)
+    job.cancel_timers()  # the work has ended: its wall clock no longer matters
+    return job.notify_done
 
 
 def _settle_cancelled(job: Job, exc: Cancelled, returned: bool, value: Any) -> None:
@@ -431,62 +424,45 @@ def _settle_cancelled(job: Job, exc: Cancelled, returned: bool, value: Any) -> N
     or it ended without reaching one: then its value, or its own error (the cause of the
     `Cancelled` its run raised at the end), is kept and the cancel was not honoured."""
     if not job.run.cancelled:  # a Cancelled of the work's own, not of this job's run
-        job._settle(JobState.CANCELLED, error=exc)
+        job.settle(JobState.CANCELLED, error=exc)
     elif returned:
-        job._settle(JobState.DONE, value=value, honoured=False)
+        job.settle(JobState.DONE, value=value, honoured=False)
     elif exc.__cause__ is not None:
-        job._settle(JobState.FAILED, error=exc.__cause__, honoured=False)
+        job.settle(JobState.FAILED, error=exc.__cause__, honoured=False)
     else:
-        job._settle(JobState.CANCELLED, error=exc, honoured=True)
+        job.settle(JobState.CANCELLED, error=exc, honoured=True)
 
 
 # -- waiting and answering -----------------------------------------------------------------------
-def _await(job: Job, plan: _Plan, clock: Clock, t0_ms: float, started: float) -> Response:
+def _await(job: Job, plan: _Plan, runner: JobRunner, clock: Clock, t0_ms: float) -> None:
     """Hold the caller until the work ends, or its budget runs out (then a detached call
     returns, and a resumable one waits for the pause at the next checkpoint), or the wall clock
     cancels it. The wait itself is the budget's timer: no thread is woken to end it."""
-    ctx: _Call = job._ctx
     budget_ms = plan.budget_ms
     out = bool(budget_ms and plan.estimate_ms is not None and plan.estimate_ms > budget_ms)
     if out:
-        ctx.budget_out = True  # S0-7: it cannot finish in time: hand off or checkpoint now
+        job.pause()  # S0-7: it cannot finish in time: hand off or checkpoint now
     deadline = t0_ms + budget_ms if budget_ms else None
-    ctx.deadline_ms = deadline
+    if deadline is not None:
+        job.pause(at_ms=deadline)  # a checkpoint past it pauses, even before the caller wakes
     try:
         while not job.done() and not (plan.detach and out):
-            stop = ctx.run.lowlevel.scope.stop
+            stop = job.run.lowlevel.scope.stop
             if stop is not None and stop.status is Status.CANCELLED:
                 break  # the wall clock fired: the caller is freed even if the work ignores it
             until = None if out else deadline
-            if clock.wait(ctx.wake, until):
-                ctx.wake.clear()  # every state is re-read above, so no wake-up is lost
-            elif until is not None:
+            if not runner.wait(job, clock, until) and until is not None:
                 out = True
-                ctx.budget_out = True  # a resumable work stops at its next checkpoint
+                job.pause()  # a resumable work stops at its next checkpoint
     except KeyboardInterrupt:  # the person interrupted the call: stop the work, then re-raise
-        ctx.run.cancel("interrupted")
+        job.run.cancel("interrupted")
         raise
-    return _answer(job, plan, started)
 
 
-def _answer(job: Job, plan: _Plan, started: float) -> Response:
-    ctx: _Call = job._ctx
+def _answer(job: Job, plan: _Plan, started: float, runner: JobRunner,
+            db: Store | None) -> Response:
     if not job.done():
-        stop = ctx.run.lowlevel.scope.stop
-        if stop is not None and stop.status is Status.CANCELLED:
-            _deliver(job, plan)
-            return _respond(plan, started, ok=False, exit_code=EXIT_CANCELLED,
-                            data={"state": "cancelled", "job": job.id}, job=job,
-                            error={"code": "cancelled", "message": stop.message})
-        job._detach()
-        with _attached_lock:
-            _attached[plan.identity] = job
-        ctx.run.lowlevel.record("detached", {"job": job.id})
-        return _respond(plan, started, ok=False, exit_code=EXIT_INCOMPLETE,
-                        job=job,
-                        data={"state": "running", "job": job.id,
-                              "next": f"make the identical call again to wait for the result "
-                                      f"(or nb.jobs[{job.id!r}].result())"})
+        return _unfinished(job, plan, started, runner, db)
     if job.paused:
         saved: Checkpoint = job.result()
         return _respond(plan, started, ok=False, exit_code=EXIT_INCOMPLETE,
@@ -494,44 +470,54 @@ def _answer(job: Job, plan: _Plan, started: float) -> Response:
                         data={"state": "paused", "checkpoint": saved.id,
                               "next": "make the identical call again to continue from "
                                       f"checkpoint {saved.id}"})
-    _deliver(job, plan)
+    _deliver(job, plan, runner, db)
     error = job.exception()
     if error is None:
         return _respond(plan, started, ok=True, exit_code=EXIT_OK, data=job.result(),
                         job=job)
     if isinstance(error, Cancelled):
-        ended = ctx.run.outcome
+        ended = job.run.outcome
         wall = ended is not None and ended.status is Status.CANCELLED
-        return _respond(plan, started, ok=False,
-                        exit_code=EXIT_CANCELLED if wall else EXIT_STOPPED,
-                        data={"state": "cancelled" if wall else "stopped", "job": job.id},
-                        job=job,
-                        error={"code": "cancelled" if wall else "stopped",
-                               "message": str(error)})
+        return _stopped(plan, started, Status.CANCELLED if wall else Status.STOPPED,
+                        str(error), job)
     return _respond(plan, started, ok=False, exit_code=EXIT_FAILED, job=job,
-                    error={"code": _error_code(error), "message": str(error)})
+                    error={"code": envelope_code(error), "message": str(error)})
 
 
-def _deliver(job: Job, plan: _Plan) -> None:
+def _stopped(plan: _Plan, started: float, status: Status, message: str,
+             job: Job | None) -> Response:
+    """A call its run's stop ended: a person's (``stopped``) or the wall clock's
+    (``cancelled``), answered with its ending's state, code and exit code."""
+    ending = ENDINGS[status]
+    assert ending.envelope is not None
+    data = {"state": ending.envelope} if job is None else {"state": ending.envelope, "job": job.id}
+    return _respond(plan, started, ok=False, exit_code=ending.exit_code, data=data, job=job,
+                    error={"code": ending.envelope, "message": message})
+
+
+def _unfinished(job: Job, plan: _Plan, started: float, runner: JobRunner,
+                db: Store | None) -> Response:
+    """The caller is let go before the work ended: the wall clock cancelled it, or its budget
+    ran out and it goes on as a job (S0-2)."""
+    stop = job.run.lowlevel.scope.stop
+    if stop is not None and stop.status is Status.CANCELLED:
+        _deliver(job, plan, runner, db)
+        return _stopped(plan, started, Status.CANCELLED, stop.message, job)
+    runner.detach(plan, job)
+    job.run.lowlevel.record("detached", {"job": job.id})
+    return _respond(plan, started, ok=False, exit_code=EXIT_INCOMPLETE,
+                    job=job,
+                    data={"state": "running", "job": job.id,
+                          "next": f"make the identical call again to wait for the result "
+                                  f"(or nb.jobs[{job.id!r}].result())"})
+
+
+def _deliver(job: Job, plan: _Plan, runner: JobRunner, db: Store | None) -> None:
     """The final result goes out: the work is complete, the next identical call starts anew."""
-    if job.detached:
-        with _attached_lock:
-            if _attached.get(plan.identity) is job:
-                del _attached[plan.identity]
-    for timer in job._timers:
-        timer.cancel()
-    ctx: _Call = job._ctx
-    if plan.resume and ctx.store is not None:
-        ctx.store.delete_checkpoint(plan.identity)
-
-
-def _error_code(error: BaseException) -> str:
-    """The envelope's ``error.code``: a cut names what cut it, nbbudget's other errors carry
-    their code (``StepBudgetExceeded``, ``store_damaged``...), anything else is its class name."""
-    if isinstance(error, BudgetCut):
-        return f"budget_cut_{error.by}".replace("-", "_")
-    code = getattr(error, "code", None) if isinstance(error, (BudgetError, ConfigError)) else None
-    return code if isinstance(code, str) and code else type(error).__name__
+    runner.deliver(plan, job)
+    job.cancel_timers()
+    if plan.resume and db is not None:
+        db.delete_checkpoint(plan.identity)
 
 
 def _respond(plan: _Plan, started: float, *, ok: bool, exit_code: int, data: Any = None,
@@ -565,8 +551,7 @@ def checkpoint(state: Any) -> None:
     saved = ctx.store.save_checkpoint(ctx.identity, state, ledger=ctx.run.state(),
                                       first_start=ctx.first_start, label=ctx.label)
     ctx.run.lowlevel.record("checkpoint_saved", {"checkpoint": saved.id})
-    deadline = ctx.deadline_ms
-    if ctx.budget_out or (deadline is not None and ctx.run.lowlevel.clock.now_ms() >= deadline):
+    if ctx.job.pause_due(ctx.run.lowlevel.clock.now_ms()):
         raise _Pause(saved)
 
 

@@ -1,7 +1,8 @@
 """Background jobs: work that outlived its caller's budget (S0-2, S0-11).
 
 ``nb.jobs`` lists them: ``nb.jobs[id]`` is a `Job` of this process; ``nb.jobs.to_frame()`` adds
-the records of other kernels sharing the store (a job whose kernel died is ``lost``).
+the records of other kernels sharing the store (a job whose kernel died is ``lost``). The job
+runner that starts, detaches and reattaches them is `nbbudget.calls.runner`.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from ..agents.budget import Budget
-    from ..core.clock import Scheduled
+    from ..core.clock import Clock, Scheduled
     from .store import Store
 
-__all__ = ["Job", "JobState", "Jobs", "jobs"]
+__all__ = ["Job", "JobState", "Jobs"]
 
 
 class JobState(str, enum.Enum):
@@ -56,19 +57,23 @@ class Job:
     ``cancelled`` and `cancel_status` is ``"stopped"``. Work that never reaches one runs to its
     end: the job settles ``done`` (or ``failed``) with its result (or its error) kept, and
     `cancel_status` is ``"not honoured"``.
+
+    The methods under "for the runner" are what a job runner (`nbbudget.calls.runner`) and the
+    call path use: settle and announce the end, arm the wall clock, ask for a pause.
     """
 
     def __init__(self, identity: Callable[[], str], label: str, run: Budget,
-                 store: Store | None) -> None:
+                 store: Callable[[], Store]) -> None:
         self.id = f"{os.getpid():x}-{next(_ids)}"
         self._identity = identity
         self.label = label
         self.run = run
         self.created = time.time()
         self.ended: float | None = None
-        self._store = store
+        self._store = store  # opened when the job is first recorded, off the caller's path
         self._state = JobState.RUNNING
         self._done = threading.Event()
+        self._wake = threading.Event()  # its waiter should look again
         self._value: Any = None
         self._error: BaseException | None = None
         self.traceback: str | None = None
@@ -77,7 +82,8 @@ class Job:
         self.output: list[str] = []
         self._timers: list[Scheduled] = []
         self._record_lock = threading.Lock()
-        self._ctx: Any = None
+        self._pause = False
+        self._pause_at: float | None = None
         #: when `cancel` was first asked (``time.time()``), or None
         self.cancel_requested: float | None = None
         #: after a cancel of its run: True when the work stopped at a budget check, False when
@@ -94,10 +100,10 @@ class Job:
         """Everything the job printed (kept for drivers that drop late output)."""
         return "".join(self.output)
 
-    # -- settled by the worker ------------------------------------------------------------------
-    def _settle(self, state: JobState, value: Any = None, error: BaseException | None = None,
-                *, honoured: bool | None = None) -> None:
-        """Keep how the work ended (on the worker, before anyone is told), and, when a cancel
+    # -- for the runner -------------------------------------------------------------------------
+    def settle(self, state: JobState, value: Any = None, error: BaseException | None = None,
+               *, honoured: bool | None = None) -> None:
+        """Keep how the work ended (where it ran, before anyone is told), and, when a cancel
         was in force, whether the work *honoured* it."""
         self._value, self._error = value, error
         self.cancel_honoured = honoured
@@ -106,25 +112,58 @@ class Job:
         self._state = state
         self.ended = time.time()
 
-    def _signal(self) -> None:
-        """Tell the store (if the job was detached), then the waiters, that the job ended."""
+    def notify_done(self) -> None:
+        """Once settled: tell the store (if the job was detached), then its waiters, that the
+        job ended."""
         if self.detached:
-            self._record()
+            self.record()
         self._done.set()
+        self._wake.set()
 
-    def _record(self) -> None:
+    def nudge(self) -> None:
+        """Wake the job's waiter to look at its run again (its wall clock fired)."""
+        self._wake.set()
+
+    def wait_woken(self, clock: Clock, until_ms: float | None) -> bool:
+        """Wait until the job ends or is nudged, or *clock* reaches *until_ms* (None: no
+        limit); whether it was woken. A wake-up is taken once: the waiter re-reads every state
+        before it waits again, so none is lost."""
+        if clock.wait(self._wake, until_ms):
+            self._wake.clear()
+            return True
+        return False
+
+    def add_timer(self, timer: Scheduled) -> None:
+        """*timer* (the wall clock of the work) matters only while the job runs."""
+        self._timers.append(timer)
+
+    def cancel_timers(self) -> None:
+        """The work has ended, or its result went out: its timers no longer matter."""
+        for timer in self._timers:
+            timer.cancel()
+
+    def pause(self, at_ms: float | None = None) -> None:
+        """Ask resumable work to stop at its next checkpoint (S0-1, S0-2): now, or once its
+        run's clock reaches *at_ms* (its caller's budget ran out then). Work that did not
+        declare ``resume`` never pauses."""
+        if at_ms is None:
+            self._pause = True
+        else:
+            self._pause_at = at_ms
+
+    def pause_due(self, now_ms: float) -> bool:
+        """Whether the work should stop at the checkpoint it reached at *now_ms*."""
+        return self._pause or (self._pause_at is not None and now_ms >= self._pause_at)
+
+    def record(self) -> None:
         """Write the job's current state to the store (the latest write always holds the
         latest state: the state is read under the same lock as the write). A store locked by
         another process past its busy timeout is tried again a few times, then reported."""
         with self._record_lock:
             for attempt in range(_RECORD_TRIES):
                 try:
-                    if self._store is None:
-                        from .store import store
-
-                        self._store = store()  # opened here, off the caller's path
-                    self._store.record_job(self.id, self.identity, self.label,
-                                           self._state.value, self.traceback)
+                    self._store().record_job(self.id, self.identity, self.label,
+                                             self._state.value, self.traceback)
                     return
                 except sqlite3.OperationalError as exc:
                     if attempt == _RECORD_TRIES - 1:
@@ -140,15 +179,6 @@ class Job:
         warnings.warn(f"nbbudget could not record job {self.id} ({self._state.value}) in its "
                       f"store: {why}; the job goes on in this process (nb.jobs[{self.id!r}])",
                       RuntimeWarning, stacklevel=2)
-
-    def _detach(self) -> None:
-        """The caller's budget ran out: the work goes on as a background job (S0-2). The job
-        record is written off the caller's path, so a busy store never delays the caller."""
-        self.detached = True
-        jobs._add(self)
-        from .workers import submit
-
-        submit(self._record)
 
     # -- public -------------------------------------------------------------------------------
     @property
@@ -206,13 +236,18 @@ class Job:
 
 
 class Jobs:
-    """The background jobs of this process, by id: ``nb.jobs[id]``, ``list(nb.jobs)``."""
+    """The background jobs of this process, by id: ``nb.jobs[id]``, ``list(nb.jobs)``.
 
-    def __init__(self) -> None:
+    *records* gives the store's job records (every kernel's that shares it), for `to_frame`.
+    """
+
+    def __init__(self, records: Callable[[], list[dict[str, Any]]]) -> None:
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}
+        self.records = records
 
-    def _add(self, job: Job) -> None:
+    def add(self, job: Job) -> None:
+        """List *job* here (its runner detached it)."""
         with self._lock:
             self._jobs[job.id] = job
 
@@ -241,6 +276,3 @@ class Jobs:
         from .jobs_frame import jobs_frame
 
         return jobs_frame(self)
-
-
-jobs = Jobs()

@@ -15,7 +15,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from ..core.duration import spoken
-from .store import store
 
 __all__ = ["JobsTable", "jobs_frame", "jobs_table"]
 
@@ -30,7 +29,7 @@ def _job_rows(jobs: Any) -> list[dict[str, Any]]:
              "error": _last_line(j.traceback), "output": j.output_text}
             for j in jobs]
     seen = {r["id"] for r in rows}
-    for rec in store().jobs():
+    for rec in jobs.records():
         if rec["id"] not in seen:
             # a settled record was last written when its job ended; a lost one, when found lost
             ended = rec["updated"] if rec["state"] in ("done", "failed", "cancelled") else None

@@ -1,14 +1,20 @@
-"""The durable store under ``NBBUDGET_HOME``: job records and signed checkpoints, in SQLite.
+"""The durable store: checkpoints, the runs-per-day quota and job records.
 
-One database file, ``nbbudget.db``, in WAL mode so several kernels of one user can share it;
-each thread has its own connection; every write is a ``BEGIN IMMEDIATE`` transaction with a busy
-timeout. Every folder made for it is 0700 and its files are 0600, whatever the umask, and files
-found wider are narrowed when the store opens. Checkpoints are signed with HMAC-SHA256 using a
-secret made on first use (``secret``, 0600); nothing is unpickled before its signature verifies,
-and a checkpoint that fails a check is refused and left exactly as it was (S4-5). Each
-checkpoint's signed header holds its number in its work's sequence, and the store keeps each
-work's last number (in ``sequences``, kept when the checkpoint is deleted), so an older
-checkpoint put back is refused too.
+`Store` is the interface the call path uses; `SQLiteStore` is its local implementation, the
+store under ``NBBUDGET_HOME`` that `store` opens (`nbbudget.testing.MemoryStore` is another, in
+memory, for tests). Every implementation keeps the same rules: an older checkpoint put back, or
+one saved and gone, is refused and left as it was (S4-5); a quota of starts is counted exactly,
+whatever the threads (S4-12).
+
+The SQLite store is one database file, ``nbbudget.db``, in WAL mode so several kernels of one
+user can share it; each thread has its own connection; every write is a ``BEGIN IMMEDIATE``
+transaction with a busy timeout. Every folder made for it is 0700 and its files are 0600,
+whatever the umask, and files found wider are narrowed when the store opens. Checkpoints are
+signed with HMAC-SHA256 using a secret made on first use (``secret``, 0600); nothing is
+unpickled before its signature verifies, and a checkpoint that fails a check is refused and
+left exactly as it was (S4-5). Each checkpoint's signed header holds its number in its work's
+sequence, and the store keeps each work's last number (in ``sequences``, kept when the
+checkpoint is deleted), so an older checkpoint put back is refused too.
 
 The store is never started over behind its owner's back: the secret is made only once the
 database holds the store's tables, so a secret beside a database that is missing, empty or
@@ -37,14 +43,15 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, closing, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..core.errors import ConfigError
 
-__all__ = ["CHECKPOINT_FORMAT", "Checkpoint", "CheckpointRefused", "Store", "StoreDamaged", "home",
-           "store"]
+__all__ = ["CHECKPOINT_FORMAT", "KEEP_RUN_DAYS", "Checkpoint", "CheckpointRefused", "SQLiteStore",
+           "Store", "StoreDamaged", "home", "oldest_kept_day", "refuse_unless_last", "store"]
 
 CHECKPOINT_FORMAT = "nbbudget-ckpt-v1"
+KEEP_RUN_DAYS = 7  # the runs-per-day counts of older days are dropped
 _PRIVATE_FILES = ("nbbudget.db", "nbbudget.db-wal", "nbbudget.db-shm", "secret")
 _TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
 _HEADER_FIELDS = ("format", "identity", "seq", "created", "ledger", "first_start", "label")
@@ -177,12 +184,45 @@ def _jupyter_data_dir() -> str:
     return os.path.join(xdg, "jupyter")
 
 
-_STORES: dict[Path, Store] = {}
-_BY_SETTING: dict[str, Store] = {}  # by the NBBUDGET_HOME text, to skip resolving the path
+class Store(Protocol):
+    """What the call path, ``nb.jobs`` and ``nbbudget run`` need of the place their durable
+    records are kept. ``location`` names it in messages (a refused checkpoint says where it is).
+
+    Checkpoints: each save of a work's state numbers it one past the last number saved for that
+    work, deleted or not; a load gives the last one saved, `None` when there is none, and
+    refuses with `CheckpointRefused` (changing nothing) one that is not the last saved, or one
+    saved and gone (S4-5). Runs per day: `take_run` counts a start only while the day's count
+    is under the quota, atomically (S4-12). Job records: one per detached job, by its id.
+    """
+
+    @property
+    def location(self) -> str: ...
+
+    def save_checkpoint(self, identity: str, state: Any, *, ledger: dict[str, Any],
+                        first_start: float, label: str) -> Checkpoint: ...
+
+    def load_checkpoint(self, identity: str) -> Checkpoint | None: ...
+
+    def delete_checkpoint(self, identity: str) -> bool: ...
+
+    def take_run(self, identity: str, day: str, quota: int) -> int | None: ...
+
+    def runs_on(self, identity: str, day: str) -> int: ...
+
+    def record_job(self, job_id: str, identity: str, label: str, state: str,
+                   error: str | None = None) -> None: ...
+
+    def jobs(self) -> list[dict[str, Any]]: ...
+
+    def mark_lost_jobs(self) -> int: ...
+
+
+_STORES: dict[Path, SQLiteStore] = {}
+_BY_SETTING: dict[str, SQLiteStore] = {}  # by the NBBUDGET_HOME text, to skip resolving the path
 _STORES_LOCK = threading.Lock()
 
 
-def store() -> Store:
+def store() -> SQLiteStore:
     """The store of the current ``NBBUDGET_HOME`` (one object per folder, made on first use)."""
     configured = os.environ.get("NBBUDGET_HOME", "")
     if not os.path.isabs(configured):  # a relative folder depends on the working directory
@@ -194,13 +234,14 @@ def store() -> Store:
     with _STORES_LOCK:
         found = _STORES.get(folder)
         if found is None:
-            found = _STORES[folder] = Store(folder)
+            found = _STORES[folder] = SQLiteStore(folder)
         _BY_SETTING[configured] = found
         return found
 
 
-class Store:
-    """Job records and signed checkpoints in one SQLite file under *folder*."""
+class SQLiteStore:
+    """The local `Store`: job records and signed checkpoints in one SQLite file under *folder*
+    (the module's docstring says how it keeps them)."""
 
     def __init__(self, folder: str | os.PathLike[str]) -> None:
         self.folder = Path(folder)
@@ -352,6 +393,11 @@ class Store:
             db.close()
             self._local.db = None
 
+    @property
+    def location(self) -> str:
+        """The database file."""
+        return str(self.path)
+
     # -- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(self, identity: str, state: Any, *, ledger: dict[str, Any],
                         first_start: float, label: str) -> Checkpoint:
@@ -386,15 +432,11 @@ class Store:
                              "WHERE identity = ?", (identity,)).fetchone()
             last = db.execute("SELECT seq, live FROM sequences WHERE identity = ?",
                               (identity,)).fetchone()
-        where = str(self.path)
         if row is None:
-            if last is not None and last[1]:
-                raise CheckpointRefused(identity, where, f"checkpoint {last[0]} of this work was "
-                                                         f"saved and is no longer in the store")
+            refuse_unless_last(identity, self.location, None, last)
             return None
         header = self._verified_header(identity, row)
-        if last is None or header["seq"] != last[0] or not last[1]:
-            raise CheckpointRefused(identity, where, _not_the_last(header["seq"], last))
+        refuse_unless_last(identity, self.location, header["seq"], last)
         state = pickle.loads(row[2])  # only after the signature verified
         return Checkpoint(identity, header["seq"], state, header["ledger"],
                           header["first_start"], header["created"], header["label"])
@@ -451,7 +493,7 @@ class Store:
                 return None
             db.execute("INSERT INTO runs VALUES (?, ?, 1) ON CONFLICT(identity, day) "
                        "DO UPDATE SET count = count + 1", (identity, day))
-            db.execute("DELETE FROM runs WHERE day < ?", (_days_before(day, 7),))
+            db.execute("DELETE FROM runs WHERE day < ?", (oldest_kept_day(day),))
             return count + 1
 
     def runs_on(self, identity: str, day: str) -> int:
@@ -492,7 +534,22 @@ class Store:
         return len(dead)
 
 
-def _not_the_last(seq: int, last: tuple[int, int] | None) -> str:
+def refuse_unless_last(identity: str, where: str, seq: int | None,
+                       last: tuple[int, int | bool] | None) -> None:
+    """S4-5, for every store: refuse (`CheckpointRefused`) the held checkpoint numbered *seq* of
+    *identity* (`None`: none is held) unless it is the last one saved for that work and still
+    live; *last* is the store's record of that work's last number and whether it is live (not
+    deleted since), `None` when it never saved one. *where* names the store."""
+    if seq is None:
+        if last is not None and last[1]:
+            raise CheckpointRefused(identity, where, f"checkpoint {last[0]} of this work was "
+                                                     f"saved and is no longer in the store")
+        return
+    if last is None or seq != last[0] or not last[1]:
+        raise CheckpointRefused(identity, where, _not_the_last(seq, last))
+
+
+def _not_the_last(seq: int, last: tuple[int, int | bool] | None) -> str:
     """Why a signed checkpoint numbered *seq* is not its work's last one saved."""
     if last is None:
         said = f"the store has no record of saving checkpoint {seq} of this work"
@@ -526,9 +583,10 @@ def _chmod_if_there(path: Path, mode: int) -> None:
         os.chmod(path, mode)
 
 
-def _days_before(day: str, n: int) -> str:
-    """The day *n* days before *day* (both ``YYYY-MM-DD``): older counts are dropped."""
-    return (datetime.date.fromisoformat(day) - datetime.timedelta(days=n)).isoformat()
+def oldest_kept_day(day: str) -> str:
+    """The oldest day (``YYYY-MM-DD``) whose runs-per-day count a store keeps on *day*: older
+    counts are dropped."""
+    return (datetime.date.fromisoformat(day) - datetime.timedelta(days=KEEP_RUN_DAYS)).isoformat()
 
 
 def _alive(pid: int) -> bool:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..calls.store import Store
+from ..calls.store import SQLiteStore
 
 __all__ = ["Claim", "RunRecord", "RunState", "Runs", "runner_alive"]
 
@@ -141,7 +141,7 @@ class Claim:
 class Runs:
     """The notebook runs of one store."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: SQLiteStore) -> None:
         self.store = store
         self.logs = store.folder / "runs"
         with store.transaction() as db:

@@ -23,8 +23,9 @@ from ..agents.budget import Budget, Grant, check_notices, current
 from ..calls import call as _call
 from ..calls import interactive as _interactive
 from ..calls import store as _store
-from ..calls.jobs import Job, jobs
+from ..calls.jobs import Job
 from ..calls.response import EXIT_INCOMPLETE, Response
+from ..calls.runner import jobs
 from ..core.duration import spoken
 from ..core.endings import ENDINGS
 from ..core.errors import ConfigError, show

@@ -178,7 +178,7 @@ class Panel:
             run.cancel("stopped from the panel")
             self.stop_requested.clear()
         if self.pause_requested.is_set() and self.call is not None:
-            self.call.budget_out = True  # a resumable cell pauses at its next checkpoint
+            self.call.job.pause()  # a resumable cell pauses at its next checkpoint
             self.pause_requested.clear()
 
     # -- drawing (under the lock) ---------------------------------------------------------------

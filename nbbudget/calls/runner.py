@@ -1,0 +1,153 @@
+"""Where a call's work runs, and where its durable records are kept: the job runner and the
+store of a call, resolved once per call as its `Backend`.
+
+`JobRunner` is the interface of the runner: start the work, hold the caller until it ends or a
+time on the run's clock, detach it under the work's identity, reattach to it by that identity,
+and deliver its result once (S0-2, S0-11). A job it runs is a `Job`: cancel, pause and output
+are the job's (`Job.cancel`, `Job.pause`, `Job.output`), and the runner's ``jobs`` lists the
+detached ones. `LocalRunner` is the local implementation: the pre-started worker threads of
+`nbbudget.calls.workers` and a map of detached jobs by identity, in this process. A runner on a
+cluster (futures published under the work's identity) is another implementation: it settles
+the same `Job` when its future ends, and its reattach finds the work from a restarted kernel.
+
+`Backend` pairs a runner with the store (`nbbudget.calls.store.Store`) of the calls that use
+it; `current_backend` is the one in force: the one `use_backend` put in force in this context,
+else `LOCAL` (this process's threads, and the SQLite store of ``NBBUDGET_HOME``, which is read
+when the call first needs its store, as at every call).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from . import workers
+from .jobs import Job, Jobs
+from .store import Store, store
+
+if TYPE_CHECKING:
+    from ..core.clock import Clock
+
+__all__ = ["LOCAL", "Backend", "JobRunner", "LocalRunner", "Work", "current_backend", "jobs",
+           "use_backend"]
+
+
+class Work(Protocol):
+    """A piece of work as a runner sees it: its identity, worked out only when it is read."""
+
+    @property
+    def identity(self) -> str: ...
+
+
+class JobRunner(Protocol):
+    """What the call path needs of the place a call's work runs (S0-1, S0-2, S0-11).
+
+    `start` runs *task* (the work, which settles *job* where it runs and returns what announces
+    its end, `Job.notify_done`); *detachable*: the work may be detached, so the runner keeps
+    room to write its record then. `wait` holds the caller until *job* ends or is nudged, or
+    *clock* reaches *until_ms*, and says whether it was woken. `detach` keeps a job that
+    outlived its caller's budget under its work's identity and lists it in ``jobs``;
+    `reattach` finds it for the identical call, and gives an ended job to exactly one caller;
+    `deliver` forgets it once its result went out, so the next identical call starts anew.
+    """
+
+    jobs: Jobs
+
+    def start(self, job: Job, task: workers.Task, *, detachable: bool) -> None: ...
+
+    def wait(self, job: Job, clock: Clock, until_ms: float | None) -> bool: ...
+
+    def detach(self, work: Work, job: Job) -> None: ...
+
+    def reattach(self, work: Work) -> Job | None: ...
+
+    def deliver(self, work: Work, job: Job) -> None: ...
+
+
+class LocalRunner:
+    """The local `JobRunner`: work runs on this process's worker threads, and detached jobs are
+    kept by identity in memory until their result is delivered (lost with the process, as the
+    threads are). Every caller waiting on a job when it ends gets its result; once it has
+    ended, exactly one identical call takes it, and the next one starts anew."""
+
+    def __init__(self, jobs: Jobs) -> None:
+        self.jobs = jobs
+        self._attached: dict[str, Job] = {}  # detached work by identity, until delivered
+        self._lock = threading.Lock()
+
+    def start(self, job: Job, task: workers.Task, *, detachable: bool) -> None:
+        if detachable:  # one worker for the work, one to write the job record if it detaches
+            workers.ensure_idle(2)
+        workers.submit(task)
+
+    def wait(self, job: Job, clock: Clock, until_ms: float | None) -> bool:
+        return job.wait_woken(clock, until_ms)
+
+    def detach(self, work: Work, job: Job) -> None:
+        """The work goes on as a background job (S0-2); its record is written off the caller's
+        path, so a busy store never delays the caller."""
+        job.detached = True
+        self.jobs.add(job)
+        workers.submit(job.record)
+        with self._lock:
+            self._attached[work.identity] = job
+
+    def reattach(self, work: Work) -> Job | None:
+        if not self._attached:  # nothing detached: no need to work out the identity
+            return None
+        identity = work.identity
+        with self._lock:
+            job = self._attached.get(identity)
+            if job is not None and job.done():  # its result goes to this caller alone
+                del self._attached[identity]
+            return job
+
+    def deliver(self, work: Work, job: Job) -> None:
+        if job.detached:
+            with self._lock:
+                if self._attached.get(work.identity) is job:
+                    del self._attached[work.identity]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Where the calls that use it run (*runner*) and keep their durable records: *store* opens
+    the store when a call first needs it (a call that needs none opens none)."""
+
+    runner: JobRunner
+    store: Callable[[], Store]
+
+
+def _records() -> list[dict[str, Any]]:
+    return current_backend().store().jobs()
+
+
+#: the background jobs of this process (``nb.jobs``), with the records of the store in force
+jobs = Jobs(_records)
+#: this process's worker threads, and the SQLite store of ``NBBUDGET_HOME``
+LOCAL = Backend(LocalRunner(jobs), store)
+_backend: contextvars.ContextVar[Backend] = contextvars.ContextVar("nbbudget_backend",
+                                                                   default=LOCAL)
+
+
+def current_backend() -> Backend:
+    """The backend of the calls made now, in this context: `LOCAL` unless `use_backend` put
+    another in force."""
+    return _backend.get()
+
+
+@contextmanager
+def use_backend(backend: Backend) -> Iterator[Backend]:
+    """Within the block, calls made in this context (and the work they run, which inherits it)
+    use *backend*: ``with use_backend(Backend(LOCAL.runner, lambda: memory)):``. A thread
+    started in the block has a context of its own, as with every context variable, unless it
+    runs in a copy of this one (``contextvars.copy_context().run``)."""
+    token = _backend.set(backend)
+    try:
+        yield backend
+    finally:
+        _backend.reset(token)
