@@ -16,6 +16,12 @@ from typing import Any
 
 import pytest
 
+from nbbudget.core.ledger import LocalLedger
+
+#: Every implementation of the ledger (`nbbudget.core.ledger.Ledger`): the ledger's semantic tests
+#: and the run-level rule tests run over each, through the `ledger` fixture. A new one is a line.
+LEDGERS: list[Any] = [LocalLedger]
+
 #: How long a thread started during a test may take to end after the test returns.
 THREAD_GRACE_SECONDS = 2.0
 #: How often the fixture looks again while it waits.
@@ -86,6 +92,19 @@ def no_thread_left_running() -> Iterator[None]:
             f"ended: {names}\n{_describe(leftover)}",
             pytrace=False,
         )
+
+
+def _ledger_id(factory: Any) -> str:
+    """A ledger's test id: its class name less ``Ledger`` (``LocalLedger`` is ``local``)."""
+    return str(factory.__name__).removesuffix("Ledger").lower()
+
+
+@pytest.fixture(scope="session", params=LEDGERS, ids=_ledger_id)
+def ledger(request: pytest.FixtureRequest) -> Any:
+    """A ledger factory, once per implementation: build runs with ``nb.budget(...,
+    ledger=ledger)`` (and ``nb.Budget.resume(..., ledger=ledger)``). Session-scoped, so that
+    Hypothesis tests may take it too."""
+    return request.param
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-def test_a_run_that_stays_within_its_limits_completes(clock):
-    with nb.budget(steps=5, tool_calls=2, clock=clock) as run:
+def test_a_run_that_stays_within_its_limits_completes(clock, ledger):
+    with nb.budget(steps=5, tool_calls=2, clock=clock, ledger=ledger) as run:
         for _ in range(5):
             run.step()
         run.charge("tool_calls", 2)
@@ -25,8 +25,8 @@ def test_a_run_that_stays_within_its_limits_completes(clock):
     assert run.consumed == {"steps": 5, "tool_calls": 2}
 
 
-def test_S4_3_a_refused_charge_raises_and_leaves_every_counter_as_it_was(clock):
-    with nb.budget(steps=3, tool_calls=5, clock=clock) as run:
+def test_S4_3_a_refused_charge_raises_and_leaves_every_counter_as_it_was(clock, ledger):
+    with nb.budget(steps=3, tool_calls=5, clock=clock, ledger=ledger) as run:
         run.charge("steps", 2)
         run.charge("tool_calls", 1)
         with pytest.raises(nb.BudgetExceeded) as info:
@@ -42,8 +42,8 @@ def test_S4_3_a_refused_charge_raises_and_leaves_every_counter_as_it_was(clock):
                         "requested); raise the limit or do less work")
 
 
-def test_S4_8_every_refusal_is_a_trace_event_with_the_seed_payload(clock):
-    with nb.budget(tool_calls=1, clock=clock) as run:
+def test_S4_8_every_refusal_is_a_trace_event_with_the_seed_payload(clock, ledger):
+    with nb.budget(tool_calls=1, clock=clock, ledger=ledger) as run:
         run.charge("tool_calls", target="tool:search")
         with pytest.raises(nb.BudgetExceeded):
             run.charge("tool_calls", target="tool:search")
@@ -55,8 +55,9 @@ def test_S4_8_every_refusal_is_a_trace_event_with_the_seed_payload(clock):
 
 
 def test_S3_2_an_exhausted_limit_that_escapes_the_run_fails_it_loudly_with_the_output_so_far(
-        clock):
-    with pytest.raises(nb.BudgetExceeded) as info, nb.budget(steps=2, clock=clock) as run:
+        clock, ledger):
+    with pytest.raises(nb.BudgetExceeded) as info, \
+            nb.budget(steps=2, clock=clock, ledger=ledger) as run:
         for i in range(5):
             run.step()
             run.set_output(f"{i + 1} items done")
@@ -67,9 +68,9 @@ def test_S3_2_an_exhausted_limit_that_escapes_the_run_fails_it_loudly_with_the_o
     assert info.value.outcome is outcome
 
 
-def test_S4_10_a_refusal_never_undoes_work_already_done(clock):
+def test_S4_10_a_refusal_never_undoes_work_already_done(clock, ledger):
     effects = []
-    with pytest.raises(nb.BudgetExceeded), nb.budget(steps=2, clock=clock) as run:
+    with pytest.raises(nb.BudgetExceeded), nb.budget(steps=2, clock=clock, ledger=ledger) as run:
         for i in range(3):
             run.step()
             effects.append(i)
@@ -77,15 +78,16 @@ def test_S4_10_a_refusal_never_undoes_work_already_done(clock):
     assert run.consumed["steps"] == 2
 
 
-def test_an_error_in_the_work_fails_the_run_and_propagates_unchanged(clock):
-    with pytest.raises(KeyError), nb.budget(clock=clock) as run:
+def test_an_error_in_the_work_fails_the_run_and_propagates_unchanged(clock, ledger):
+    with pytest.raises(KeyError), nb.budget(clock=clock, ledger=ledger) as run:
         raise KeyError("x")
     assert (run.outcome.status, run.outcome.cause, run.outcome.code) == ("failed", "error",
                                                                         "KeyError")
 
 
-def test_S3_3_when_several_limits_trip_at_one_boundary_tokens_win_over_cost_and_turns(clock):
-    with nb.budget(tokens=100, cost_usd=0.01, turns=1, clock=clock) as run:
+def test_S3_3_when_several_limits_trip_at_one_boundary_tokens_win_over_cost_and_turns(clock,
+                                                                                     ledger):
+    with nb.budget(tokens=100, cost_usd=0.01, turns=1, clock=clock, ledger=ledger) as run:
         run.charge("turns")
         with pytest.raises(nb.BudgetExceeded) as info:
             run.charge_many({"turns": 1, "cost_usd": 0.02, "tokens": 500})
@@ -99,16 +101,16 @@ def test_S3_3_when_several_limits_trip_at_one_boundary_tokens_win_over_cost_and_
         assert run.consumed == {"turns": 1}
 
 
-def test_charge_many_is_all_or_nothing(clock):
-    with nb.budget(tokens=100, cost_usd=1.0, clock=clock) as run:
+def test_charge_many_is_all_or_nothing(clock, ledger):
+    with nb.budget(tokens=100, cost_usd=1.0, clock=clock, ledger=ledger) as run:
         run.charge_many({"tokens": 60, "cost_usd": 0.25})
         with pytest.raises(nb.BudgetExceeded):
             run.charge_many({"tokens": 50, "cost_usd": 0.25})
         assert run.consumed == {"tokens": 60, "cost_usd": 0.25}
 
 
-def test_unbounded_kinds_are_counted_but_never_refused(clock):
-    with nb.budget(clock=clock) as run:
+def test_unbounded_kinds_are_counted_but_never_refused(clock, ledger):
+    with nb.budget(clock=clock, ledger=ledger) as run:
         run.charge("provider_calls", 10**6)
     assert run.consumed == {"provider_calls": 10**6}
     assert run.remaining("provider_calls") == float("inf")
@@ -124,8 +126,8 @@ def test_unbounded_kinds_are_counted_but_never_refused(clock):
     ("steps", True, "charge('steps', True): the amount must be a finite number >= 0"),
     ("cost_usd", float("nan"), "charge('cost_usd', nan): the amount must be a finite number >= 0"),
 ])
-def test_a_bad_charge_is_a_config_error_naming_the_value(clock, kind, n, message):
-    run = nb.budget(clock=clock)
+def test_a_bad_charge_is_a_config_error_naming_the_value(clock, kind, n, message, ledger):
+    run = nb.budget(clock=clock, ledger=ledger)
     with pytest.raises(nb.ConfigError) as info:
         run.charge(kind, n)
     assert str(info.value) == message
@@ -148,14 +150,15 @@ def test_bad_budget_arguments_are_config_errors(clock):
         nb.budget(totals=nb.Limits(tokens=5))
 
 
-def test_limits_given_several_ways_combine_by_minimum(clock):
-    run = nb.budget(nb.Limits(steps=10, tokens=50), steps=20, time="2s", run_ms=5000, clock=clock)
+def test_limits_given_several_ways_combine_by_minimum(clock, ledger):
+    run = nb.budget(nb.Limits(steps=10, tokens=50), steps=20, time="2s", run_ms=5000, clock=clock,
+                    ledger=ledger)
     assert run.limits == nb.Limits(steps=10, tokens=50, run_ms=2000)
 
 
-def test_current_is_the_innermost_active_budget(clock):
+def test_current_is_the_innermost_active_budget(clock, ledger):
     assert nb.current() is None
-    with nb.budget(clock=clock) as outer:
+    with nb.budget(clock=clock, ledger=ledger) as outer:
         assert nb.current() is outer
         with outer.grant(steps=2) as child:
             assert nb.current() is child
@@ -163,26 +166,26 @@ def test_current_is_the_innermost_active_budget(clock):
     assert nb.current() is None
 
 
-def test_current_is_per_thread(clock):
+def test_current_is_per_thread(clock, ledger):
     seen = []
-    with nb.budget(clock=clock):
+    with nb.budget(clock=clock, ledger=ledger):
         t = threading.Thread(target=lambda: seen.append(nb.current()), name="probe")
         t.start()
         t.join()
     assert seen == [None]
 
 
-def test_a_finished_run_cannot_be_entered_again(clock):
-    with nb.budget(clock=clock) as run:
+def test_a_finished_run_cannot_be_entered_again(clock, ledger):
+    with nb.budget(clock=clock, ledger=ledger) as run:
         pass
     with pytest.raises(nb.ConfigError, match="has already ended"), run:
         pass
 
 
 # -- S2-4: stops ---------------------------------------------------------------------------------
-def test_S2_4_a_user_stop_settles_as_stopped_and_raises_cancelled_at_the_block_end(clock):
+def test_S2_4_a_user_stop_settles_as_stopped_and_raises_cancelled_at_the_block_end(clock, ledger):
     with pytest.raises(nb.Cancelled, match="run was stopped: enough") as info, \
-            nb.budget(clock=clock) as run:
+            nb.budget(clock=clock, ledger=ledger) as run:
         run.cancel("enough")
         try:
             run.step()
@@ -193,8 +196,8 @@ def test_S2_4_a_user_stop_settles_as_stopped_and_raises_cancelled_at_the_block_e
     assert info.value.outcome is run.outcome
 
 
-def test_cancel_is_idempotent_and_the_first_reason_wins(clock):
-    run = nb.budget(clock=clock)
+def test_cancel_is_idempotent_and_the_first_reason_wins(clock, ledger):
+    run = nb.budget(clock=clock, ledger=ledger)
     run.cancel("first")
     run.cancel("second")
     with pytest.raises(nb.Cancelled, match="first"), run:
@@ -202,8 +205,9 @@ def test_cancel_is_idempotent_and_the_first_reason_wins(clock):
     assert [e.kind for e in run.trace.events].count("cancel_requested") == 1
 
 
-def test_S2_3_the_trace_records_a_cancel_when_requested_and_when_the_work_observes_it(clock):
-    run = nb.budget(clock=clock)
+def test_S2_3_the_trace_records_a_cancel_when_requested_and_when_the_work_observes_it(clock,
+                                                                                      ledger):
+    run = nb.budget(clock=clock, ledger=ledger)
     with pytest.raises(nb.Cancelled), run:
         clock.advance(10)
         run.cancel("enough")
@@ -219,8 +223,8 @@ def test_S2_3_the_trace_records_a_cancel_when_requested_and_when_the_work_observ
         "message": "run was stopped: enough"}
 
 
-def test_S2_3_a_cancel_the_work_never_reaches_is_requested_and_never_observed(clock):
-    run = nb.budget(clock=clock)
+def test_S2_3_a_cancel_the_work_never_reaches_is_requested_and_never_observed(clock, ledger):
+    run = nb.budget(clock=clock, ledger=ledger)
     with pytest.raises(nb.Cancelled), run:
         run.cancel()
     kinds = [e.kind for e in run.trace.events]
@@ -228,8 +232,8 @@ def test_S2_3_a_cancel_the_work_never_reaches_is_requested_and_never_observed(cl
     assert "cancel_observed" not in kinds
 
 
-def test_cancellation_is_level_triggered_every_later_check_raises_again(clock):
-    with pytest.raises(nb.Cancelled), nb.budget(clock=clock) as run:
+def test_cancellation_is_level_triggered_every_later_check_raises_again(clock, ledger):
+    with pytest.raises(nb.Cancelled), nb.budget(clock=clock, ledger=ledger) as run:
         run.cancel()
         for _ in range(3):
             with pytest.raises(BaseException) as info:
@@ -237,9 +241,9 @@ def test_cancellation_is_level_triggered_every_later_check_raises_again(clock):
             assert not isinstance(info.value, Exception)
 
 
-def test_cancel_from_another_thread_stops_a_busy_loop(clock):
+def test_cancel_from_another_thread_stops_a_busy_loop(clock, ledger):
     started = threading.Event()
-    with pytest.raises(nb.Cancelled), nb.budget(clock=clock) as run:
+    with pytest.raises(nb.Cancelled), nb.budget(clock=clock, ledger=ledger) as run:
         t = threading.Thread(target=lambda: (started.wait(), run.cancel("from ui")), name="ui")
         t.start()
         try:
@@ -251,21 +255,21 @@ def test_cancel_from_another_thread_stops_a_busy_loop(clock):
     assert run.outcome.status == "stopped"
 
 
-def test_a_keyboard_interrupt_settles_as_stopped(clock):
-    with pytest.raises(KeyboardInterrupt), nb.budget(clock=clock) as run:
+def test_a_keyboard_interrupt_settles_as_stopped(clock, ledger):
+    with pytest.raises(KeyboardInterrupt), nb.budget(clock=clock, ledger=ledger) as run:
         raise KeyboardInterrupt
     assert (run.outcome.status, run.outcome.cause) == ("stopped", "interrupt")
 
 
 # -- S4-3: contention ----------------------------------------------------------------------------
-def test_S4_3_eight_threads_racing_get_exactly_the_limit(clock):
+def test_S4_3_eight_threads_racing_get_exactly_the_limit(clock, ledger):
     """8 threads x 10**5 reservations against a limit of 300,000: exactly the limit is granted,
     and refusals are raised outside the lock (no convoy), with a tiny switch interval."""
     limit, per_thread = 300_000, 100_000
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-4)
     try:
-        with nb.budget(tool_calls=limit, clock=clock, notices=None) as run:
+        with nb.budget(tool_calls=limit, clock=clock, notices=None, ledger=ledger) as run:
             granted = [0] * 8
             barrier = threading.Barrier(8)
 
@@ -294,7 +298,7 @@ def test_S4_3_eight_threads_racing_get_exactly_the_limit(clock):
     assert stats["checks"]["tool_calls"] == 8 * per_thread
 
 
-def test_S4_3_racing_for_the_last_permits_grants_each_exactly_once(clock):
+def test_S4_3_racing_for_the_last_permits_grants_each_exactly_once(clock, ledger):
     def branch(run: nb.Budget, barrier: threading.Barrier, wins: list[int]) -> None:
         barrier.wait()
         try:
@@ -304,7 +308,7 @@ def test_S4_3_racing_for_the_last_permits_grants_each_exactly_once(clock):
             pass
 
     for _ in range(200):
-        with nb.budget(tool_calls=10, clock=clock, notices=None) as run:
+        with nb.budget(tool_calls=10, clock=clock, notices=None, ledger=ledger) as run:
             wins: list[int] = []
             barrier = threading.Barrier(16)
             threads = [threading.Thread(target=branch, args=(run, barrier, wins), name="branch")
@@ -318,8 +322,8 @@ def test_S4_3_racing_for_the_last_permits_grants_each_exactly_once(clock):
 
 
 # -- S3-5: approach notices ----------------------------------------------------------------------
-def test_S3_5_two_one_shot_notices_when_the_highest_ratio_crosses_each_threshold(clock):
-    with nb.budget(steps=100, tokens=1000, clock=clock) as run:
+def test_S3_5_two_one_shot_notices_when_the_highest_ratio_crosses_each_threshold(clock, ledger):
+    with nb.budget(steps=100, tokens=1000, clock=clock, ledger=ledger) as run:
         run.charge("tokens", 500)
         for _ in range(79):
             run.step()
@@ -336,15 +340,15 @@ def test_S3_5_two_one_shot_notices_when_the_highest_ratio_crosses_each_threshold
     assert run.outcome.status == "completed"  # advisory: they never stop the run
 
 
-def test_S3_5_notice_thresholds_can_be_set_and_a_jump_fires_both_at_once(clock):
-    with nb.budget(steps=10, notices=(0.5, 0.6), clock=clock) as run:
+def test_S3_5_notice_thresholds_can_be_set_and_a_jump_fires_both_at_once(clock, ledger):
+    with nb.budget(steps=10, notices=(0.5, 0.6), clock=clock, ledger=ledger) as run:
         run.charge("steps", 7)
     levels = [e.payload["level"] for e in run.trace.events if e.kind == "approach_notice"]
     assert levels == [1, 2]
 
 
-def test_S3_5_notices_can_be_turned_off(clock):
-    with nb.budget(steps=10, notices=None, clock=clock) as run:
+def test_S3_5_notices_can_be_turned_off(clock, ledger):
+    with nb.budget(steps=10, notices=None, clock=clock, ledger=ledger) as run:
         run.charge("steps", 10)
     assert run.notice_level == 0
     assert not [e for e in run.trace.events if e.kind == "approach_notice"]
@@ -357,8 +361,8 @@ def test_S3_5_bad_notice_thresholds_are_refused(notices):
 
 
 # -- reading -------------------------------------------------------------------------------------
-def test_usage_is_a_frame_with_one_row_per_armed_axis(clock):
-    with nb.budget(steps=10, tokens=100, clock=clock) as run:
+def test_usage_is_a_frame_with_one_row_per_armed_axis(clock, ledger):
+    with nb.budget(steps=10, tokens=100, clock=clock, ledger=ledger) as run:
         run.charge("steps", 4)
         run.charge("tokens", 25)
         run.charge("provider_calls", 3)  # not armed: no row
@@ -370,8 +374,8 @@ def test_usage_is_a_frame_with_one_row_per_armed_axis(clock):
     }
 
 
-def test_usage_keeps_whole_numbers_whole_beside_a_cost_in_dollars(clock):
-    with nb.budget(steps=10, cost_usd=1.0, time="5s", clock=clock) as run:
+def test_usage_keeps_whole_numbers_whole_beside_a_cost_in_dollars(clock, ledger):
+    with nb.budget(steps=10, cost_usd=1.0, time="5s", clock=clock, ledger=ledger) as run:
         run.charge("steps", 4)
         run.charge("cost_usd", 0.25)
         clock.advance("1s")
@@ -386,8 +390,8 @@ def test_usage_keeps_whole_numbers_whole_beside_a_cost_in_dollars(clock):
     assert str(frame["fraction"].dtype) == "float64"
 
 
-def test_the_repr_shows_the_state_and_every_armed_axis(clock):
-    run = nb.budget(steps=10, name="etl", clock=clock)
+def test_the_repr_shows_the_state_and_every_armed_axis(clock, ledger):
+    run = nb.budget(steps=10, name="etl", clock=clock, ledger=ledger)
     assert repr(run) == "<Budget 'etl' ready: steps 0/10>"
     with run:
         run.charge("steps", 3)
@@ -396,8 +400,8 @@ def test_the_repr_shows_the_state_and_every_armed_axis(clock):
 
 
 # -- permit pools: the lock-free fast path stays exact -------------------------------------------
-def test_S4_3_permits_waiting_in_the_pool_are_never_refused_to_a_larger_charge(clock):
-    with nb.budget(steps=1000, clock=clock, notices=None) as run:
+def test_S4_3_permits_waiting_in_the_pool_are_never_refused_to_a_larger_charge(clock, ledger):
+    with nb.budget(steps=1000, clock=clock, notices=None, ledger=ledger) as run:
         run.step()  # the run reserves a block of permits for later steps
         run.charge("steps", 999)  # needs every permit, those in the pool included
         assert run.remaining("steps") == 0
@@ -406,8 +410,8 @@ def test_S4_3_permits_waiting_in_the_pool_are_never_refused_to_a_larger_charge(c
     assert run.consumed == {"steps": 1000}
 
 
-def test_S4_3_a_grant_can_use_permits_reserved_by_its_run(clock):
-    with nb.budget(steps=300, clock=clock, notices=None) as run:
+def test_S4_3_a_grant_can_use_permits_reserved_by_its_run(clock, ledger):
+    with nb.budget(steps=300, clock=clock, notices=None, ledger=ledger) as run:
         run.step()
         with run.grant(steps=500) as child:
             child.charge("steps", 299)
@@ -417,12 +421,12 @@ def test_S4_3_a_grant_can_use_permits_reserved_by_its_run(clock):
     assert run.consumed == {"steps": 300}
 
 
-def test_S4_3_mixed_amounts_racing_never_exceed_and_leave_less_than_one_charge(clock):
+def test_S4_3_mixed_amounts_racing_never_exceed_and_leave_less_than_one_charge(clock, ledger):
     """4 threads charge 1 at a time and 4 charge 7 at a time until refused: the run ends with
     exactly what was granted, never more than the limit, and less than 7 left over."""
     limit = 50_000
     granted = [0] * 8
-    with nb.budget(tool_calls=limit, clock=clock) as run:
+    with nb.budget(tool_calls=limit, clock=clock, ledger=ledger) as run:
         def worker(k: int, amount: int) -> None:
             misses = 0
             while misses < 50:
@@ -444,8 +448,8 @@ def test_S4_3_mixed_amounts_racing_never_exceed_and_leave_less_than_one_charge(c
     assert notices == [1, 2]
 
 
-def test_the_fast_path_still_gives_each_notice_at_its_threshold(clock):
-    with nb.budget(steps=1000, clock=clock) as run:
+def test_the_fast_path_still_gives_each_notice_at_its_threshold(clock, ledger):
+    with nb.budget(steps=1000, clock=clock, ledger=ledger) as run:
         for _ in range(799):
             run.step()
         assert run.notice_level == 0
@@ -458,20 +462,52 @@ def test_the_fast_path_still_gives_each_notice_at_its_threshold(clock):
         assert run.notice_level == 2
 
 
-def test_a_stop_empties_the_pools_so_the_next_step_raises(clock):
-    with pytest.raises(nb.Cancelled), nb.budget(steps=10**6, clock=clock) as run:
+def test_a_stop_empties_the_pools_so_the_next_step_raises(clock, ledger):
+    with pytest.raises(nb.Cancelled), nb.budget(steps=10**6, clock=clock, ledger=ledger) as run:
         run.step()  # a block of permits is now reserved
         run.cancel()
         run.step()
     assert run.consumed == {"steps": 1}
 
 
-def test_a_pool_never_holds_more_than_one_block_whatever_the_charges(clock):
+def test_a_pool_never_holds_more_than_one_block_whatever_the_charges(clock, ledger):
     """Charges of other amounts take the locked path; they must not pile up reserved permits
     (an unbounded kind would otherwise grow its pool without end)."""
-    with nb.budget(clock=clock) as run:
+    with nb.budget(clock=clock, ledger=ledger) as run:
         run.charge("tokens")  # the pool of tokens gets its block
         for _ in range(1000):
             run.charge("tokens", 7)
         assert len(run._pools[0]) <= 256
         assert run.consumed["tokens"] == 1 + 7000
+
+
+# -- the ledger, chosen (low-level API) ------------------------------------------------------------
+def test_the_ledger_keyword_chooses_the_ledger_of_the_run_its_grants_and_its_resume(clock,
+                                                                                   ledger):
+    """``ledger=`` is a factory: it is called once per run with the run's name, limits, clock and
+    settings, the run, its grants and a run resumed with it keep their counters there."""
+    made, calls = [], []
+
+    def factory(*args, **kwargs):
+        calls.append((args[:2], sorted(kwargs)))
+        made.append(ledger(*args, **kwargs))
+        return made[-1]
+
+    with nb.budget(steps=5, name="etl", clock=clock, ledger=factory) as run:
+        run.step()
+        with run.grant(steps=2) as child:
+            child.step()
+    assert calls == [(("etl", nb.Limits(steps=5)),
+                      ["clock", "elapsed", "full", "lock", "notices", "suspend", "totals"])]
+    assert run.lowlevel.ledger is child.lowlevel.ledger is made[0]
+    assert made[0].root is run.lowlevel.account
+    with nb.Budget.resume(run.state(), clock=clock, ledger=factory) as later:
+        later.step()
+    assert later.lowlevel.ledger is made[1]
+    assert later.consumed == {"steps": 3}
+
+
+def test_a_ledger_that_is_not_a_factory_is_a_config_error():
+    with pytest.raises(nb.ConfigError) as info:
+        nb.budget(steps=5, ledger="local")
+    assert str(info.value) == "ledger must be a ledger factory such as LocalLedger, not str"

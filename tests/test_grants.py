@@ -13,9 +13,9 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-def test_S2_1_a_child_deadline_is_the_smaller_of_its_grant_and_the_callers_remaining(clock):
+def test_S2_1_a_child_deadline_is_the_smaller_of_its_grant_and_the_callers_remaining(clock, ledger):
     """The seed's example: root {steps 8, 30 s}, 10 s later a child {steps 4, 25 s} gets 20 s."""
-    with nb.budget(steps=8, time="30s", clock=clock) as run:
+    with nb.budget(steps=8, time="30s", clock=clock, ledger=ledger) as run:
         clock.advance("10s")
         child = run.grant(steps=4, time="25s")
         assert child.remaining_ms == 20_000
@@ -27,8 +27,8 @@ def test_S2_1_a_child_deadline_is_the_smaller_of_its_grant_and_the_callers_remai
                 1_000, 16_000, 16_000)
 
 
-def test_S2_1_a_child_with_a_shorter_grant_fails_alone_and_its_caller_goes_on(clock):
-    with nb.budget(time="30s", clock=clock) as run:
+def test_S2_1_a_child_with_a_shorter_grant_fails_alone_and_its_caller_goes_on(clock, ledger):
+    with nb.budget(time="30s", clock=clock, ledger=ledger) as run:
         with pytest.raises(nb.BudgetCut) as info, run.grant(time="2s", name="lookup") as child:
             clock.advance("3s")
             child.check()
@@ -42,8 +42,8 @@ def test_S2_1_a_child_with_a_shorter_grant_fails_alone_and_its_caller_goes_on(cl
     assert run.outcome.status == "completed"
 
 
-def test_S2_1_a_grant_never_outlives_its_caller(clock):
-    with pytest.raises(nb.BudgetCut), nb.budget(time="5s", clock=clock) as run:
+def test_S2_1_a_grant_never_outlives_its_caller(clock, ledger):
+    with pytest.raises(nb.BudgetCut), nb.budget(time="5s", clock=clock, ledger=ledger) as run:
         child = run.grant(time="1h")
         assert child.remaining_ms == 5_000
         with child:
@@ -54,8 +54,8 @@ def test_S2_1_a_grant_never_outlives_its_caller(clock):
         "failed", "timeout", "run")
 
 
-def test_S2_2_child_steps_do_not_count_against_the_parents_grant(clock):
-    with nb.budget(clock=clock) as run:
+def test_S2_2_child_steps_do_not_count_against_the_parents_grant(clock, ledger):
+    with nb.budget(clock=clock, ledger=ledger) as run:
         parent = run.grant(steps=3, name="planner")
         with parent:
             parent.step()
@@ -69,8 +69,8 @@ def test_S2_2_child_steps_do_not_count_against_the_parents_grant(clock):
     assert run.consumed == {"steps": 8}  # the run's counters count everything (S4-3)
 
 
-def test_S2_2_run_wide_limits_still_count_every_descendant(clock):
-    with nb.budget(steps=6, clock=clock) as run:
+def test_S2_2_run_wide_limits_still_count_every_descendant(clock, ledger):
+    with nb.budget(steps=6, clock=clock, ledger=ledger) as run:
         run.step()
         with run.grant(steps=10) as child:
             for _ in range(5):
@@ -82,8 +82,8 @@ def test_S2_2_run_wide_limits_still_count_every_descendant(clock):
     assert run.consumed == {"steps": 6}
 
 
-def test_a_grant_refusal_names_the_grant(clock):
-    with nb.budget(clock=clock) as run, run.grant(tool_calls=1) as child:
+def test_a_grant_refusal_names_the_grant(clock, ledger):
+    with nb.budget(clock=clock, ledger=ledger) as run, run.grant(tool_calls=1) as child:
         child.charge("tool_calls", target="tool:fetch")
         with pytest.raises(nb.BudgetExceeded) as info:
             child.charge("tool_calls", target="tool:fetch")
@@ -93,8 +93,8 @@ def test_a_grant_refusal_names_the_grant(clock):
     assert run.consumed == {"tool_calls": 1}
 
 
-def test_remaining_is_the_smaller_of_the_grant_and_the_run(clock):
-    with nb.budget(steps=10, tokens=100, clock=clock) as run:
+def test_remaining_is_the_smaller_of_the_grant_and_the_run(clock, ledger):
+    with nb.budget(steps=10, tokens=100, clock=clock, ledger=ledger) as run:
         run.charge("steps", 7)
         child = run.grant(steps=5, tokens=500)
         assert child.remaining("steps") == 3
@@ -102,8 +102,8 @@ def test_remaining_is_the_smaller_of_the_grant_and_the_run(clock):
         assert child.remaining("tool_calls") == float("inf")
 
 
-def test_S2_3_cancelling_a_run_stops_every_descendant(clock):
-    with pytest.raises(nb.Cancelled), nb.budget(clock=clock) as run:
+def test_S2_3_cancelling_a_run_stops_every_descendant(clock, ledger):
+    with pytest.raises(nb.Cancelled), nb.budget(clock=clock, ledger=ledger) as run:
         a = run.grant(name="a")
         b = a.grant(name="b")
         with a, b:
@@ -117,15 +117,16 @@ def test_S2_3_cancelling_a_run_stops_every_descendant(clock):
     assert run.outcome.origin is None
 
 
-def test_S2_3_a_grant_made_after_the_stop_is_stopped_too(clock):
-    run = nb.budget(clock=clock)
+def test_S2_3_a_grant_made_after_the_stop_is_stopped_too(clock, ledger):
+    run = nb.budget(clock=clock, ledger=ledger)
     run.cancel()
     assert run.grant().cancelled
 
 
-def test_S2_3_a_stopped_child_is_reported_to_its_caller_as_stopped_and_the_caller_goes_on(clock):
+def test_S2_3_a_stopped_child_is_reported_to_its_caller_as_stopped_and_the_caller_goes_on(
+        clock, ledger):
     attempts = []
-    with nb.budget(clock=clock) as run:
+    with nb.budget(clock=clock, ledger=ledger) as run:
         child = run.grant(name="search")
         with pytest.raises(nb.Cancelled) as info, child:
             attempts.append(1)
@@ -138,8 +139,8 @@ def test_S2_3_a_stopped_child_is_reported_to_its_caller_as_stopped_and_the_calle
     assert not run.cancelled
 
 
-def test_cancelling_a_child_does_not_stop_its_parent_or_siblings(clock):
-    with nb.budget(clock=clock) as run:
+def test_cancelling_a_child_does_not_stop_its_parent_or_siblings(clock, ledger):
+    with nb.budget(clock=clock, ledger=ledger) as run:
         a, b = run.grant(), run.grant()
         a.cancel()
         b.step()
@@ -147,8 +148,9 @@ def test_cancelling_a_child_does_not_stop_its_parent_or_siblings(clock):
         assert (a.cancelled, b.cancelled, run.cancelled) == (True, False, False)
 
 
-def test_a_grant_used_without_with_surfaces_its_stop_at_the_caller(clock):
-    with pytest.raises(nb.BudgetCut) as info, nb.budget(time="1h", clock=clock) as run:
+def test_a_grant_used_without_with_surfaces_its_stop_at_the_caller(clock, ledger):
+    with pytest.raises(nb.BudgetCut) as info, \
+            nb.budget(time="1h", clock=clock, ledger=ledger) as run:
         child = run.grant(time="1s")
         clock.advance("2s")
         child.step()
@@ -156,16 +158,16 @@ def test_a_grant_used_without_with_surfaces_its_stop_at_the_caller(clock):
     assert run.outcome.origin == child.name
 
 
-def test_the_trace_records_each_grant_with_its_parent(clock):
-    with nb.budget(clock=clock, name="root") as run:
+def test_the_trace_records_each_grant_with_its_parent(clock, ledger):
+    with nb.budget(clock=clock, name="root", ledger=ledger) as run:
         run.grant(steps=2, time="1s", name="child")
     grants = [e.payload for e in run.trace.events if e.kind == "grant"]
     assert grants == [{"parent": "root", "limits": {"run_ms": 1000, "steps": 2},
                        "time_ms": 1000}]
 
 
-def test_grants_left_open_end_with_their_parent_and_cancel_their_timers(clock):
-    with nb.budget(clock=clock, name="root") as run:
+def test_grants_left_open_end_with_their_parent_and_cancel_their_timers(clock, ledger):
+    with nb.budget(clock=clock, name="root", ledger=ledger) as run:
         child = run.grant(time="1h", name="never-entered")
         grandchild = child.grant(time="30m")
     assert clock.pending() == 0

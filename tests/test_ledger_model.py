@@ -27,6 +27,7 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
+    run_state_machine_as_test,
 )
 from ledger_oracle import (
     CODES,
@@ -127,8 +128,9 @@ def by_kind(run: nb.Budget) -> dict[str, tuple[float, float, float]]:
 class LedgerMachine(RuleBasedStateMachine):
     """One run and its grants, in nbbudget and in the oracle, on one fake clock."""
 
-    def __init__(self) -> None:
+    def __init__(self, ledger: Any) -> None:
         super().__init__()
+        self.ledger = ledger  # the implementation under test (`LEDGERS` in conftest)
         self.clock = FakeClock()
         self.budgets: dict[str, nb.Budget] = {}
         self.model: Ledger
@@ -151,7 +153,8 @@ class LedgerMachine(RuleBasedStateMachine):
         totals = {k: v * 3 for k, v in totals.items()} if suspend else {}
         self.mode = mode
         run = nb.budget(nb.Limits(**limits), time=time, suspend=suspend, clock=self.clock,
-                        totals=nb.Limits(**totals) if totals else None, trace=mode, name="run")
+                        totals=nb.Limits(**totals) if totals else None, trace=mode, name="run",
+                        ledger=self.ledger)
         self.budgets = {"run": run.__enter__()}
         self.model = Ledger({**limits, **({"run_ms": time} if time else {})}, suspend=suspend,
                             totals=totals, now_ms=self.clock.now_ms())
@@ -298,7 +301,8 @@ class LedgerMachine(RuleBasedStateMachine):
             return  # a deadline already passed is only delivered when the clock moves on
         self.leave()
         state = json.loads(json.dumps(self.run.state()))
-        run = nb.Budget.resume(state, nb.Limits(**given), clock=self.clock, trace=self.mode)
+        run = nb.Budget.resume(state, nb.Limits(**given), clock=self.clock, trace=self.mode,
+                               ledger=self.ledger)
         self.budgets, self.model = {"run": run.__enter__()}, model
 
     @precondition(lambda self: self.model.stop_of("run") is not None)
@@ -348,11 +352,10 @@ class LedgerMachine(RuleBasedStateMachine):
             k: (self.model.root.spent[k], self.model.consumptions[k], refused[k]) for k in KINDS}
 
 
-LedgerMachine.TestCase.settings = settings(
-    DETERMINISTIC, max_examples=300, stateful_step_count=50,
-    suppress_health_check=[HealthCheck.too_slow])
-test_S4_3_S2_2_S2_3_S3_1_S4_4_nbbudget_and_the_reference_ledger_agree_step_by_step = (
-    LedgerMachine.TestCase)
+def test_S4_3_S2_2_S2_3_S3_1_S4_4_nbbudget_and_the_reference_ledger_agree_step_by_step(ledger):
+    run_state_machine_as_test(lambda: LedgerMachine(ledger), settings=settings(
+        DETERMINISTIC, max_examples=300, stateful_step_count=50,
+        suppress_health_check=[HealthCheck.too_slow]))
 
 
 # -- several threads at once (S4-3, S2-3) ----------------------------------------------------------
@@ -424,12 +427,12 @@ def play(plan: list[tuple[str, bool, int]], run: Any, grant: Any) -> Counter[Any
                       min_size=2, max_size=4),
        mode=st.sampled_from(["counts", "full"]))
 def test_S4_3_charges_from_several_threads_grant_what_any_serial_order_grants(limits, plans,
-                                                                             mode):
+                                                                             mode, ledger):
     """Threads charge the run and their own grants at once, and the same threads drive the
     oracle. Whatever the interleaving, the run grants what the oracle grants for the same plans
     run one after another in any order: exactly its limit when the demand is larger, no permit
     twice and none lost; and each refusal is traced with the limit reached."""
-    run = nb.budget(clock=FakeClock(), trace=mode, **limits)
+    run = nb.budget(clock=FakeClock(), trace=mode, ledger=ledger, **limits)
     grants = [run.grant(name=f"g{i}", **allowance) for i, (allowance, _) in enumerate(plans)]
     beside = oracle(limits, plans)
     seen: list[Counter[Any]] = [Counter() for _ in plans]
@@ -480,11 +483,11 @@ def outcome_of(ledger: Ledger) -> dict[str, tuple[float, int]]:
        on_grants=st.lists(st.booleans(), min_size=4, max_size=4),
        mode=st.sampled_from(["counts", "full"]), after=st.integers(1, 600))
 def test_S2_3_a_cancel_from_another_thread_stops_every_later_charge_and_loses_no_permit(
-        kinds, on_grants, mode, after):
+        kinds, on_grants, mode, after, ledger):
     """Threads charge without limit while another cancels the run: every charge begun after
     `cancel()` returned raises the stop, in the run and in every grant (level-triggered), and
     the run counts exactly the charges its threads were granted."""
-    run = nb.budget(clock=FakeClock(), trace=mode)
+    run = nb.budget(clock=FakeClock(), trace=mode, ledger=ledger)
     grants = [run.grant(name=f"g{i}") for i in range(len(kinds))]
     cancelled, charging = threading.Event(), [threading.Event() for _ in kinds]
     granted: list[Counter[str]] = [Counter() for _ in kinds]
@@ -524,15 +527,15 @@ def test_S2_3_a_cancel_from_another_thread_stops_every_later_charge_and_loses_no
 
 
 # -- where nbbudget and the rules disagree today (see KNOWN_DIVERGENCES) ---------------------------
-def test_S3_1_a_reply_that_spends_a_window_suspends_the_run_as_a_refused_charge_does():
-    with nb.budget(tokens=100, suspend=True, clock=FakeClock()) as run:
+def test_S3_1_a_reply_that_spends_a_window_suspends_the_run_as_a_refused_charge_does(ledger):
+    with nb.budget(tokens=100, suspend=True, clock=FakeClock(), ledger=ledger) as run:
         ask = run.provider(ScriptedProvider([Reply("long", input_tokens=150)]), guardrail=0)
         ask("question")
     assert (run.outcome.status, run.outcome.by) == ("suspended", "tokens")
 
 
-def test_S4_8_a_provider_call_with_no_output_tokens_left_is_refused_like_any_charge():
-    with nb.budget(output_tokens=10, clock=FakeClock()) as run:
+def test_S4_8_a_provider_call_with_no_output_tokens_left_is_refused_like_any_charge(ledger):
+    with nb.budget(output_tokens=10, clock=FakeClock(), ledger=ledger) as run:
         run.charge("output_tokens", 10)
         ask = run.grant(steps=5).provider(ScriptedProvider([Reply("x", output_tokens=5)]),
                                           name="model", guardrail=0)
@@ -544,8 +547,8 @@ def test_S4_8_a_provider_call_with_no_output_tokens_left_is_refused_like_any_cha
                                      "OutputTokenBudgetExceeded")]
 
 
-def test_S2_3_a_reply_that_lands_after_a_cancel_leaves_no_permit_for_a_later_charge():
-    run, granted = nb.budget(clock=FakeClock()), []
+def test_S2_3_a_reply_that_lands_after_a_cancel_leaves_no_permit_for_a_later_charge(ledger):
+    run, granted = nb.budget(clock=FakeClock(), ledger=ledger), []
 
     def answer(prompt: str) -> Reply:
         run.cancel("enough")  # a person presses Stop while the model answers
@@ -560,8 +563,8 @@ def test_S2_3_a_reply_that_lands_after_a_cancel_leaves_no_permit_for_a_later_cha
     assert run.consumed == {"tokens": 5, "provider_calls": 1}
 
 
-def test_S3_3_a_reply_that_passes_its_grants_allowance_and_the_runs_limit_stops_the_run():
-    run = nb.budget(tokens=100, clock=FakeClock())
+def test_S3_3_a_reply_that_passes_its_grants_allowance_and_the_runs_limit_stops_the_run(ledger):
+    run = nb.budget(tokens=100, clock=FakeClock(), ledger=ledger)
     with contextlib.suppress(nb.BudgetCut), run:
         with contextlib.suppress(nb.BudgetCut), run.grant(tokens=50) as grant:
             grant.provider(ScriptedProvider([Reply("long", input_tokens=120)]), guardrail=0)("q")
@@ -571,8 +574,8 @@ def test_S3_3_a_reply_that_passes_its_grants_allowance_and_the_runs_limit_stops_
 
 @pytest.mark.xfail(strict=True, reason="on a grant, charge_many checks each of the grant's "
                                        "allowances before any of the run's limits")
-def test_S3_3_charge_many_on_a_grant_names_the_first_kind_in_the_attribution_order():
-    with nb.budget(tokens=10, clock=FakeClock()) as run:
+def test_S3_3_charge_many_on_a_grant_names_the_first_kind_in_the_attribution_order(ledger):
+    with nb.budget(tokens=10, clock=FakeClock(), ledger=ledger) as run:
         grant = run.grant(steps=1)
         grant.step()
         with pytest.raises(nb.BudgetExceeded) as info:
@@ -580,9 +583,9 @@ def test_S3_3_charge_many_on_a_grant_names_the_first_kind_in_the_attribution_ord
     assert (info.value.kind, info.value.scope) == ("tokens", "run")
 
 
-def test_S4_3_a_refused_charge_many_leaves_a_dollar_counter_exactly_as_it_was():
+def test_S4_3_a_refused_charge_many_leaves_a_dollar_counter_exactly_as_it_was(ledger):
     # the machine charges quarters of a dollar, exact in binary, so it cannot see this one
-    with nb.budget(steps=1, clock=FakeClock()) as run:
+    with nb.budget(steps=1, clock=FakeClock(), ledger=ledger) as run:
         run.charge("cost_usd", 0.1)
         run.step()
         with pytest.raises(nb.BudgetExceeded):

@@ -7,9 +7,12 @@ A manifest declares run limits and, optionally, the runtime's two ceilings.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import importlib
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,8 @@ import pytest
 
 import nbbudget as nb
 from nbbudget.core.errors import show
+from nbbudget.core.kinds import KINDS, Kind
+from nbbudget.testing import FakeClock
 
 MAX_INT = 2**53 - 1
 FIELDS = [
@@ -577,3 +582,89 @@ def test_every_kind_has_its_field_its_json_key_and_its_flag_in_budget_and_run():
             notebook = ["report.ipynb"] if parser is run_parser else []
             args = parser.parse_args([*notebook, kind.flag, value])
             assert getattr(limits_from_flags(args), kind.name) == 7, (kind, parser.prog)
+
+
+# -- one table of kinds: Limits, the JSON keys, the flags and the docs follow it -------------------
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+@pytest.fixture(scope="module")
+def kinds_table() -> list[str]:
+    """The table of kinds as the docs' ``nbbudget-kinds`` directive renders it (no Sphinx)."""
+    sys.path.insert(0, str(DOCS / "_ext"))
+    try:
+        return importlib.import_module("nbbudget_render").kinds_lines()
+    finally:
+        sys.path.remove(str(DOCS / "_ext"))
+        sys.modules.pop("nbbudget_render", None)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=[k.name for k in KINDS])
+def test_every_kind_has_its_row_in_the_generated_docs_table(kind: Kind,
+                                                            kinds_table: list[str]) -> None:
+    rows = [line for line in kinds_table if line.startswith(f"| `{kind.name}` |")]
+    assert len(rows) == 1
+    cells = [cell.strip() for cell in rows[0].strip("|").split("|")]
+    metavar = "DUR" if kind.clock else "N" if kind.integral else kind.unit
+    assert cells == [f"`{kind.name}`", kind.counts, kind.unit, f"`{kind.flag} {metavar}`",
+                     f"`max_{kind.name}` or `{kind.name}`", f"`{kind.code}`",
+                     "yes" if kind.window else "no"]
+
+
+def test_the_docs_table_of_kinds_has_a_row_per_kind_in_the_attribution_order(
+    kinds_table: list[str],
+) -> None:
+    names = [line.split("|")[1].strip().strip("`") for line in kinds_table[2:]]
+    assert names == [k.name for k in sorted(KINDS, key=lambda k: k.rank)]
+
+
+@pytest.mark.parametrize("page", ["concepts", "api"])
+def test_the_concepts_and_api_pages_show_the_generated_table_of_kinds(page: str) -> None:
+    assert "```{nbbudget-kinds}\n```" in (DOCS / f"{page}.md").read_text(encoding="utf-8")
+
+
+def test_the_readme_names_every_kind_among_the_run_limits() -> None:
+    readme = (DOCS.parent / "README.md").read_text(encoding="utf-8")
+    limits = readme.split("### Runs, limits and grants", 1)[1].split("```", 1)[0]
+    assert [k.name for k in KINDS if f"`{k.name}`" not in limits] == []
+
+
+def test_limits_declares_each_kind_typed_as_its_row_says() -> None:
+    types = {f.name: f.type for f in dataclasses.fields(nb.Limits)}
+    assert types == {k.name: "int | None" if k.integral else "float | None" for k in KINDS}
+
+
+def test_a_kind_added_to_the_table_without_its_limits_field_fails_at_import(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from nbbudget.core import limits
+
+    extra = KINDS[0]._replace(name="pages", flag="--pages")
+    monkeypatch.setattr(limits, "KINDS", (*KINDS, extra))
+    with pytest.raises(TypeError, match=r"the table of kinds asks for .*'pages': 'int \| None'"):
+        limits._check_fields()
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if not k.clock], ids=lambda k: k.name)
+def test_each_charged_kinds_row_says_whether_it_is_pooled_and_whether_it_is_a_window_S3_1(
+    kind: Kind,
+) -> None:
+    """A whole-number kind leases permits into a pool (a charge of 1 then takes one without the
+    lock); with ``suspend=True`` a spent window suspends the run, any other limit fails it."""
+    limit = 4 if kind.integral else 1.0
+    error = contextlib.nullcontext() if kind.window else pytest.raises(nb.BudgetExceeded)
+    with error, nb.budget(suspend=True, clock=FakeClock(), notices=None,
+                          **{kind.name: limit}) as run:
+        run.charge(kind.name, 1)
+        assert len(run.lowlevel.account.pools[KINDS.index(kind)]) == (3 if kind.pooled else 0)
+        run.charge(kind.name, limit)
+    assert run.outcome is not None
+    assert (run.outcome.status, run.outcome.by) == (
+        ("suspended" if kind.window else "failed"), kind.name)
+
+
+def test_the_clocks_kind_is_spent_by_time_not_charged() -> None:
+    clock_kinds = [k for k in KINDS if k.clock]
+    assert [k.name for k in clock_kinds] == ["run_ms"]
+    with pytest.raises(nb.ConfigError, match="'run_ms' is not a budget kind; use one of: "):
+        nb.budget(time="1s", clock=FakeClock()).charge("run_ms", 1)

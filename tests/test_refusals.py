@@ -46,8 +46,9 @@ def scope(run: nb.Budget, where: str, **limits: Any) -> Iterator[nb.Budget]:
 
 # -- refusals before dispatch -------------------------------------------------------------------
 @pytest.mark.parametrize("where", ["run", "grant"])
-def test_S4_8_a_refused_reservation_is_traced_with_the_run_limit(clock, where):
-    with nb.budget(steps=2, clock=clock, notices=None) as run, scope(run, where) as work:
+def test_S4_8_a_refused_reservation_is_traced_with_the_run_limit(clock, where, ledger):
+    with nb.budget(steps=2, clock=clock, notices=None, ledger=ledger) as run, \
+            scope(run, where) as work:
         work.step()
         work.step()
         with pytest.raises(nb.BudgetExceeded) as info:
@@ -56,8 +57,9 @@ def test_S4_8_a_refused_reservation_is_traced_with_the_run_limit(clock, where):
     assert (info.value.limit, info.value.consumed) == (2, 2)
 
 
-def test_S4_8_a_refused_reservation_on_a_grant_names_the_grant_limit(clock):
-    with nb.budget(steps=10, clock=clock, notices=None) as run, run.grant(steps=2) as child:
+def test_S4_8_a_refused_reservation_on_a_grant_names_the_grant_limit(clock, ledger):
+    with nb.budget(steps=10, clock=clock, notices=None, ledger=ledger) as run, \
+            run.grant(steps=2) as child:
         child.charge("steps", 2)
         with pytest.raises(nb.BudgetExceeded) as info:
             child.step()
@@ -67,9 +69,9 @@ def test_S4_8_a_refused_reservation_on_a_grant_names_the_grant_limit(clock):
 
 @pytest.mark.parametrize("where", ["run", "grant"])
 def test_S2_9_S4_8_a_clamp_with_nothing_left_is_a_traced_refusal_with_the_run_limit(clock,
-                                                                                   where):
+                                                                                   where, ledger):
     model = ScriptedProvider([Reply("x", output_tokens=100), Reply("y", output_tokens=1)])
-    with nb.budget(output_tokens=100, clock=clock, notices=None) as run, \
+    with nb.budget(output_tokens=100, clock=clock, notices=None, ledger=ledger) as run, \
             scope(run, where) as work:
         ask = work.provider(model, name="chat")
         ask("a", max_output_tokens=500)
@@ -86,9 +88,9 @@ def test_S2_9_S4_8_a_clamp_with_nothing_left_is_a_traced_refusal_with_the_run_li
                           "(100 used, 1 more requested); raise the limit or do less work")
 
 
-def test_S2_9_S4_8_a_clamp_on_a_grant_with_its_own_allowance_names_the_grant_limit(clock):
+def test_S2_9_S4_8_a_clamp_on_a_grant_with_its_own_allowance_names_the_grant_limit(clock, ledger):
     model = ScriptedProvider([Reply("x", output_tokens=40)])
-    with nb.budget(output_tokens=1000, clock=clock, notices=None) as run, \
+    with nb.budget(output_tokens=1000, clock=clock, notices=None, ledger=ledger) as run, \
             run.grant(output_tokens=40) as child:
         ask = child.provider(model, name="chat")
         ask("a", max_output_tokens=500)
@@ -99,12 +101,14 @@ def test_S2_9_S4_8_a_clamp_on_a_grant_with_its_own_allowance_names_the_grant_lim
 
 
 @pytest.mark.parametrize("where", ["run", "grant"])
-def test_S3_1_S4_8_a_spent_whole_run_total_is_a_traced_refusal_with_the_total(clock, where):
-    with nb.budget(tokens=100, suspend=True, totals=nb.Limits(tokens=150), clock=clock) as run:
+def test_S3_1_S4_8_a_spent_whole_run_total_is_a_traced_refusal_with_the_total(clock, where, ledger):
+    with nb.budget(tokens=100, suspend=True, totals=nb.Limits(tokens=150), clock=clock,
+                   ledger=ledger) as run:
         run.charge("tokens", 80)
         run.charge("tokens", 40)  # the window of 100 is spent: suspended
     with pytest.raises(nb.BudgetExceeded) as info, \
-            nb.Budget.resume(run.state(), clock=clock) as second, scope(second, where) as work:
+            nb.Budget.resume(run.state(), clock=clock, ledger=ledger) as second, \
+            scope(second, where) as work:
         work.charge("tokens", 40)
         work.charge("tokens", 40)  # 160 > the total of 150
     assert [figures(p) for p in events(second, REFUSED)] == [("tokens", 150, 120)]
@@ -112,8 +116,9 @@ def test_S3_1_S4_8_a_spent_whole_run_total_is_a_traced_refusal_with_the_total(cl
 
 
 @pytest.mark.parametrize("where", ["run", "grant"])
-def test_S3_1_S4_8_a_spent_window_is_a_traced_refusal_with_the_window(clock, where):
-    with nb.budget(tokens=100, suspend=True, clock=clock) as run, scope(run, where) as work:
+def test_S3_1_S4_8_a_spent_window_is_a_traced_refusal_with_the_window(clock, where, ledger):
+    with nb.budget(tokens=100, suspend=True, clock=clock, ledger=ledger) as run, \
+            scope(run, where) as work:
         work.charge("tokens", 70)
         work.charge("tokens", 40)
     assert [figures(p) for p in events(run, REFUSED)] == [("tokens", 100, 70)]
@@ -122,9 +127,9 @@ def test_S3_1_S4_8_a_spent_window_is_a_traced_refusal_with_the_window(clock, whe
 
 # -- cuts after the fact ------------------------------------------------------------------------
 @pytest.mark.parametrize("where", ["run", "grant"])
-def test_S4_10_spending_past_the_run_limit_is_a_traced_cut_with_the_limit(clock, where):
+def test_S4_10_spending_past_the_run_limit_is_a_traced_cut_with_the_limit(clock, where, ledger):
     model = ScriptedProvider([Reply("long", input_tokens=100, output_tokens=50)])
-    with pytest.raises(nb.BudgetCut), nb.budget(tokens=120, clock=clock) as run, \
+    with pytest.raises(nb.BudgetCut), nb.budget(tokens=120, clock=clock, ledger=ledger) as run, \
             scope(run, where) as work:
         work.provider(model, name="chat")("a")
     (cut,) = events(run, "cut")
@@ -132,9 +137,9 @@ def test_S4_10_spending_past_the_run_limit_is_a_traced_cut_with_the_limit(clock,
     assert cut["by"] == "tokens"
 
 
-def test_S4_10_spending_past_a_grant_limit_is_a_traced_cut_with_the_grant_limit(clock):
+def test_S4_10_spending_past_a_grant_limit_is_a_traced_cut_with_the_grant_limit(clock, ledger):
     model = ScriptedProvider([Reply("long", input_tokens=100, output_tokens=50)])
-    with pytest.raises(nb.BudgetCut), nb.budget(tokens=1000, clock=clock) as run, \
+    with pytest.raises(nb.BudgetCut), nb.budget(tokens=1000, clock=clock, ledger=ledger) as run, \
             run.grant(tokens=120) as child:
         child.provider(model, name="chat")("a")
     (cut,) = events(run, "cut")
@@ -142,8 +147,8 @@ def test_S4_10_spending_past_a_grant_limit_is_a_traced_cut_with_the_grant_limit(
 
 
 @pytest.mark.parametrize("where", ["run", "grant"])
-def test_S4_7_spent_time_is_a_traced_cut_with_the_time_grant(clock, where):
-    with pytest.raises(nb.BudgetCut), nb.budget(time="5s", clock=clock) as run, \
+def test_S4_7_spent_time_is_a_traced_cut_with_the_time_grant(clock, where, ledger):
+    with pytest.raises(nb.BudgetCut), nb.budget(time="5s", clock=clock, ledger=ledger) as run, \
             scope(run, where) as work:
         clock.advance("5s")
         work.step()
@@ -152,8 +157,8 @@ def test_S4_7_spent_time_is_a_traced_cut_with_the_time_grant(clock, where):
     assert cut["by"] == "timeout"
 
 
-def test_S4_7_a_grant_whose_own_time_is_spent_is_a_traced_cut_with_its_grant(clock):
-    with pytest.raises(nb.BudgetCut), nb.budget(time="5s", clock=clock) as run, \
+def test_S4_7_a_grant_whose_own_time_is_spent_is_a_traced_cut_with_its_grant(clock, ledger):
+    with pytest.raises(nb.BudgetCut), nb.budget(time="5s", clock=clock, ledger=ledger) as run, \
             run.grant(time="2s") as child:
         clock.advance("2s")
         child.step()

@@ -24,6 +24,14 @@ One directive is written in Markdown and goes straight into a MyST page, outside
     The rules of one group (``S0``, ``S2``, ``S3``, ``S4`` or ``N``) from ``nbbudget.core.rules``,
     the table ``nbbudget explain`` prints from: one heading and target (``(s0-10)=``) per rule,
     its text, its example and what the example prints.
+
+````
+```{nbbudget-kinds}
+```
+````
+    The table of kinds from ``nbbudget.core.kinds``, the one ``Limits``, the JSON keys and the
+    flags follow: per kind what it counts, its unit, flag, JSON key, error code and whether it
+    is a window with ``suspend=True``.
 """
 
 from __future__ import annotations
@@ -35,7 +43,14 @@ from typing import Any, ClassVar
 from docutils import nodes
 from docutils.parsers.rst import directives
 from docutils.statemachine import StringList
-from nbbudget_render import argparse_lines, import_object, magic_lines, rules_lines, traits_lines
+from nbbudget_render import (
+    argparse_lines,
+    import_object,
+    kinds_lines,
+    magic_lines,
+    rules_lines,
+    traits_lines,
+)
 from sphinx.application import Sphinx
 from sphinx.util.docutils import SphinxDirective
 from sphinx.util.nodes import nested_parse_with_titles
@@ -105,9 +120,23 @@ class RulesDirective(SphinxDirective):
         return holder.children
 
 
+class KindsDirective(SphinxDirective):
+    """```{nbbudget-kinds}``` in a MyST page: the table of kinds, parsed as Markdown in place."""
+
+    def run(self) -> list[nodes.Node]:
+        import nbbudget.core.kinds
+
+        self.env.note_dependency(nbbudget.core.kinds.__file__)
+        container = nodes.container(classes=["nbbudget-generated"])
+        lines = StringList(kinds_lines(), source="nbbudget/core/kinds.py")
+        self.state.nested_parse(lines, self.content_offset, container)
+        return [container]
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("nbbudget-magic", MagicDirective)
     app.add_directive("nbbudget-argparse", ArgparseDirective)
     app.add_directive("nbbudget-traits", TraitsDirective)
     app.add_directive("nbbudget-rules", RulesDirective)
+    app.add_directive("nbbudget-kinds", KindsDirective)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,6 +1,7 @@
 """Reference text generated from the code: an IPython magic, an argparse command line and the
-configurable traits of a traitlets class, each as lines of reStructuredText; and the rules of
-the model, from the table in ``nbbudget.core.rules``, as lines of Markdown (MyST).
+configurable traits of a traitlets class, each as lines of reStructuredText; the rules of the
+model, from the table in ``nbbudget.core.rules``, and the kinds of limits, from the table in
+``nbbudget.core.kinds``, as lines of Markdown (MyST).
 
 This module needs neither Sphinx nor docutils, so the test suite can check what the
 documentation will say; ``nbbudget_docs`` wraps it in Sphinx directives.
@@ -17,8 +18,8 @@ import textwrap
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["argparse_lines", "escape", "import_object", "magic_lines", "rules_lines",
-           "source_docstring", "traits_lines", "usage"]
+__all__ = ["argparse_lines", "escape", "import_object", "kinds_lines", "magic_lines",
+           "rules_lines", "source_docstring", "traits_lines", "usage"]
 
 WIDTH = 88  # usage lines and help are wrapped at this width, whatever the terminal
 _SPECIAL = re.compile(r"([\\*`|_\[\]])")
@@ -189,3 +190,28 @@ def rules_lines(group: str) -> list[str]:
         if rule.output:
             lines += ["It prints:", "", "```text", rule.output, "```", ""]
     return "\n".join(lines).splitlines()
+
+
+KINDS_HEAD = ("kind", "what it counts", "unit", "flag", "JSON key", "error code",
+              "window with `suspend=True`")
+
+
+def kinds_lines() -> list[str]:
+    """The table of kinds as a Markdown table, one row per kind in the attribution order: its
+    `Limits` field, what it counts, its unit, its flag in ``%%budget`` and ``nbbudget run``
+    (with the value it takes), its JSON keys, its error code, and whether it is a window."""
+    from nbbudget.core.kinds import KINDS
+    from nbbudget.core.limits import budget_flags
+
+    metavars = {flag: options["metavar"] for flag, options in budget_flags()}
+    lines = [_row(KINDS_HEAD), _row(("---",) * len(KINDS_HEAD))]
+    for kind in KINDS:
+        lines.append(_row((f"`{kind.name}`", kind.counts, kind.unit,
+                           f"`{kind.flag} {metavars[kind.flag]}`",
+                           f"`{kind.key}` or `{kind.name}`", f"`{kind.code}`",
+                           "yes" if kind.window else "no")))
+    return lines
+
+
+def _row(cells: tuple[str, ...]) -> str:
+    return "| " + " | ".join(cells) + " |"

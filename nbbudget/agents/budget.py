@@ -3,11 +3,12 @@
 Rules: S2-1..S2-4, S3-1..S3-5, S4-3, S4-4.
 
 A run (`Budget`) is a small facade: what it may spend and has spent is its account in a
-`LocalLedger` (`nbbudget.core.ledger`), its stop, deadline and pause are its `Scope`
-(`nbbudget.core.scope`), and its events go through its `Recorder` (`nbbudget.core.trace`); `Core`
-(`nbbudget.core.lowlevel`) ties them together for the layers above. A grant is the same facade over
-a child account and a child scope of its run. ``step()`` and ``charge(kind)`` take a permit from
-the account's pool with ``list.pop()``, which is atomic: no lock, no clock.
+ledger (`nbbudget.core.ledger`; a `LocalLedger` unless ``ledger=`` chooses), its stop, deadline
+and pause are its `Scope` (`nbbudget.core.scope`), and its events go through its `Recorder`
+(`nbbudget.core.trace`); `Core` (`nbbudget.core.lowlevel`) ties them together for the layers
+above. A grant is the same facade over a child account and a child scope of its run.
+``step()`` and ``charge(kind)`` take a permit from the account's pool with ``list.pop()``, which
+is atomic: no lock, no clock.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..core.endings import outcome_of
 from ..core.errors import BudgetError, ConfigError
 from ..core.kinds import CHARGE_INDEX as _CHARGE_INDEX
 from ..core.kinds import KIND_INDEX, KINDS, STEPS, kind_index
-from ..core.ledger import STATE_VERSION, check_totals, read_state
+from ..core.ledger import STATE_VERSION, LedgerFactory, LocalLedger, check_totals, read_state
 from ..core.limits import NO_LIMITS as _NO_LIMITS
 from ..core.limits import Limits
 from ..core.lowlevel import Core
@@ -85,6 +86,9 @@ class Budget:
     Python threads cannot be killed: a stop is delivered at the next ``step()``, ``charge()``
     or ``check()``, or through ``ctx.signal`` inside a tool. A tool that ignores its signal is
     abandoned (its caller is freed and the trace says so), not killed.
+
+    ``ledger`` (low-level API, see `nbbudget.core.ledger`) chooses where the run's counters are
+    kept: a `LedgerFactory`, `LocalLedger` (this process) by default.
     """
 
     _parent: Budget | None = None
@@ -93,12 +97,12 @@ class Budget:
                  clock: Clock | None = None, name: str | None = None, suspend: bool = False,
                  totals: Limits | None = None,
                  notices: tuple[float, float] | None = (0.8, 0.95), trace: str = "counts",
-                 **limit_fields: Any) -> None:
+                 ledger: LedgerFactory = LocalLedger, **limit_fields: Any) -> None:
         limits = _combine(limits, time, limit_fields)
         full, totals = _trace_mode(trace), check_totals(totals, suspend)
         core = Core.run(name or "run", limits, clock if clock is not None else default_clock(),
                         full=full, suspend=bool(suspend), totals=totals,
-                        notices=check_notices(notices))
+                        notices=check_notices(notices), ledger=ledger)
         self._attach(core, self)
 
     def _attach(self, core: Core, root: Budget) -> None:
@@ -355,7 +359,8 @@ class Budget:
 
     @classmethod
     def resume(cls, state: Mapping[str, Any], limits: Limits | None = None, *,
-               clock: Clock | None = None, trace: str = "counts", **limit_fields: Any) -> Budget:
+               clock: Clock | None = None, trace: str = "counts",
+               ledger: LedgerFactory = LocalLedger, **limit_fields: Any) -> Budget:
         """A run that continues from *state*: nothing is reset (S4-4). The saved and the given
         limits combine by minimum; with suspend, windows start fresh and totals stay frozen
         (S3-1). A state that lacks a field or has another version is refused unchanged (S4-5)."""
@@ -364,7 +369,7 @@ class Budget:
                   clock=clock, name=saved["name"], suspend=saved["suspend"],
                   totals=Limits.from_json(saved["totals"]) if saved["suspend"] else None,
                   notices=tuple(saved["notices"]) if saved["notices"] else None,
-                  trace=trace)
+                  trace=trace, ledger=ledger)
         run._core.restore(saved)
         return run
 

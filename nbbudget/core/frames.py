@@ -14,7 +14,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "nbbudget's DataFrames need pandas; install it with: pip install 'nbbudget[frames]'"
     ) from exc
 
-from .kinds import KIND_INDEX, KINDS
+from .kinds import KIND_INDEX, KINDS, RUN_MS
 
 if TYPE_CHECKING:
     from .snapshot import Snapshot
@@ -109,9 +109,10 @@ def plot_trace(frame: pd.DataFrame, limits: Mapping[str, float], notices: Sequen
         t = [0.0, *rows["t_ms"], end]
         used = [0.0, *(rows["amount"].cumsum() / limit)]
         ax.step(t, [*used, used[-1]], where="post", label=f"{kind} (limit {limit:g})")
-    run_ms = limits.get("run_ms")
+    timed = KINDS[RUN_MS].name  # drawn from the clock
+    run_ms = limits.get(timed)
     if run_ms and end:
-        ax.plot([0.0, end], [0.0, end / run_ms], label=f"run_ms (limit {run_ms:g})")
+        ax.plot([0.0, end], [0.0, end / run_ms], label=f"{timed} (limit {run_ms:g})")
     ax.axhline(1.0, color="black", linewidth=0.8)
     for fraction in notices:
         ax.axhline(fraction, color="orange", linewidth=0.8, linestyle=":")

@@ -1,7 +1,10 @@
 """The ledger: what a run and its grants may spend and have spent (S2-2, S2-9, S3-1, S3-3,
 S3-5, S4-3, S4-4, S4-8).
 
-`Ledger` is the interface; `LocalLedger` keeps the counters in this process. A ledger holds one
+`Ledger` is the interface; `LocalLedger` keeps the counters in this process. A run's ledger is
+made by a `LedgerFactory`, chosen with ``nb.Budget(..., ledger=...)`` (`LocalLedger` by default,
+and itself a factory); a ledger kept elsewhere comes from a factory bound to the place it lives
+(its class with a cluster's client, say). A ledger holds one
 `Account` per run or grant: the run's account has the run-wide counters, a grant's has its own
 allowances beside them (S2-2). Check-and-reserve covers an account and its run's together, all
 or nothing (S4-3); a refusal leaves every counter as it was and is recorded (S4-8). Spending that
@@ -26,22 +29,20 @@ from typing import Any, Protocol
 
 from .clock import Clock
 from .errors import BudgetExceeded, ConfigError
-from .kinds import KIND_INDEX, KINDS, RUN_MS, kind_index
+from .kinds import KIND_INDEX, KINDS, POOLED, RUN_MS, WINDOWS, kind_index
 from .limits import NO_LIMITS, Limits
 from .snapshot import AxisUsage
 from .trace import Recorder
 
-__all__ = ["STATE_VERSION", "Account", "Ledger", "LocalLedger", "check_totals", "plain",
-           "read_state"]
+__all__ = ["STATE_VERSION", "Account", "Ledger", "LedgerFactory", "LocalLedger", "check_totals",
+           "plain", "read_state"]
 
 STATE_VERSION = "nbbudget-ledger-v1"
 _INF = math.inf
 _K = len(KINDS)
-_WINDOW_KINDS = frozenset(KIND_INDEX[k] for k in ("tokens", "cost_usd", "run_ms"))
-_POOLED = tuple(k.integral and k.name != "run_ms" for k in KINDS)
 _BLOCK = 256  # permits a pool reserves at a time
 _PERMITS: list[None] = [None] * _BLOCK
-_ROOT_CAP = tuple(_INF if pooled else -_INF for pooled in _POOLED)  # with no limit: pool freely
+_ROOT_CAP = tuple(_INF if pooled else -_INF for pooled in POOLED)  # with no limit: pool freely
 _NO_CAP = (-_INF,) * _K
 _STATE_KEYS = ("name", "limits", "totals", "suspend", "counts", "active_ms", "notice_level",
                "notices")
@@ -54,7 +55,7 @@ class Account:
     """What one run or grant may spend and has spent. A grant's pools stay empty: it always
     charges through the lock, on its own allowances and on its run's."""
 
-    def __init__(self, ledger: LocalLedger, name: str, limits: Limits, recorder: Recorder,
+    def __init__(self, ledger: Ledger, name: str, limits: Limits, recorder: Recorder,
                  parent: Account | None) -> None:
         self.ledger = ledger
         self.name = name
@@ -94,6 +95,12 @@ class Ledger(Protocol):
     totals: Limits  # whole-run totals over windows
     notice_level: int  # approach notices given so far (S3-5)
 
+    def traced_pools(self, started: Any) -> None: ...
+
+    def time_notices(self) -> list[float]: ...
+
+    def notice(self, t_ms: float) -> None: ...
+
     def open(self, name: str, limits: Limits, recorder: Recorder,
              parent: Account) -> Account: ...
 
@@ -125,6 +132,17 @@ class Ledger(Protocol):
     def state(self, active_ms: float) -> dict[str, Any]: ...
 
     def restore(self, state: Mapping[str, Any]) -> None: ...
+
+
+class LedgerFactory(Protocol):
+    """What makes the ledger of a new run, with its root account: `LocalLedger` is one. *clock*
+    and *elapsed* are the run's (time notices, S3-5), *lock* the one its scope holds; *full*
+    asks for each charge in the trace."""
+
+    def __call__(self, name: str, limits: Limits, recorder: Recorder, *, clock: Clock,
+                 lock: threading.Lock, suspend: bool, totals: Limits,
+                 notices: tuple[float, float] | None, elapsed: Callable[[], float],
+                 full: bool) -> Ledger: ...
 
 
 class LocalLedger:
@@ -165,12 +183,12 @@ class LocalLedger:
                          totals.get(name, _INF))
             if window is not None and self.notices and self._notice_armed(i):
                 watch[i] = root.base[i] + window * self.notices[self.notice_level]
-            if _POOLED[i]:
+            if POOLED[i]:
                 cap[i] = min(thr[i], math.ceil(watch[i]) - 1 if watch[i] != _INF else _INF)
         root.thr, root.watch, root.cap = thr, watch, cap
 
     def _notice_armed(self, i: int) -> bool:
-        return self.notice_level < 2 and not (self.suspend and i in _WINDOW_KINDS)
+        return self.notice_level < 2 and not (self.suspend and i in WINDOWS)
 
     def open(self, name: str, limits: Limits, recorder: Recorder,
              parent: Account) -> Account:
@@ -206,7 +224,7 @@ class LocalLedger:
         for k, (i, n) in enumerate(items):
             if not self._take(i, n):
                 for (j, m), (count, bulk) in zip(items[:k], before, strict=False):
-                    if _POOLED[j]:
+                    if POOLED[j]:
                         root.counts[j] -= m
                         root.bulk[j] -= m - 1
                     else:
@@ -225,7 +243,7 @@ class LocalLedger:
                 list.pop(pool)  # not a charge of its own: a traced pool must not record it
             except IndexError:
                 counts[i] -= taken  # what was taken from the pool is free again
-                if _POOLED[i] and not pool and thr - counts[i] < 1:
+                if POOLED[i] and not pool and thr - counts[i] < 1:
                     root.exhausted[i] = True
                 return False
             taken += 1
@@ -281,7 +299,7 @@ class LocalLedger:
     def window(self, holder: Account, i: int) -> bool:
         """Whether *holder* passing kind *i* spends a window that suspends the run (S3-1): a
         run's tokens, cost or time, with suspend on, its whole-run total not passed."""
-        if not (self.suspend and i in _WINDOW_KINDS and holder is self.root):
+        if not (self.suspend and i in WINDOWS and holder is self.root):
             return False
         total = holder.total[i]
         return total is None or holder.used(i) + holder.base[i] <= total
@@ -305,7 +323,7 @@ class LocalLedger:
             limit, consumed, window = total, used + base, False
         else:
             limit, consumed = holder.thr[i] - base, used
-            window = self.suspend and i in _WINDOW_KINDS and holder is self.root
+            window = self.suspend and i in WINDOWS and holder is self.root
         account.recorder.refusal(i, limit, consumed, n, target, t_ms)
         kind = KINDS[i]
         # BaseException.__new__ stores the args; the Python __init__ would only add a call
@@ -335,7 +353,7 @@ class LocalLedger:
         best, best_ratio = "", 0.0
         for kind, limit in self.root.limits_set.items():
             i = KIND_INDEX[kind]
-            if self.suspend and i in _WINDOW_KINDS:
+            if self.suspend and i in WINDOWS:
                 continue
             used = self._elapsed() if i == RUN_MS else self.root.used(i)
             if used / limit > best_ratio:
@@ -423,7 +441,7 @@ class LocalLedger:
         root.bulk = list(root.counts)  # what earlier slices consumed is not this run's work
         self.notice_level = int(state["notice_level"])
         if self.suspend:
-            root.base = [root.counts[i] if i in _WINDOW_KINDS else 0 for i in range(_K)]
+            root.base = [root.counts[i] if i in WINDOWS else 0 for i in range(_K)]
             root.base[RUN_MS] = float(state["active_ms"])  # a fresh time window (S3-1)
         self.arm()
 

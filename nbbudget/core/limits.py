@@ -14,7 +14,7 @@ from typing import Any
 from .duration import parse_duration
 from .errors import ConfigError, WideningError, show
 from .files import file_path, read_json
-from .kinds import KIND_INDEX, KINDS
+from .kinds import KIND_INDEX, KINDS, Kind
 
 __all__ = ["MANIFEST_VERSION", "MAX_INT", "NO_LIMITS", "Limits", "Manifest", "budget_flags",
            "limits_from_flags"]
@@ -137,6 +137,18 @@ class Limits:
 
 
 _FIELDS = fields(Limits)
+
+
+def _check_fields() -> None:
+    """`Limits` declares one field per row of the table of kinds, typed as the row says (whole
+    numbers or dollars); a kind added to the table without its field fails here, at import."""
+    declared = {f.name: f.type for f in _FIELDS}
+    wanted = {k.name: "int | None" if k.integral else "float | None" for k in KINDS}
+    if declared != wanted:
+        raise TypeError(f"Limits declares {declared}; the table of kinds asks for {wanted}")
+
+
+_check_fields()
 #: no limit at all (the empty source, shared)
 NO_LIMITS = Limits()
 
@@ -191,12 +203,14 @@ def _brief(value: object) -> str:
     return _BRIEF.repr(value)
 
 
+#: the field of each JSON key of run limits: the key of its kind (``max_steps``) or its name
+_KEYS = {**{k.key: k.name for k in KINDS}, **{k.name: k.name for k in KINDS}}
+
+
 def _field_name(key: object) -> str:
-    if isinstance(key, str):
-        name = key[4:] if key.startswith("max_") else key
-        if name in KIND_INDEX:
-            return name
-    known = ", ".join(f"max_{k.name}" for k in KINDS)
+    if isinstance(key, str) and key in _KEYS:
+        return _KEYS[key]
+    known = ", ".join(k.key for k in KINDS)
     raise ConfigError(
         f"unknown run limit {_brief(key)}; known limits are {known} (the max_ is optional)")
 
@@ -303,12 +317,13 @@ def budget_flags() -> tuple[tuple[str, dict[str, Any]], ...]:
     return per_kind + _OTHER_FLAGS
 
 
-def _flag_type(kind: Any) -> Any:
-    return str if kind.name == "run_ms" else int if kind.integral else float
+def _flag_type(kind: Kind) -> Any:
+    return str if kind.clock else int if kind.integral else float
 
 
-def _metavar(kind: Any) -> str:
-    return "DUR" if kind.name == "run_ms" else "N" if kind.integral else kind.unit
+def _metavar(kind: Kind) -> str:
+    """``DUR`` for time (a duration such as ``30s``), ``N`` for whole numbers, else the unit."""
+    return "DUR" if kind.clock else "N" if kind.integral else kind.unit
 
 
 def _dest(flag: str) -> str:
@@ -324,10 +339,16 @@ def limits_from_flags(args: Any, defaults: Limits = NO_LIMITS) -> Limits:
         limits = limits.restrict(Manifest.load(args.manifest).limits)
     if args.run_limits_json is not None:
         limits = limits.restrict(Limits.from_json(args.run_limits_json))
-    fields = {kind.name: getattr(args, _dest(kind.flag)) for kind in KINDS
-              if getattr(args, _dest(kind.flag)) is not None}
-    if "run_ms" in fields:
-        fields["run_ms"] = parse_duration(fields["run_ms"], field="--time")
-        if fields["run_ms"] == 0:
-            raise ConfigError("--time 0 is not a time grant; leave --time out for none")
+    fields = {kind.name: _flag_value(kind, value) for kind in KINDS
+              if (value := getattr(args, _dest(kind.flag))) is not None}
     return limits.restrict(Limits(**fields) if fields else NO_LIMITS)
+
+
+def _flag_value(kind: Kind, value: Any) -> Any:
+    """The limit a flag's value gives: time read as a duration (``--time 30s``), not zero."""
+    if not kind.clock:
+        return value
+    ms = parse_duration(value, field=kind.flag)
+    if ms == 0:
+        raise ConfigError(f"{kind.flag} 0 is not a time grant; leave {kind.flag} out for none")
+    return ms

@@ -3,7 +3,8 @@ and the pydantic-ai adapter. Users need none of it.
 
 A run (`nb.Budget`) is a small facade over three parts, each replaceable on its own:
 
-- a **ledger** account (`nbbudget.core.ledger`): what the run or grant may spend and has spent;
+- a **ledger** account (`nbbudget.core.ledger`; the ledger is made by the `LedgerFactory` the run
+  is given, ``nb.Budget(..., ledger=...)``): what the run or grant may spend and has spent;
   check-and-reserve over a grant and its run, all or nothing; spending after the fact;
 - a **scope** (`nbbudget.core.scope`): the stop tree, the deadline and the pause;
 - a **recorder** (`nbbudget.core.trace.Recorder`): the events of its trace.
@@ -21,15 +22,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn, Protocol
 
 from .clock import Clock
-from .errors import BudgetExceeded
+from .errors import BudgetExceeded, ConfigError
 from .kinds import KINDS, RUN_MS
-from .ledger import Account, Ledger, LocalLedger, plain
+from .ledger import Account, Ledger, LedgerFactory, LocalLedger, plain
 from .limits import Limits
 from .outcome import Status
 from .scope import Incomplete, Scope, Stop, Unwind
 from .trace import Recorder, Trace
 
 __all__ = ["Core", "Incomplete", "Recorder", "Run", "Scope", "Stop", "Unwind"]
+
+_TIME = KINDS[RUN_MS].name  # the kind the run's clock spends
 
 
 class Run(Protocol):
@@ -76,21 +79,24 @@ class Core:
 
     @classmethod
     def run(cls, name: str, limits: Limits, clock: Clock, *, full: bool, suspend: bool,
-            totals: Limits, notices: tuple[float, float] | None) -> Core:
-        """The parts of a new run: its trace, its scope, and its account in a new
-        `LocalLedger`."""
+            totals: Limits, notices: tuple[float, float] | None,
+            ledger: LedgerFactory = LocalLedger) -> Core:
+        """The parts of a new run: its trace, its scope, and its account in a new ledger made
+        by *ledger* (a `LedgerFactory`; a `LocalLedger` unless told)."""
+        if not callable(ledger):
+            raise ConfigError(f"ledger must be a ledger factory such as LocalLedger, not "
+                              f"{type(ledger).__name__}")
         log = Trace(full=full, name=name)
         log.limits, log.notices = limits.to_dict(), list(notices or ())
         lock, recorder = threading.Lock(), Recorder(log, name)
         scope = Scope(name, recorder, clock, lock=lock)
-        ledger = LocalLedger(name, limits, recorder, clock=clock, lock=lock, suspend=suspend,
-                             totals=totals, notices=notices, elapsed=scope.elapsed_ms,
-                             full=full)
+        made = ledger(name, limits, recorder, clock=clock, lock=lock, suspend=suspend,
+                      totals=totals, notices=notices, elapsed=scope.elapsed_ms, full=full)
         if full:
-            ledger.traced_pools(scope)
-        scope.notice_times = ledger.time_notices
-        scope.on_notice = lambda: ledger.notice(scope.t_ms())
-        core = cls(name, ledger, ledger.root, scope)
+            made.traced_pools(scope)
+        scope.notice_times = made.time_notices
+        scope.on_notice = lambda: made.notice(scope.t_ms())
+        core = cls(name, made, made.root, scope)
         log.follow(core.stats)
         return core
 
@@ -116,7 +122,7 @@ class Core:
         self.ledger.drain(self.account)
 
     def restore(self, saved: Mapping[str, Any]) -> None:
-        """Continue from a checkpoint's ledger state (read with `_ledger.read_state`): its
+        """Continue from a checkpoint's ledger state (read with `ledger.read_state`): its
         counters, notices and active time (S4-4)."""
         self.ledger.restore(saved)
         self.scope.active_before_ms = float(saved["active_ms"])
@@ -138,7 +144,7 @@ class Core:
         out = self.ledger.consumed(self.account)
         elapsed = self.scope.elapsed_ms()
         if elapsed:
-            out["run_ms"] = round(elapsed)
+            out[_TIME] = round(elapsed)
         return out
 
     def remaining(self, i: int) -> float:
@@ -154,7 +160,7 @@ class Core:
         stats = self.ledger.stats(self.recorder.trace.refusals_by_kind())
         elapsed = self.scope.elapsed_ms()
         if self.account.limits.run_ms is not None or elapsed:
-            stats["consumed"]["run_ms"] = round(elapsed)
+            stats["consumed"][_TIME] = round(elapsed)
         return stats
 
     # -- before dispatch ------------------------------------------------------------------------
@@ -244,7 +250,7 @@ class Core:
                 total is not None and scope.elapsed_ms() >= total):
             return Stop.of(Status.SUSPENDED, f"the time window of "
                            f"{self.account.limits.run_ms} ms is spent; the run is suspended "
-                           f"and resumes with a fresh window", scope, by="run_ms")
+                           f"and resumes with a fresh window", scope, by=_TIME)
         limit = plain(scope.limit_ms)
         return cut(scope, RUN_MS, (limit, plain(round(scope.elapsed_ms(), 3))), "timeout",
                    f"{scope.name} ran out of time: its time grant of {limit} ms is spent; give "

@@ -451,7 +451,7 @@ def _shown(refusal: dict[str, Any], column: str) -> str:
     value = refusal[column]
     if value is None:
         return ""
-    timed = column == "t_ms" or (refusal["budget_kind"] == "run_ms"
+    timed = column == "t_ms" or (refusal["budget_kind"] == KINDS[RUN_MS].name
                                  and column in ("limit_value", "consumed_value"))
     if isinstance(value, float):
         return f"{value:.2f}" if timed else f"{value:g}"
