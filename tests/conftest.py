@@ -7,20 +7,60 @@ to do. A thread that outlives its test, or the whole test run, is a bug.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import pytest
 
 from nbbudget.core.ledger import LocalLedger
 
+
+class SessionDaskLedger:
+    """The Dask ledger (`nbbudget.core.dask_ledger`) on an in-process cluster started at its
+    first use and closed at the end of the session: a ledger factory like `LocalLedger`."""
+
+    __name__ = "DaskLedger"
+
+    def __init__(self) -> None:
+        self.stack = ExitStack()
+        self.factory: Any = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.factory is None:
+            from nbbudget.core.dask_ledger import OnCluster
+
+            self.factory = OnCluster(self.stack.enter_context(dask_cluster(processes=False)))
+        return self.factory(*args, **kwargs)
+
+    def close(self) -> None:
+        self.factory = None
+        self.stack.close()
+
+
+DASK_LEDGER = SessionDaskLedger() if importlib.util.find_spec("distributed") else None
+
 #: Every implementation of the ledger (`nbbudget.core.ledger.Ledger`): the ledger's semantic tests
 #: and the run-level rule tests run over each, through the `ledger` fixture. A new one is a line.
-LEDGERS: list[Any] = [LocalLedger]
+#: A test that cannot apply to one is marked ``@pytest.mark.ledgers("local", reason=...)``.
+LEDGERS: list[Any] = [LocalLedger, *([DASK_LEDGER] if DASK_LEDGER else [])]
+#: each charge of a ledger kept elsewhere is a round trip: its model-based tests draw fewer
+#: examples (``examples``)
+_REMOTE_EXAMPLES = 0.15
+
+
+def keeps_windows(ledger: Any) -> bool:
+    """Whether *ledger* keeps windows that suspend (S3-1): a cluster's ledger does not."""
+    return ledger is not DASK_LEDGER
+
+
+def examples(ledger: Any, local: int) -> int:
+    """How many examples a Hypothesis test draws on *ledger*, *local* on the local one."""
+    return local if ledger is LocalLedger else max(10, int(local * _REMOTE_EXAMPLES))
 
 #: How long a thread started during a test may take to end after the test returns.
 THREAD_GRACE_SECONDS = 2.0
@@ -164,6 +204,22 @@ def dask_process_client() -> Iterator[Any]:
         yield client
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test marked ``ledgers(name, ..., reason=...)`` runs only over those ledgers; over the
+    others it is skipped, with the reason. One marked ``diverges(name, ..., reason=...)`` shows
+    where those ledgers break a rule: a strict xfail over them, an ordinary test over others."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None or "ledger" not in callspec.params:
+            continue
+        name = _ledger_id(callspec.params["ledger"])
+        only, diverges = item.get_closest_marker("ledgers"), item.get_closest_marker("diverges")
+        if only is not None and name not in only.args:
+            item.add_marker(pytest.mark.skip(reason=only.kwargs["reason"]))
+        if diverges is not None and name in diverges.args:
+            item.add_marker(pytest.mark.xfail(strict=True, reason=diverges.kwargs["reason"]))
+
+
 def _stop_dask_offload() -> None:
     utils = sys.modules.get("distributed.utils")
     executor = getattr(utils, "_offload_executor", None)
@@ -195,6 +251,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     This also catches threads started outside a test (at import or collection time) that the
     per-test fixture cannot see.
     """
+    if DASK_LEDGER is not None:
+        DASK_LEDGER.close()
     _stop_dask_offload()
     main = threading.main_thread()
     others = [t for t in threading.enumerate() if t is not main]

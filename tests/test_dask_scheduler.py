@@ -150,7 +150,7 @@ def test_a_reservation_is_all_or_nothing_and_a_refusal_names_its_scope(
     channel.call("nbb_open", run=run, scope=grant, parent=run, limits={"steps": 3})
     reply = channel.call("nbb_reserve", run=run, scope=grant, items=[["steps", 4]], rid="a")
     assert reply == {"ok": False, "scope": grant, "grant": True, "kind": "steps", "limit": 3,
-                     "consumed": 0, "amount": 4, "leased": 0}
+                     "consumed": 0, "amount": 4, "leased": 0, "final": True}
     assert channel.call("nbb_reserve", run=run, scope=grant, items=[["steps", 3]],
                         rid="b")["ok"]
     reply = channel.call("nbb_reserve", run=run, scope=run,

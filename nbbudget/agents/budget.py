@@ -88,7 +88,9 @@ class Budget:
     abandoned (its caller is freed and the trace says so), not killed.
 
     ``ledger`` (low-level API, see `nbbudget.core.ledger`) chooses where the run's counters are
-    kept: a `LedgerFactory`, `LocalLedger` (this process) by default.
+    kept: a `LedgerFactory`, `LocalLedger` (this process) by default. ``cluster`` (a
+    ``distributed.Client`` or a scheduler address; ``pip install 'nbbudget[dask]'``) keeps them
+    on that Dask cluster's scheduler, exact across the kernel and every worker.
     """
 
     _parent: Budget | None = None
@@ -97,9 +99,12 @@ class Budget:
                  clock: Clock | None = None, name: str | None = None, suspend: bool = False,
                  totals: Limits | None = None,
                  notices: tuple[float, float] | None = (0.8, 0.95), trace: str = "counts",
-                 ledger: LedgerFactory = LocalLedger, **limit_fields: Any) -> None:
+                 ledger: LedgerFactory = LocalLedger, cluster: Any = None,
+                 **limit_fields: Any) -> None:
         limits = _combine(limits, time, limit_fields)
         full, totals = _trace_mode(trace), check_totals(totals, suspend)
+        if cluster is not None:
+            ledger = _on_cluster(cluster, ledger)
         core = Core.run(name or "run", limits, clock if clock is not None else default_clock(),
                         full=full, suspend=bool(suspend), totals=totals,
                         notices=check_notices(notices), ledger=ledger)
@@ -429,6 +434,14 @@ def _combine(limits: Limits | None, time: int | str | None, fields: dict[str, An
             raise ConfigError("time=0 is not a time grant; use None for no time grant")
         out = out & Limits(run_ms=ms)
     return out
+
+
+def _on_cluster(cluster: Any, ledger: LedgerFactory) -> LedgerFactory:
+    if ledger is not LocalLedger:
+        raise ConfigError("give cluster= or ledger=, not both: cluster= chooses the ledger")
+    from ..core.dask_ledger import on_cluster
+
+    return on_cluster(cluster)
 
 
 def _amount(kind: str, n: object) -> float:

@@ -3,11 +3,11 @@
 
 `LedgerExtension` is a scheduler plugin. Its handlers are plain functions run on the
 scheduler's one event loop, so nothing interleaves between a check and its update: a
-reservation over a run and its grant chain is all or nothing (S4-3), and exactly the limit is
-ever granted, however many kernels and workers reserve at once. Each reservation carries an id
-chosen by its sender; a message sent again with the same id gets the first answer and changes
-nothing, so a retried message never charges twice. A refusal names the scope that refused, with
-its limit and what it has consumed (S4-8).
+reservation over a grant's allowance and its run's limits is all or nothing (S2-2, S4-3), and
+exactly the limit is ever granted, however many kernels and workers reserve at once. Each
+reservation carries an id chosen by its sender; a message sent again with the same id gets the
+first answer and changes nothing, so a retried message never charges twice. A refusal names
+the scope that refused, with its limit and what it has consumed (S4-8).
 
 A *lease* is a reservation of a whole-number kind that may come back in part: the holder keeps
 the permits in its lock-free pool, and its next lease settles the unused ones in the same round
@@ -46,11 +46,12 @@ from .ledger import plain
 if TYPE_CHECKING:
     from distributed import Client, Scheduler, Worker
 
-__all__ = ["LEDGER_NAME", "LISTENER_NAME", "Book", "CancelListener", "Channel", "LedgerExtension",
-           "Tally", "install"]
+__all__ = ["LEDGER_NAME", "LISTENER_NAME", "STOP_TOPIC", "Book", "CancelListener", "Channel",
+           "LedgerExtension", "Tally", "install"]
 
 LEDGER_NAME = "nbbudget-ledger"
 LISTENER_NAME = "nbbudget-cancel"
+STOP_TOPIC = "nbb-stop-"  # + the run's key: the event topic a kernel hears the run's stops on
 _INF = math.inf
 
 #: ``[[kind name, amount], ...]`` as sent over the wire, in the attribution order
@@ -74,13 +75,12 @@ class Tally:
         self.stopped: dict[str, str] | None = None
 
     def chain(self) -> list[Tally]:
-        """This scope, then each one above it, up to the run."""
-        out: list[Tally] = []
-        scope: Tally | None = self
-        while scope is not None:
-            out.append(scope)
-            scope = scope.parent
-        return out
+        """The scopes a reservation here counts on: this one, and the run when this is a grant.
+        A grant's grant has its own allowance; its steps are not its parent grant's (S2-2)."""
+        root = self
+        while root.parent is not None:
+            root = root.parent
+        return [self] if root is self else [self, root]
 
     def free(self, kind: str) -> float:
         return self.limits.get(kind, _INF) - self.counts.get(kind, 0)
@@ -245,7 +245,9 @@ class LedgerExtension(SchedulerPlugin):
         the leases in *settle* (``[[lease id, unused], ...]``). With *lease*, each item is how
         many permits are wanted, and fewer may be given. A refusal while another holder's lease
         of the kind is open waits up to *wait_s* for a settle, then looks again."""
-        book = self.books[run]
+        book = self.books.get(run)
+        if book is None:
+            return {"ok": False, "unknown": run}
         deadline = time.monotonic() + wait_s
         for lease_id, unused in settle:
             book.settle(lease_id, unused)
@@ -308,8 +310,9 @@ class LedgerExtension(SchedulerPlugin):
                  "leased": plain(scope.leased.get(kind, 0))}
         if book.open_leases(chain, kind, holder):
             reply["waitable"] = True
-        else:
-            book.log("refused", **{k: v for k, v in reply.items() if k != "ok"})
+        else:  # nothing can come back: no other lease of the kind is open
+            reply["final"] = True
+            book.log("refused", **{k: v for k, v in reply.items() if k not in ("ok", "final")})
         return reply
 
     def settle(self, run: str, settle: Sequence[Sequence[Any]]) -> Reply:
@@ -325,7 +328,9 @@ class LedgerExtension(SchedulerPlugin):
     def spend(self, run: str, scope: str, items: Wire, rid: str) -> Reply:
         """Count spending that already happened on *scope* and above it, even past a limit
         (S4-10); for each scope, the first kind whose limit it passed, in the order given."""
-        book = self.books[run]
+        book = self.books.get(run)
+        if book is None:
+            return {"ok": False, "unknown": run}
         known = book.replies.get(rid)
         if known is not None:
             return known
@@ -364,8 +369,10 @@ class LedgerExtension(SchedulerPlugin):
         return {"ok": True, "stopped": target.stopped}
 
     def push(self, msg: dict[str, Any]) -> None:
-        """Send *msg* to every worker whose listener announced itself (none other knows it)."""
+        """Send *msg* to every worker whose listener announced itself (none other knows it),
+        and as an event to the kernels that subscribed to the run's stops."""
         assert self.scheduler is not None
+        self.scheduler.log_event(STOP_TOPIC + msg["run"], dict(msg))
         for address in list(self.listeners):
             if address in self.scheduler.workers:
                 self.scheduler.worker_send(address, dict(msg))
@@ -440,13 +447,17 @@ class Channel:
     """Calls the ledger's handlers, from a kernel through its client or from a task through its
     worker's connection to the scheduler; each call is one round trip, answered in order."""
 
-    def __init__(self, loop: Any, scheduler: Any) -> None:
+    def __init__(self, loop: Any, scheduler: Any, address: str, *, client: Client | None = None,
+                 worker: Worker | None = None) -> None:
         self.loop = loop
         self.scheduler = scheduler
+        self.address = address  # the worker's address, or the client's id
+        self.client = client
+        self.worker = worker
 
     @classmethod
     def of(cls, client: Client) -> Channel:
-        return cls(client.loop, client.scheduler)
+        return cls(client.loop, client.scheduler, str(client.id), client=client)
 
     @classmethod
     def here(cls) -> Channel:
@@ -454,11 +465,33 @@ class Channel:
         from distributed import get_worker
 
         worker = get_worker()
-        return cls(worker.loop, worker.scheduler)
+        return cls(worker.loop, worker.scheduler, str(worker.address), worker=worker)
 
     def call(self, op: str, **kwargs: Any) -> Reply:
         reply: Reply = sync(self.loop, getattr(self.scheduler, op), **kwargs)
         return reply
+
+    def on_stop(self, run: str,
+                fn: Callable[[str, dict[str, Any]], None]) -> Callable[[], None]:
+        """Call ``fn(scope, stop)`` (on the event loop) when the ledger stops *run* or one of
+        its grants; returns the function that stops listening."""
+        if self.worker is not None:
+            listener = self.worker.plugins[LISTENER_NAME]
+            assert isinstance(listener, CancelListener)
+            return listener.watch(run, fn)
+        client, topic = self.client, STOP_TOPIC + run
+        assert client is not None
+
+        def heard(event: tuple[float, dict[str, Any]]) -> None:
+            msg = event[1]
+            fn(msg["scope"], {"cause": msg["cause"], "reason": msg["reason"]})
+
+        client.subscribe_topic(topic, heard)  # type: ignore[no-untyped-call]  # untyped in Dask
+
+        def unheard() -> None:
+            client.unsubscribe_topic(topic)  # type: ignore[no-untyped-call]  # untyped in Dask
+
+        return unheard
 
 
 def install(client: Client) -> None:

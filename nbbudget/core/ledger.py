@@ -25,7 +25,7 @@ import math
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .clock import Clock
 from .errors import BudgetExceeded, ConfigError
@@ -33,6 +33,9 @@ from .kinds import KIND_INDEX, KINDS, POOLED, RUN_MS, WINDOWS, kind_index
 from .limits import NO_LIMITS, Limits
 from .snapshot import AxisUsage
 from .trace import Recorder
+
+if TYPE_CHECKING:
+    from .scope import Scope
 
 __all__ = ["STATE_VERSION", "Account", "Ledger", "LedgerFactory", "LocalLedger", "check_totals",
            "plain", "read_state"]
@@ -133,6 +136,10 @@ class Ledger(Protocol):
 
     def restore(self, state: Mapping[str, Any]) -> None: ...
 
+    def bind(self, scope: Scope) -> None: ...
+
+    def end(self, account: Account) -> None: ...
+
 
 class LedgerFactory(Protocol):
     """What makes the ledger of a new run, with its root account: `LocalLedger` is one. *clock*
@@ -170,6 +177,13 @@ class LocalLedger:
         """With ``trace="full"``: the run's pools record each permit they hand out."""
         root = self.root
         root.pools = [root.recorder.pool(i, self._clock, started) for i in range(_K)]
+
+    def bind(self, scope: Scope) -> None:
+        """The run's scope: a ledger kept elsewhere stops it when the run stops there; this
+        one has nowhere else to hear a stop from."""
+
+    def end(self, account: Account) -> None:
+        """*account*'s run or grant ended (lock held): nothing is held elsewhere to give back."""
 
     # -- thresholds ------------------------------------------------------------------------------
     def arm(self) -> None:
