@@ -240,7 +240,7 @@ def test_a_cancel_reaches_the_listening_workers_and_refuses_what_follows(
     arrivals = dask_client.gather(futures)
     assert all(a - sent < 0.05 for a in arrivals)
     reply = channel.call("nbb_reserve", run=run, scope=run, items=[["steps", 1]], rid="late")
-    assert reply["stopped"] == {"cause": "cancel", "reason": "enough", "scope": run}
+    assert reply["stopped"] == {"cause": "cancel", "reason": "enough", "how": None, "scope": run}
 
 
 def test_the_whole_work_timeout_stops_the_run_on_the_schedulers_clock(
@@ -248,7 +248,7 @@ def test_the_whole_work_timeout_stops_the_run_on_the_schedulers_clock(
     channel, run = new_run(dask_client, {"steps": 10}, timeout_ms=50)
     time.sleep(0.2)
     stopped = channel.call("nbb_snapshot", run=run)["scopes"][run]["stopped"]
-    assert stopped == {"cause": "timeout", "reason": None, "scope": run}
+    assert stopped == {"cause": "timeout", "reason": None, "how": None, "scope": run}
 
 
 def test_installing_again_keeps_the_counters(dask_client: Any) -> None:

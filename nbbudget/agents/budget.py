@@ -37,11 +37,14 @@ from ..core.snapshot import Snapshot
 from ..core.trace import Trace
 from .branches import agent as _agent
 from .branches import parallel as _parallel
+from .branches import parallel_on as _parallel_on
 from .providers import make_provider
 from .tools import make_tool
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from ..core.dask_ledger import Branch, OnCluster
 
 __all__ = ["STATE_VERSION", "Budget", "Grant", "Snapshot", "activate", "budget",
            "check_notices", "current", "stop_error"]
@@ -94,6 +97,7 @@ class Budget:
     """
 
     _parent: Budget | None = None
+    _cluster: Any = None  # the client of the cluster its branches go to (cluster=)
 
     def __init__(self, limits: Limits | None = None, *, time: int | str | None = None,
                  clock: Clock | None = None, name: str | None = None, suspend: bool = False,
@@ -103,12 +107,12 @@ class Budget:
                  **limit_fields: Any) -> None:
         limits = _combine(limits, time, limit_fields)
         full, totals = _trace_mode(trace), check_totals(totals, suspend)
-        if cluster is not None:
-            ledger = _on_cluster(cluster, ledger)
+        factory = _on_cluster(cluster, ledger) if cluster is not None else None
         core = Core.run(name or "run", limits, clock if clock is not None else default_clock(),
                         full=full, suspend=bool(suspend), totals=totals,
-                        notices=check_notices(notices), ledger=ledger)
+                        notices=check_notices(notices), ledger=factory or ledger)
         self._attach(core, self)
+        self._cluster = factory.client if factory is not None else None
 
     def _attach(self, core: Core, root: Budget) -> None:
         """Take *core* (an account, a scope, a recorder) as this run's or grant's parts."""
@@ -303,7 +307,17 @@ class Budget:
         """Run *branches* (functions of no arguments) at once and return their results in
         order. All of them draw on this run's counters (S4-3). *max_concurrency* bounds the
         branches alive at once and *max_items* how many there may be (S4-11). The first error
-        is raised once every branch has ended, unless *return_exceptions*."""
+        is raised once every branch has ended, unless *return_exceptions*. On a cluster
+        (``cluster=``) each branch is a task on a worker, where ``nb.current()`` is this run."""
+        client = self._root._cluster
+        if client is not None:
+            from ..core.dask_ledger import DaskLedger
+
+            assert isinstance(self._ledger, DaskLedger)
+            branch = self._ledger.branch(self._account, self.name, self.remaining_ms)
+            return _parallel_on(client, Budget.join, branch, branches,
+                                max_concurrency=max_concurrency, max_items=max_items,
+                                return_exceptions=return_exceptions)
         return _parallel(branches, max_concurrency=max_concurrency, max_items=max_items,
                          return_exceptions=return_exceptions)
 
@@ -378,6 +392,17 @@ class Budget:
         run._core.restore(saved)
         return run
 
+    @classmethod
+    def join(cls, branch: Branch) -> Budget:
+        """The run of a branch sent to a worker (see `parallel`): the same counters on the
+        cluster's scheduler, the time the run had left, and the run's stop."""
+        from ..core.dask_ledger import joining
+
+        left = branch.remaining_ms
+        return cls(Limits.from_json(branch.limits), name=branch.name, notices=branch.notices,
+                   time=None if left is None else max(1, math.ceil(left)),
+                   ledger=joining(branch))
+
     def __repr__(self) -> str:
         snap = self.snapshot()
         axes = ", ".join(f"{a.kind} {a.consumed}/{a.limit}" for a in snap.axes) or "unbounded"
@@ -436,7 +461,7 @@ def _combine(limits: Limits | None, time: int | str | None, fields: dict[str, An
     return out
 
 
-def _on_cluster(cluster: Any, ledger: LedgerFactory) -> LedgerFactory:
+def _on_cluster(cluster: Any, ledger: LedgerFactory) -> OnCluster:
     if ledger is not LocalLedger:
         raise ConfigError("give cluster= or ledger=, not both: cluster= chooses the ledger")
     from ..core.dask_ledger import on_cluster

@@ -27,12 +27,13 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .clock import Clock
 from .errors import BudgetExceeded, ConfigError
-from .kinds import KIND_INDEX, KINDS, POOLED, RUN_MS, kind_index
-from .ledger import Account, Items, LocalLedger
+from .kinds import KIND_INDEX, KINDS, POOLED, RUN_MS, STEPS, kind_index
+from .ledger import Account, Items, LedgerFactory, LocalLedger
 from .limits import Limits
 from .outcome import Status
 from .scope import Scope, Stop
@@ -43,9 +44,12 @@ if TYPE_CHECKING:
 
     from .dask_scheduler import Channel, Reply
 
-__all__ = ["FAST_S", "SLOW_S", "WAIT_S", "DaskAccount", "DaskLedger", "OnCluster", "on_cluster"]
+__all__ = ["FAST_S", "RETRIED_ONCE", "SLOW_S", "WAIT_S", "Branch", "DaskAccount", "DaskLedger",
+           "OnCluster", "joining", "on_cluster"]
 
 _K = len(KINDS)
+#: the kinds a retried task is charged once for (see `DaskLedger.rid`)
+RETRIED_ONCE = frozenset({STEPS})
 #: a lease that lasted less than this doubles the next one; more than `SLOW_S` halves it
 FAST_S, SLOW_S = 0.02, 0.2
 FIRST_BLOCK, MAX_BLOCK = 64, 1 << 17
@@ -55,6 +59,37 @@ WAIT_S = 2.0
 #: with ``cluster="tcp://..."`` reuses the connection, as Dask's own default client does)
 _clients: dict[str, Client] = {}
 _factories: weakref.WeakKeyDictionary[Client, OnCluster] = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class Branch:
+    """What a branch sent to a worker needs of its run: the run's key on the scheduler and the
+    scope it charges (the run's, or a grant's), its name and limits, the time it has left
+    (never a deadline: monotonic clocks do not compare across hosts) and its notices."""
+
+    key: str
+    home: str
+    name: str
+    limits: dict[str, float]
+    remaining_ms: float | None
+    notices: tuple[float, float] | None
+
+
+def joining(branch: Branch) -> LedgerFactory:
+    """The ledger factory of a branch's run, in a task on a worker: it charges the scheduler's
+    scope of *branch*, with ids that follow the task and its attempt."""
+    from distributed import get_worker
+
+    from .dask_scheduler import Channel
+
+    channel, task = Channel.here(), get_worker().get_current_task()
+    attempt = int(channel.call("nbb_attempt", key=task)["attempt"]) if task is not None else 0
+
+    def make(name: str, limits: Limits, recorder: Recorder, **kwargs: Any) -> DaskLedger:
+        return DaskLedger(name, limits, recorder, **kwargs, channel=channel, branch=branch,
+                          task=None if task is None else str(task), attempt=attempt)
+
+    return make
 
 
 class DaskAccount(Account):
@@ -81,25 +116,28 @@ class DaskLedger(LocalLedger):
     def __init__(self, name: str, limits: Limits, recorder: Recorder, *, clock: Clock,
                  lock: threading.Lock, suspend: bool, totals: Limits,
                  notices: tuple[float, float] | None, elapsed: Callable[[], float],
-                 full: bool, channel: Channel, key: str | None = None,
-                 holder: str = "") -> None:
+                 full: bool, channel: Channel, branch: Branch | None = None,
+                 task: str | None = None, attempt: int = 0) -> None:
         if suspend:
             raise ConfigError("suspend=True is not kept on a cluster's ledger; run it without "
                               "cluster=, or without suspend")
         super().__init__(name, limits, recorder, clock=clock, lock=lock, suspend=False,
                          totals=totals, notices=notices, elapsed=elapsed, full=full)
         self.channel = channel
-        self.key = key or f"nbb-run-{uuid.uuid4().hex}"
-        self.holder = holder or f"{channel.address}#{uuid.uuid4().hex[:12]}"
-        self.root = self.home = DaskAccount(self, name, limits, recorder, None, self.key)
+        self.key = branch.key if branch is not None else f"nbb-run-{uuid.uuid4().hex}"
+        self.holder = f"{channel.address}#{task or uuid.uuid4().hex[:12]}:{attempt}"
+        home = branch.home if branch is not None else self.key
+        self.root = self.home = DaskAccount(self, name, limits, recorder, None, home)
         self.home.total = [None] * _K
-        self.accounts: dict[str, DaskAccount] = {self.key: self.home}
+        self.accounts: dict[str, DaskAccount] = {home: self.home}
         self.restored: dict[str, float] = {}
-        self.opened = self.ended = False
-        self.owner = key is None  # this ledger opened the run (it is no branch of it)
+        self.owner = branch is None  # this ledger opened the run (it is no branch of it)
+        self.opened, self.ended = not self.owner, False
         self.scope: Scope | None = None
+        self.origin: Scope | None = None
         self.unwatch: Callable[[], None] | None = None
-        self._rids = itertools.count(1)
+        self.task, self.attempt = task, attempt
+        self._rids = [itertools.count(1) for _ in range(_K)]
         self.arm()
 
     # -- the link to the scheduler -------------------------------------------------------------
@@ -116,9 +154,23 @@ class DaskLedger(LocalLedger):
     def call(self, op: str, **kwargs: Any) -> Reply:
         return self.channel.call(op, run=self.key, **kwargs)
 
-    def rid(self) -> str:
-        """A reservation id of this holder's, never used before."""
-        return f"{self.holder}:{next(self._rids)}"
+    def rid(self, i: int) -> str:
+        """The id of this holder's next reservation of kind *i*. In a task, ids follow the
+        task's key, so that a retry of the task (its worker died) sends the same ids for the
+        kinds in `RETRIED_ONCE` (charged once: the retry re-does the same steps) and new ones,
+        with the attempt, for the rest (what a dead attempt spent was real)."""
+        n = next(self._rids[i])
+        if self.task is None:
+            return f"{self.holder}:{KINDS[i].name}:{n}"
+        attempt = 0 if i in RETRIED_ONCE else self.attempt
+        return f"{self.task}:{attempt}:{KINDS[i].name}:{n}"
+
+    def branch(self, account: Account, name: str, remaining_ms: float | None) -> Branch:
+        """What a branch of *account* (this run or one of its grants) needs on a worker."""
+        assert isinstance(account, DaskAccount)
+        self.ensure_open()
+        limits = {k: v for k, v in account.limits_set.items() if k != KINDS[RUN_MS].name}
+        return Branch(self.key, account.key, name, limits, remaining_ms, self.notices)
 
     def bind(self, scope: Scope) -> None:
         """Stop *scope* (the run's) when the scheduler says the run stopped."""
@@ -135,13 +187,26 @@ class DaskLedger(LocalLedger):
                          name="nbbudget-dask-stop", daemon=True).start()
 
     def stop_of(self, scope: Scope, stop: Mapping[str, Any]) -> Stop:
-        reason = stop.get("reason")
+        """The stop the scheduler told of, as this run's: made here when this ledger opened the
+        run, else (a branch) the run's own, made elsewhere, so a branch that returns anyway
+        is not an error and one that does not is stopped as the run was."""
+        origin = scope if self.owner else self.elsewhere(scope)
+        reason, how = stop.get("reason"), stop.get("how")
+        if how is not None:
+            return Stop.of(Status(how["status"]), how["message"], origin, by=how["by"],
+                           code=how["code"], reason=reason)
         if stop.get("cause") == "timeout":
             return Stop.of(Status.FAILED, f"{scope.name} ran out of time: the whole work's "
-                           f"timeout passed on the cluster's clock", scope, by="timeout",
+                           f"timeout passed on the cluster's clock", origin, by="timeout",
                            code=KINDS[RUN_MS].code)
         message = f"{scope.name} was stopped" + (f": {reason}" if reason is not None else "")
-        return Stop.of(Status.STOPPED, message, scope, reason=reason)
+        return Stop.of(Status.STOPPED, message, origin, reason=reason)
+
+    def elsewhere(self, scope: Scope) -> Scope:
+        """The run this branch belongs to, as a scope: where its stops come from."""
+        if self.origin is None:
+            self.origin = Scope(scope.name, scope.recorder, scope.clock)
+        return self.origin
 
     def stopped(self, reply: Reply) -> NoReturn:
         """The scheduler refused because the run stopped elsewhere (lock held): stop it here."""
@@ -194,8 +259,9 @@ class DaskLedger(LocalLedger):
                 account is self.home and not account.closed):
             return self.lease(items[0][0], target, t_ms)
         settle = [s for i, _ in items if (s := self.give_back(self.home, i)) is not None]
-        reply = self.call("nbb_reserve", scope=account.key, rid=self.rid(), holder=self.holder,
-                          items=[[KINDS[i].name, n] for i, n in items], settle=settle,
+        reply = self.call("nbb_reserve", scope=account.key, rid=self.rid(items[0][0]),
+                          holder=self.holder, items=[[KINDS[i].name, n] for i, n in items],
+                          settle=settle,
                           wait_s=WAIT_S)
         if not reply["ok"]:
             return self.refusal(account, reply, items, target, t_ms)
@@ -216,7 +282,7 @@ class DaskLedger(LocalLedger):
         block = root.block[i]
         root.block[i] = (min(2 * block, MAX_BLOCK) if lasted < FAST_S
                          else max(1, block // 2) if lasted > SLOW_S else block)
-        rid, name = self.rid(), KINDS[i].name
+        rid, name = self.rid(i), KINDS[i].name
         reply = self.call("nbb_reserve", scope=root.key, rid=rid, holder=self.holder,
                           items=[[name, root.block[i]]], lease=True,
                           settle=[settle] if settle else [], wait_s=WAIT_S)
@@ -274,6 +340,9 @@ class DaskLedger(LocalLedger):
         """The scheduler's refusal as this run's error, traced with its figures (S4-8)."""
         if "stopped" in reply:
             self.stopped(reply)
+        if "unknown" in reply:
+            raise ConfigError(f"{account.name} charges a run the cluster no longer has: it ended, "
+                              f"or the scheduler restarted")
         i = KIND_INDEX[reply["kind"]]
         n = next((m for j, m in items if j == i), reply["amount"])
         holder = self.accounts.get(reply["scope"], account)
@@ -299,7 +368,12 @@ class DaskLedger(LocalLedger):
         account.closed = True
         if self.opened and not self.ended:
             self.settle_all(account)
-            self.call("nbb_cancel", scope=account.key, reason=f"{account.name} stopped")
+            stop = self.scope.stop if self.scope is not None and account is self.home else None
+            how = None if stop is None else {"status": stop.status.value,
+                                             "message": stop.message, "by": stop.by,
+                                             "code": stop.code}
+            self.call("nbb_cancel", scope=account.key, how=how,
+                      reason=None if stop is None or stop.reason is None else str(stop.reason))
 
     # -- after the fact and without reserving (lock held) ---------------------------------------
     def spend(self, account: Account, items: Items, target: str | None,
@@ -308,7 +382,7 @@ class DaskLedger(LocalLedger):
         the scopes whose limit it passed, each with the first kind passed (S2-9, S3-3)."""
         assert isinstance(account, DaskAccount)
         self.ensure_open()
-        reply = self.call("nbb_spend", scope=account.key, rid=self.rid(),
+        reply = self.call("nbb_spend", scope=account.key, rid=self.rid(items[0][0]),
                           items=[[KINDS[i].name, n] for i, n in items])
         for i, n in items:
             self.taken(account, i, n, n - 1)
@@ -333,7 +407,10 @@ class DaskLedger(LocalLedger):
         figures stay)."""
         if not self.opened or self.ended:
             return
-        scopes = self.call("nbb_snapshot")["scopes"]
+        reply = self.call("nbb_snapshot")
+        if not reply["ok"]:  # the run ended on the scheduler: the last figures stay
+            return
+        scopes = reply["scopes"]
         for key, account in self.accounts.items():
             figures = scopes.get(key)
             if figures is None:

@@ -351,15 +351,17 @@ class LedgerExtension(SchedulerPlugin):
         return reply
 
     # -- stops -------------------------------------------------------------------------------
-    def cancel(self, run: str, scope: str, reason: Any = None, cause: str = "cancel") -> Reply:
+    def cancel(self, run: str, scope: str, reason: Any = None, cause: str = "cancel",
+               how: dict[str, Any] | None = None) -> Reply:
         """Stop *scope* and every scope under it: each later reservation there is refused, and
-        the workers that listen are told (idempotent: the first stop is kept)."""
+        the workers that listen are told (idempotent: the first stop is kept). *how* is the
+        stop as the holder that made it knows it (status, message, by, code), passed on."""
         book = self.books.get(run)
         if book is None or scope not in book.scopes:
             return {"ok": False}
         target = book.scopes[scope]
-        stop: dict[str, Any] = {"cause": cause,
-                                "reason": None if reason is None else str(reason)}
+        stop: dict[str, Any] = {"cause": cause, "reason": None if reason is None else str(reason),
+                                "how": how}
         fresh = [s for s in book.scopes.values() if target in s.chain() and s.stopped is None]
         for s in fresh:
             s.stopped = dict(stop, scope=scope)
@@ -438,9 +440,10 @@ class CancelListener(WorkerPlugin):
 
         return unwatch
 
-    def cancelled(self, run: str, scope: str, cause: str, reason: str | None) -> None:
+    def cancelled(self, run: str, scope: str, cause: str, reason: str | None,
+                  how: dict[str, Any] | None) -> None:
         for fn in list(self.watchers.get(run, ())):
-            fn(scope, {"cause": cause, "reason": reason})
+            fn(scope, {"cause": cause, "reason": reason, "how": how})
 
 
 class Channel:
@@ -484,7 +487,7 @@ class Channel:
 
         def heard(event: tuple[float, dict[str, Any]]) -> None:
             msg = event[1]
-            fn(msg["scope"], {"cause": msg["cause"], "reason": msg["reason"]})
+            fn(msg["scope"], {"cause": msg["cause"], "reason": msg["reason"], "how": msg["how"]})
 
         client.subscribe_topic(topic, heard)  # type: ignore[no-untyped-call]  # untyped in Dask
 
