@@ -88,12 +88,9 @@ class Budget:
 
     Python threads cannot be killed: a stop is delivered at the next ``step()``, ``charge()``
     or ``check()``, or through ``ctx.signal`` inside a tool. A tool that ignores its signal is
-    abandoned (its caller is freed and the trace says so), not killed.
-
-    ``ledger`` (low-level API, see `nbbudget.core.ledger`) chooses where the run's counters are
-    kept: a `LedgerFactory`, `LocalLedger` (this process) by default. ``cluster`` (a
-    ``distributed.Client`` or a scheduler address; ``pip install 'nbbudget[dask]'``) keeps them
-    on that Dask cluster's scheduler, exact across the kernel and every worker.
+    abandoned (its caller is freed and the trace says so), not killed. ``ledger`` (low-level
+    API) is the `LedgerFactory` of the place its counters are kept: this process by default;
+    ``cluster`` (a ``distributed.Client`` or an address) keeps them on a Dask scheduler.
     """
 
     _parent: Budget | None = None
