@@ -63,14 +63,19 @@ def parallel(branches: Iterable[Callable[[], _T]], *,
     return _results(outcomes, return_exceptions)
 
 
-def parallel_on(client: Client, join: Callable[[Branch], AbstractContextManager[Any]],
-                branch: Branch, branches: Iterable[Callable[[], _T]], *,
-                max_concurrency: int | None, max_items: int | None,
-                return_exceptions: bool) -> list[Any]:
-    """Run *branches* as tasks on *client*'s workers, at most *max_concurrency* at a time; in
-    each, ``join(branch)`` is the run the branch charges. Their results in order."""
+def parallel_on(client: Client, run: Run, join: Callable[[Branch], AbstractContextManager[Any]],
+                branches: Iterable[Callable[[], _T]], *, max_concurrency: int | None,
+                max_items: int | None, return_exceptions: bool) -> list[Any]:
+    """Run *branches* of *run* (a run on *client*'s cluster) as tasks on its workers, at most
+    *max_concurrency* at a time; in each, ``join(branch)`` is the run the branch charges. Their
+    results in order."""
     from distributed import as_completed
 
+    from ..core.dask_ledger import DaskLedger
+
+    core = run.lowlevel
+    assert isinstance(core.ledger, DaskLedger)
+    branch = core.ledger.branch(core.account, run.name, core.scope.remaining_ms())
     items = _checked(branches, max_concurrency, max_items)
     group, todo = f"nbb-branch-{next(_groups)}-{id(branch):x}", list(enumerate(items))
     futures: dict[Any, int] = {}

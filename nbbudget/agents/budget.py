@@ -43,8 +43,9 @@ from .tools import make_tool
 
 if TYPE_CHECKING:
     import pandas as pd
+    from distributed import Client
 
-    from ..core.dask_ledger import Branch, OnCluster
+    from ..core.dask_ledger import Branch
 
 __all__ = ["STATE_VERSION", "Budget", "Grant", "Snapshot", "activate", "budget",
            "check_notices", "current", "stop_error"]
@@ -94,7 +95,6 @@ class Budget:
     """
 
     _parent: Budget | None = None
-    _cluster: Any = None  # the client of the cluster its branches go to (cluster=)
 
     def __init__(self, limits: Limits | None = None, *, time: int | str | None = None,
                  clock: Clock | None = None, name: str | None = None, suspend: bool = False,
@@ -104,12 +104,11 @@ class Budget:
                  **limit_fields: Any) -> None:
         limits = _combine(limits, time, limit_fields)
         full, totals = _trace_mode(trace), check_totals(totals, suspend)
-        factory = _on_cluster(cluster, ledger) if cluster is not None else None
+        ledger, self._cluster = _on_cluster(cluster, ledger)
         core = Core.run(name or "run", limits, clock if clock is not None else default_clock(),
                         full=full, suspend=bool(suspend), totals=totals,
-                        notices=check_notices(notices), ledger=factory or ledger)
+                        notices=check_notices(notices), ledger=ledger)
         self._attach(core, self)
-        self._cluster = factory.client if factory is not None else None
 
     def _attach(self, core: Core, root: Budget) -> None:
         """Take *core* (an account, a scope, a recorder) as this run's or grant's parts."""
@@ -306,17 +305,10 @@ class Budget:
         branches alive at once and *max_items* how many there may be (S4-11). The first error
         is raised once every branch has ended, unless *return_exceptions*. On a cluster
         (``cluster=``) each branch is a task on a worker, where ``nb.current()`` is this run."""
-        client = self._root._cluster
-        if client is not None:
-            from ..core.dask_ledger import DaskLedger
-
-            assert isinstance(self._ledger, DaskLedger)
-            branch = self._ledger.branch(self._account, self.name, self.remaining_ms)
-            return _parallel_on(client, Budget.join, branch, branches,
-                                max_concurrency=max_concurrency, max_items=max_items,
-                                return_exceptions=return_exceptions)
-        return _parallel(branches, max_concurrency=max_concurrency, max_items=max_items,
-                         return_exceptions=return_exceptions)
+        on = self._root._cluster
+        dispatch = _parallel if on is None else functools.partial(_parallel_on, on, self, join)
+        return dispatch(branches, max_concurrency=max_concurrency, max_items=max_items,
+                        return_exceptions=return_exceptions)
 
     def map(self, fn: Callable[[Any], _R], items: Iterable[Any], *,
             max_concurrency: int | None = None, max_items: int | None = None) -> list[_R]:
@@ -389,17 +381,6 @@ class Budget:
         run._core.restore(saved)
         return run
 
-    @classmethod
-    def join(cls, branch: Branch) -> Budget:
-        """The run of a branch sent to a worker (see `parallel`): the same counters on the
-        cluster's scheduler, the time the run had left, and the run's stop."""
-        from ..core.dask_ledger import joining
-
-        left = branch.remaining_ms
-        return cls(Limits.from_json(branch.limits), name=branch.name, notices=branch.notices,
-                   time=None if left is None else max(1, math.ceil(left)),
-                   ledger=joining(branch))
-
     def __repr__(self) -> str:
         snap = self.snapshot()
         axes = ", ".join(f"{a.kind} {a.consumed}/{a.limit}" for a in snap.axes) or "unbounded"
@@ -433,6 +414,16 @@ class Grant(Budget):
         parent._scope.forget(self._scope)
 
 
+def join(branch: Branch) -> Budget:
+    """The run of a branch sent to a worker (see `Budget.parallel`): the same counters on the
+    cluster's scheduler, the time the run had left, and the run's stop."""
+    from ..core.dask_ledger import joining
+
+    left = branch.remaining_ms
+    return Budget(Limits.from_json(branch.limits), name=branch.name, notices=branch.notices,
+                  time=None if left is None else max(1, math.ceil(left)), ledger=joining(branch))
+
+
 def budget(limits: Limits | None = None, **kwargs: Any) -> Budget:
     """A new run; the same arguments as `Budget`."""
     return Budget(limits, **kwargs)
@@ -458,12 +449,16 @@ def _combine(limits: Limits | None, time: int | str | None, fields: dict[str, An
     return out
 
 
-def _on_cluster(cluster: Any, ledger: LedgerFactory) -> OnCluster:
+def _on_cluster(cluster: Any, ledger: LedgerFactory) -> tuple[LedgerFactory, Client | None]:
+    """The ledger factory of a run, and the client of the cluster its branches go to."""
+    if cluster is None:
+        return ledger, None
     if ledger is not LocalLedger:
         raise ConfigError("give cluster= or ledger=, not both: cluster= chooses the ledger")
     from ..core.dask_ledger import on_cluster
 
-    return on_cluster(cluster)
+    factory = on_cluster(cluster)
+    return factory, factory.client
 
 
 def _amount(kind: str, n: object) -> float:

@@ -109,6 +109,39 @@ class DaskAccount(Account):
     def used(self, i: int) -> float:
         return self.remote[i] - len(self.pools[i]) - self.base[i]
 
+    def chain(self) -> list[DaskAccount]:
+        """This account, then each one above it."""
+        out: list[DaskAccount] = []
+        a: Account | None = self
+        while a is not None:
+            assert isinstance(a, DaskAccount)
+            out.append(a)
+            a = a.parent
+        return out
+
+    def taken(self, i: int, n: float, bulk: float) -> None:
+        """*n* of kind *i* were reserved here (*bulk* beyond one per charge)."""
+        for a in self.chain():
+            a.remote[i] += n
+            a.bulk[i] += bulk
+
+    def give_back(self, i: int) -> list[Any] | None:
+        """Empty the pool of kind *i*: ``[lease id, unused]`` to settle, if a lease is open
+        (lock held; a pop that races is one permit used)."""
+        lease, pool, unused = self.lease[i], self.pools[i], 0
+        if lease is None:
+            return None
+        while True:
+            try:
+                list.pop(pool)  # not a charge: a traced pool records nothing here
+            except IndexError:
+                break
+            unused += 1
+        self.lease[i] = None
+        for a in self.chain():
+            a.remote[i] -= unused
+        return [lease, unused]
+
 
 class DaskLedger(LocalLedger):
     """The counters of one run and its grants, on a cluster's scheduler; see the module."""
@@ -190,17 +223,7 @@ class DaskLedger(LocalLedger):
         """The stop the scheduler told of, as this run's: made here when this ledger opened the
         run, else (a branch) the run's own, made elsewhere, so a branch that returns anyway
         is not an error and one that does not is stopped as the run was."""
-        origin = scope if self.owner else self.elsewhere(scope)
-        reason, how = stop.get("reason"), stop.get("how")
-        if how is not None:
-            return Stop.of(Status(how["status"]), how["message"], origin, by=how["by"],
-                           code=how["code"], reason=reason)
-        if stop.get("cause") == "timeout":
-            return Stop.of(Status.FAILED, f"{scope.name} ran out of time: the whole work's "
-                           f"timeout passed on the cluster's clock", origin, by="timeout",
-                           code=KINDS[RUN_MS].code)
-        message = f"{scope.name} was stopped" + (f": {reason}" if reason is not None else "")
-        return Stop.of(Status.STOPPED, message, origin, reason=reason)
+        return told_stop(scope if self.owner else self.elsewhere(scope), stop)
 
     def elsewhere(self, scope: Scope) -> Scope:
         """The run this branch belongs to, as a scope: where its stops come from."""
@@ -258,7 +281,7 @@ class DaskLedger(LocalLedger):
         if len(items) == 1 and items[0][1] == 1 and POOLED[items[0][0]] and (
                 account is self.home and not account.closed):
             return self.lease(items[0][0], target, t_ms)
-        settle = [s for i, _ in items if (s := self.give_back(self.home, i)) is not None]
+        settle = [s for i, _ in items if (s := self.home.give_back(i)) is not None]
         reply = self.call("nbb_reserve", scope=account.key, rid=self.rid(items[0][0]),
                           holder=self.holder, items=[[KINDS[i].name, n] for i, n in items],
                           settle=settle,
@@ -266,7 +289,7 @@ class DaskLedger(LocalLedger):
         if not reply["ok"]:
             return self.refusal(account, reply, items, target, t_ms)
         for i, n in items:
-            self.taken(account, i, n, n - 1)
+            account.taken(i, n, n - 1)
             if self.full:
                 account.recorder.charge(i, n, t_ms, target)
         self.heard_level(reply, t_ms)
@@ -276,7 +299,7 @@ class DaskLedger(LocalLedger):
         """Settle the run's lease of kind *i* and take the next, in one round trip; one of its
         permits is this charge, the rest go to the pool."""
         root = self.home
-        settle = self.give_back(root, i)
+        settle = root.give_back(i)
         now = time.monotonic()
         lasted, root.leased_at[i] = now - root.leased_at[i], now
         block = root.block[i]
@@ -290,48 +313,16 @@ class DaskLedger(LocalLedger):
             return self.refusal(root, reply, ((i, 1),), target, t_ms)
         granted = int(reply["granted"][0][1])
         root.lease[i] = f"{rid}/{name}"
-        self.taken(root, i, granted, 0)
+        root.taken(i, granted, 0)
         root.pools[i].extend([None] * (granted - 1))
         if self.full:
             root.recorder.charge(i, 1, t_ms, target)
         self.heard_level(reply, t_ms)
         return None
 
-    def taken(self, account: DaskAccount, i: int, n: float, bulk: float) -> None:
-        for a in self.chain(account):
-            a.remote[i] += n
-            a.bulk[i] += bulk
-
-    def chain(self, account: DaskAccount) -> list[DaskAccount]:
-        out: list[DaskAccount] = []
-        a: Account | None = account
-        while a is not None:
-            assert isinstance(a, DaskAccount)
-            out.append(a)
-            a = a.parent
-        return out
-
-    def give_back(self, account: DaskAccount, i: int) -> list[Any] | None:
-        """Empty *account*'s pool of kind *i*: ``[lease id, unused]`` to settle, if a lease is
-        open (lock held; a pop that races is one permit used)."""
-        lease = account.lease[i]
-        if lease is None:
-            return None
-        pool, unused = account.pools[i], 0
-        while True:
-            try:
-                list.pop(pool)  # not a charge: a traced pool records nothing here
-            except IndexError:
-                break
-            unused += 1
-        account.lease[i] = None
-        for a in self.chain(account):
-            a.remote[i] -= unused
-        return [lease, unused]
-
     def settle_all(self, account: DaskAccount) -> None:
         """Give back every open lease of *account* (lock held)."""
-        settle = [s for i in range(_K) if (s := self.give_back(account, i)) is not None]
+        settle = [s for i in range(_K) if (s := account.give_back(i)) is not None]
         if settle:
             self.call("nbb_settle", settle=settle)
 
@@ -385,7 +376,7 @@ class DaskLedger(LocalLedger):
         reply = self.call("nbb_spend", scope=account.key, rid=self.rid(items[0][0]),
                           items=[[KINDS[i].name, n] for i, n in items])
         for i, n in items:
-            self.taken(account, i, n, n - 1)
+            account.taken(i, n, n - 1)
             if self.full:
                 account.recorder.charge(i, n, t_ms, target)
         passed: list[tuple[Account, int]] = []
@@ -438,6 +429,20 @@ class DaskLedger(LocalLedger):
         self.home.bulk = list(self.home.remote)
         self.notice_level = int(state["notice_level"])
         self.arm()
+
+
+def told_stop(origin: Scope, stop: Mapping[str, Any]) -> Stop:
+    """The `Stop` of *origin* that the ledger's message *stop* tells of."""
+    reason, how = stop.get("reason"), stop.get("how")
+    if how is not None:
+        return Stop.of(Status(how["status"]), how["message"], origin, by=how["by"],
+                       code=how["code"], reason=reason)
+    if stop.get("cause") == "timeout":
+        return Stop.of(Status.FAILED, f"{origin.name} ran out of time: the whole work's timeout "
+                       f"passed on the cluster's clock", origin, by="timeout",
+                       code=KINDS[RUN_MS].code)
+    message = f"{origin.name} was stopped" + (f": {reason}" if reason is not None else "")
+    return Stop.of(Status.STOPPED, message, origin, reason=reason)
 
 
 def on_cluster(cluster: object) -> OnCluster:

@@ -136,9 +136,13 @@ class Ledger(Protocol):
 
     def restore(self, state: Mapping[str, Any]) -> None: ...
 
-    def bind(self, scope: Scope) -> None: ...
+    def bind(self, scope: Scope) -> None:
+        """The run's scope, when the run is made: a ledger kept elsewhere stops it when the run
+        is stopped there (by default nothing: no stop comes from elsewhere)."""
 
-    def end(self, account: Account) -> None: ...
+    def end(self, account: Account) -> None:
+        """*account*'s run or grant ended (lock held): a ledger kept elsewhere gives back what
+        it holds there (by default nothing)."""
 
 
 class LedgerFactory(Protocol):
@@ -152,7 +156,7 @@ class LedgerFactory(Protocol):
                  full: bool) -> Ledger: ...
 
 
-class LocalLedger:
+class LocalLedger(Ledger):
     """The counters of one run and its grants, in this process, under one lock."""
 
     def __init__(self, name: str, limits: Limits, recorder: Recorder, *, clock: Clock,
@@ -177,13 +181,6 @@ class LocalLedger:
         """With ``trace="full"``: the run's pools record each permit they hand out."""
         root = self.root
         root.pools = [root.recorder.pool(i, self._clock, started) for i in range(_K)]
-
-    def bind(self, scope: Scope) -> None:
-        """The run's scope: a ledger kept elsewhere stops it when the run stops there; this
-        one has nowhere else to hear a stop from."""
-
-    def end(self, account: Account) -> None:
-        """*account*'s run or grant ended (lock held): nothing is held elsewhere to give back."""
 
     # -- thresholds ------------------------------------------------------------------------------
     def arm(self) -> None:
