@@ -78,6 +78,16 @@ def test_uneven_charges_from_branches_never_pass_the_limit(dask_client: Any) -> 
     assert 3_000 - 7 < sum(granted) <= 3_000
 
 
+def test_the_schedulers_journal_of_the_run_is_mirrored_into_its_trace(dask_client: Any) -> None:
+    with nb.budget(tool_calls=3_000, cluster=dask_client) as run:
+        run.map(uneven, range(4))
+    journal = [e.payload for e in run.trace.events if e.kind == "ledger"]
+    assert [e["seq"] for e in journal] == list(range(1, len(journal) + 1))
+    assert journal[0]["event"] == "run" and journal[0]["limits"] == {"tool_calls": 3_000}
+    refused = [e for e in journal if e["event"] == "refused"]  # the branches' refusals, too
+    assert refused and all(e["consumed"] + e["amount"] > e["limit"] == 3_000 for e in refused)
+
+
 def in_a_grant(allowance: int) -> int:
     run = nb.current()
     assert run is not None

@@ -134,3 +134,18 @@ def test_what_a_cluster_does_not_keep_is_refused_with_the_fix(dask_client: Any) 
         nb.budget(steps=1, cluster=dask_client, ledger=lambda *a, **k: None)
     with pytest.raises(nb.ConfigError, match=r"a distributed\.Client or a scheduler address"):
         nb.budget(steps=1, cluster=42)
+
+
+def test_a_run_on_a_cluster_resumes_from_its_state_with_its_counters(dask_client: Any) -> None:
+    with nb.budget(steps=10, tool_calls=3, cluster=dask_client) as first:
+        for _ in range(4):
+            first.step()
+        first.charge("tool_calls", 2)
+        state = first.state()
+    assert state["counts"] == {"steps": 4, "tool_calls": 2}
+    with nb.Budget.resume(state, cluster=dask_client) as second:
+        second.step()
+        with pytest.raises(nb.BudgetExceeded) as refused:
+            second.charge("tool_calls", 2)
+    assert (refused.value.limit, refused.value.consumed) == (3, 2)
+    assert second.consumed["steps"] == 5

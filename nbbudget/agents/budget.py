@@ -368,7 +368,8 @@ class Budget:
     @classmethod
     def resume(cls, state: Mapping[str, Any], limits: Limits | None = None, *,
                clock: Clock | None = None, trace: str = "counts",
-               ledger: LedgerFactory = LocalLedger, **limit_fields: Any) -> Budget:
+               ledger: LedgerFactory = LocalLedger, cluster: Any = None,
+               **limit_fields: Any) -> Budget:
         """A run that continues from *state*: nothing is reset (S4-4). The saved and the given
         limits combine by minimum; with suspend, windows start fresh and totals stay frozen
         (S3-1). A state that lacks a field or has another version is refused unchanged (S4-5)."""
@@ -377,7 +378,7 @@ class Budget:
                   clock=clock, name=saved["name"], suspend=saved["suspend"],
                   totals=Limits.from_json(saved["totals"]) if saved["suspend"] else None,
                   notices=tuple(saved["notices"]) if saved["notices"] else None,
-                  trace=trace, ledger=ledger)
+                  trace=trace, ledger=ledger, cluster=cluster)
         run._core.restore(saved)
         return run
 

@@ -253,8 +253,15 @@ class DaskLedger(LocalLedger):
             self.settle_all(self.home)
             self.refresh()
             if self.owner:
-                self.call("nbb_close")
+                self.mirror(self.call("nbb_close")["journal"])
         self.ended = True
+
+    def mirror(self, journal: list[dict[str, Any]]) -> None:
+        """The scheduler's journal of the run (every holder's refusals, notices, stops, leases
+        lost with a worker), as ``ledger`` events of its trace, in their numbered order."""
+        t_ms = self.scope.t_ms() if self.scope is not None else 0.0
+        for entry in journal:
+            self.home.recorder.add("ledger", t_ms, {k: v for k, v in entry.items() if k != "t"})
 
     # -- grants -------------------------------------------------------------------------------
     def open(self, name: str, limits: Limits, recorder: Recorder,
