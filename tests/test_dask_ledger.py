@@ -149,3 +149,25 @@ def test_a_run_on_a_cluster_resumes_from_its_state_with_its_counters(dask_client
             second.charge("tool_calls", 2)
     assert (refused.value.limit, refused.value.consumed) == (3, 2)
     assert second.consumed["steps"] == 5
+
+
+def take(n: int) -> int:
+    run = nb.current()
+    assert run is not None
+    for _ in range(n):
+        run.step()
+    return n
+
+
+def test_the_panel_of_a_cluster_run_shows_what_its_branches_spent(dask_client: Any) -> None:
+    pytest.importorskip("ipywidgets")
+    from nbbudget.jupyter.panel import Panel, summary
+
+    panel = Panel(nb.Limits(steps=100), widgets=True)
+    with nb.budget(steps=100, name="cell", cluster=dask_client) as run:
+        panel.attach(run)
+        run.map(take, [10, 20])  # on the workers: the kernel's run took none itself
+        snap = run.snapshot()
+        panel._draw(snap, summary(snap))
+        assert panel._view.labels["steps"].value == "30 / 100"
+    panel.end_cell()

@@ -37,6 +37,7 @@ from .ledger import Account, Items, LedgerFactory, LocalLedger
 from .limits import Limits
 from .outcome import Status
 from .scope import Scope, Stop
+from .snapshot import AxisUsage
 from .trace import Recorder
 
 if TYPE_CHECKING:
@@ -419,6 +420,11 @@ class DaskLedger(LocalLedger):
     def remaining(self, account: Account, i: int) -> float:
         self.refresh()
         return super().remaining(account, i)
+
+    def axes(self, account: Account, elapsed_ms: float,
+             remaining_ms: float | None) -> tuple[AxisUsage, ...]:
+        self.refresh()
+        return super().axes(account, elapsed_ms, remaining_ms)
 
     def totals_used(self, account: Account) -> list[float]:
         self.refresh()
