@@ -7,24 +7,78 @@ to do. A thread that outlives its test, or the whole test run, is a bug.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import pytest
 
 from nbbudget.core.ledger import LocalLedger
 
+
+class SessionDaskLedger:
+    """The Dask ledger (`nbbudget.core.dask_ledger`) on an in-process cluster started at its
+    first use and closed at the end of the session: a ledger factory like `LocalLedger`."""
+
+    __name__ = "DaskLedger"
+
+    def __init__(self) -> None:
+        self.stack = ExitStack()
+        self.factory: Any = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.factory is None:
+            from nbbudget.core.dask_ledger import OnCluster
+
+            self.factory = OnCluster(self.stack.enter_context(dask_cluster(processes=False)))
+        return self.factory(*args, **kwargs)
+
+    def close(self) -> None:
+        self.factory = None
+        self.stack.close()
+
+
+DASK_LEDGER = SessionDaskLedger() if importlib.util.find_spec("distributed") else None
+
 #: Every implementation of the ledger (`nbbudget.core.ledger.Ledger`): the ledger's semantic tests
 #: and the run-level rule tests run over each, through the `ledger` fixture. A new one is a line.
-LEDGERS: list[Any] = [LocalLedger]
+#: A test that cannot apply to one is marked ``@pytest.mark.ledgers("local", reason=...)``.
+LEDGERS: list[Any] = [LocalLedger, *([DASK_LEDGER] if DASK_LEDGER else [])]
+#: each charge of a ledger kept elsewhere is a round trip: its model-based tests draw fewer
+#: examples (``examples``)
+_REMOTE_EXAMPLES = 0.15
+
+
+def keeps_windows(ledger: Any) -> bool:
+    """Whether *ledger* keeps windows that suspend (S3-1): a cluster's ledger does not."""
+    return ledger is not DASK_LEDGER
+
+
+def examples(ledger: Any, local: int) -> int:
+    """How many examples a Hypothesis test draws on *ledger*, *local* on the local one."""
+    return local if ledger is LocalLedger else max(10, int(local * _REMOTE_EXAMPLES))
 
 #: How long a thread started during a test may take to end after the test returns.
 THREAD_GRACE_SECONDS = 2.0
 #: How often the fixture looks again while it waits.
 THREAD_POLL_SECONDS = 0.01
+#: Threads a live Dask cluster owns in this process: its event loop, its workers' task threads,
+#: the watchers of its worker processes. The per-test check lets them be while a cluster made by
+#: `dask_cluster` is alive; the cluster checks that they end when it closes.
+DASK_THREADS = ("IO loop", "Dask-Default-Threads", "AsyncProcess Dask", "QueueFeederThread")
+#: distributed's offload executor: one thread for the whole process, from its first use; it is
+#: shut down at the end of the session, before the last check.
+DASK_OFFLOAD = "Dask-Offload"
+_clusters_alive = [0]
+
+
+def _exempt(t: threading.Thread) -> bool:
+    return t.name.startswith(DASK_OFFLOAD) or (
+        _clusters_alive[0] > 0 and any(name in t.name for name in DASK_THREADS))
 
 
 def _wait_for_threads(
@@ -69,7 +123,7 @@ def no_thread_left_running() -> Iterator[None]:
     """
     before = set(threading.enumerate())
     yield
-    started = [t for t in threading.enumerate() if t not in before]
+    started = [t for t in threading.enumerate() if t not in before and not _exempt(t)]
     leftover = _wait_for_threads(started, THREAD_GRACE_SECONDS)
     if leftover:
         names = ", ".join(repr(t.name) for t in leftover)
@@ -114,6 +168,65 @@ def home(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     return folder
 
 
+@contextmanager
+def dask_cluster(processes: bool, **kwargs: Any) -> Iterator[Any]:
+    """A client of a new `LocalCluster` of 2 workers with 2 threads each, in this process or in
+    worker processes; closed on leaving, and then none of its threads may be left."""
+    from distributed import Client, LocalCluster
+
+    before = set(threading.enumerate())
+    _clusters_alive[0] += 1
+    try:
+        with LocalCluster(processes=processes, n_workers=2, threads_per_worker=2,
+                          dashboard_address=":0", **kwargs) as cluster, Client(cluster) as client:
+            yield client
+    finally:
+        _clusters_alive[0] -= 1
+    started = [t for t in threading.enumerate()
+               if t not in before and not t.name.startswith(DASK_OFFLOAD)]
+    leftover = _wait_for_threads(started, THREAD_GRACE_SECONDS)
+    if leftover:
+        pytest.fail(f"a closed Dask cluster left threads running:\n{_describe(leftover)}",
+                    pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def dask_client() -> Iterator[Any]:
+    """A client of an in-process cluster (2 workers x 2 threads) for a test module."""
+    with dask_cluster(processes=False) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def dask_process_client() -> Iterator[Any]:
+    """A client of a cluster of 2 worker processes (2 threads each) for a test module."""
+    with dask_cluster(processes=True) as client:
+        yield client
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test marked ``ledgers(name, ..., reason=...)`` runs only over those ledgers; over the
+    others it is skipped, with the reason. One marked ``diverges(name, ..., reason=...)`` shows
+    where those ledgers break a rule: a strict xfail over them, an ordinary test over others."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None or "ledger" not in callspec.params:
+            continue
+        name = _ledger_id(callspec.params["ledger"])
+        only, diverges = item.get_closest_marker("ledgers"), item.get_closest_marker("diverges")
+        if only is not None and name not in only.args:
+            item.add_marker(pytest.mark.skip(reason=only.kwargs["reason"]))
+        if diverges is not None and name in diverges.args:
+            item.add_marker(pytest.mark.xfail(strict=True, reason=diverges.kwargs["reason"]))
+
+
+def _stop_dask_offload() -> None:
+    utils = sys.modules.get("distributed.utils")
+    executor = getattr(utils, "_offload_executor", None)
+    if executor is not None:
+        executor.shutdown(wait=True)
+
+
 @pytest.fixture(params=["sqlite", "memory"])
 def any_store(request: pytest.FixtureRequest, home: Any) -> Iterator[Any]:
     """The test runs once on each implementation of the store (``tests/stores.py``): the
@@ -138,6 +251,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     This also catches threads started outside a test (at import or collection time) that the
     per-test fixture cannot see.
     """
+    if DASK_LEDGER is not None:
+        DASK_LEDGER.close()
+    _stop_dask_offload()
     main = threading.main_thread()
     others = [t for t in threading.enumerate() if t is not main]
     leftover = _wait_for_threads(others, THREAD_GRACE_SECONDS)

@@ -323,6 +323,28 @@ def test_S3_5_the_configured_approach_notices_apply_to_a_cells_run(shell):
     assert "NBBudget.approach_notice: notices=(0.9, 0.5)" in str(result.error_in_exec)
 
 
+def test_a_configured_cluster_keeps_a_cells_counters_and_runs_its_branches(shell):
+    pytest.importorskip("distributed")
+    from conftest import dask_cluster
+
+    from nbbudget.core.dask_ledger import DaskLedger, on_cluster
+
+    with dask_cluster(processes=False) as client:
+        address = client.scheduler.address
+        shell.run_line_magic("config", f"NBBudget.cluster = {address!r}")
+        try:
+            result = shell.run_cell(
+                "%%budget --steps 100 --no-widget\nimport nbbudget as nb\n"
+                "def branch(n):\n    for _ in range(n):\n        nb.current().step()\n"
+                "    return n\nnb.current().map(branch, [10, 20])")
+            assert result.error_in_exec is None and result.result == [10, 20]
+            run = shell.magics_manager.registry["BudgetMagics"].last_run
+            assert isinstance(run.lowlevel.ledger, DaskLedger)
+            assert run.consumed["steps"] == 30
+        finally:
+            on_cluster(address).client.close()
+
+
 def test_S4_12_a_cell_over_its_runs_per_day_stops_with_one_line_and_runs_nothing(shell):
     cell = "%%budget --runs-per-day 2 --no-widget\nimport builtins\nbuiltins.ran_here += 1"
     import builtins

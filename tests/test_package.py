@@ -1,9 +1,9 @@
 """The package as users import it: a pure core, a pinned public surface, one error tree, typed.
 
-``import nbbudget`` pulls in none of IPython, ipywidgets, pandas, traitlets or numpy (the core is
-standard library only; the Jupyter layer and the frames load when asked for). ``__all__`` is
-pinned, every public error is under `nb.BudgetError` or `nb.ConfigError`, and ``py.typed``
-ships with the package.
+``import nbbudget`` pulls in none of IPython, ipywidgets, pandas, traitlets, numpy or Dask (the
+core is standard library only; the Jupyter layer, the frames and the Dask ledger load when asked
+for). ``__all__`` is pinned, every public error is under `nb.BudgetError` or `nb.ConfigError`,
+and ``py.typed`` ships with the package.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 
 import nbbudget as nb
 
-HEAVY = ("IPython", "ipywidgets", "pandas", "traitlets", "numpy")
+HEAVY = ("IPython", "ipywidgets", "pandas", "traitlets", "numpy", "dask", "distributed")
 
 PUBLIC = [
     "Budget",

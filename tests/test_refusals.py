@@ -18,6 +18,10 @@ import pytest
 import nbbudget as nb
 from nbbudget.testing import FakeClock, Reply, ScriptedProvider
 
+#: windows that suspend are kept only by the local ledger
+LOCAL_WINDOWS = pytest.mark.ledgers("local", reason="windows that suspend (S3-1) are not kept on a "
+                                                   "cluster's ledger")
+
 REFUSED = "dispatch_refused_budget_exceeded"
 
 
@@ -100,6 +104,7 @@ def test_S2_9_S4_8_a_clamp_on_a_grant_with_its_own_allowance_names_the_grant_lim
     assert (info.value.limit, info.value.consumed, info.value.scope) == (40, 40, "grant")
 
 
+@LOCAL_WINDOWS
 @pytest.mark.parametrize("where", ["run", "grant"])
 def test_S3_1_S4_8_a_spent_whole_run_total_is_a_traced_refusal_with_the_total(clock, where, ledger):
     with nb.budget(tokens=100, suspend=True, totals=nb.Limits(tokens=150), clock=clock,
@@ -115,6 +120,7 @@ def test_S3_1_S4_8_a_spent_whole_run_total_is_a_traced_refusal_with_the_total(cl
     assert (info.value.limit, info.value.consumed) == (150, 120)
 
 
+@LOCAL_WINDOWS
 @pytest.mark.parametrize("where", ["run", "grant"])
 def test_S3_1_S4_8_a_spent_window_is_a_traced_refusal_with_the_window(clock, where, ledger):
     with nb.budget(tokens=100, suspend=True, clock=clock, ledger=ledger) as run, \

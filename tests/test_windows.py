@@ -10,12 +10,17 @@ import pytest
 import nbbudget as nb
 from nbbudget.testing import FakeClock
 
+#: windows that suspend are kept only by the local ledger
+LOCAL_WINDOWS = pytest.mark.ledgers("local", reason="windows that suspend (S3-1) are not kept on a "
+                                                   "cluster's ledger")
+
 
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
 
 
+@LOCAL_WINDOWS
 def test_S3_1_an_exhausted_window_suspends_the_run_instead_of_failing_it(clock, ledger):
     done = []
     with nb.budget(tokens=100, suspend=True, clock=clock, ledger=ledger) as run:
@@ -28,6 +33,7 @@ def test_S3_1_an_exhausted_window_suspends_the_run_instead_of_failing_it(clock, 
     assert run.consumed == {"tokens": 90}
 
 
+@LOCAL_WINDOWS
 def test_S3_1_a_resume_gets_the_next_window_of_the_same_size_and_keeps_the_counters(clock, ledger):
     with nb.budget(tokens=100, suspend=True, totals=nb.Limits(tokens=250), clock=clock,
                    ledger=ledger) as run:
@@ -42,6 +48,7 @@ def test_S3_1_a_resume_gets_the_next_window_of_the_same_size_and_keeps_the_count
     assert second.consumed == {"tokens": 180}
 
 
+@LOCAL_WINDOWS
 def test_S3_1_whole_run_totals_are_frozen_and_fail_loudly_when_spent(clock, ledger):
     state = None
     with nb.budget(tokens=100, suspend=True, totals=nb.Limits(tokens=150), clock=clock,
@@ -57,6 +64,7 @@ def test_S3_1_whole_run_totals_are_frozen_and_fail_loudly_when_spent(clock, ledg
     assert (second.outcome.status, second.outcome.by) == ("failed", "tokens")
 
 
+@LOCAL_WINDOWS
 def test_S3_1_a_time_window_suspends_and_the_resume_gets_a_fresh_one(clock, ledger):
     with nb.budget(time="10s", suspend=True, clock=clock, ledger=ledger) as run:
         clock.advance("10s")
@@ -70,6 +78,7 @@ def test_S3_1_a_time_window_suspends_and_the_resume_gets_a_fresh_one(clock, ledg
     assert second.consumed["run_ms"] == 19_000
 
 
+@LOCAL_WINDOWS
 def test_S3_1_windows_never_refresh_count_limits(clock, ledger):
     with nb.budget(steps=5, tokens=10, suspend=True, clock=clock, ledger=ledger) as run:
         run.charge("steps", 3)
@@ -81,6 +90,7 @@ def test_S3_1_windows_never_refresh_count_limits(clock, ledger):
     assert second.outcome.status == "failed"
 
 
+@LOCAL_WINDOWS
 def test_S3_5_notices_never_fire_on_a_window_that_suspends(clock, ledger):
     with nb.budget(tokens=100, steps=10, suspend=True, clock=clock, ledger=ledger) as run:
         run.charge("tokens", 99)

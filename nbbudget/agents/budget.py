@@ -46,11 +46,15 @@ from ..core.snapshot import AxisUsage, Snapshot
 from ..core.trace import Trace
 from .branches import agent as _agent
 from .branches import parallel as _parallel
+from .branches import parallel_on as _parallel_on
 from .providers import make_provider
 from .tools import make_tool
 
 if TYPE_CHECKING:
     import pandas as pd
+    from distributed import Client
+
+    from ..core.dask_ledger import Branch
 
 __all__ = ["STATE_VERSION", "Budget", "Grant", "Snapshot", "activate", "budget",
            "check_notices", "current", "stop_error"]
@@ -124,7 +128,8 @@ class Budget:
     Python threads cannot be killed: a stop is delivered at the next ``step()``, ``charge()``
     or ``check()``, or through ``ctx.signal`` inside a tool. A tool that ignores its signal is
     abandoned (its caller is freed and the trace says so), not killed. ``ledger`` (low-level
-    API) is the `LedgerFactory` of the place its counters are kept: this process by default.
+    API) is the `LedgerFactory` of the place its counters are kept: this process by default;
+    ``cluster`` (a ``distributed.Client`` or an address) keeps them on a Dask scheduler.
     """
 
     _core: _Part[Core] = _Part()
@@ -134,20 +139,24 @@ class Budget:
     _trace: _Part[Trace] = _Part()
     _pools: Sequence[list[None]]
     _lazy: tuple[Any, ...] | None
+    _cluster: Client | None
 
     def __init__(self, limits: Limits | None = None, *, time: int | str | None = None,
                  clock: Clock | None = None, name: str | None = None, suspend: bool = False,
                  totals: Limits | None = None,
                  notices: tuple[float, float] | None = (0.8, 0.95), trace: str = "counts",
-                 ledger: LedgerFactory = LocalLedger, **limit_fields: Any) -> None:
+                 ledger: LedgerFactory = LocalLedger, cluster: Any = None,
+                 **limit_fields: Any) -> None:
         limits = _combine(limits, time, limit_fields)
         full = False if trace == "counts" else _trace_mode(trace)
         totals = _NO_LIMITS if totals is None else check_totals(totals, suspend)
+        ledger, client = _on_cluster(cluster, ledger)
         parts = (name or "run", limits, clock if clock is not None else default_clock(), full,
                  bool(suspend), totals,
                  _DEFAULT_NOTICES if notices == _DEFAULT_NOTICES else check_notices(notices),
                  ledger)
         self._open(parts[0], self, None, full, parts[2].now_ms)
+        self._cluster = client
         if ledger is LocalLedger and not full and limits.run_ms is None and totals.run_ms is None:
             self._lazy = parts  # nothing is timed: build on first use (a charge, say)
         else:
@@ -161,6 +170,7 @@ class Budget:
         self.name = name
         self._root = root
         self._parent = parent
+        self._cluster = None  # a run's on a cluster: where its branches go
         self._grants: list[Grant] = []
         self._outcome: Outcome | None = None
         self._output: Any = None
@@ -413,9 +423,12 @@ class Budget:
         """Run *branches* (functions of no arguments) at once and return their results in
         order. All of them draw on this run's counters (S4-3). *max_concurrency* bounds the
         branches alive at once and *max_items* how many there may be (S4-11). The first error
-        is raised once every branch has ended, unless *return_exceptions*."""
-        return _parallel(branches, max_concurrency=max_concurrency, max_items=max_items,
-                         return_exceptions=return_exceptions)
+        is raised once every branch has ended, unless *return_exceptions*. On a cluster
+        (``cluster=``) each branch is a task on a worker, where ``nb.current()`` is this run."""
+        on = self._root._cluster
+        dispatch = _parallel if on is None else functools.partial(_parallel_on, on, self, join)
+        return dispatch(branches, max_concurrency=max_concurrency, max_items=max_items,
+                        return_exceptions=return_exceptions)
 
     def map(self, fn: Callable[[Any], _R], items: Iterable[Any], *,
             max_concurrency: int | None = None, max_items: int | None = None) -> list[_R]:
@@ -502,7 +515,8 @@ class Budget:
     @classmethod
     def resume(cls, state: Mapping[str, Any], limits: Limits | None = None, *,
                clock: Clock | None = None, trace: str = "counts",
-               ledger: LedgerFactory = LocalLedger, **limit_fields: Any) -> Budget:
+               ledger: LedgerFactory = LocalLedger, cluster: Any = None,
+               **limit_fields: Any) -> Budget:
         """A run that continues from *state*: nothing is reset (S4-4). The saved and the given
         limits combine by minimum; with suspend, windows start fresh and totals stay frozen
         (S3-1). A state that lacks a field or has another version is refused unchanged (S4-5)."""
@@ -511,7 +525,7 @@ class Budget:
                   clock=clock, name=saved["name"], suspend=saved["suspend"],
                   totals=Limits.from_json(saved["totals"]) if saved["suspend"] else None,
                   notices=tuple(saved["notices"]) if saved["notices"] else None,
-                  trace=trace, ledger=ledger)
+                  trace=trace, ledger=ledger, cluster=cluster)
         run._core.restore(saved)
         return run
 
@@ -558,6 +572,16 @@ def _build(parts: tuple[Any, ...]) -> Core:
                     notices=notices, ledger=ledger)
 
 
+def join(branch: Branch) -> Budget:
+    """The run of a branch sent to a worker (see `Budget.parallel`): the same counters on the
+    cluster's scheduler, the time the run had left, and the run's stop."""
+    from ..core.dask_ledger import joining
+
+    left = branch.remaining_ms
+    return Budget(Limits.from_json(branch.limits), name=branch.name, notices=branch.notices,
+                  time=None if left is None else max(1, math.ceil(left)), ledger=joining(branch))
+
+
 def budget(limits: Limits | None = None, **kwargs: Any) -> Budget:
     """A new run; the same arguments as `Budget`."""
     return Budget(limits, **kwargs)
@@ -583,6 +607,18 @@ def _combine(limits: Limits | None, time: int | str | None, fields: dict[str, An
             raise ConfigError("time=0 is not a time grant; use None for no time grant")
         out = out & Limits(run_ms=ms)
     return out
+
+
+def _on_cluster(cluster: Any, ledger: LedgerFactory) -> tuple[LedgerFactory, Client | None]:
+    """The ledger factory of a run, and the client of the cluster its branches go to."""
+    if cluster is None:
+        return ledger, None
+    if ledger is not LocalLedger:
+        raise ConfigError("give cluster= or ledger=, not both: cluster= chooses the ledger")
+    from ..core.dask_ledger import on_cluster
+
+    factory = on_cluster(cluster)
+    return factory, factory.client
 
 
 def _amount(kind: str, n: object) -> float:

@@ -25,7 +25,7 @@ import math
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .clock import Clock
 from .errors import BudgetExceeded, ConfigError
@@ -33,6 +33,9 @@ from .kinds import KIND_INDEX, KINDS, POOLED, RUN_MS, WINDOWS, kind_index
 from .limits import NO_LIMITS, Limits
 from .snapshot import AxisUsage
 from .trace import Recorder
+
+if TYPE_CHECKING:
+    from .scope import Scope
 
 __all__ = ["STATE_VERSION", "Account", "Ledger", "LedgerFactory", "LocalLedger", "check_totals",
            "plain", "read_state"]
@@ -133,6 +136,14 @@ class Ledger(Protocol):
 
     def restore(self, state: Mapping[str, Any]) -> None: ...
 
+    def bind(self, scope: Scope) -> None:
+        """The run's scope, when the run is made: a ledger kept elsewhere stops it when the run
+        is stopped there (by default nothing: no stop comes from elsewhere)."""
+
+    def end(self, account: Account) -> None:
+        """*account*'s run or grant ended (lock held): a ledger kept elsewhere gives back what
+        it holds there (by default nothing)."""
+
 
 class LedgerFactory(Protocol):
     """What makes the ledger of a new run, with its root account: `LocalLedger` is one. *clock*
@@ -145,7 +156,7 @@ class LedgerFactory(Protocol):
                  full: bool) -> Ledger: ...
 
 
-class LocalLedger:
+class LocalLedger(Ledger):
     """The counters of one run and its grants, in this process, under one lock."""
 
     def __init__(self, name: str, limits: Limits, recorder: Recorder, *, clock: Clock,

@@ -96,6 +96,7 @@ class Core:
             made.traced_pools(scope)
         scope.notice_times = made.time_notices
         scope.on_notice = lambda: made.notice(scope.t_ms())
+        made.bind(scope)
         core = cls(name, made, made.root, scope)
         log.follow(core.stats)
         return core
@@ -135,6 +136,7 @@ class Core:
         time stops."""
         self.record("outcome", ended)
         self.scope.end_time()
+        self.ledger.end(self.account)
         if self.scope.parent is None:
             self.recorder.trace.outcome = dict(ended)
 
@@ -145,6 +147,7 @@ class Core:
         started = scope.root.started_ms
         self.recorder.add("outcome", 0.0 if started is None else now_ms - started, ended)
         scope.end_time(now_ms)
+        self.ledger.end(self.account)
         if scope.parent is None:
             self.recorder.trace.outcome = dict(ended)
 

@@ -41,7 +41,7 @@ REFUSED = "dispatch_refused_budget_exceeded"
 EVENT_KINDS: tuple[str, ...] = (
     CONSUMED, REFUSED, "approach_notice", "progress", "watchdog_cut", "tool_abandoned",
     "cancelled", "cut", "suspended", "resumed", "detached", "checkpoint_saved", "outcome",
-    "grant", "pause", "unpause", "degraded", "cancel_requested", "cancel_observed",
+    "grant", "pause", "unpause", "degraded", "cancel_requested", "cancel_observed", "ledger",
 )
 _CODE = {k: i for i, k in enumerate(EVENT_KINDS)}
 _STAT_NAMES = ("checks", "consumptions", "consumed", "refusals")

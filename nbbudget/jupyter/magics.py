@@ -74,6 +74,12 @@ class NBBudget(Configurable):
              "second: the panel turns amber, then red, and the run's notice level rises. None "
              "turns them off (see: nbbudget explain S3-5).",
     ).tag(config=True)
+    cluster = Unicode(
+        None, allow_none=True,
+        help="The Dask scheduler (an address such as 'tcp://host:8786') whose ledger keeps the "
+             "counters of every %%budget cell's run, and whose workers run its branches "
+             "(run.map, run.parallel); pip install 'nbbudget[dask]'. None: this kernel.",
+    ).tag(config=True)
     interactive = Bool(
         None, allow_none=True,
         help="True: treat every execution as a person's (no default budget); False: as a "
@@ -290,7 +296,8 @@ class BudgetMagics(Magics):
         notebook's under ``nbbudget run``, S2-1, S4-2)."""
         outer = current()
         run = Grant(outer, limits, _label(cell)) if outer is not None else \
-            Budget(limits, name=_label(cell), notices=notices)
+            Budget(limits, name=_label(cell), notices=notices,
+                   cluster=self.settings.cluster or None)
         self.last_run = run
         if panel is not None:
             panel.attach(run)
