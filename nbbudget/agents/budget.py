@@ -80,9 +80,9 @@ class _Part(Generic[_P]):
     def __get__(self, run: None, owner: type) -> _Part[_P]: ...
 
     @overload
-    def __get__(self, run: Budget, owner: type) -> _P: ...
+    def __get__(self, run: _Parts, owner: type) -> _P: ...
 
-    def __get__(self, run: Budget | None, owner: type) -> _P | _Part[_P]:
+    def __get__(self, run: _Parts | None, owner: type) -> _P | _Part[_P]:
         if run is None:
             return self
         run._build_parts()  # its attributes now shadow this descriptor
@@ -117,20 +117,11 @@ def stop_error(error: BaseException) -> BaseException:
     return error.stop.error() if isinstance(error, Unwind) else error
 
 
-class Budget:
-    """A run: bounded work with limits, a time grant, a cancel signal and a trace.
-
-    Use it as a context manager; its clock starts when it is entered::
-
-        with nb.budget(steps=10, time="5s") as run:
-            run.step()
-
-    Python threads cannot be killed: a stop is delivered at the next ``step()``, ``charge()``
-    or ``check()``, or through ``ctx.signal`` inside a tool. A tool that ignores its signal is
-    abandoned (its caller is freed and the trace says so), not killed. ``ledger`` (low-level
-    API) is the `LedgerFactory` of the place its counters are kept: this process by default;
-    ``cluster`` (a ``distributed.Client`` or an address) keeps them on a Dask scheduler.
-    """
+class _Parts:
+    """What a run or grant holds, and the parts it is a facade over (its core, ledger, scope,
+    account and trace), built the first time one is needed when nothing about the run is timed:
+    a run used for nothing costs almost nothing (entering and leaving it only keep its times and
+    its outcome). `Budget` is the facade; this is how it comes by its parts."""
 
     _core: _Part[Core] = _Part()
     _ledger: _Part[Ledger] = _Part()
@@ -140,27 +131,13 @@ class Budget:
     _pools: Sequence[list[None]]
     _lazy: tuple[Any, ...] | None
     _cluster: Client | None
-
-    def __init__(self, limits: Limits | None = None, *, time: int | str | None = None,
-                 clock: Clock | None = None, name: str | None = None, suspend: bool = False,
-                 totals: Limits | None = None,
-                 notices: tuple[float, float] | None = (0.8, 0.95), trace: str = "counts",
-                 ledger: LedgerFactory = LocalLedger, cluster: Any = None,
-                 **limit_fields: Any) -> None:
-        limits = _combine(limits, time, limit_fields)
-        full = False if trace == "counts" else _trace_mode(trace)
-        totals = _NO_LIMITS if totals is None else check_totals(totals, suspend)
-        ledger, client = _on_cluster(cluster, ledger)
-        parts = (name or "run", limits, clock if clock is not None else default_clock(), full,
-                 bool(suspend), totals,
-                 _DEFAULT_NOTICES if notices == _DEFAULT_NOTICES else check_notices(notices),
-                 ledger)
-        self._open(parts[0], self, None, full, parts[2].now_ms)
-        self._cluster = client
-        if ledger is LocalLedger and not full and limits.run_ms is None and totals.run_ms is None:
-            self._lazy = parts  # nothing is timed: build on first use (a charge, say)
-        else:
-            self._attach(_build(parts))
+    name: str
+    _root: Budget
+    _outcome: Outcome | None
+    _began: float | None
+    _ended: float | None
+    _end_once: list[None]
+    _now: Callable[[], float]
 
     def _open(self, name: str, root: Budget, parent: Budget | None, full: bool,
               now: Callable[[], float]) -> None:
@@ -182,6 +159,14 @@ class Budget:
         self._now = now
         self._full = full
         self._pools, self._step_pool = _NO_POOLS, _NO_POOL  # until it is built
+
+    def _take(self, parts: tuple[Any, ...]) -> None:
+        """Build a run's parts now, or, when nothing about it is timed, on first use."""
+        _, limits, _, full, _, totals, _, ledger = parts
+        if ledger is LocalLedger and not full and limits.run_ms is None and totals.run_ms is None:
+            self._lazy = parts  # nothing is timed: build on first use (a charge, say)
+        else:
+            self._attach(_build(parts))
 
     def _attach(self, core: Core) -> None:
         """Take *core* (an account, a scope, a recorder) as this run's or grant's parts."""
@@ -221,6 +206,75 @@ class Budget:
         assert outcome is not None and ended is not None
         with self._scope.lock:
             self._core.end_at(outcome.to_dict(), ended)
+
+    def _enter_unbuilt(self) -> None:
+        """Enter a run whose parts are not built: only its start is kept."""
+        if self._began is None:
+            self._began = self._now()
+        if not self._unbuilt():  # built meanwhile: its builder may not have seen it
+            self._scope.start_at(self._began)
+
+    def _leave_unbuilt(self) -> None:
+        """Complete a run whose parts were never needed (nothing charged, stopped or granted):
+        its end and outcome are kept, and traced if its parts are ever built."""
+        if self._outcome is not None:
+            return
+        self._end_once = [None]
+        self._ended = self._now()
+        self._outcome = _COMPLETED  # written last: what a builder reads
+        if not self._unbuilt():  # built meanwhile: its builder may not have seen the end
+            self._end_built()
+
+    def _unbuilt_snapshot(self) -> Snapshot:
+        """The view of a run whose parts are not built: it has spent nothing but time, and
+        each armed axis stands at 0."""
+        parts = self._lazy
+        assert parts is not None
+        axes = tuple(AxisUsage(kind, limit, 0, limit, 0.0)
+                     for kind, limit in parts[1].to_dict().items())
+        outcome = self._outcome
+        status = outcome.status.value if outcome else (
+            "running" if self._began is not None else "ready")
+        return Snapshot(self.name, status, self._unbuilt_elapsed(), None, axes,
+                        self._unbuilt_consumed(), 0, outcome)
+
+    def _unbuilt_elapsed(self) -> float:
+        began, ended = self._began, self._ended
+        if began is None:
+            return 0.0
+        return (ended if ended is not None else self._now()) - began
+
+    def _unbuilt_consumed(self) -> dict[str, float]:
+        elapsed = self._unbuilt_elapsed()
+        return {_TIME: round(elapsed)} if elapsed else {}
+
+
+class Budget(_Parts):
+    """A run: bounded work with limits, a time grant, a cancel signal and a trace.
+
+    Use it as a context manager; its clock starts when it is entered::
+
+        with nb.budget(steps=10, time="5s") as run:
+            run.step()
+
+    Python threads cannot be killed: a stop is delivered at the next ``step()``, ``charge()``
+    or ``check()``, or through ``ctx.signal`` inside a tool. A tool that ignores its signal is
+    abandoned (its caller is freed and the trace says so), not killed. ``ledger`` (low-level
+    API) is the `LedgerFactory` of the place its counters are kept: this process by default;
+    ``cluster`` (a ``distributed.Client`` or an address) keeps them on a Dask scheduler.
+    """
+
+    def __init__(self, limits: Limits | None = None, *, time: int | str | None = None,
+                 clock: Clock | None = None, name: str | None = None, suspend: bool = False,
+                 totals: Limits | None = None, notices: tuple[float, float] | None = (0.8, 0.95),
+                 trace: str = "counts", ledger: LedgerFactory = LocalLedger, cluster: Any = None,
+                 **limit_fields: Any) -> None:
+        ledger, client = _on_cluster(cluster, ledger)
+        parts = _parts(name, _combine(limits, time, limit_fields), clock, trace, suspend,
+                       totals, notices, ledger)
+        self._open(parts[0], self, None, parts[3], parts[2].now_ms)
+        self._cluster = client
+        self._take(parts)
 
     @property
     def lowlevel(self) -> Core:
@@ -303,11 +357,8 @@ class Budget:
                               f"make a new budget for new work")
         if self._lazy is None:
             self._scope.start()
-        else:  # its parts are not built: only its start is kept
-            if self._began is None:
-                self._began = self._now()
-            if not self._unbuilt():  # built meanwhile: its builder may not have seen it
-                self._scope.start_at(self._began)
+        else:
+            self._enter_unbuilt()
         self._tokens.append(_current.set(self))
         return self
 
@@ -328,17 +379,6 @@ class Budget:
         if isinstance(exc, Unwind) and exc.stop.origin is self._scope:
             return True  # a suspended run: the block was left at a resumable point
         return None
-
-    def _leave_unbuilt(self) -> None:
-        """Complete a run whose parts were never needed (nothing charged, stopped or granted):
-        its end and outcome are kept, and traced if its parts are ever built."""
-        if self._outcome is not None:
-            return
-        self._end_once = [None]
-        self._ended = self._now()
-        self._outcome = _COMPLETED  # written last: what a builder reads
-        if not self._unbuilt():  # built meanwhile: its builder may not have seen the end
-            self._end_built()
 
     def _settle(self, outcome: Outcome) -> None:
         scope = self._scope
@@ -476,29 +516,6 @@ class Budget:
         return Snapshot(self.name, status, scope.elapsed_ms(), self.remaining_ms, axes,
                         self.consumed, self.notice_level, self._outcome)
 
-    def _unbuilt_snapshot(self) -> Snapshot:
-        """The view of a run whose parts are not built: it has spent nothing but time, and
-        each armed axis stands at 0."""
-        parts = self._lazy
-        assert parts is not None
-        axes = tuple(AxisUsage(kind, limit, 0, limit, 0.0)
-                     for kind, limit in parts[1].to_dict().items())
-        outcome = self._outcome
-        status = outcome.status.value if outcome else (
-            "running" if self._began is not None else "ready")
-        return Snapshot(self.name, status, self._unbuilt_elapsed(), None, axes,
-                        self._unbuilt_consumed(), 0, outcome)
-
-    def _unbuilt_elapsed(self) -> float:
-        began, ended = self._began, self._ended
-        if began is None:
-            return 0.0
-        return (ended if ended is not None else self._now()) - began
-
-    def _unbuilt_consumed(self) -> dict[str, float]:
-        elapsed = self._unbuilt_elapsed()
-        return {_TIME: round(elapsed)} if elapsed else {}
-
     def usage(self) -> pd.DataFrame:
         """A pandas DataFrame, one row per armed axis: ``limit``, ``consumed``, ``remaining``,
         ``fraction``."""
@@ -514,9 +531,8 @@ class Budget:
 
     @classmethod
     def resume(cls, state: Mapping[str, Any], limits: Limits | None = None, *,
-               clock: Clock | None = None, trace: str = "counts",
-               ledger: LedgerFactory = LocalLedger, cluster: Any = None,
-               **limit_fields: Any) -> Budget:
+               clock: Clock | None = None, trace: str = "counts", cluster: Any = None,
+               ledger: LedgerFactory = LocalLedger, **limit_fields: Any) -> Budget:
         """A run that continues from *state*: nothing is reset (S4-4). The saved and the given
         limits combine by minimum; with suspend, windows start fresh and totals stay frozen
         (S3-1). A state that lacks a field or has another version is refused unchanged (S4-5)."""
@@ -562,6 +578,18 @@ class Grant(Budget):
             if self in parent._grants:
                 parent._grants.remove(self)
         parent._scope.forget(self._scope)
+
+
+def _parts(name: str | None, limits: Limits, clock: Clock | None, trace: str, suspend: bool,
+           totals: Limits | None, notices: tuple[float, float] | None,
+           ledger: LedgerFactory) -> tuple[Any, ...]:
+    """What builds a run's parts, checked: name, limits, clock, full trace, suspend, totals,
+    notices and ledger factory."""
+    full = False if trace == "counts" else _trace_mode(trace)
+    totals = _NO_LIMITS if totals is None else check_totals(totals, suspend)
+    return (name or "run", limits, clock if clock is not None else default_clock(), full,
+            bool(suspend), totals,
+            _DEFAULT_NOTICES if notices == _DEFAULT_NOTICES else check_notices(notices), ledger)
 
 
 def _build(parts: tuple[Any, ...]) -> Core:
