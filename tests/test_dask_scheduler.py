@@ -263,10 +263,3 @@ def test_a_scheduler_started_with_the_preload_has_the_ledger() -> None:
                       scheduler_kwargs={"preload": ["nbbudget.dask"]}) as client:
         assert Channel.of(client).call("nbb_ping") == {"ok": True}
     assert callable(dask_setup)
-
-
-def test_a_lease_of_a_kind_with_no_limit_is_what_was_asked(dask_client: Any) -> None:
-    channel, run = new_run(dask_client, {"steps": 10})
-    reply = channel.call("nbb_reserve", run=run, scope=run, items=[["tool_calls", 500]],
-                         rid="free", holder="kernel#1", lease=True)
-    assert reply["granted"] == [["tool_calls", 500]]

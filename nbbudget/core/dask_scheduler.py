@@ -294,7 +294,7 @@ class LedgerExtension(SchedulerPlugin):
         out = []
         for kind, want in wanted:
             free = min(s.free(kind) for s in chain)
-            share = want if free == _INF else max(1, free // (2 * (book.holders(kind, holder) + 1)))
+            share = max(1, free // (2 * (book.holders(kind, holder) + 1)))
             room = book.notice_room(kind)
             out.append((kind, max(0, min(want, free, share, room if room >= 1 else 1))))
         return out
