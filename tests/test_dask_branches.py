@@ -161,7 +161,7 @@ def spin_until_stopped(_: int) -> float:
 
 def test_a_cancel_reaches_every_branch_on_worker_processes_within_50_ms(
         dask_process_client: Any) -> None:
-    run, sent = nb.budget(cluster=dask_process_client), []
+    run, sent = nb.budget(steps=10**9, cluster=dask_process_client), []  # leased steps
 
     def cancel_soon() -> None:
         time.sleep(0.5)

@@ -294,7 +294,8 @@ class LedgerExtension(SchedulerPlugin):
         out = []
         for kind, want in wanted:
             free = min(s.free(kind) for s in chain)
-            share = max(1, free // (2 * (book.holders(kind, holder) + 1)))
+            # a kind with no limit is leased one permit at a time, for now (see the docs page)
+            share = 1 if free == _INF else max(1, free // (2 * (book.holders(kind, holder) + 1)))
             room = book.notice_room(kind)
             out.append((kind, max(0, min(want, free, share, room if room >= 1 else 1))))
         return out
