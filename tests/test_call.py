@@ -10,6 +10,7 @@ ended before its test returns.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import threading
@@ -480,9 +481,11 @@ def test_S0_11_detach_and_collect_cycles_leave_no_entries_and_no_growth_in_memor
         after = tracemalloc.take_snapshot()
     finally:
         tracemalloc.stop()
-    # the store's connections (one per worker thread, each with its statement cache) are the
-    # store's business: what is measured is what the calls and their jobs keep
-    mine = [tracemalloc.Filter(False, "*/calls/store.py")]
+    # what is measured is what nbbudget's calls and their jobs keep: not what other threads of
+    # the session allocate meanwhile (a test cluster's, say), nor the store's connections (one
+    # per worker thread, each with its statement cache), which are the store's business
+    mine = [tracemalloc.Filter(True, os.path.join(os.path.dirname(nb.__file__), "*")),
+            tracemalloc.Filter(False, "*/calls/store.py")]
     grown = sum(stat.size_diff for stat in after.filter_traces(mine).compare_to(
         before.filter_traces(mine), "filename"))
     # a job kept alive costs about 7 KB: 1,000 of them would be 7 MB
