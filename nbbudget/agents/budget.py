@@ -20,7 +20,7 @@ import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar, overload
 
 from ..core.clock import Clock, default_clock
 from ..core.duration import parse_duration
@@ -129,7 +129,7 @@ class _Parts:
     _account: _Part[Account] = _Part()
     _trace: _Part[Trace] = _Part()
     _pools: Sequence[list[None]]
-    _lazy: tuple[Any, ...] | None
+    _lazy: _Recipe | None
     _cluster: Client | None
     name: str
     _root: Budget
@@ -160,13 +160,12 @@ class _Parts:
         self._full = full
         self._pools, self._step_pool = _NO_POOLS, _NO_POOL  # until it is built
 
-    def _take(self, parts: tuple[Any, ...]) -> None:
+    def _take(self, recipe: _Recipe) -> None:
         """Build a run's parts now, or, when nothing about it is timed, on first use."""
-        _, limits, _, full, _, totals, _, ledger = parts
-        if ledger is LocalLedger and not full and limits.run_ms is None and totals.run_ms is None:
-            self._lazy = parts  # nothing is timed: build on first use (a charge, say)
+        if recipe.lazy():
+            self._lazy = recipe  # nothing is timed: build on first use (a charge, say)
         else:
-            self._attach(_build(parts))
+            self._attach(recipe.build())
 
     def _attach(self, core: Core) -> None:
         """Take *core* (an account, a scope, a recorder) as this run's or grant's parts."""
@@ -184,10 +183,10 @@ class _Parts:
         as the run was. A thread entering or leaving the run meanwhile, without the lock,
         looks again once it has written its time: one of the two sees the other's write."""
         with _BUILDING:
-            parts = self._lazy
-            if parts is None:
+            recipe = self._lazy
+            if recipe is None:
                 return
-            core = _build(parts)
+            core = recipe.build()
             self._attach(core)
             self._lazy = None  # from now on, entering and leaving use the parts
             began = self._began
@@ -228,10 +227,10 @@ class _Parts:
     def _unbuilt_snapshot(self) -> Snapshot:
         """The view of a run whose parts are not built: it has spent nothing but time, and
         each armed axis stands at 0."""
-        parts = self._lazy
-        assert parts is not None
+        recipe = self._lazy
+        assert recipe is not None
         axes = tuple(AxisUsage(kind, limit, 0, limit, 0.0)
-                     for kind, limit in parts[1].to_dict().items())
+                     for kind, limit in recipe.limits.to_dict().items())
         outcome = self._outcome
         status = outcome.status.value if outcome else (
             "running" if self._began is not None else "ready")
@@ -270,11 +269,11 @@ class Budget(_Parts):
                  trace: str = "counts", ledger: LedgerFactory = LocalLedger, cluster: Any = None,
                  **limit_fields: Any) -> None:
         ledger, client = _on_cluster(cluster, ledger)
-        parts = _parts(name, _combine(limits, time, limit_fields), clock, trace, suspend,
-                       totals, notices, ledger)
-        self._open(parts[0], self, None, parts[3], parts[2].now_ms)
+        recipe = _recipe(name, _combine(limits, time, limit_fields), clock, trace, suspend,
+                         totals, notices, ledger)
+        self._open(recipe.name, self, None, recipe.full, recipe.clock.now_ms)
         self._cluster = client
-        self._take(parts)
+        self._take(recipe)
 
     @property
     def lowlevel(self) -> Core:
@@ -580,24 +579,40 @@ class Grant(Budget):
         parent._scope.forget(self._scope)
 
 
-def _parts(name: str | None, limits: Limits, clock: Clock | None, trace: str, suspend: bool,
-           totals: Limits | None, notices: tuple[float, float] | None,
-           ledger: LedgerFactory) -> tuple[Any, ...]:
-    """What builds a run's parts, checked: name, limits, clock, full trace, suspend, totals,
-    notices and ledger factory."""
+class _Recipe(NamedTuple):
+    """What builds a run's parts, checked (see `_recipe`)."""
+
+    name: str
+    limits: Limits
+    clock: Clock
+    full: bool
+    suspend: bool
+    totals: Limits
+    notices: tuple[float, float] | None
+    ledger: LedgerFactory
+
+    def lazy(self) -> bool:
+        """Whether the parts may wait for first use: nothing about the run is timed (no time
+        grant, no full trace) and its counters are kept in this process."""
+        return (self.ledger is LocalLedger and not self.full and self.limits.run_ms is None
+                and self.totals.run_ms is None)
+
+    def build(self) -> Core:
+        return Core.run(self.name, self.limits, self.clock, full=self.full,
+                        suspend=self.suspend, totals=self.totals, notices=self.notices,
+                        ledger=self.ledger)
+
+
+def _recipe(name: str | None, limits: Limits, clock: Clock | None, trace: str, suspend: bool,
+            totals: Limits | None, notices: tuple[float, float] | None,
+            ledger: LedgerFactory) -> _Recipe:
+    """The recipe of a run from what `Budget` was given, each argument checked."""
     full = False if trace == "counts" else _trace_mode(trace)
     totals = _NO_LIMITS if totals is None else check_totals(totals, suspend)
-    return (name or "run", limits, clock if clock is not None else default_clock(), full,
-            bool(suspend), totals,
-            _DEFAULT_NOTICES if notices == _DEFAULT_NOTICES else check_notices(notices), ledger)
-
-
-def _build(parts: tuple[Any, ...]) -> Core:
-    """A run's parts from what `Budget` was given: name, limits, clock, full trace, suspend,
-    totals, notices and ledger factory."""
-    name, limits, clock, full, suspend, totals, notices, ledger = parts
-    return Core.run(name, limits, clock, full=full, suspend=suspend, totals=totals,
-                    notices=notices, ledger=ledger)
+    return _Recipe(name or "run", limits, clock if clock is not None else default_clock(), full,
+                   bool(suspend), totals,
+                   _DEFAULT_NOTICES if notices == _DEFAULT_NOTICES else check_notices(notices),
+                   ledger)
 
 
 def join(branch: Branch) -> Budget:
