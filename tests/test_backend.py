@@ -77,9 +77,9 @@ class RecordingRunner(LocalRunner):
         super().__init__(nb.jobs)
         self.used: list[str] = []
 
-    def start(self, job: nb.Job, task: Any, *, detachable: bool) -> None:
+    def start(self, work: Any, job: nb.Job, task: Any, *, detachable: bool) -> None:
         self.used.append("start")
-        super().start(job, task, detachable=detachable)
+        super().start(work, job, task, detachable=detachable)
 
     def detach(self, work: Work, job: nb.Job) -> None:
         self.used.append("detach")

@@ -210,7 +210,7 @@ class _Parts:
         """Enter a run whose parts are not built: only its start is kept."""
         if self._began is None:
             self._began = self._now()
-        if not self._unbuilt():  # built meanwhile: its builder may not have seen it
+        if self._lazy is None:  # built meanwhile: its builder may not have seen it
             self._scope.start_at(self._began)
 
     def _leave_unbuilt(self) -> None:
@@ -221,7 +221,7 @@ class _Parts:
         self._end_once = [None]
         self._ended = self._now()
         self._outcome = _COMPLETED  # written last: what a builder reads
-        if not self._unbuilt():  # built meanwhile: its builder may not have seen the end
+        if self._lazy is None:  # built meanwhile: its builder may not have seen the end
             self._end_built()
 
     def _unbuilt_snapshot(self) -> Snapshot:
@@ -362,8 +362,9 @@ class Budget(_Parts):
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool | None:
-        if self._tokens:
-            _current.reset(self._tokens.pop())
+        tokens = self._tokens
+        if tokens:
+            _current.reset(tokens.pop())
         if exc is None and self._lazy is not None:
             self._leave_unbuilt()
             return None

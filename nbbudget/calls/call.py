@@ -351,7 +351,7 @@ def _start(plan: _Plan, backend: Backend, clock: Clock,
         # nothing can end the wait early (no budget, no wall clock): run it here, synchronously
         context.run(_work, fn, args, kwargs, ctx)()
     else:
-        backend.runner.start(job, lambda: context.run(_work, fn, args, kwargs, ctx),
+        backend.runner.start(plan, job, lambda: context.run(_work, fn, args, kwargs, ctx),
                              detachable=plan.detach)
     return ctx, job
 

@@ -32,23 +32,33 @@ from .store import Store, store
 
 if TYPE_CHECKING:
     from ..core.clock import Clock
+    from ..core.limits import Limits
 
 __all__ = ["LOCAL", "Backend", "JobRunner", "LocalRunner", "Work", "current_backend", "jobs",
            "use_backend"]
 
 
 class Work(Protocol):
-    """A piece of work as a runner sees it: its identity, worked out only when it is read."""
+    """A piece of work as a runner sees it: its identity (worked out only when it is read), the
+    call itself, its name and what bounds it, for a runner that runs the work somewhere else
+    than the closure it is given (a cluster's)."""
 
     @property
     def identity(self) -> str: ...
+
+    #: the function, its positional and keyword arguments, and the call's ``key`` (or None)
+    work: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str | None]
+    label: str  #: the work's name, as ``nb.jobs`` shows it
+    limits: Limits  #: the run's limits
+    detach: bool  #: the work goes on as a job when its caller's budget runs out
+    resume: bool  #: the work pauses at its next checkpoint when its caller's budget runs out
 
 
 class JobRunner(Protocol):
     """What the call path needs of the place a call's work runs (S0-1, S0-2, S0-11).
 
-    `start` runs *task* (the work, which settles *job* where it runs and returns what announces
-    its end, `Job.notify_done`); *detachable*: the work may be detached, so the runner keeps
+    `start` runs *work* as *task* (a closure that runs it here, settles *job* where it runs and
+    returns what announces its end, `Job.notify_done`); *detachable*: the work may be detached, so the runner keeps
     room to write its record then. `wait` holds the caller until *job* ends or is nudged, or
     *clock* reaches *until_ms*, and says whether it was woken. `detach` keeps a job that
     outlived its caller's budget under its work's identity and lists it in ``jobs``;
@@ -58,7 +68,7 @@ class JobRunner(Protocol):
 
     jobs: Jobs
 
-    def start(self, job: Job, task: workers.Task, *, detachable: bool) -> None: ...
+    def start(self, work: Work, job: Job, task: workers.Task, *, detachable: bool) -> None: ...
 
     def wait(self, job: Job, clock: Clock, until_ms: float | None) -> bool: ...
 
@@ -83,7 +93,7 @@ class LocalRunner:
         self._taken: dict[str, weakref.ref[Job]] = {}  # its result read: kept while held
         self._lock = threading.RLock()  # a job freed while it is held calls `_gone` at once
 
-    def start(self, job: Job, task: workers.Task, *, detachable: bool) -> None:
+    def start(self, work: Work, job: Job, task: workers.Task, *, detachable: bool) -> None:
         if detachable:  # one worker for the work, one to write the job record if it detaches
             workers.ensure_idle(2)
         workers.submit(task)
