@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
     from ..core.dask_ledger import Branch
 
-__all__ = ["STATE_VERSION", "Budget", "Grant", "Snapshot", "activate", "budget",
+__all__ = ["STATE_VERSION", "Budget", "Deferred", "Grant", "Snapshot", "activate", "budget",
            "check_notices", "current", "stop_error"]
 
 _R = TypeVar("_R")
@@ -92,14 +92,17 @@ _BUILDING = threading.Lock()  # a run's parts are built once, by one thread
 _COMPLETED = Outcome(Status.COMPLETED)
 _TIME = KINDS[RUN_MS].name  # the kind the run's clock spends
 
-_current: contextvars.ContextVar[Budget | None] = contextvars.ContextVar(
+_current: contextvars.ContextVar[Budget | Deferred | None] = contextvars.ContextVar(
     "nbbudget_current", default=None
 )
 
 
 def current() -> Budget | None:
     """The innermost active budget of this thread or context, or `None`."""
-    return _current.get()
+    run = _current.get()
+    if run.__class__ is Deferred:  # a host's run made on first use: this is its first use
+        return run.run  # type: ignore[union-attr]
+    return run
 
 
 def activate(run: Budget) -> None:
@@ -362,9 +365,8 @@ class Budget(_Parts):
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool | None:
-        tokens = self._tokens
-        if tokens:
-            _current.reset(tokens.pop())
+        if self._tokens:
+            _current.reset(self._tokens.pop())
         if exc is None and self._lazy is not None:
             self._leave_unbuilt()
             return None
@@ -578,6 +580,102 @@ class Grant(Budget):
             if self in parent._grants:
                 parent._grants.remove(self)
         parent._scope.forget(self._scope)
+
+
+class Deferred:
+    """A run made the first time something uses it: for a host whose work may never use its
+    run (a call of a function that never reads ``nb.current()``, which is most calls), so that
+    such work pays for no run at all.
+
+    `begin` starts it in the work's context: from then on `current` there makes it (begun at
+    that moment) and returns it. `end` ends it as leaving a ``with run:`` block would, raising
+    what that block would raise. `run` makes it from any thread (begun, and ended if it has
+    ended, at the times it was); `made` says whether anything has. A run whose time is
+    limited is made at once: its clock must run from its start. One lock makes a run once,
+    whichever thread asks first; work that never used its run takes no lock.
+    """
+
+    __slots__ = ("_began", "_clock", "_ended", "_limits", "_made", "_name", "_notices", "_token")
+
+    def __init__(self, limits: Limits, *, clock: Clock, name: str,
+                 notices: tuple[float, float] | None = _DEFAULT_NOTICES) -> None:
+        self._limits, self._clock, self._name = limits, clock, name
+        self._notices = notices if notices == _DEFAULT_NOTICES else check_notices(notices)
+        self._made: Budget | None = None
+        self._began: float | None = None
+        self._ended: float | None = None
+        self._token: contextvars.Token[Budget | Deferred | None] | None = None
+        if limits.run_ms is not None:
+            self._make()
+
+    def made(self) -> Budget | None:
+        """The run, if something has made it; None while nothing has used it."""
+        return self._made
+
+    @property
+    def run(self) -> Budget:
+        """The run, made now if nothing has used it yet."""
+        made = self._made
+        return made if made is not None else self._make()
+
+    def begin(self) -> None:
+        """Start the run in this context: `current` returns it from now on."""
+        made = self._made
+        if made is not None:
+            made.__enter__()
+        else:
+            self._began = self._clock.now_ms()
+        self._token = _current.set(self)
+
+    def __enter__(self) -> Deferred:
+        self.begin()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool | None:
+        return self.end(exc)
+
+    def end(self, exc: BaseException | None) -> bool | None:
+        """End the run as leaving its ``with`` block with *exc* would (its outcome kept, a stop
+        turned into the public error it stands for), and restore what `current` returned."""
+        if self._token is not None:
+            _current.reset(self._token)
+            self._token = None
+        made = self._made
+        if made is None and exc is None:
+            self._ended = self._clock.now_ms()
+            made = self._made
+            if made is None:  # nothing made it meanwhile: its maker will see the end
+                return None
+            with _BUILDING:  # made meanwhile: once its maker is done, did it see the end?
+                if made._outcome is not None:
+                    return None
+        run = made if made is not None else self.run
+        return run.__exit__(type(exc) if exc is not None else None, exc,
+                            exc.__traceback__ if exc is not None else None)
+
+    def _make(self) -> Budget:
+        with _BUILDING:
+            made = self._made
+            if made is not None:
+                return made
+            run = Budget.__new__(Budget)
+            recipe = _Recipe(self._name, self._limits, self._clock, False, False, _NO_LIMITS,
+                             self._notices, LocalLedger)
+            run._open(recipe.name, run, None, False, recipe.clock.now_ms)
+            run._take(recipe)
+            began, ended = self._began, self._ended
+            if began is not None:  # begun before it was made: it began then
+                if run._lazy is None:
+                    run._scope.start_at(began)
+                else:
+                    run._began = began
+            self._made = run  # before reading the end: `end` looks again after writing it
+            ended = self._ended
+            if ended is not None and run._outcome is None:
+                run._end_once = [None]
+                run._ended = ended
+                run._outcome = _COMPLETED
+        return run
 
 
 class _Recipe(NamedTuple):

@@ -8,6 +8,7 @@ function and its arguments, or ``key``), never the budget or the timeout (S0-11)
 from __future__ import annotations
 
 import contextvars
+import functools
 import hashlib
 import os
 import pickle
@@ -15,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ..agents.budget import Budget
+from ..agents.budget import Budget, Deferred
 from ..core.clock import Clock, default_clock
 from ..core.duration import parse_duration
 from ..core.endings import ENDINGS, envelope_code
@@ -131,6 +132,8 @@ def _run(plan: _Plan, backend: Backend, clock: Clock, t0_ms: float, started: flo
     runner = backend.runner
     job = runner.reattach(plan) if plan.detach else None
     db = None
+    if job is None and plan.direct:
+        return _direct(plan, backend, clock, t0_ms, started, started_wall)
     if job is None:
         try:
             ctx, job = _start(plan, backend, clock, started_wall)
@@ -144,12 +147,37 @@ def _run(plan: _Plan, backend: Backend, clock: Clock, t0_ms: float, started: flo
     return _answer(job, plan, started, runner, db)
 
 
+def _direct(plan: _Plan, backend: Backend, clock: Clock, t0_ms: float, started: float,
+            started_wall: float) -> Response:
+    """The usual call that may detach: nothing to load or count before it starts, and no wall
+    clock. Its work goes to the runner at once, and the caller waits at most its budget; its
+    run is made only if the work uses it, and nothing else is built unless it detaches."""
+    fn, args, kwargs, _ = plan.work
+    runner = backend.runner
+    job = Job(plan.identity_of, plan.label, Deferred(plan.limits, clock=clock, name=plan.label,
+                                                     notices=plan.notices), backend.store)
+    ctx = _Call(plan, job, None, started_wall)
+    runner.start(plan, job, functools.partial(contextvars.copy_context().run, _work, fn, args,
+                                              kwargs, ctx), detachable=True)
+    try:
+        runner.wait(job, clock, t0_ms + plan.budget_ms)  # type: ignore[operator]
+    except KeyboardInterrupt:  # the person interrupted the call: stop the work, then re-raise
+        job.run.cancel("interrupted")
+        raise
+    if not job.done():
+        return _unfinished(job, plan, started, runner, None)
+    if job.exception() is None:
+        return Response(True, job.result(), None, [],
+                        meta(EXIT_OK, started, plan.budget_ms, None), plan.envelope_bytes, job)
+    return _answer(job, plan, started, runner, None)
+
+
 # -- planning -----------------------------------------------------------------------------------
 class _Plan:
     """What a call was asked to do, checked: the work, how it may end early, and its limits."""
 
-    __slots__ = ("_identity", "budget_ms", "detach", "envelope_bytes", "estimate_ms", "label",
-                 "limits", "notices", "resume", "runs_per_day", "timeout_ms", "work")
+    __slots__ = ("_identity", "budget_ms", "detach", "direct", "envelope_bytes", "estimate_ms",
+                 "label", "limits", "notices", "resume", "runs_per_day", "timeout_ms", "work")
 
     def __init__(self, work: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any],
                                    str | None], label: str, detach: bool, resume: bool,
@@ -161,10 +189,17 @@ class _Plan:
         self.limits, self.envelope_bytes, self.notices = limits, envelope_bytes, notices
         self.runs_per_day = runs_per_day
         self._identity: str | None = None
+        #: it can go to the runner at once: it may detach, and has nothing to load or count
+        #: first (no checkpoint, no quota) and no wall clock to arm (`_direct`)
+        self.direct = bool(detach and budget_ms and timeout_ms is None and estimate_ms is None
+                           and runs_per_day is None)
 
     @property
     def identity(self) -> str:
         """Worked out only when needed: to reattach, to detach, or to resume."""
+        return self.identity_of()
+
+    def identity_of(self) -> str:
         if self._identity is None:
             self._identity = _identity(*self.work)
         return self._identity
@@ -356,10 +391,11 @@ def _start(plan: _Plan, backend: Backend, clock: Clock,
     return ctx, job
 
 
-def _open_run(plan: _Plan, loaded: Checkpoint | None, db: Store | None, clock: Clock) -> Budget:
+def _open_run(plan: _Plan, loaded: Checkpoint | None, db: Store | None,
+              clock: Clock) -> Budget | Deferred:
     """The work's run: a new one, or the paused one continued from its checkpoint (S4-4)."""
-    if loaded is None:
-        return Budget(plan.limits, clock=clock, name=plan.label, notices=plan.notices)
+    if loaded is None:  # made when the work first uses it: most work never does
+        return Deferred(plan.limits, clock=clock, name=plan.label, notices=plan.notices)
     try:
         return Budget.resume(loaded.ledger, plan.limits, clock=clock)
     except ConfigError as exc:  # a signed checkpoint whose ledger lacks its state (S4-5)
@@ -409,7 +445,7 @@ def _work(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
     job = ctx.job
     returned, value = False, None
     try:
-        with ctx.run:
+        with job.held_run:
             value = fn(*args, **kwargs)
             returned = True
     except _Pause as paused:
@@ -470,9 +506,10 @@ def _await(job: Job, plan: _Plan, runner: JobRunner, clock: Clock, t0_ms: float)
 
 def _wall_clocked(job: Job) -> bool:
     """Whether the wall clock cancelled *job*'s run (a run never stopped is not asked)."""
-    if not job.run.cancelled:
+    run = job.run_made()
+    if run is None or not run.cancelled:
         return False
-    stop = job.run.lowlevel.scope.stop
+    stop = run.lowlevel.scope.stop
     return stop is not None and stop.status is Status.CANCELLED
 
 

@@ -20,6 +20,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from ..agents.budget import Deferred
 from ..core.clock import Latch
 from ..core.errors import ConfigError
 
@@ -82,17 +83,32 @@ class Job:
     _pause = False
     _pause_at: float | None = None
 
-    def __init__(self, identity: Callable[[], str], label: str, run: Budget,
+    def __init__(self, identity: Callable[[], str], label: str, run: Budget | Deferred,
                  store: Callable[[], Store]) -> None:
         self._identity = identity
         self.label = label
-        self.run = run
+        self._run = run  # a `Deferred` is made when first used
         self.created = time.time()
         self._store = store  # opened when the job is first recorded, off the caller's path
         self._state = JobState.RUNNING
         self._done = self._wake = Latch()  # its waiters look again when it ends (add_timer)
         self.output: list[str] = []
-        self._record_lock = threading.Lock()
+
+    @property
+    def run(self) -> Budget:
+        """The job's run (made now if its work never used it)."""
+        run = self._run
+        return run.run if run.__class__ is Deferred else run  # type: ignore[union-attr,return-value]
+
+    def run_made(self) -> Budget | None:
+        """The job's run if anything has used it, else None (nothing to look at)."""
+        run = self._run
+        return run.made() if run.__class__ is Deferred else run  # type: ignore[union-attr,return-value]
+
+    @property
+    def held_run(self) -> Budget | Deferred:
+        """What the work runs in: its run, or the `Deferred` that makes it on first use."""
+        return self._run
 
     @property
     def id(self) -> str:
@@ -182,7 +198,10 @@ class Job:
         """Write the job's current state to the store (the latest write always holds the
         latest state: the state is read under the same lock as the write). A store locked by
         another process past its busy timeout is tried again a few times, then reported."""
-        with self._record_lock:
+        lock = self.__dict__.get("_record_lock")
+        if lock is None:  # made by the first thread to write a record: setdefault is atomic
+            lock = self.__dict__.setdefault("_record_lock", threading.Lock())
+        with lock:
             for attempt in range(_RECORD_TRIES):
                 try:
                     self._store().record_job(self.id, self.identity, self.label,
