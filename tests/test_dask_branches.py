@@ -230,3 +230,47 @@ def test_a_branch_whose_worker_dies_runs_again_and_its_steps_are_charged_once(
     else:  # the dead attempt's calls were real, and the permits it held count as spent
         assert run.consumed[kind] >= 1_500
     dask_process_client.wait_for_workers(2, timeout=30)
+
+
+_reached = threading.Barrier(3)  # two branches and the test, on an in-process cluster
+_release = threading.Event()
+
+
+def steps_then_wait(_: int) -> int:
+    run = nb.current()
+    assert run is not None
+    for _ in range(30):
+        run.step()
+    _reached.wait(10)
+    _release.wait(10)
+    return 30
+
+
+def test_a_panel_shows_a_cluster_runs_counters_while_its_branches_run(dask_client: Any) -> None:
+    """The panel's snapshot reads the scheduler's counters: what the branches spent on their
+    workers shows while they still run, not only when they end."""
+    from nbbudget.jupyter.panel import Panel, summary
+
+    _reached.reset()
+    _release.clear()
+    limits = nb.Limits(steps=1_000)
+    panel = Panel(limits, widgets=True)
+    with nb.budget(limits, cluster=dask_client, name="sweep") as run:
+        panel.attach(run)
+        done: list[list[int]] = []
+        mapper = threading.Thread(target=lambda: done.append(run.map(steps_then_wait, range(2))),
+                                  name="sweep-map")
+        mapper.start()
+        try:
+            _reached.wait(10)
+            snap = run.snapshot()
+            panel._draw(snap, summary(snap))
+            used = snap.consumed["steps"]
+            label = panel._view.labels["steps"].value
+        finally:
+            _release.set()
+            mapper.join(20)
+    assert done == [[30, 30]]
+    assert 60 <= used <= 1_000 and label == f"{used:g} / 1000"
+    panel.end_cell()
+    assert run.consumed["steps"] == 60
