@@ -94,7 +94,7 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
          key: str | None = None, estimate_ms: int | str | None = None,
          limits: Limits | None = None, manifest: str | os.PathLike[str] | Manifest | None = None,
          clock: Clock | None = None, notices: tuple[float, float] | None = (0.8, 0.95),
-         runs_per_day: int | None = None, **kwargs: Any) -> Response:
+         runs_per_day: int | None = None, cluster: Any = None, **kwargs: Any) -> Response:
     """Run ``fn(*args, **kwargs)`` under a call budget and answer with a `Response`.
 
     A call that declares interruption (``detach=True`` or ``resume=True``) holds its caller at
@@ -109,6 +109,8 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     starts of this work (by identity: ``key``, or the function and its arguments) per calendar
     day, UTC, kept in the store across kernel restarts; a continuation is not a new start, and a
     start over the quota fails with the code ``RunsPerDayExceeded`` and runs nothing (S4-12).
+    ``cluster=`` (a ``distributed.Client`` or a scheduler address) runs the work as a task on
+    that Dask cluster; a detached one survives the kernel (`nbbudget.calls.dask_runner`).
 
     Keyword arguments with the names above are nbbudget's; pass such arguments to *fn* with
     `functools.partial`. The work runs, and its records are kept, on the backend in force
@@ -120,7 +122,13 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     t0_ms = clock.now_ms()  # the call budget counts from the call, store work included
     plan = _plan(fn, args, kwargs, detach, resume, budget, timeout, key, estimate_ms, limits,
                  manifest, notices, runs_per_day)
-    return _run(plan, current_backend(), clock, t0_ms, started, started_wall)
+    if cluster is None:
+        backend = current_backend()
+    else:
+        from .dask_runner import on_cluster_backend
+
+        backend = on_cluster_backend(cluster, plan, plan.timeout_ms)
+    return _run(plan, backend, clock, t0_ms, started, started_wall)
 
 
 def _run(plan: _Plan, backend: Backend, clock: Clock, t0_ms: float, started: float,
@@ -347,7 +355,7 @@ def _start(plan: _Plan, backend: Backend, clock: Clock,
     if left is not None:
         job.add_timer(clock.call_at(clock.now_ms() + left, lambda: _wall_clock(job, plan)))
     context = contextvars.copy_context()
-    if plan.budget_ms is None and left is None:
+    if plan.budget_ms is None and left is None and getattr(backend.runner, "runs_here", True):
         # nothing can end the wait early (no budget, no wall clock): run it here, synchronously
         context.run(_work, fn, args, kwargs, ctx)()
     else:

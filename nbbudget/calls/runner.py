@@ -87,6 +87,10 @@ class LocalRunner:
     result was taken through ``nb.jobs[id]`` waits for that call only while something still
     holds it (the response, a variable): nothing keeps it alive for a call that never comes."""
 
+    #: the work runs in this process: a call that nothing can end early runs it in place, in
+    #: its caller's thread (a runner whose work runs elsewhere says False)
+    runs_here = True
+
     def __init__(self, jobs: Jobs) -> None:
         self.jobs = jobs
         self._attached: dict[str, Job] = {}  # detached work by identity, until delivered

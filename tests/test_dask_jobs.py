@@ -1,0 +1,185 @@
+"""Calls on a cluster: ``nb.call(fn, ..., detach=True, cluster=...)`` runs the work as a task on
+a Dask cluster. When the call's budget runs out, the task's future is published under the
+work's identity before the call answers INCOMPLETE (S0-1, S0-2); the identical call, from this
+kernel or from a new process after the first one died, reattaches and delivers the result
+exactly once, and the next identical call starts anew (S0-11). An error in the work is a
+failure with its code and message, never a silent success.
+
+In-process cluster for most; an external scheduler (worker processes) that outlives two real
+"kernel" processes for the acceptance test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("distributed")
+
+import cloudpickle
+
+import nbbudget as nb
+from nbbudget.calls.dask_runner import PREFIX, DaskRunner
+from nbbudget.calls.jobs import Jobs
+from nbbudget.calls.runner import Backend, use_backend
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # worker processes import no tests
+
+
+def slow(seconds: float, tag: str) -> str:
+    run = nb.current()
+    assert run is not None  # the work runs inside its own run on the worker
+    time.sleep(seconds)
+    return f"done {tag}"
+
+
+def steps(n: int) -> int:
+    run = nb.current()
+    assert run is not None
+    for _ in range(n):
+        run.step()
+    return n
+
+
+def fails(seconds: float) -> None:
+    time.sleep(seconds)
+    raise ValueError("the work broke on the worker")
+
+
+def published(client: Any) -> list[str]:
+    return [name for name in client.list_datasets() if str(name).startswith(PREFIX)]
+
+
+@pytest.fixture
+def in_kernel() -> Any:
+    """Calls on an in-process cluster warn that their detached jobs die with the kernel;
+    these tests are about the rest."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "the job .* was detached to a Dask cluster",
+                                RuntimeWarning)
+        yield
+
+
+def test_a_call_within_its_budget_runs_on_the_cluster_and_answers_its_result(
+        dask_client: Any, home: Any) -> None:
+    response = nb.call(steps, 50, detach=True, budget="10s", limits=nb.Limits(steps=100),
+                       cluster=dask_client)
+    assert response.ok and response.data == 50 and response.exit_code == 0
+    assert published(dask_client) == []
+
+
+def test_the_work_is_bounded_by_its_limits_on_the_worker(dask_client: Any, home: Any) -> None:
+    response = nb.call(steps, 50, detach=True, budget="10s", limits=nb.Limits(steps=10),
+                       cluster=dask_client)
+    assert not response.ok and response.exit_code == 1
+    assert response.error["code"] == "StepBudgetExceeded"
+    assert "limit of 10" in response.error["message"]
+
+
+def test_detach_then_reattach_delivers_once_and_the_next_call_starts_anew(
+        dask_client: Any, home: Any, in_kernel: Any) -> None:
+    first = nb.call(slow, 0.6, "a", detach=True, budget="100ms", cluster=dask_client)
+    assert first.exit_code == 14 and first.data["state"] == "running"
+    job_id = first.data["job"]
+    assert nb.jobs[job_id].state is nb.JobState.RUNNING
+    assert len(published(dask_client)) == 1  # published before the call answered
+
+    second = nb.call(slow, 0.6, "a", detach=True, budget="10s", cluster=dask_client)
+    assert second.ok and second.exit_code == 0 and second.data == "done a"
+    assert second.job is not None and second.job.id == job_id  # the same job, reattached
+    assert published(dask_client) == []  # unpublished at delivery
+
+    started = time.monotonic()
+    third = nb.call(slow, 0.6, "a", detach=True, budget="100ms", cluster=dask_client)
+    assert third.exit_code == 14 and third.data["job"] != job_id  # started anew
+    assert time.monotonic() - started < 0.5
+    assert nb.call(slow, 0.6, "a", detach=True, budget="10s", cluster=dask_client).ok
+
+
+def test_a_job_that_ended_goes_to_one_identical_call(dask_client: Any, home: Any,
+                                                      in_kernel: Any) -> None:
+    first = nb.call(slow, 0.3, "b", detach=True, budget="50ms", cluster=dask_client)
+    assert first.exit_code == 14
+    assert nb.jobs[first.data["job"]].wait_done(5)
+    second = nb.call(slow, 0.3, "b", detach=True, budget="10s", cluster=dask_client)
+    assert second.ok and second.job.id == first.data["job"]
+    third = nb.call(slow, 0.3, "b", detach=True, budget="50ms", cluster=dask_client)
+    assert third.exit_code == 14 and third.data["job"] != first.data["job"]
+    assert nb.jobs[third.data["job"]].wait_done(5)
+    assert nb.call(slow, 0.3, "b", detach=True, budget="10s", cluster=dask_client).ok
+
+
+def test_a_published_job_is_found_on_the_scheduler_by_a_runner_that_never_saw_it(
+        dask_client: Any, home: Any, in_kernel: Any) -> None:
+    first = nb.call(slow, 0.4, "c", detach=True, budget="50ms", key="job-c",
+                    cluster=dask_client)
+    assert first.exit_code == 14
+    # a runner of its own, as a restarted kernel has: nothing of the first job in its memory
+    fresh = DaskRunner(dask_client, Jobs(list))
+    with use_backend(Backend(fresh, nb.store)):
+        found = nb.call(slow, 0.4, "c", detach=True, budget="10s", key="job-c")
+        assert found.ok and found.data == "done c"
+        assert found.job is not nb.jobs[first.data["job"]]
+        assert published(dask_client) == []
+        again = nb.call(slow, 0.4, "c", detach=True, budget="50ms", key="job-c")
+        assert again.exit_code == 14  # delivered once: the next identical call starts anew
+        assert nb.call(slow, 0.4, "c", detach=True, budget="10s", key="job-c").ok
+    assert nb.jobs[first.data["job"]].wait_done(5)
+
+
+def test_an_error_in_the_job_is_reported_as_a_failure_with_its_message(
+        dask_client: Any, home: Any, in_kernel: Any) -> None:
+    first = nb.call(fails, 0.3, detach=True, budget="50ms", cluster=dask_client)
+    assert first.exit_code == 14
+    second = nb.call(fails, 0.3, detach=True, budget="10s", cluster=dask_client)
+    assert not second.ok and second.exit_code == 1
+    assert second.error == {"code": "ValueError", "message": "the work broke on the worker"}
+    assert nb.jobs[first.data["job"]].state is nb.JobState.FAILED
+    assert published(dask_client) == []
+
+
+def test_detaching_to_a_cluster_inside_the_kernel_warns_that_the_job_dies_with_it(
+        dask_client: Any, home: Any) -> None:
+    with pytest.warns(RuntimeWarning, match="dies with the kernel.*external scheduler"):
+        first = nb.call(slow, 0.3, "w", detach=True, budget="50ms", cluster=dask_client)
+    assert first.exit_code == 14
+    assert nb.call(slow, 0.3, "w", detach=True, budget="10s", cluster=dask_client).ok
+
+
+def test_a_call_that_declares_no_interruption_runs_on_the_cluster_until_it_ends(
+        dask_client: Any, home: Any) -> None:
+    response = nb.call(slow, 0.1, "sync", cluster=dask_client)
+    assert response.ok and response.data == "done sync"
+
+
+def test_an_interactive_detached_call_without_a_budget_runs_on_the_cluster(
+        dask_client: Any, home: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NBBUDGET_INTERACTIVE", "1")
+    response = nb.call(steps, 5, detach=True, cluster=dask_client)
+    assert response.ok and response.data == 5
+
+
+def test_resume_and_timeout_on_a_cluster_are_refused_with_what_to_do(
+        dask_client: Any, home: Any) -> None:
+    with pytest.raises(nb.ConfigError, match="resume=True cannot run on a cluster"):
+        nb.call(slow, 0.1, "r", resume=True, budget="1s", cluster=dask_client)
+    with pytest.raises(nb.ConfigError, match=r"run_ms"):
+        nb.call(slow, 0.1, "t", detach=True, budget="1s", timeout="5s", cluster=dask_client)
+
+
+def test_cluster_none_is_the_local_backend(home: Any) -> None:
+    response = nb.call(lambda: os.getpid(), detach=True, budget="5s", cluster=None)
+    assert response.ok and response.data == os.getpid()
+
+
+def test_cluster_takes_a_client_or_an_address(home: Any) -> None:
+    with pytest.raises(nb.ConfigError, match="cluster= takes"):
+        nb.call(slow, 0.1, "x", detach=True, budget="1s", cluster=42)
