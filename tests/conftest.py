@@ -173,15 +173,17 @@ def home(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 @contextmanager
 def dask_cluster(processes: bool, **kwargs: Any) -> Iterator[Any]:
-    """A client of a new `LocalCluster` of 2 workers with 2 threads each, in this process or in
-    worker processes; closed on leaving, and then none of its threads may be left."""
+    """A client of a new `LocalCluster` of 2 workers with 2 threads each (unless *kwargs* say
+    otherwise), in this process or in worker processes; closed on leaving, and then none of its
+    threads may be left."""
     from distributed import Client, LocalCluster
 
     before = set(threading.enumerate())
     _clusters_alive[0] += 1
     try:
-        with LocalCluster(processes=processes, n_workers=2, threads_per_worker=2,
-                          dashboard_address=":0", **kwargs) as cluster, Client(cluster) as client:
+        with LocalCluster(processes=processes, **{"n_workers": 2, "threads_per_worker": 2,
+                                                  "dashboard_address": ":0", **kwargs}
+                          ) as cluster, Client(cluster) as client:
             yield client
     finally:
         _clusters_alive[0] -= 1

@@ -183,3 +183,67 @@ def test_cluster_none_is_the_local_backend(home: Any) -> None:
 def test_cluster_takes_a_client_or_an_address(home: Any) -> None:
     with pytest.raises(nb.ConfigError, match="cluster= takes"):
         nb.call(slow, 0.1, "x", detach=True, budget="1s", cluster=42)
+
+
+# -- an external scheduler that outlives the kernel ---------------------------------------------
+WORK = '''
+import os, time
+
+def work(marker, seconds):
+    with open(marker, "a") as out:
+        out.write(f"started in {os.getpid()}\\n")
+    time.sleep(seconds)
+    return "finished"
+'''
+
+KERNEL = '''
+import json, os, sys, time
+import nbbudget as nb
+import jobwork
+
+address, marker, budget = sys.argv[1:4]
+started = time.monotonic()
+response = nb.call(jobwork.work, marker, 2.0, detach=True, budget=budget, cluster=address)
+print(json.dumps({"exit_code": response.exit_code, "data": response.data,
+                  "error": response.error, "pid": os.getpid(),
+                  "ms": (time.monotonic() - started) * 1000}), flush=True)
+os._exit(0)  # the kernel dies: no client closed, nothing cleaned up
+'''
+
+
+def kernel(tmp_path: Path, address: str, marker: Path, budget: str) -> dict[str, Any]:
+    import json
+
+    env = {**os.environ, "NBBUDGET_HOME": str(tmp_path / "home"), "NBBUDGET_INTERACTIVE": "0",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(nb.__file__).parents[1])])}
+    env.pop("AGENT_CALL_BUDGET_MS", None)
+    done = subprocess.run([sys.executable, "-c", KERNEL, address, str(marker), budget],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "dies with the kernel" not in done.stderr  # an external scheduler: no warning
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_reattach_after_the_first_kernel_exited_delivers_the_result_and_the_work_ran_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from conftest import dask_cluster
+
+    (tmp_path / "jobwork.py").write_text(WORK)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the worker processes import the work too
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    marker = tmp_path / "started.txt"
+    with dask_cluster(processes=True, n_workers=1, threads_per_worker=1) as client:
+        address = client.scheduler.address
+        first = kernel(tmp_path, address, marker, "200ms")
+        assert first["exit_code"] == 14 and first["data"]["state"] == "running"
+        assert published(client) != []  # the job outlived its kernel, published
+        second = kernel(tmp_path, address, marker, "30s")
+        assert second["pid"] != first["pid"]
+        assert second["exit_code"] == 0 and second["data"] == "finished", second
+        assert marker.read_text().count("started") == 1  # the work ran once
+        assert published(client) == []  # delivered: the next identical call starts anew
+        third = kernel(tmp_path, address, marker, "200ms")
+        assert third["exit_code"] == 14
+        assert marker.read_text().count("started") == 2
+        print(f"detach answered in {first['ms']:.0f} ms on a 200 ms budget; a new kernel "
+              f"reattached and delivered in {second['ms']:.0f} ms")
