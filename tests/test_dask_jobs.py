@@ -14,9 +14,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
+import threading
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,45 @@ def test_a_published_job_is_found_on_the_scheduler_by_a_runner_that_never_saw_it
         assert again.exit_code == 14  # delivered once: the next identical call starts anew
         assert nb.call(slow, 0.4, "c", detach=True, budget="10s", key="job-c").ok
     assert nb.jobs[first.data["job"]].wait_done(5)
+
+
+@dataclass
+class SameWork:
+    """The work of a detached job as a runner sees it (what a restarted kernel's call has)."""
+
+    identity: str
+    label: str = "same"
+    limits: nb.Limits = nb.Limits()
+    detach: bool = True
+    resume: bool = False
+
+
+def test_an_ended_published_job_goes_to_exactly_one_of_two_kernels(
+        dask_client: Any, home: Any, in_kernel: Any) -> None:
+    first = nb.call(slow, 0.2, "d", detach=True, budget="20ms", key="job-d",
+                    cluster=dask_client)
+    job = nb.jobs[first.data["job"]]
+    assert job.wait_done(5)
+    time.sleep(0.1)  # the scheduler has the task in memory
+    work = SameWork(job.identity)
+    kernels = [DaskRunner(dask_client, Jobs(list)) for _ in range(2)]
+    barrier, found = threading.Barrier(2), [None, None]
+
+    def reattach(i: int) -> None:
+        barrier.wait()
+        found[i] = kernels[i].reattach(work)
+
+    threads = [threading.Thread(target=reattach, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [(k, j) for k, j in zip(kernels, found, strict=True) if j is not None]
+    assert len(winners) == 1
+    runner, won = winners[0]
+    assert won.wait_done(5) and won.result() == "done d"
+    runner.deliver(work, won)
+    assert published(dask_client) == []
 
 
 def test_an_error_in_the_job_is_reported_as_a_failure_with_its_message(

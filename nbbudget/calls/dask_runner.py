@@ -63,15 +63,25 @@ def run_work(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         return fn(*args, **kwargs)
 
 
-def take_published(name: str, dask_scheduler: Any = None) -> bool:
-    """Runs on the scheduler, in one step of its event loop: unpublish *name*, and say whether
-    it was there (the one caller that gets True takes the ended job)."""
+def take_published(name: str, ended_only: bool = False, client: str | None = None,
+                   dask_scheduler: Any = None) -> str:
+    """Runs on the scheduler, in one step of its event loop: unpublish *name* and say
+    ``"taken"``; with *ended_only*, only if its task has ended (else ``"running"``, and it stays
+    published); ``"absent"`` if it is not published. The one caller that takes an ended job
+    delivers it (S0-11); *client* (that caller's id) keeps its result alive once unpublished."""
     ext = dask_scheduler.extensions.get("publish") if dask_scheduler is not None else None
-    out = ext.datasets.pop(name, None) if ext is not None else None
+    out = ext.datasets.get(name) if ext is not None else None
     if out is None:
-        return False
+        return "absent"
+    tasks = dask_scheduler.tasks
+    if ended_only and any(key in tasks and tasks[key].state not in ("memory", "erred")
+                          for key in out["keys"]):
+        return "running"
+    if client is not None:
+        dask_scheduler.client_desires_keys(out["keys"], client)
+    del ext.datasets[name]
     dask_scheduler.client_releases_keys(out["keys"], f"published-{name}")
-    return True
+    return "taken"
 
 
 def check_on_cluster(work: Work, timeout_ms: int | None) -> None:
@@ -151,17 +161,17 @@ class DaskRunner(LocalRunner):
         name = published_name(work.identity)
         try:
             future = self.client.get_dataset(name, default=None)
+            if future is None:
+                return None
+            taken = self.client.run_on_scheduler(take_published, name, True, self.client.id)
         except Exception:  # noqa: BLE001  (a scheduler that cannot answer: start anew)
             return None
-        if future is None:
-            return None
-        taken = future.done()  # an ended job: take its name off the scheduler, or leave it
-        if taken and not self.client.run_on_scheduler(take_published, name):
+        if taken == "absent":
             return None  # another caller took the ended job: the work is complete
         job = Job(lambda: work.identity, work.label, Budget(work.limits, name=work.label),
                   current_backend().store)
         self._bind(job, future)
-        if not taken:
+        if taken == "running":
             self._published.add(job)
         return job
 
@@ -170,9 +180,10 @@ class DaskRunner(LocalRunner):
         self._futures.pop(job, None)
         if job in self._published:
             self._published.discard(job)
-            try:
-                self.client.unpublish_dataset(published_name(work.identity))
-            except Exception:  # noqa: BLE001  (already gone, or the scheduler went away)
+            try:  # one step on the scheduler (``unpublish_dataset`` first waits ~10 ms for
+                # this client's batched messages, which nothing here needs)
+                self.client.run_on_scheduler(take_published, published_name(work.identity))
+            except Exception:  # noqa: BLE001  (the scheduler went away: nothing to unpublish)
                 pass
 
     def future(self, job: Job) -> Future | None:
