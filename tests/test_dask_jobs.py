@@ -186,6 +186,16 @@ def test_an_error_in_the_job_is_reported_as_a_failure_with_its_message(
     assert published(dask_client) == []
 
 
+def test_a_cancel_of_a_job_on_a_cluster_does_not_reach_its_task_and_says_so(
+        dask_client: Any, home: Any, in_kernel: Any) -> None:
+    first = nb.call(slow, 0.3, "x", detach=True, budget="20ms", cluster=dask_client)
+    job = nb.jobs[first.data["job"]]
+    assert job.cancel() == "requested"
+    again = nb.call(slow, 0.3, "x", detach=True, budget="10s", cluster=dask_client)
+    assert again.ok and again.data == "done x"  # the task ran to its end
+    assert job.cancel_status == "not honoured"
+
+
 def test_detaching_to_a_cluster_inside_the_kernel_warns_that_the_job_dies_with_it(
         dask_client: Any, home: Any) -> None:
     with pytest.warns(RuntimeWarning, match="dies with the kernel.*external scheduler"):
