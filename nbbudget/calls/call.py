@@ -109,8 +109,9 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     starts of this work (by identity: ``key``, or the function and its arguments) per calendar
     day, UTC, kept in the store across kernel restarts; a continuation is not a new start, and a
     start over the quota fails with the code ``RunsPerDayExceeded`` and runs nothing (S4-12).
-    ``cluster=`` (a ``distributed.Client`` or a scheduler address) runs the work as a task on
-    that Dask cluster; a detached one survives the kernel (`nbbudget.calls.dask_runner`).
+    ``cluster=`` (a ``distributed.Client`` or a scheduler address; in IPython,
+    ``NBBudget.cluster`` when not given) runs the work as a task on that Dask cluster; a
+    detached one survives the kernel (`nbbudget.calls.dask_runner`).
 
     Keyword arguments with the names above are nbbudget's; pass such arguments to *fn* with
     `functools.partial`. The work runs, and its records are kept, on the backend in force
@@ -122,6 +123,8 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     t0_ms = clock.now_ms()  # the call budget counts from the call, store work included
     plan = _plan(fn, args, kwargs, detach, resume, budget, timeout, key, estimate_ms, limits,
                  manifest, notices, runs_per_day)
+    if cluster is None and _default_cluster is not None:
+        cluster = _default_cluster()
     if cluster is None:
         backend = current_backend()
     else:
@@ -288,6 +291,16 @@ def set_default_budget(provider: Callable[[], int | None] | None) -> None:
     IPython layer's ``NBBudget.default_budget_ms``."""
     global _default_budget
     _default_budget = provider
+
+
+_default_cluster: Callable[[], Any] | None = None
+
+
+def set_default_cluster(provider: Callable[[], Any] | None) -> None:
+    """Install (or remove) where a call without ``cluster=`` finds its cluster: the IPython
+    layer's ``NBBudget.cluster`` (None from it: the calls run here)."""
+    global _default_cluster
+    _default_cluster = provider
 
 
 def _positive(value: int | str, field: str) -> int:
