@@ -136,6 +136,21 @@ def test_a_published_job_is_found_on_the_scheduler_by_a_runner_that_never_saw_it
     assert nb.jobs[first.data["job"]].wait_done(5)
 
 
+def test_a_job_reattached_from_the_scheduler_may_run_out_of_budget_again(
+        dask_client: Any, home: Any, in_kernel: Any) -> None:
+    first = nb.call(slow, 0.8, "e", detach=True, budget="20ms", key="job-e",
+                    cluster=dask_client)
+    assert first.exit_code == 14
+    with use_backend(Backend(DaskRunner(dask_client, Jobs(list)), nb.store)):
+        second = nb.call(slow, 0.8, "e", detach=True, budget="50ms", key="job-e")
+        assert second.exit_code == 14 and second.data["state"] == "running"
+        assert len(published(dask_client)) == 1  # still published, for the next call
+        third = nb.call(slow, 0.8, "e", detach=True, budget="10s", key="job-e")
+        assert third.ok and third.data == "done e" and third.job is second.job
+    assert published(dask_client) == []
+    assert nb.jobs[first.data["job"]].wait_done(5)
+
+
 @dataclass
 class SameWork:
     """The work of a detached job as a runner sees it (what a restarted kernel's call has)."""

@@ -142,7 +142,7 @@ class DaskRunner(LocalRunner):
         """Publish the job's future under the work's identity (before the call answers), then
         keep and list it as the local runner does."""
         future = self._futures.get(job)
-        if future is not None:
+        if future is not None and job not in self._published:  # (a reattached one already is)
             self.client.publish_dataset(future, name=published_name(work.identity),
                                         override=True)
             self._published.add(job)

@@ -64,6 +64,8 @@ class JobRunner(Protocol):
     outlived its caller's budget under its work's identity and lists it in ``jobs``;
     `reattach` finds it for the identical call, and gives an ended job to exactly one caller;
     `deliver` forgets it once its result went out, so the next identical call starts anew.
+    A runner whose work runs in another process says so with ``runs_here = False``: the call
+    then never runs the work in place, even when nothing can end its wait early.
     """
 
     jobs: Jobs
