@@ -73,11 +73,14 @@ DASK_THREADS = ("IO loop", "Dask-Default-Threads", "AsyncProcess Dask", "QueueFe
 #: distributed's offload executor: one thread for the whole process, from its first use; it is
 #: shut down at the end of the session, before the last check.
 DASK_OFFLOAD = "Dask-Offload"
+#: distributed's thread for the done-callbacks of futures (a detached call's job is settled on
+#: it): one for the whole process, from its first use, shut down at the end of the session
+DASK_CALLBACK = "Dask-Callback-Thread"
 _clusters_alive = [0]
 
 
 def _exempt(t: threading.Thread) -> bool:
-    return t.name.startswith(DASK_OFFLOAD) or (
+    return t.name.startswith((DASK_OFFLOAD, DASK_CALLBACK)) or (
         _clusters_alive[0] > 0 and any(name in t.name for name in DASK_THREADS))
 
 
@@ -170,20 +173,22 @@ def home(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 @contextmanager
 def dask_cluster(processes: bool, **kwargs: Any) -> Iterator[Any]:
-    """A client of a new `LocalCluster` of 2 workers with 2 threads each, in this process or in
-    worker processes; closed on leaving, and then none of its threads may be left."""
+    """A client of a new `LocalCluster` of 2 workers with 2 threads each (unless *kwargs* say
+    otherwise), in this process or in worker processes; closed on leaving, and then none of its
+    threads may be left."""
     from distributed import Client, LocalCluster
 
     before = set(threading.enumerate())
     _clusters_alive[0] += 1
     try:
-        with LocalCluster(processes=processes, n_workers=2, threads_per_worker=2,
-                          dashboard_address=":0", **kwargs) as cluster, Client(cluster) as client:
+        with LocalCluster(processes=processes, **{"n_workers": 2, "threads_per_worker": 2,
+                                                  "dashboard_address": ":0", **kwargs}
+                          ) as cluster, Client(cluster) as client:
             yield client
     finally:
         _clusters_alive[0] -= 1
     started = [t for t in threading.enumerate()
-               if t not in before and not t.name.startswith(DASK_OFFLOAD)]
+               if t not in before and not t.name.startswith((DASK_OFFLOAD, DASK_CALLBACK))]
     leftover = _wait_for_threads(started, THREAD_GRACE_SECONDS)
     if leftover:
         pytest.fail(f"a closed Dask cluster left threads running:\n{_describe(leftover)}",
@@ -225,6 +230,10 @@ def _stop_dask_offload() -> None:
     executor = getattr(utils, "_offload_executor", None)
     if executor is not None:
         executor.shutdown(wait=True)
+    client = sys.modules.get("distributed.client")
+    callbacks = getattr(getattr(client, "Future", None), "_cb_executor", None)
+    if callbacks is not None:
+        callbacks.shutdown(wait=True)
 
 
 @pytest.fixture(params=["sqlite", "memory"])

@@ -34,9 +34,11 @@ def shell():
 def test_load_ext_registers_budget_and_unload_ext_removes_every_hook(shell):
     assert "budget" in shell.magics_manager.magics["line"]
     assert _interactive._detector is not None and _call._default_budget is not None
+    assert _call._default_cluster is not None
     shell.run_line_magic("unload_ext", "nbbudget")
     assert "budget" not in shell.magics_manager.magics["line"]
     assert _interactive._detector is None and _call._default_budget is None
+    assert _call._default_cluster is None
     assert not [f for f in shell.events.callbacks["pre_run_cell"]
                 if type(f).__name__ == "_EndedJobs"]
     assert not [c for c in shell.configurables if type(c).__name__ == "NBBudget"]
@@ -341,6 +343,28 @@ def test_a_configured_cluster_keeps_a_cells_counters_and_runs_its_branches(shell
             run = shell.magics_manager.registry["BudgetMagics"].last_run
             assert isinstance(run.lowlevel.ledger, DaskLedger)
             assert run.consumed["steps"] == 30
+        finally:
+            on_cluster(address).client.close()
+
+
+def test_a_configured_cluster_is_where_nb_call_runs_its_work(shell):
+    pytest.importorskip("distributed")
+    from conftest import dask_cluster
+
+    from nbbudget.core.dask_ledger import on_cluster
+
+    def where() -> str:
+        from distributed import get_worker
+
+        return str(get_worker().address)
+
+    with dask_cluster(processes=False) as client:
+        address = client.scheduler.address
+        assert nb.call(where, detach=True, budget="10s").error is not None  # here: no worker
+        shell.run_line_magic("config", f"NBBudget.cluster = {address!r}")
+        try:
+            response = nb.call(where, detach=True, budget="10s")
+            assert response.ok and response.data in client.scheduler_info()["workers"]
         finally:
             on_cluster(address).client.close()
 

@@ -95,7 +95,7 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
          key: str | None = None, estimate_ms: int | str | None = None,
          limits: Limits | None = None, manifest: str | os.PathLike[str] | Manifest | None = None,
          clock: Clock | None = None, notices: tuple[float, float] | None = (0.8, 0.95),
-         runs_per_day: int | None = None, **kwargs: Any) -> Response:
+         runs_per_day: int | None = None, cluster: Any = None, **kwargs: Any) -> Response:
     """Run ``fn(*args, **kwargs)`` under a call budget and answer with a `Response`.
 
     A call that declares interruption (``detach=True`` or ``resume=True``) holds its caller at
@@ -110,6 +110,9 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     starts of this work (by identity: ``key``, or the function and its arguments) per calendar
     day, UTC, kept in the store across kernel restarts; a continuation is not a new start, and a
     start over the quota fails with the code ``RunsPerDayExceeded`` and runs nothing (S4-12).
+    ``cluster=`` (a ``distributed.Client`` or a scheduler address; in IPython,
+    ``NBBudget.cluster`` when not given) runs the work as a task on that Dask cluster; a
+    detached one survives the kernel (`nbbudget.calls.dask_runner`).
 
     Keyword arguments with the names above are nbbudget's; pass such arguments to *fn* with
     `functools.partial`. The work runs, and its records are kept, on the backend in force
@@ -121,7 +124,15 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     t0_ms = clock.now_ms()  # the call budget counts from the call, store work included
     plan = _plan(fn, args, kwargs, detach, resume, budget, timeout, key, estimate_ms, limits,
                  manifest, notices, runs_per_day)
-    return _run(plan, current_backend(), clock, t0_ms, started, started_wall)
+    if cluster is None and _default_cluster is not None:
+        cluster = _default_cluster()
+    if cluster is None:
+        backend = current_backend()
+    else:
+        from .dask_runner import on_cluster_backend
+
+        backend = on_cluster_backend(cluster, plan, plan.timeout_ms)
+    return _run(plan, backend, clock, t0_ms, started, started_wall)
 
 
 def _run(plan: _Plan, backend: Backend, clock: Clock, t0_ms: float, started: float,
@@ -317,6 +328,16 @@ def set_default_budget(provider: Callable[[], int | None] | None) -> None:
     _default_budget = provider
 
 
+_default_cluster: Callable[[], Any] | None = None
+
+
+def set_default_cluster(provider: Callable[[], Any] | None) -> None:
+    """Install (or remove) where a call without ``cluster=`` finds its cluster: the IPython
+    layer's ``NBBudget.cluster`` (None from it: the calls run here)."""
+    global _default_cluster
+    _default_cluster = provider
+
+
 def _positive(value: int | str, field: str) -> int:
     ms = parse_duration(value, field=field)
     if ms == 0:
@@ -382,7 +403,7 @@ def _start(plan: _Plan, backend: Backend, clock: Clock,
     if left is not None:
         job.add_timer(clock.call_at(clock.now_ms() + left, lambda: _wall_clock(job, plan)))
     context = contextvars.copy_context()
-    if plan.budget_ms is None and left is None:
+    if plan.budget_ms is None and left is None and getattr(backend.runner, "runs_here", True):
         # nothing can end the wait early (no budget, no wall clock): run it here, synchronously
         context.run(_work, fn, args, kwargs, ctx)()
     else:

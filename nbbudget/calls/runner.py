@@ -64,6 +64,8 @@ class JobRunner(Protocol):
     outlived its caller's budget under its work's identity and lists it in ``jobs``;
     `reattach` finds it for the identical call, and gives an ended job to exactly one caller;
     `deliver` forgets it once its result went out, so the next identical call starts anew.
+    A runner whose work runs in another process says so with ``runs_here = False``: the call
+    then never runs the work in place, even when nothing can end its wait early.
     """
 
     jobs: Jobs
@@ -86,6 +88,10 @@ class LocalRunner:
     ended, exactly one identical call takes it, and the next one starts anew. A job whose
     result was taken through ``nb.jobs[id]`` waits for that call only while something still
     holds it (the response, a variable): nothing keeps it alive for a call that never comes."""
+
+    #: the work runs in this process: a call that nothing can end early runs it in place, in
+    #: its caller's thread (a runner whose work runs elsewhere says False)
+    runs_here = True
 
     def __init__(self, jobs: Jobs) -> None:
         self.jobs = jobs

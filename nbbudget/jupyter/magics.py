@@ -78,7 +78,8 @@ class NBBudget(Configurable):
         None, allow_none=True,
         help="The Dask scheduler (an address such as 'tcp://host:8786') whose ledger keeps the "
              "counters of every %%budget cell's run, and whose workers run its branches "
-             "(run.map, run.parallel); pip install 'nbbudget[dask]'. None: this kernel.",
+             "(run.map, run.parallel) and the work of nb.call (a detached job survives the "
+             "kernel); pip install 'nbbudget[dask]'. None: this kernel.",
     ).tag(config=True)
     interactive = Bool(
         None, allow_none=True,
@@ -614,6 +615,7 @@ def load(shell: Any) -> None:
     shell.configurables.append(config)
     _interactive.set_detector(make_detector(shell, config))
     _call.set_default_budget(lambda: config.default_budget_ms)
+    _call.set_default_cluster(lambda: config.cluster or None)
     _store.set_default_home(lambda: config.home or None)
     ended = _EndedJobs()
     ended.told.update(job.id for job in jobs if job.done())
@@ -639,4 +641,5 @@ def unload(shell: Any) -> None:
         shell.configurables.remove(config)
     _interactive.set_detector(None)
     _call.set_default_budget(None)
+    _call.set_default_cluster(None)
     _store.set_default_home(None)

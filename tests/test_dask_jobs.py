@@ -1,0 +1,314 @@
+"""Calls on a cluster: ``nb.call(fn, ..., detach=True, cluster=...)`` runs the work as a task on
+a Dask cluster. When the call's budget runs out, the task's future is published under the
+work's identity before the call answers INCOMPLETE (S0-1, S0-2); the identical call, from this
+kernel or from a new process after the first one died, reattaches and delivers the result
+exactly once, and the next identical call starts anew (S0-11). An error in the work is a
+failure with its code and message, never a silent success.
+
+In-process cluster for most; an external scheduler (worker processes) that outlives two real
+"kernel" processes for the acceptance test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("distributed")
+
+import cloudpickle
+
+import nbbudget as nb
+from nbbudget.calls.dask_runner import PREFIX, DaskRunner
+from nbbudget.calls.jobs import Jobs
+from nbbudget.calls.runner import Backend, use_backend
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # worker processes import no tests
+
+
+def slow(seconds: float, tag: str) -> str:
+    run = nb.current()
+    assert run is not None  # the work runs inside its own run on the worker
+    time.sleep(seconds)
+    return f"done {tag}"
+
+
+def steps(n: int) -> int:
+    run = nb.current()
+    assert run is not None
+    for _ in range(n):
+        run.step()
+    return n
+
+
+def fails(seconds: float) -> None:
+    time.sleep(seconds)
+    raise ValueError("the work broke on the worker")
+
+
+def published(client: Any) -> list[str]:
+    return [name for name in client.list_datasets() if str(name).startswith(PREFIX)]
+
+
+@pytest.fixture
+def in_kernel() -> Any:
+    """Calls on an in-process cluster warn that their detached jobs die with the kernel;
+    these tests are about the rest."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "the job .* was detached to a Dask cluster",
+                                RuntimeWarning)
+        yield
+
+
+def test_a_call_within_its_budget_runs_on_the_cluster_and_answers_its_result(
+        dask_client: Any, home: Any) -> None:
+    response = nb.call(steps, 50, detach=True, budget="10s", limits=nb.Limits(steps=100),
+                       cluster=dask_client)
+    assert response.ok and response.data == 50 and response.exit_code == 0
+    assert published(dask_client) == []
+
+
+def test_the_work_is_bounded_by_its_limits_on_the_worker(dask_client: Any, home: Any) -> None:
+    response = nb.call(steps, 50, detach=True, budget="10s", limits=nb.Limits(steps=10),
+                       cluster=dask_client)
+    assert not response.ok and response.exit_code == 1
+    assert response.error["code"] == "StepBudgetExceeded"
+    assert "limit of 10" in response.error["message"]
+
+
+def test_detach_then_reattach_delivers_once_and_the_next_call_starts_anew(
+        dask_client: Any, home: Any, in_kernel: Any) -> None:
+    first = nb.call(slow, 0.6, "a", detach=True, budget="100ms", cluster=dask_client)
+    assert first.exit_code == 14 and first.data["state"] == "running"
+    job_id = first.data["job"]
+    assert nb.jobs[job_id].state is nb.JobState.RUNNING
+    assert len(published(dask_client)) == 1  # published before the call answered
+
+    second = nb.call(slow, 0.6, "a", detach=True, budget="10s", cluster=dask_client)
+    assert second.ok and second.exit_code == 0 and second.data == "done a"
+    assert second.job is not None and second.job.id == job_id  # the same job, reattached
+    assert published(dask_client) == []  # unpublished at delivery
+
+    started = time.monotonic()
+    third = nb.call(slow, 0.6, "a", detach=True, budget="100ms", cluster=dask_client)
+    assert third.exit_code == 14 and third.data["job"] != job_id  # started anew
+    assert time.monotonic() - started < 0.5
+    assert nb.call(slow, 0.6, "a", detach=True, budget="10s", cluster=dask_client).ok
+
+
+def test_a_job_that_ended_goes_to_one_identical_call(dask_client: Any, home: Any,
+                                                      in_kernel: Any) -> None:
+    first = nb.call(slow, 0.3, "b", detach=True, budget="50ms", cluster=dask_client)
+    assert first.exit_code == 14
+    assert nb.jobs[first.data["job"]].wait_done(5)
+    second = nb.call(slow, 0.3, "b", detach=True, budget="10s", cluster=dask_client)
+    assert second.ok and second.job.id == first.data["job"]
+    third = nb.call(slow, 0.3, "b", detach=True, budget="50ms", cluster=dask_client)
+    assert third.exit_code == 14 and third.data["job"] != first.data["job"]
+    assert nb.jobs[third.data["job"]].wait_done(5)
+    assert nb.call(slow, 0.3, "b", detach=True, budget="10s", cluster=dask_client).ok
+
+
+def test_a_published_job_is_found_on_the_scheduler_by_a_runner_that_never_saw_it(
+        dask_client: Any, home: Any, in_kernel: Any) -> None:
+    first = nb.call(slow, 0.4, "c", detach=True, budget="50ms", key="job-c",
+                    cluster=dask_client)
+    assert first.exit_code == 14
+    # a runner of its own, as a restarted kernel has: nothing of the first job in its memory
+    fresh = DaskRunner(dask_client, Jobs(list))
+    with use_backend(Backend(fresh, nb.store)):
+        found = nb.call(slow, 0.4, "c", detach=True, budget="10s", key="job-c")
+        assert found.ok and found.data == "done c"
+        assert found.job is not nb.jobs[first.data["job"]]
+        assert published(dask_client) == []
+        again = nb.call(slow, 0.4, "c", detach=True, budget="50ms", key="job-c")
+        assert again.exit_code == 14  # delivered once: the next identical call starts anew
+        assert nb.call(slow, 0.4, "c", detach=True, budget="10s", key="job-c").ok
+    assert nb.jobs[first.data["job"]].wait_done(5)
+
+
+def test_a_job_reattached_from_the_scheduler_may_run_out_of_budget_again(
+        dask_client: Any, home: Any, in_kernel: Any) -> None:
+    first = nb.call(slow, 0.8, "e", detach=True, budget="20ms", key="job-e",
+                    cluster=dask_client)
+    assert first.exit_code == 14
+    with use_backend(Backend(DaskRunner(dask_client, Jobs(list)), nb.store)):
+        second = nb.call(slow, 0.8, "e", detach=True, budget="50ms", key="job-e")
+        assert second.exit_code == 14 and second.data["state"] == "running"
+        assert len(published(dask_client)) == 1  # still published, for the next call
+        third = nb.call(slow, 0.8, "e", detach=True, budget="10s", key="job-e")
+        assert third.ok and third.data == "done e" and third.job is second.job
+    assert published(dask_client) == []
+    assert nb.jobs[first.data["job"]].wait_done(5)
+
+
+@dataclass
+class SameWork:
+    """The work of a detached job as a runner sees it (what a restarted kernel's call has)."""
+
+    identity: str
+    label: str = "same"
+    limits: nb.Limits = nb.Limits()
+    detach: bool = True
+    resume: bool = False
+
+
+def test_an_ended_published_job_goes_to_exactly_one_of_two_kernels(
+        dask_client: Any, home: Any, in_kernel: Any) -> None:
+    first = nb.call(slow, 0.2, "d", detach=True, budget="20ms", key="job-d",
+                    cluster=dask_client)
+    job = nb.jobs[first.data["job"]]
+    assert job.wait_done(5)
+    time.sleep(0.1)  # the scheduler has the task in memory
+    work = SameWork(job.identity)
+    kernels = [DaskRunner(dask_client, Jobs(list)) for _ in range(2)]
+    barrier, found = threading.Barrier(2), [None, None]
+
+    def reattach(i: int) -> None:
+        barrier.wait()
+        found[i] = kernels[i].reattach(work)
+
+    threads = [threading.Thread(target=reattach, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [(k, j) for k, j in zip(kernels, found, strict=True) if j is not None]
+    assert len(winners) == 1
+    runner, won = winners[0]
+    assert won.wait_done(5) and won.result() == "done d"
+    runner.deliver(work, won)
+    assert published(dask_client) == []
+
+
+def test_an_error_in_the_job_is_reported_as_a_failure_with_its_message(
+        dask_client: Any, home: Any, in_kernel: Any) -> None:
+    first = nb.call(fails, 0.3, detach=True, budget="50ms", cluster=dask_client)
+    assert first.exit_code == 14
+    second = nb.call(fails, 0.3, detach=True, budget="10s", cluster=dask_client)
+    assert not second.ok and second.exit_code == 1
+    assert second.error == {"code": "ValueError", "message": "the work broke on the worker"}
+    assert nb.jobs[first.data["job"]].state is nb.JobState.FAILED
+    assert published(dask_client) == []
+
+
+def test_a_cancel_of_a_job_on_a_cluster_does_not_reach_its_task_and_says_so(
+        dask_client: Any, home: Any, in_kernel: Any) -> None:
+    first = nb.call(slow, 0.3, "x", detach=True, budget="20ms", cluster=dask_client)
+    job = nb.jobs[first.data["job"]]
+    assert job.cancel() == "requested"
+    again = nb.call(slow, 0.3, "x", detach=True, budget="10s", cluster=dask_client)
+    assert again.ok and again.data == "done x"  # the task ran to its end
+    assert job.cancel_status == "not honoured"
+
+
+def test_detaching_to_a_cluster_inside_the_kernel_warns_that_the_job_dies_with_it(
+        dask_client: Any, home: Any) -> None:
+    with pytest.warns(RuntimeWarning, match="dies with the kernel.*external scheduler"):
+        first = nb.call(slow, 0.3, "w", detach=True, budget="50ms", cluster=dask_client)
+    assert first.exit_code == 14
+    assert nb.call(slow, 0.3, "w", detach=True, budget="10s", cluster=dask_client).ok
+
+
+def test_a_call_that_declares_no_interruption_runs_on_the_cluster_until_it_ends(
+        dask_client: Any, home: Any) -> None:
+    response = nb.call(slow, 0.1, "sync", cluster=dask_client)
+    assert response.ok and response.data == "done sync"
+
+
+def test_an_interactive_detached_call_without_a_budget_runs_on_the_cluster(
+        dask_client: Any, home: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NBBUDGET_INTERACTIVE", "1")
+    response = nb.call(steps, 5, detach=True, cluster=dask_client)
+    assert response.ok and response.data == 5
+
+
+def test_resume_and_timeout_on_a_cluster_are_refused_with_what_to_do(
+        dask_client: Any, home: Any) -> None:
+    with pytest.raises(nb.ConfigError, match="resume=True cannot run on a cluster"):
+        nb.call(slow, 0.1, "r", resume=True, budget="1s", cluster=dask_client)
+    with pytest.raises(nb.ConfigError, match=r"run_ms"):
+        nb.call(slow, 0.1, "t", detach=True, budget="1s", timeout="5s", cluster=dask_client)
+
+
+def test_cluster_none_is_the_local_backend(home: Any) -> None:
+    response = nb.call(lambda: os.getpid(), detach=True, budget="5s", cluster=None)
+    assert response.ok and response.data == os.getpid()
+
+
+def test_cluster_takes_a_client_or_an_address(home: Any) -> None:
+    with pytest.raises(nb.ConfigError, match="cluster= takes"):
+        nb.call(slow, 0.1, "x", detach=True, budget="1s", cluster=42)
+
+
+# -- an external scheduler that outlives the kernel ---------------------------------------------
+WORK = '''
+import os, time
+
+def work(marker, seconds):
+    with open(marker, "a") as out:
+        out.write(f"started in {os.getpid()}\\n")
+    time.sleep(seconds)
+    return "finished"
+'''
+
+KERNEL = '''
+import json, os, sys, time
+import nbbudget as nb
+import jobwork
+
+address, marker, budget = sys.argv[1:4]
+started = time.monotonic()
+response = nb.call(jobwork.work, marker, 2.0, detach=True, budget=budget, cluster=address)
+print(json.dumps({"exit_code": response.exit_code, "data": response.data,
+                  "error": response.error, "pid": os.getpid(),
+                  "ms": (time.monotonic() - started) * 1000}), flush=True)
+os._exit(0)  # the kernel dies: no client closed, nothing cleaned up
+'''
+
+
+def kernel(tmp_path: Path, address: str, marker: Path, budget: str) -> dict[str, Any]:
+    import json
+
+    env = {**os.environ, "NBBUDGET_HOME": str(tmp_path / "home"), "NBBUDGET_INTERACTIVE": "0",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(nb.__file__).parents[1])])}
+    env.pop("AGENT_CALL_BUDGET_MS", None)
+    done = subprocess.run([sys.executable, "-c", KERNEL, address, str(marker), budget],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "dies with the kernel" not in done.stderr  # an external scheduler: no warning
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_reattach_after_the_first_kernel_exited_delivers_the_result_and_the_work_ran_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from conftest import dask_cluster
+
+    (tmp_path / "jobwork.py").write_text(WORK)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the worker processes import the work too
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    marker = tmp_path / "started.txt"
+    with dask_cluster(processes=True, n_workers=1, threads_per_worker=1) as client:
+        address = client.scheduler.address
+        first = kernel(tmp_path, address, marker, "200ms")
+        assert first["exit_code"] == 14 and first["data"]["state"] == "running"
+        assert published(client) != []  # the job outlived its kernel, published
+        second = kernel(tmp_path, address, marker, "30s")
+        assert second["pid"] != first["pid"]
+        assert second["exit_code"] == 0 and second["data"] == "finished", second
+        assert marker.read_text().count("started") == 1  # the work ran once
+        assert published(client) == []  # delivered: the next identical call starts anew
+        third = kernel(tmp_path, address, marker, "200ms")
+        assert third["exit_code"] == 14
+        assert marker.read_text().count("started") == 2
+        print(f"detach answered in {first['ms']:.0f} ms on a 200 ms budget; a new kernel "
+              f"reattached and delivered in {second['ms']:.0f} ms")
