@@ -369,6 +369,29 @@ def test_a_configured_cluster_is_where_nb_call_runs_its_work(shell):
             on_cluster(address).client.close()
 
 
+def test_a_detached_cells_body_stays_in_the_kernel_when_a_cluster_is_configured(shell):
+    """A cell's body runs in the kernel, in its namespace; only the functions and branches it
+    sends go to the cluster (a configured cluster is the default of nb.call, not of cells)."""
+    pytest.importorskip("distributed")
+    from conftest import dask_cluster
+
+    from nbbudget.core.dask_ledger import on_cluster
+
+    with dask_cluster(processes=False) as client:
+        address = client.scheduler.address
+        shell.run_line_magic("config", f"NBBudget.cluster = {address!r}")
+        try:
+            shell.user_ns["here"] = []
+            result = shell.run_cell("%%budget --detach --budget 10s --no-widget\n"
+                                    "import threading\nhere.append(threading.current_thread().name)"
+                                    "\n'done'")
+            assert result.error_in_exec is None and result.result == "done"
+            assert len(shell.user_ns["here"]) == 1  # the kernel's own list, appended to here
+            assert shell.user_ns["here"][0].startswith("nbbudget-worker-")
+        finally:
+            on_cluster(address).client.close()
+
+
 def test_S4_12_a_cell_over_its_runs_per_day_stops_with_one_line_and_runs_nothing(shell):
     cell = "%%budget --runs-per-day 2 --no-widget\nimport builtins\nbuiltins.ran_here += 1"
     import builtins

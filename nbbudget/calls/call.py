@@ -112,7 +112,8 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     start over the quota fails with the code ``RunsPerDayExceeded`` and runs nothing (S4-12).
     ``cluster=`` (a ``distributed.Client`` or a scheduler address; in IPython,
     ``NBBudget.cluster`` when not given) runs the work as a task on that Dask cluster; a
-    detached one survives the kernel (`nbbudget.calls.dask_runner`).
+    detached one survives the kernel (`nbbudget.calls.dask_runner`). ``cluster=False`` keeps
+    it in this process whatever the default.
 
     Keyword arguments with the names above are nbbudget's; pass such arguments to *fn* with
     `functools.partial`. The work runs, and its records are kept, on the backend in force
@@ -126,7 +127,7 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
                  manifest, notices, runs_per_day)
     if cluster is None and _default_cluster is not None:
         cluster = _default_cluster()
-    if cluster is None:
+    if cluster is None or cluster is False:
         backend = current_backend()
     else:
         from .dask_runner import on_cluster_backend

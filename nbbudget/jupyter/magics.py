@@ -333,7 +333,8 @@ class BudgetMagics(Magics):
         try:
             resp = _call.call(work, detach=args.detach, resume=args.resume, budget=args.budget,
                               timeout=args.timeout, key=key, limits=limits, manifest=ceilings,
-                              notices=self.settings.notices(), runs_per_day=args.runs_per_day)
+                              notices=self.settings.notices(), runs_per_day=args.runs_per_day,
+                              cluster=False)  # a cell's body runs here; what it sends goes
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         if panel is not None:
