@@ -225,8 +225,13 @@ def _settle(job_ref: weakref.ref[Job], future: Future) -> None:
 
 def _scheduler_here(client: Client) -> bool:
     """Whether *client*'s scheduler runs in this process (an in-kernel ``LocalCluster``)."""
-    from distributed import Scheduler
+    from distributed import LocalCluster, Scheduler
 
+    if isinstance(getattr(client, "cluster", None), LocalCluster):
+        return True  # made from a cluster object of this process: its scheduler runs here
     address = getattr(getattr(client, "scheduler", None), "address", None)
-    return any(s.address == address for s in list(Scheduler._instances)
+    # a client of an address: is a scheduler of this process listening there? (distributed
+    # keeps no public list of them; without its private one, nothing is said)
+    schedulers = getattr(Scheduler, "_instances", ())
+    return any(s.address == address for s in list(schedulers)
                if s.status.name not in ("closed", "closing"))
