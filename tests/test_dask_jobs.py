@@ -201,7 +201,7 @@ def test_an_error_in_the_job_is_reported_as_a_failure_with_its_message(
     assert published(dask_client) == []
 
 
-def test_a_cancel_of_a_job_on_a_cluster_does_not_reach_its_task_and_says_so(
+def test_a_cancelled_job_whose_task_never_checks_runs_to_its_end_and_says_so(
         dask_client: Any, home: Any, in_kernel: Any) -> None:
     first = nb.call(slow, 0.3, "x", detach=True, budget="20ms", cluster=dask_client)
     job = nb.jobs[first.data["job"]]
@@ -209,6 +209,43 @@ def test_a_cancel_of_a_job_on_a_cluster_does_not_reach_its_task_and_says_so(
     again = nb.call(slow, 0.3, "x", detach=True, budget="10s", cluster=dask_client)
     assert again.ok and again.data == "done x"  # the task ran to its end
     assert job.cancel_status == "not honoured"
+
+
+def steps_slowly(n: int) -> int:
+    run = nb.current()
+    assert run is not None
+    for _ in range(n):
+        run.step()
+        time.sleep(0.01)
+    return n
+
+
+def cancel_reaches_the_task(client: Any) -> None:
+    first = nb.call(steps_slowly, 500, detach=True, budget="100ms", cluster=client,
+                    limits=nb.Limits(steps=1_000))
+    assert first.exit_code == 14
+    job = nb.jobs[first.data["job"]]
+    time.sleep(0.2)
+    taken = job.run.snapshot().consumed.get("steps", 0)
+    assert taken > 0  # the task's steps (and its lease) show here, read from the scheduler
+    assert job.cancel("enough", wait=10) == "stopped"
+    assert job.state is nb.JobState.CANCELLED and job.cancel_honoured is True
+    assert job.run.outcome is not None and job.run.outcome.status == "stopped"
+    # it stopped at a step long before its end (while it ran, the figure counted its lease)
+    assert 0 < job.run.snapshot().consumed["steps"] < 500
+    again = nb.call(steps_slowly, 500, detach=True, budget="10s", cluster=client,
+                    limits=nb.Limits(steps=1_000))
+    assert not again.ok and again.exit_code == 130 and again.error["code"] == "stopped"
+
+
+def test_a_cancel_of_a_job_on_a_cluster_stops_its_task_at_its_next_step(
+        dask_client: Any, home: Any, in_kernel: Any) -> None:
+    cancel_reaches_the_task(dask_client)
+
+
+def test_a_cancel_of_a_job_on_worker_processes_stops_its_task_at_its_next_step(
+        dask_process_client: Any, home: Any, in_kernel: Any) -> None:
+    cancel_reaches_the_task(dask_process_client)
 
 
 def test_detaching_to_a_cluster_inside_the_kernel_warns_that_the_job_dies_with_it(

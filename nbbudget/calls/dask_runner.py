@@ -1,10 +1,11 @@
 """A call's work as a task on a Dask cluster: ``nb.call(fn, ..., detach=True, cluster=client)``.
 
 `DaskRunner` is a `JobRunner` (`nbbudget.calls.runner`). It submits the work to the cluster as
-a task (`run_work`: ``fn(*args, **kwargs)`` inside an ``nb.Budget`` of the work's limits, so that
-``nb.current()`` is its run on the worker), under a key of its own per attempt. When the task's
-future ends, a done-callback settles the kernel-side `Job` and tells its waiters, so the call
-path waits on it as on a local one.
+a task, under a key of its own per attempt. The job's run is a run on the cluster's ledger,
+begun in the kernel and joined by the task (`run_work`), so ``nb.current()`` is that run on the
+worker, its counters show live in the kernel, and cancelling the job is pushed to the worker.
+When the task's future ends, a done-callback ends the kernel's side of the run, settles the
+`Job` and tells its waiters, so the call path waits on it as on a local one.
 
 When the call's budget runs out, `detach` publishes the future on the scheduler under a name
 made from the work's identity (``nbbudget-job-<identity>``) before the call answers INCOMPLETE:
@@ -28,14 +29,15 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..agents.budget import Budget
+from ..agents.budget import Budget, join
 from ..core.errors import Cancelled, ConfigError
-from ..core.limits import Limits
 from .jobs import Job, JobState, Jobs
 from .runner import Backend, LocalRunner, Work, current_backend, jobs
 
 if TYPE_CHECKING:
     from distributed import Client, Future
+
+    from ..core.dask_ledger import Branch
 
     from . import workers
 
@@ -55,12 +57,17 @@ def published_name(identity: str) -> str:
 
 
 def run_work(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-             limits: Limits, label: str, notices: tuple[float, float] | None) -> Any:
-    """Runs on a worker: ``fn(*args, **kwargs)`` inside a run of *limits* named *label*, so
-    ``nb.current()`` is that run there. Its value is the task's; its error is raised there,
-    and the future keeps it."""
-    with Budget(limits, name=label, notices=notices):
-        return fn(*args, **kwargs)
+             branch: Branch) -> Any:
+    """Runs on a worker: ``fn(*args, **kwargs)`` inside the call's run joined there
+    (`nbbudget.agents.budget.join`): its limits and counters on the scheduler, the time it had
+    left, and its stop, pushed to the worker when the kernel cancels the job. Its value is the
+    task's; its error is raised there, and the future keeps it."""
+    try:
+        with join(branch):
+            return fn(*args, **kwargs)
+    except Cancelled as exc:  # its reason and its context hold the worker's stop (and locks)
+        said = str(exc)
+    raise Cancelled(said)  # raised here, with no context, so that it pickles back as itself
 
 
 def take_published(name: str, ended_only: bool = False, client: str | None = None,
@@ -131,10 +138,17 @@ class DaskRunner(LocalRunner):
         self._published: weakref.WeakSet[Job] = weakref.WeakSet()  # its name is on the scheduler
 
     def start(self, work: Work, job: Job, task: workers.Task, *, detachable: bool) -> None:
-        """Submit *work* to the cluster (the local closure *task* is not used)."""
+        """Submit *work* to the cluster (the local closure *task* is not used). Its run is a
+        run on the cluster's ledger, begun here and joined by the task: the job's run, so that
+        its counters show live here and cancelling the job stops the task at its next check."""
         fn, args, kwargs, _ = work.work
-        notices = getattr(work, "notices", None)
-        future = self.client.submit(run_work, fn, args, kwargs, work.limits, work.label, notices,
+        run = Budget(work.limits, name=work.label, notices=getattr(work, "notices", None),
+                     cluster=self.client)
+        core = run.lowlevel
+        core.scope.start()
+        job.use_run(run)
+        branch = core.ledger.branch(core.account, run.name, core.scope.remaining_ms())
+        future = self.client.submit(run_work, fn, args, kwargs, branch,
                                     key=f"nbbudget-call-{uuid.uuid4().hex}", pure=False)
         self._bind(job, future)
 
@@ -210,8 +224,9 @@ def _settle(job_ref: weakref.ref[Job], future: Future) -> None:
             job.settle(JobState.FAILED, error=exc)
     elif status == "error":
         error = future.exception()
-        if isinstance(error, Cancelled):
-            job.settle(JobState.CANCELLED, error=error)
+        if isinstance(error, Cancelled):  # the task stopped at a check: a cancel was honoured
+            job.settle(JobState.CANCELLED, error=error,
+                       honoured=True if job.cancel_requested is not None else None)
         else:
             job.settle(JobState.FAILED, error=error)
     elif status == "cancelled":
@@ -220,7 +235,21 @@ def _settle(job_ref: weakref.ref[Job], future: Future) -> None:
     else:
         job.settle(JobState.FAILED, error=RuntimeError(
             f"{job.label}: its task on the cluster ended as {status!r}"))
+    _end_run(job)
     job.notify_done()
+
+
+def _end_run(job: Job) -> None:
+    """End the kernel's side of the job's run as its task ended (its outcome kept)."""
+    run = job.run_made()
+    if run is None or run.outcome is not None:
+        return
+    error = job.exception()
+    try:
+        run.__exit__(type(error) if error is not None else None, error,
+                     error.__traceback__ if error is not None else None)
+    except BaseException:  # noqa: BLE001,S110  (the task's error: the job keeps it)
+        pass
 
 
 def _scheduler_here(client: Client) -> bool:

@@ -100,6 +100,12 @@ class Job:
         run = self._run
         return run.run if run.__class__ is Deferred else run  # type: ignore[union-attr,return-value]
 
+    def use_run(self, run: Budget) -> None:
+        """For a runner whose work runs elsewhere: *run* (a run on a cluster's ledger, begun)
+        is the run the work charges there, in place of the one the call made for it. Given
+        when the work starts, before anything has used the job's run."""
+        self._run = run
+
     def run_made(self) -> Budget | None:
         """The job's run if anything has used it, else None (nothing to look at)."""
         run = self._run
