@@ -125,15 +125,19 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     t0_ms = clock.now_ms()  # the call budget counts from the call, store work included
     plan = _plan(fn, args, kwargs, detach, resume, budget, timeout, key, estimate_ms, limits,
                  manifest, notices, runs_per_day)
+    return _run(plan, _backend(cluster, plan), clock, t0_ms, started, started_wall)
+
+
+def _backend(cluster: Any, plan: _Plan) -> Backend:
+    """Where the call runs: the backend in force, or the cluster *cluster* names (given, or
+    the default one; ``False``: here, whatever the default)."""
     if cluster is None and _default_cluster is not None:
         cluster = _default_cluster()
     if cluster is None or cluster is False:
-        backend = current_backend()
-    else:
-        from .dask_runner import on_cluster_backend
+        return current_backend()
+    from .dask_runner import on_cluster_backend
 
-        backend = on_cluster_backend(cluster, plan, plan.timeout_ms)
-    return _run(plan, backend, clock, t0_ms, started, started_wall)
+    return on_cluster_backend(cluster, plan, plan.timeout_ms)
 
 
 def _run(plan: _Plan, backend: Backend, clock: Clock, t0_ms: float, started: float,
