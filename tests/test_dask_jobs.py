@@ -225,8 +225,10 @@ def cancel_reaches_the_task(client: Any) -> None:
                     limits=nb.Limits(steps=1_000))
     assert first.exit_code == 14
     job = nb.jobs[first.data["job"]]
-    time.sleep(0.2)
-    taken = job.run.snapshot().consumed.get("steps", 0)
+    deadline, taken = time.monotonic() + 20, 0.0
+    while not taken and time.monotonic() < deadline:  # until the task has started stepping
+        time.sleep(0.05)
+        taken = job.run.snapshot().consumed.get("steps", 0)
     assert taken > 0  # the task's steps (and its lease) show here, read from the scheduler
     assert job.cancel("enough", wait=10) == "stopped"
     assert job.state is nb.JobState.CANCELLED and job.cancel_honoured is True
