@@ -11,6 +11,7 @@ In-process cluster for most; an external scheduler (worker processes) that outli
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -103,6 +104,23 @@ def test_detach_then_reattach_delivers_once_and_the_next_call_starts_anew(
     assert third.exit_code == 14 and third.data["job"] != job_id  # started anew
     assert time.monotonic() - started < 0.5
     assert nb.call(slow, 0.6, "a", detach=True, budget="10s", cluster=dask_client).ok
+
+
+def test_a_result_taken_through_nb_jobs_is_unpublished_and_the_next_call_starts_anew(
+        dask_client: Any, home: Any, in_kernel: Any) -> None:
+    """S0-11 on a cluster: once a job's result went out through ``nb.jobs[id].result()``, no
+    kernel finds it on the scheduler again; the identical call, the job forgotten here too,
+    starts the work anew."""
+    first = nb.call(slow, 0.3, "r", detach=True, budget="50ms", cluster=dask_client)
+    assert first.exit_code == 14 and len(published(dask_client)) == 1
+    job_id = first.data["job"]
+    assert nb.jobs[job_id].result(timeout=10) == "done r"
+    assert published(dask_client) == []
+    del first  # nothing holds the job any more: the identical call does not reattach
+    gc.collect()
+    again = nb.call(slow, 0.3, "r", detach=True, budget="50ms", cluster=dask_client)
+    assert again.exit_code == 14 and again.data["job"] != job_id  # started anew
+    assert nb.call(slow, 0.3, "r", detach=True, budget="10s", cluster=dask_client).ok
 
 
 def test_a_job_that_ended_goes_to_one_identical_call(dask_client: Any, home: Any,

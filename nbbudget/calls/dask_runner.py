@@ -192,11 +192,20 @@ class DaskRunner(LocalRunner):
     def deliver(self, work: Work, job: Job) -> None:
         super().deliver(work, job)
         self._futures.pop(job, None)
+        self._unpublish(work.identity, job)
+
+    def taken_out(self, identity: str, job: Job) -> None:
+        """The result went out through ``nb.jobs[id]``: its name comes off the scheduler too,
+        so no kernel takes it again (S0-11)."""
+        self._unpublish(identity, job)
+        super().taken_out(identity, job)
+
+    def _unpublish(self, identity: str, job: Job) -> None:
         if job in self._published:
             self._published.discard(job)
             try:  # one step on the scheduler (``unpublish_dataset`` first waits ~10 ms for
                 # this client's batched messages, which nothing here needs)
-                self.client.run_on_scheduler(take_published, published_name(work.identity))
+                self.client.run_on_scheduler(take_published, published_name(identity))
             except Exception:  # noqa: BLE001  (the scheduler went away: nothing to unpublish)
                 pass
 

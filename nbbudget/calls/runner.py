@@ -116,7 +116,7 @@ class LocalRunner:
         identity = work.identity
         with self._lock:
             self._attached[identity] = job
-        job.on_collect(lambda: self._taken_out(identity, job))
+        job.on_collect(lambda: self.taken_out(identity, job))
 
     def reattach(self, work: Work) -> Job | None:
         if not self._attached and not self._taken:  # no need to work out the identity
@@ -142,9 +142,10 @@ class LocalRunner:
         with self._lock:
             return len(self._attached) + len(self._taken)
 
-    def _taken_out(self, identity: str, job: Job) -> None:
+    def taken_out(self, identity: str, job: Job) -> None:
         """*job*'s result was taken through ``nb.jobs[id]``: from now on it is kept for the
-        identical call only while something else holds it."""
+        identical call only while something else holds it. (A runner that also keeps the job
+        elsewhere forgets it there too, then calls this.)"""
         with self._lock:
             if self._attached.get(identity) is job:
                 self._attached.pop(identity, None)
