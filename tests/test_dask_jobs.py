@@ -176,6 +176,8 @@ class SameWork:
     identity: str
     label: str = "same"
     limits: nb.Limits = nb.Limits()
+    notices: tuple[float, float] | None = (0.8, 0.95)
+    timeout_ms: int | None = None
     detach: bool = True
     resume: bool = False
 

@@ -216,13 +216,14 @@ class _Parts:
         if self._lazy is None:  # built meanwhile: its builder may not have seen it
             self._scope.start_at(self._began)
 
-    def _leave_unbuilt(self) -> None:
-        """Complete a run whose parts were never needed (nothing charged, stopped or granted):
-        its end and outcome are kept, and traced if its parts are ever built."""
+    def _leave_unbuilt(self, ended: float | None = None) -> None:
+        """Complete a run whose parts were never needed (nothing charged, stopped or granted),
+        now or at *ended*: its end and outcome are kept, and traced if its parts are ever
+        built."""
         if self._outcome is not None:
             return
         self._end_once = [None]
-        self._ended = self._now()
+        self._ended = self._now() if ended is None else ended
         self._outcome = _COMPLETED  # written last: what a builder reads
         if self._lazy is None:  # built meanwhile: its builder may not have seen the end
             self._end_built()
@@ -659,22 +660,17 @@ class Deferred:
             if made is not None:
                 return made
             run = Budget.__new__(Budget)
-            recipe = _Recipe(self._name, self._limits, self._clock, False, False, _NO_LIMITS,
+            recipe = _recipe(self._name, self._limits, self._clock, "counts", False, None,
                              self._notices, LocalLedger)
             run._open(recipe.name, run, None, False, recipe.clock.now_ms)
             run._take(recipe)
-            began, ended = self._began, self._ended
-            if began is not None:  # begun before it was made: it began then
-                if run._lazy is None:
-                    run._scope.start_at(began)
-                else:
-                    run._began = began
+            # made late only when nothing about it is timed: its parts wait, as an entered
+            # run's do, and it began (and ended) when its work did
+            run._began = self._began
             self._made = run  # before reading the end: `end` looks again after writing it
             ended = self._ended
-            if ended is not None and run._outcome is None:
-                run._end_once = [None]
-                run._ended = ended
-                run._outcome = _COMPLETED
+            if ended is not None:
+                run._leave_unbuilt(ended)
         return run
 
 

@@ -137,7 +137,7 @@ def _backend(cluster: Any, plan: _Plan) -> Backend:
         return current_backend()
     from .dask_runner import on_cluster_backend
 
-    return on_cluster_backend(cluster, plan, plan.timeout_ms)
+    return on_cluster_backend(cluster, plan)
 
 
 def _run(plan: _Plan, backend: Backend, clock: Clock, t0_ms: float, started: float,
@@ -182,9 +182,8 @@ def _direct(plan: _Plan, backend: Backend, clock: Clock, t0_ms: float, started: 
         raise
     if not job.done():
         return _unfinished(job, plan, started, runner, None)
-    if job.exception() is None:
-        return Response(True, job.result(), None, [],
-                        meta(EXIT_OK, started, plan.budget_ms, None), plan.envelope_bytes, job)
+    if job.exception() is None:  # nothing to deliver: the job was never detached
+        return _respond(plan, started, ok=True, exit_code=EXIT_OK, data=job.result(), job=job)
     return _answer(job, plan, started, runner, None)
 
 
@@ -216,6 +215,7 @@ class _Plan:
         return self.identity_of()
 
     def identity_of(self) -> str:
+        """The identity, as a method: what a job is given to work it out when it needs it."""
         if self._identity is None:
             self._identity = _identity(*self.work)
         return self._identity
@@ -408,7 +408,7 @@ def _start(plan: _Plan, backend: Backend, clock: Clock,
     if left is not None:
         job.add_timer(clock.call_at(clock.now_ms() + left, lambda: _wall_clock(job, plan)))
     context = contextvars.copy_context()
-    if plan.budget_ms is None and left is None and getattr(backend.runner, "runs_here", True):
+    if plan.budget_ms is None and left is None and backend.runner.runs_here:
         # nothing can end the wait early (no budget, no wall clock): run it here, synchronously
         context.run(_work, fn, args, kwargs, ctx)()
     else:

@@ -91,23 +91,23 @@ def take_published(name: str, ended_only: bool = False, client: str | None = Non
     return "taken"
 
 
-def check_on_cluster(work: Work, timeout_ms: int | None) -> None:
+def check_on_cluster(work: Work) -> None:
     """What a call on a cluster refuses, with what to do instead."""
     if work.resume:
         raise ConfigError("resume=True cannot run on a cluster yet (its checkpoints are kept "
                           "in the kernel's store): use detach=True with cluster=, or "
                           "resume=True without cluster=")
-    if timeout_ms is not None:
+    if work.timeout_ms is not None:
         raise ConfigError("timeout= is not kept on a cluster (the kernel's wall clock cannot "
                           "stop a task on a worker): bound the work's own run instead, "
                           "limits=nb.Limits(run_ms=...), or drop cluster=")
 
 
-def on_cluster_backend(cluster: object, work: Work, timeout_ms: int | None) -> Backend:
+def on_cluster_backend(cluster: object, work: Work) -> Backend:
     """The backend of a call given ``cluster=`` (a ``distributed.Client`` or a scheduler
     address, resolved as ``nb.budget(cluster=...)`` resolves it): its work runs on that
     cluster, its records stay in the store in force."""
-    check_on_cluster(work, timeout_ms)
+    check_on_cluster(work)
     from ..core.dask_ledger import on_cluster
 
     return Backend(runner_of(on_cluster(cluster).client), current_backend().store)
@@ -142,8 +142,7 @@ class DaskRunner(LocalRunner):
         run on the cluster's ledger, begun here and joined by the task: the job's run, so that
         its counters show live here and cancelling the job stops the task at its next check."""
         fn, args, kwargs, _ = work.work
-        run = Budget(work.limits, name=work.label, notices=getattr(work, "notices", None),
-                     cluster=self.client)
+        run = Budget(work.limits, name=work.label, notices=work.notices, cluster=self.client)
         core = run.lowlevel
         core.scope.start()
         job.use_run(run)
@@ -182,7 +181,8 @@ class DaskRunner(LocalRunner):
             return None
         if taken == "absent":
             return None  # another caller took the ended job: the work is complete
-        job = Job(lambda: work.identity, work.label, Budget(work.limits, name=work.label),
+        job = Job(lambda: work.identity, work.label,
+                  Budget(work.limits, name=work.label, notices=work.notices),
                   current_backend().store)
         self._bind(job, future)
         if taken == "running":
@@ -208,10 +208,6 @@ class DaskRunner(LocalRunner):
                 self.client.run_on_scheduler(take_published, published_name(identity))
             except Exception:  # noqa: BLE001  (the scheduler went away: nothing to unpublish)
                 pass
-
-    def future(self, job: Job) -> Future | None:
-        """The future *job* is bound to, while its result has not gone out."""
-        return self._futures.get(job)
 
     def _bind(self, job: Job, future: Future) -> None:
         """Settle *job* when *future* ends."""

@@ -98,7 +98,9 @@ class Job:
     def run(self) -> Budget:
         """The job's run (made now if its work never used it)."""
         run = self._run
-        return run.run if run.__class__ is Deferred else run  # type: ignore[union-attr,return-value]
+        if run.__class__ is Deferred:
+            return run.run  # type: ignore[union-attr]
+        return run  # type: ignore[return-value]
 
     def use_run(self, run: Budget) -> None:
         """For a runner whose work runs elsewhere: *run* (a run on a cluster's ledger, begun)
@@ -109,7 +111,9 @@ class Job:
     def run_made(self) -> Budget | None:
         """The job's run if anything has used it, else None (nothing to look at)."""
         run = self._run
-        return run.made() if run.__class__ is Deferred else run  # type: ignore[union-attr,return-value]
+        if run.__class__ is Deferred:
+            return run.made()  # type: ignore[union-attr]
+        return run  # type: ignore[return-value]
 
     @property
     def held_run(self) -> Budget | Deferred:

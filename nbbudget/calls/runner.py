@@ -50,6 +50,8 @@ class Work(Protocol):
     work: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str | None]
     label: str  #: the work's name, as ``nb.jobs`` shows it
     limits: Limits  #: the run's limits
+    notices: tuple[float, float] | None  #: the run's approach-notice thresholds
+    timeout_ms: int | None  #: the wall-clock limit of the whole work, across continuations
     detach: bool  #: the work goes on as a job when its caller's budget runs out
     resume: bool  #: the work pauses at its next checkpoint when its caller's budget runs out
 
@@ -58,17 +60,19 @@ class JobRunner(Protocol):
     """What the call path needs of the place a call's work runs (S0-1, S0-2, S0-11).
 
     `start` runs *work* as *task* (a closure that runs it here, settles *job* where it runs and
-    returns what announces its end, `Job.notify_done`); *detachable*: the work may be detached, so the runner keeps
-    room to write its record then. `wait` holds the caller until *job* ends or is nudged, or
-    *clock* reaches *until_ms*, and says whether it was woken. `detach` keeps a job that
-    outlived its caller's budget under its work's identity and lists it in ``jobs``;
-    `reattach` finds it for the identical call, and gives an ended job to exactly one caller;
-    `deliver` forgets it once its result went out, so the next identical call starts anew.
+    returns what announces its end, `Job.notify_done`); *detachable*: the work may be detached,
+    so the runner keeps room to write its record then. `wait` holds the caller until *job*
+    ends or is nudged, or *clock* reaches *until_ms*, and says whether it was woken. `detach`
+    keeps a job that outlived its caller's budget under its work's identity and lists it in
+    ``jobs``; `reattach` finds it for the identical call, and gives an ended job to exactly one
+    caller; `deliver` forgets it once its result went out, so the next identical call starts
+    anew.
     A runner whose work runs in another process says so with ``runs_here = False``: the call
     then never runs the work in place, even when nothing can end its wait early.
     """
 
     jobs: Jobs
+    runs_here: bool
 
     def start(self, work: Work, job: Job, task: workers.Task, *, detachable: bool) -> None: ...
 

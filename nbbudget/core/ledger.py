@@ -5,10 +5,10 @@ S3-5, S4-3, S4-4, S4-8).
 made by a `LedgerFactory`, chosen with ``nb.Budget(..., ledger=...)`` (`LocalLedger` by default,
 and itself a factory); a ledger kept elsewhere comes from a factory bound to the place it lives
 (its class with a cluster's client, say). A ledger holds one `Account` per run or grant: the
-run's account has the run-wide counters, a grant's has its own allowances beside them (S2-2). Check-and-reserve covers an account and its run's together, all
-or nothing (S4-3); a refusal leaves every counter as it was and is recorded (S4-8). Spending that
-already happened is counted even past a limit, and the first limit it passed is reported
-(S4-10, S3-3).
+run's account has the run-wide counters, a grant's has its own allowances beside them (S2-2).
+Check-and-reserve covers an account and its run's together, all or nothing (S4-3); a refusal
+leaves every counter as it was and is recorded (S4-8). Spending that already happened is
+counted even past a limit, and the first limit it passed is reported (S4-10, S3-3).
 
 Leases: the local ledger reserves permits of each whole-number kind ahead, in blocks, into a
 pool per kind, and ``step()`` or ``charge(kind)`` takes one with ``list.pop()``, which is atomic:

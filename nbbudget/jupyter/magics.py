@@ -334,7 +334,8 @@ class BudgetMagics(Magics):
             resp = _call.call(work, detach=args.detach, resume=args.resume, budget=args.budget,
                               timeout=args.timeout, key=key, limits=limits, manifest=ceilings,
                               notices=self.settings.notices(), runs_per_day=args.runs_per_day,
-                              cluster=False)  # a cell's body runs here; what it sends goes
+                              cluster=False)  # the body runs in the kernel; what it sends
+                                              # (branches, calls) may go to the cluster
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         if panel is not None:
