@@ -100,8 +100,10 @@ _current: contextvars.ContextVar[Budget | Deferred | None] = contextvars.Context
 def current() -> Budget | None:
     """The innermost active budget of this thread or context, or `None`."""
     run = _current.get()
-    if run.__class__ is Deferred:  # a host's run made on first use: this is its first use
-        return run.run  # type: ignore[union-attr]
+    if run is None or run.__class__ is Budget:
+        return run
+    if isinstance(run, Deferred):  # a host's run made on first use: this is its first use
+        return run.run
     return run
 
 

@@ -12,12 +12,13 @@ import functools
 import hashlib
 import os
 import pickle
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ..agents.budget import Budget, Deferred
-from ..core.clock import Clock, default_clock
+from ..core.clock import Clock, Latch, default_clock
 from ..core.duration import parse_duration
 from ..core.endings import ENDINGS, envelope_code
 from ..core.errors import (
@@ -38,7 +39,7 @@ from .response import (
     Response,
     meta,
 )
-from .runner import Backend, JobRunner, current_backend
+from .runner import LOCAL, Backend, JobRunner, Work, current_backend
 from .store import Checkpoint, CheckpointRefused, Store, StoreDamaged
 
 __all__ = ["CALL_SPELLING", "DEFAULT_BUDGET_MS", "ENV_BUDGET", "FLAG_SPELLING", "Spelling", "call",
@@ -47,7 +48,7 @@ __all__ = ["CALL_SPELLING", "DEFAULT_BUDGET_MS", "ENV_BUDGET", "FLAG_SPELLING", 
 DEFAULT_BUDGET_MS = 30_000
 ENV_BUDGET = "AGENT_CALL_BUDGET_MS"
 
-_current_call: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
+_current_call: contextvars.ContextVar[_Call | _Direct | None] = contextvars.ContextVar(
     "nbbudget_call", default=None)
 
 
@@ -89,6 +90,139 @@ class _Call:
     def label(self) -> str:
         return self.plan.label
 
+    @property
+    def work(self) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str | None]:
+        return self.plan.work
+
+    @property
+    def held_run(self) -> Budget | Deferred:
+        """What the work runs in (`Job.held_run`)."""
+        return self.job.held_run
+
+    def returned(self, value: Any) -> Callable[[], None]:
+        """The work returned *value*: settle its job; what tells its waiters."""
+        job = self.job
+        job.settle(JobState.DONE, value=value)
+        job.cancel_timers()  # the work has ended: its wall clock no longer matters
+        return job.notify_done
+
+
+class _Identified:
+    """The identity of a call's work, worked out only when needed: to reattach, to detach, or
+    to resume (S0-11). For a class with the slots ``work`` and ``_identity``."""
+
+    __slots__ = ()
+    work: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str | None]
+    _identity: str | None
+
+    @property
+    def identity(self) -> str:
+        return self.identity_of()
+
+    def identity_of(self) -> str:
+        """The identity, as a method: what a job is given to work it out when it needs it."""
+        if self._identity is None:
+            self._identity = _identity(*self.work)
+        return self._identity
+
+
+#: a result not handed over yet
+_PENDING: Any = object()
+#: makes a direct call's job once, whichever thread asks first, and settles it once
+_MAKING = threading.Lock()
+
+
+class _Direct(Deferred, _Identified):
+    """The usual call: one that may detach, with nothing to load or count before it starts
+    (no checkpoint, no quota) and no wall clock. It is one object: the call's plan (what
+    `_Plan` is on the general path), its run (made on first use, as `Deferred`), what the
+    work sees as its call (`current_call`, as `_Call`), and the slot its worker hands the
+    result to. Its `Job` is made only when something needs one: the budget ran out and the
+    work goes on (S0-2), the work failed or was cancelled, its runner runs it elsewhere, or
+    the work, its panel or the response asks for it (`job`). A call that ends in time with a
+    value makes none."""
+
+    __slots__ = ("_identity", "_job", "_latch", "_value", "backend", "budget_ms", "work")
+
+    # what such a call never has, read from the class by the general path as from a `_Plan`
+    detach = True
+    resume = False
+    timeout_ms: int | None = None
+    estimate_ms: int | None = None
+    runs_per_day: int | None = None
+    envelope_bytes: int | None = None
+    # what `checkpoint` and `resume_state` read of a `_Call`: this call has no checkpoints
+    store: Store | None = None
+    loaded: Checkpoint | None = None
+    first_start: float | None = None
+
+    def __init__(self, work: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any],
+                                   str | None], label: str, budget_ms: int, limits: Limits,
+                 clock: Clock, notices: tuple[float, float] | None) -> None:
+        self.work = work
+        self.budget_ms = budget_ms
+        self.backend: Backend = LOCAL  # where it runs: set before it starts
+        self._identity = None
+        self._job: Job | None = None
+        self._value = _PENDING
+        self._latch = Latch()  # set when the work ends: the caller's wait, and its job's
+        Deferred.__init__(self, limits, clock=clock, name=label, notices=notices)
+
+    @property
+    def label(self) -> str:
+        return self._name
+
+    @property
+    def limits(self) -> Limits:
+        return self._limits
+
+    @property
+    def notices(self) -> tuple[float, float] | None:
+        return self._notices
+
+    @property
+    def plan(self) -> _Direct:
+        return self
+
+    @property
+    def held_run(self) -> _Direct:
+        return self
+
+    @property
+    def job(self) -> Job:
+        """The call's job, made now if nothing has made it (settled, if the work returned)."""
+        job = self._job
+        if job is not None:
+            return job
+        with _MAKING:
+            job = self._job
+            if job is None:
+                job = self._job = Job(self.identity_of, self._name, self, self.backend.store,
+                                      done=self._latch)
+                if self._value is not _PENDING:  # the work returned before anyone asked
+                    job.settle(JobState.DONE, value=self._value)
+        return job
+
+    def make_job(self) -> Job:
+        """`job`, as a method: what the response is given to make it when first read."""
+        return self.job
+
+    def returned(self, value: Any) -> Callable[[], None]:
+        """The work returned *value*: keep it for the caller (or settle the job, if one was
+        made meanwhile); what tells the waiters."""
+        self._value = value  # written before the job is read: a maker after this settles it
+        job = self._job
+        if job is None:
+            return self._latch.set
+        with _MAKING:
+            if job.ended is None:  # its maker did not see the value
+                job.settle(JobState.DONE, value=value)
+        return job.notify_done
+
+    def wait_woken(self, clock: Clock, until_ms: float | None) -> bool:
+        """Wait until the work ends, or *clock* reaches *until_ms*; whether it ended."""
+        return clock.wait(self._latch, until_ms)
+
 
 def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool = False,
          budget: int | str | None = None, timeout: int | str | None = None,
@@ -120,24 +254,29 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     (`nbbudget.calls.runner.current_backend`).
     """
     started = time.monotonic()
-    started_wall = _wall()  # the wall clock of a first start counts from here (S0-6)
     clock = clock if clock is not None else default_clock()
     t0_ms = clock.now_ms()  # the call budget counts from the call, store work included
+    if cluster is None and _default_cluster is not None:
+        cluster = _default_cluster()
+    if (detach is True and resume is False and timeout is None and estimate_ms is None
+            and manifest is None and runs_per_day is None):  # the usual call: `_Direct`
+        direct = _direct_call(fn, args, kwargs, budget, key, limits, clock, notices, cluster)
+        if direct is not None:
+            return _run_direct(direct, clock, t0_ms, started)
+    started_wall = _wall()  # the wall clock of a first start counts from here (S0-6)
     plan = _plan(fn, args, kwargs, detach, resume, budget, timeout, key, estimate_ms, limits,
                  manifest, notices, runs_per_day)
     return _run(plan, _backend(cluster, plan), clock, t0_ms, started, started_wall)
 
 
-def _backend(cluster: Any, plan: _Plan) -> Backend:
-    """Where the call runs: the backend in force, or the cluster *cluster* names (given, or
-    the default one; ``False``: here, whatever the default)."""
-    if cluster is None and _default_cluster is not None:
-        cluster = _default_cluster()
+def _backend(cluster: Any, work: Work) -> Backend:
+    """Where the call runs: the backend in force, or the cluster *cluster* names (``None`` or
+    ``False``: here)."""
     if cluster is None or cluster is False:
         return current_backend()
     from .dask_runner import on_cluster_backend
 
-    return on_cluster_backend(cluster, plan)
+    return on_cluster_backend(cluster, work)
 
 
 def _run(plan: _Plan, backend: Backend, clock: Clock, t0_ms: float, started: float,
@@ -148,8 +287,6 @@ def _run(plan: _Plan, backend: Backend, clock: Clock, t0_ms: float, started: flo
     runner = backend.runner
     job = runner.reattach(plan) if plan.detach else None
     db = None
-    if job is None and plan.direct:
-        return _direct(plan, backend, clock, t0_ms, started, started_wall)
     if job is None:
         try:
             ctx, job = _start(plan, backend, clock, started_wall)
@@ -163,35 +300,57 @@ def _run(plan: _Plan, backend: Backend, clock: Clock, t0_ms: float, started: flo
     return _answer(job, plan, started, runner, db)
 
 
-def _direct(plan: _Plan, backend: Backend, clock: Clock, t0_ms: float, started: float,
-            started_wall: float) -> Response:
-    """The usual call that may detach: nothing to load or count before it starts, and no wall
-    clock. Its work goes to the runner at once, and the caller waits at most its budget; its
-    run is made only if the work uses it, and nothing else is built unless it detaches."""
-    fn, args, kwargs, _ = plan.work
-    runner = backend.runner
-    job = Job(plan.identity_of, plan.label, Deferred(plan.limits, clock=clock, name=plan.label,
-                                                     notices=plan.notices), backend.store)
-    ctx = _Call(plan, job, None, started_wall)
-    runner.start(plan, job, functools.partial(contextvars.copy_context().run, _work, fn, args,
-                                              kwargs, ctx), detachable=True)
+def _direct_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                 budget: int | str | None, key: str | None, limits: Limits | None, clock: Clock,
+                 notices: tuple[float, float] | None, cluster: Any) -> _Direct | None:
+    """The usual call that may detach (`_Direct`), checked; None when it is not one (no
+    budget applies, or something is to be refused: the general path says what)."""
+    budget_ms = resolve_budget(budget, declares=True)
+    if not budget_ms or not callable(fn) or not (key is None or key.__class__ is str and key):
+        return None
+    if limits is None:
+        limits = _NO_LIMITS
+    elif limits.__class__ is not Limits:
+        return None
+    direct = _Direct((fn, args, kwargs, key), _label(fn, key), budget_ms, limits, clock,
+                     notices)
+    direct.backend = _backend(cluster, direct)
+    return direct
+
+
+def _run_direct(call: _Direct, clock: Clock, t0_ms: float, started: float) -> Response:
+    """Reattach to the identical detached work, or hand the work to its runner at once; the
+    caller waits at most its budget. Its run is made only if the work uses it, and its job
+    only if something needs it (`_Direct`)."""
+    runner = call.backend.runner
+    job = runner.reattach(call)
+    if job is not None:
+        _await(job, call, runner, clock, t0_ms)
+        return _answer(job, call, started, runner, None)
+    runner.start(call, None if runner.runs_here else call.job,
+                 functools.partial(contextvars.copy_context().run, _work, call), detachable=True)
     try:
-        runner.wait(job, clock, t0_ms + plan.budget_ms)  # type: ignore[operator]
+        runner.wait(call, clock, t0_ms + call.budget_ms)
     except KeyboardInterrupt:  # the person interrupted the call: stop the work, then re-raise
-        job.run.cancel("interrupted")
+        call.job.run.cancel("interrupted")
         raise
+    job, value = call._job, call._value
+    if job is None and value is not _PENDING:  # it ended in time: nothing else to build
+        return _respond(call, started, ok=True, exit_code=EXIT_OK, data=value,
+                        job=call.make_job)
+    job = call.job
     if not job.done():
-        return _unfinished(job, plan, started, runner, None)
+        return _unfinished(job, call, started, runner, None)
     if job.exception() is None:  # nothing to deliver: the job was never detached
-        return _respond(plan, started, ok=True, exit_code=EXIT_OK, data=job.result(), job=job)
-    return _answer(job, plan, started, runner, None)
+        return _respond(call, started, ok=True, exit_code=EXIT_OK, data=job.result(), job=job)
+    return _answer(job, call, started, runner, None)
 
 
 # -- planning -----------------------------------------------------------------------------------
-class _Plan:
+class _Plan(_Identified):
     """What a call was asked to do, checked: the work, how it may end early, and its limits."""
 
-    __slots__ = ("_identity", "budget_ms", "detach", "direct", "envelope_bytes", "estimate_ms",
+    __slots__ = ("_identity", "budget_ms", "detach", "envelope_bytes", "estimate_ms",
                  "label", "limits", "notices", "resume", "runs_per_day", "timeout_ms", "work")
 
     def __init__(self, work: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any],
@@ -204,21 +363,6 @@ class _Plan:
         self.limits, self.envelope_bytes, self.notices = limits, envelope_bytes, notices
         self.runs_per_day = runs_per_day
         self._identity: str | None = None
-        #: it can go to the runner at once: it may detach, and has nothing to load or count
-        #: first (no checkpoint, no quota) and no wall clock to arm (`_direct`)
-        self.direct = bool(detach and budget_ms and timeout_ms is None and estimate_ms is None
-                           and runs_per_day is None)
-
-    @property
-    def identity(self) -> str:
-        """Worked out only when needed: to reattach, to detach, or to resume."""
-        return self.identity_of()
-
-    def identity_of(self) -> str:
-        """The identity, as a method: what a job is given to work it out when it needs it."""
-        if self._identity is None:
-            self._identity = _identity(*self.work)
-        return self._identity
 
 
 def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], detach: bool,
@@ -242,14 +386,18 @@ def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
         raise ConfigError(f"runs_per_day={runs_per_day!r}: use a whole number from 1 to "
                           f"1000000, or None for no quota")
     return _Plan(
-        (fn, args, kwargs, key),
-        getattr(fn, "__nbbudget_label__", None) or key or getattr(fn, "__qualname__", None)
-        or repr(fn),
+        (fn, args, kwargs, key), _label(fn, key),
         detach, resume, budget_ms, timeout_ms,
         None if estimate_ms is None else parse_duration(estimate_ms, field="estimate_ms"),
         _NO_LIMITS if limits is None and loaded is None else _limits(limits, loaded),
         loaded.envelope_bytes if loaded is not None else None,
         notices, runs_per_day)
+
+
+def _label(fn: Callable[..., Any], key: str | None) -> str:
+    """The work's name, as ``nb.jobs`` shows it."""
+    return (getattr(fn, "__nbbudget_label__", None) or key or getattr(fn, "__qualname__", None)
+            or repr(fn))
 
 
 def _turn_ceiling(manifest: Manifest | None, declares: bool, budget_ms: int | None,
@@ -388,7 +536,6 @@ def _code_digest(code: Any) -> bytes:
 # -- starting -----------------------------------------------------------------------------------
 def _start(plan: _Plan, backend: Backend, clock: Clock,
            started_wall: float) -> tuple[_Call | None, Job]:
-    fn, args, kwargs, _ = plan.work
     db = backend.store() if plan.resume else None
     loaded = db.load_checkpoint(plan.identity) if db is not None else None
     first_start = loaded.first_start if loaded is not None else started_wall
@@ -410,9 +557,9 @@ def _start(plan: _Plan, backend: Backend, clock: Clock,
     context = contextvars.copy_context()
     if plan.budget_ms is None and left is None and backend.runner.runs_here:
         # nothing can end the wait early (no budget, no wall clock): run it here, synchronously
-        context.run(_work, fn, args, kwargs, ctx)()
+        context.run(_work, ctx)()
     else:
-        backend.runner.start(plan, job, lambda: context.run(_work, fn, args, kwargs, ctx),
+        backend.runner.start(plan, job, lambda: context.run(_work, ctx),
                              detachable=plan.detach)
     return ctx, job
 
@@ -463,30 +610,36 @@ def _wall_clock(job: Job, plan: _Plan) -> None:
         job.nudge()
 
 
-def _work(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-          ctx: _Call) -> Callable[[], None]:
-    """Runs where the runner runs it: the work, under its run, with this call visible to it.
-    Settles the job, and returns what tells its waiters, run once the worker is free again."""
+def _work(ctx: _Call | _Direct) -> Callable[[], None]:
+    """Runs where the runner runs it: the work, under its run, with its call visible to it.
+    Settles the call, and returns what tells its waiters, run once the worker is free again."""
     _current_call.set(ctx)
-    job = ctx.job
+    fn, args, kwargs, _ = ctx.work
     returned, value = False, None
     try:
-        with job.held_run:
+        with ctx.held_run:
             value = fn(*args, **kwargs)
             returned = True
-    except _Pause as paused:
+    except BaseException as exc:  # noqa: BLE001  (kept, with its traceback: never dropped)
+        return _ended_early(ctx.job, exc, returned, value)
+    return ctx.returned(value)
+
+
+def _ended_early(job: Job, exc: BaseException, returned: bool, value: Any) -> Callable[[], None]:
+    """The work ended with *exc* (after it *returned* *value*, when its run's end raised):
+    settle *job* as that ending says; what tells its waiters. An interrupt, which ends only
+    work run in place, in its caller's thread, is raised again once the job is settled."""
+    if isinstance(exc, _Pause):
         job.paused = True
-        job.settle(JobState.DONE, value=paused.saved)
-    except Cancelled as exc:
+        job.settle(JobState.DONE, value=exc.saved)
+    elif isinstance(exc, Cancelled):
         _settle_cancelled(job, exc, returned, value)
-    except (KeyboardInterrupt, SystemExit) as exc:  # only in place, in the caller's thread
+    elif isinstance(exc, (KeyboardInterrupt, SystemExit)):
         job.settle(JobState.CANCELLED, error=exc)
         job.notify_done()
-        raise
-    except BaseException as exc:  # kept with its traceback: no job is silently dropped
-        job.settle(JobState.FAILED, error=exc)
+        raise exc
     else:
-        job.settle(JobState.DONE, value=value)
+        job.settle(JobState.FAILED, error=exc)
     job.cancel_timers()  # the work has ended: its wall clock no longer matters
     return job.notify_done
 
@@ -608,7 +761,7 @@ def _respond(plan: _Plan, started: float, *, ok: bool, exit_code: int, data: Any
 
 
 # -- inside the work ----------------------------------------------------------------------------
-def current_call() -> _Call | None:
+def current_call() -> _Call | _Direct | None:
     """The call whose work runs in this context (a worker of `call`), or None."""
     return _current_call.get()
 

@@ -84,23 +84,25 @@ class Job:
     _pause_at: float | None = None
 
     def __init__(self, identity: Callable[[], str], label: str, run: Budget | Deferred,
-                 store: Callable[[], Store]) -> None:
+                 store: Callable[[], Store], *, done: Latch | None = None) -> None:
         self._identity = identity
         self.label = label
         self._run = run  # a `Deferred` is made when first used
         self.created = time.time()
         self._store = store  # opened when the job is first recorded, off the caller's path
         self._state = JobState.RUNNING
-        self._done = self._wake = Latch()  # its waiters look again when it ends (add_timer)
+        #: set when it ends (*done*: the latch its caller already waits on); its waiters look
+        #: again when it is set (and when it is nudged, `add_timer`)
+        self._done = self._wake = done if done is not None else Latch()
         self.output: list[str] = []
 
     @property
     def run(self) -> Budget:
         """The job's run (made now if its work never used it)."""
         run = self._run
-        if run.__class__ is Deferred:
-            return run.run  # type: ignore[union-attr]
-        return run  # type: ignore[return-value]
+        if isinstance(run, Deferred):
+            return run.run
+        return run
 
     def use_run(self, run: Budget) -> None:
         """For a runner whose work runs elsewhere: *run* (a run on a cluster's ledger, begun)
@@ -111,9 +113,9 @@ class Job:
     def run_made(self) -> Budget | None:
         """The job's run if anything has used it, else None (nothing to look at)."""
         run = self._run
-        if run.__class__ is Deferred:
-            return run.made()  # type: ignore[union-attr]
-        return run  # type: ignore[return-value]
+        if isinstance(run, Deferred):
+            return run.made()
+        return run
 
     @property
     def held_run(self) -> Budget | Deferred:

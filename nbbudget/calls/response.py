@@ -44,6 +44,7 @@ class Response:
     #: the manifest's ``transport.envelopeBytes`` in force for this response, if any (S2-8)
     envelope_bytes: int | None = field(default=None, repr=False, compare=False)
     #: the `nb.Job` that ran the work (its exception, traceback and run), when there was one
+    #: (made when first read, for a call that ended in time and so made none)
     job: Any = field(default=None, repr=False, compare=False)
     #: the error that refused the call before its work started (a refused checkpoint, a damaged
     #: store, a spent quota of runs per day), when that is how it ended
@@ -75,6 +76,22 @@ class Response:
     def __repr__(self) -> str:
         return (f"Response(ok={self.ok}, exit_code={self.exit_code}, data={_short(self.data)}, "
                 f"error={self.error})")
+
+
+def _read_job(self: Response) -> Any:
+    job = self.__dict__.get("_job")
+    if callable(job):  # what makes the job of a call that made none: made once, when read
+        job = self.__dict__["_job"] = job()
+    return job
+
+
+def _write_job(self: Response, job: Any) -> None:
+    self.__dict__["_job"] = job  # a `Job`, None, or what makes one when first read
+
+
+# ``job`` is a field (built by ``__init__``, listed by `dataclasses.fields`) read through this
+Response.job = property(_read_job, _write_job,  # type: ignore[assignment]
+                        doc="The `nb.Job` that ran the work, when there was one.")
 
 
 def _dump(obj: Any, indent: int | None) -> str:

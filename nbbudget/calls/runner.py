@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from ..core.clock import Clock
     from ..core.limits import Limits
 
-__all__ = ["LOCAL", "Backend", "JobRunner", "LocalRunner", "Work", "current_backend", "jobs",
-           "use_backend"]
+__all__ = ["LOCAL", "Backend", "JobRunner", "LocalRunner", "Waited", "Work", "current_backend",
+           "jobs", "use_backend"]
 
 
 class Work(Protocol):
@@ -56,13 +56,21 @@ class Work(Protocol):
     resume: bool  #: the work pauses at its next checkpoint when its caller's budget runs out
 
 
+class Waited(Protocol):
+    """What a caller waits on: a `Job`, or a call whose job is not made yet."""
+
+    def wait_woken(self, clock: Clock, until_ms: float | None) -> bool: ...
+
+
 class JobRunner(Protocol):
     """What the call path needs of the place a call's work runs (S0-1, S0-2, S0-11).
 
-    `start` runs *work* as *task* (a closure that runs it here, settles *job* where it runs and
-    returns what announces its end, `Job.notify_done`); *detachable*: the work may be detached,
-    so the runner keeps room to write its record then. `wait` holds the caller until *job*
-    ends or is nudged, or *clock* reaches *until_ms*, and says whether it was woken. `detach`
+    `start` runs *work* as *task* (a closure that runs it here, settles the call where it runs
+    and returns what announces its end); *job* is the call's `Job`, or None for a runner that
+    runs its work here (``runs_here``): the usual call makes its job only if it needs one.
+    *detachable*: the work may be detached, so the runner keeps room to write its record then.
+    `wait` holds the caller until *job* (or the call, before it has a job) ends or is nudged,
+    or *clock* reaches *until_ms*, and says whether it was woken. `detach`
     keeps a job that outlived its caller's budget under its work's identity and lists it in
     ``jobs``; `reattach` finds it for the identical call, and gives an ended job to exactly one
     caller; `deliver` forgets it once its result went out, so the next identical call starts
@@ -74,9 +82,10 @@ class JobRunner(Protocol):
     jobs: Jobs
     runs_here: bool
 
-    def start(self, work: Work, job: Job, task: workers.Task, *, detachable: bool) -> None: ...
+    def start(self, work: Work, job: Job | None, task: workers.Task, *,
+              detachable: bool) -> None: ...
 
-    def wait(self, job: Job, clock: Clock, until_ms: float | None) -> bool: ...
+    def wait(self, job: Waited, clock: Clock, until_ms: float | None) -> bool: ...
 
     def detach(self, work: Work, job: Job) -> None: ...
 
@@ -103,12 +112,13 @@ class LocalRunner:
         self._taken: dict[str, weakref.ref[Job]] = {}  # its result read: kept while held
         self._lock = threading.RLock()  # a job freed while it is held calls `_gone` at once
 
-    def start(self, work: Work, job: Job, task: workers.Task, *, detachable: bool) -> None:
+    def start(self, work: Work, job: Job | None, task: workers.Task, *,
+              detachable: bool) -> None:
         if detachable:  # one worker for the work, one to write the job record if it detaches
             workers.ensure_idle(2)
         workers.submit(task)
 
-    def wait(self, job: Job, clock: Clock, until_ms: float | None) -> bool:
+    def wait(self, job: Waited, clock: Clock, until_ms: float | None) -> bool:
         return job.wait_woken(clock, until_ms)
 
     def detach(self, work: Work, job: Job) -> None:
