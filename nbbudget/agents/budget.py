@@ -601,11 +601,14 @@ class Deferred:
     __slots__ = ("_began", "_clock", "_ended", "_limits", "_made", "_name", "_notices", "_token")
 
     def __init__(self, limits: Limits, *, clock: Clock, name: str,
-                 notices: tuple[float, float] | None = _DEFAULT_NOTICES) -> None:
+                 notices: tuple[float, float] | None = _DEFAULT_NOTICES,
+                 began: float | None = None) -> None:
         self._limits, self._clock, self._name = limits, clock, name
-        self._notices = notices if notices == _DEFAULT_NOTICES else check_notices(notices)
+        if notices is not _DEFAULT_NOTICES and notices != _DEFAULT_NOTICES:
+            notices = check_notices(notices)
+        self._notices = notices
         self._made: Budget | None = None
-        self._began: float | None = None
+        self._began = began  # when its work began (None: when it is begun)
         self._ended: float | None = None
         self._token: contextvars.Token[Budget | Deferred | None] | None = None
         if limits.run_ms is not None:
@@ -623,23 +626,23 @@ class Deferred:
 
     def begin(self) -> None:
         """Start the run in this context: `current` returns it from now on."""
+        self.__enter__()
+
+    def __enter__(self) -> Deferred:
         made = self._made
         if made is not None:
             made.__enter__()
-        else:
+        elif self._began is None:
             self._began = self._clock.now_ms()
         self._token = _current.set(self)
-
-    def __enter__(self) -> Deferred:
-        self.begin()
         return self
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool | None:
-        return self.end(exc)
 
     def end(self, exc: BaseException | None) -> bool | None:
         """End the run as leaving its ``with`` block with *exc* would (its outcome kept, a stop
         turned into the public error it stands for), and restore what `current` returned."""
+        return self.__exit__(None, exc, None)
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool | None:
         if self._token is not None:
             _current.reset(self._token)
             self._token = None

@@ -94,11 +94,6 @@ class _Call:
     def work(self) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str | None]:
         return self.plan.work
 
-    @property
-    def held_run(self) -> Budget | Deferred:
-        """What the work runs in (`Job.held_run`)."""
-        return self.job.held_run
-
     def returned(self, value: Any) -> Callable[[], None]:
         """The work returned *value*: settle its job; what tells its waiters."""
         job = self.job
@@ -158,15 +153,16 @@ class _Direct(Deferred, _Identified):
 
     def __init__(self, work: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any],
                                    str | None], label: str, budget_ms: int, limits: Limits,
-                 clock: Clock, notices: tuple[float, float] | None) -> None:
+                 clock: Clock, notices: tuple[float, float] | None, began: float) -> None:
         self.work = work
         self.budget_ms = budget_ms
         self.backend: Backend = LOCAL  # where it runs: set before it starts
-        self._identity = None
+        self._identity: str | None = None
         self._job: Job | None = None
-        self._value = _PENDING
+        self._value: Any = _PENDING  # what the work returned, once it has
         self._latch = Latch()  # set when the work ends: the caller's wait, and its job's
-        Deferred.__init__(self, limits, clock=clock, name=label, notices=notices)
+        # its run begins with the call (the budget counts from the call, S0-1)
+        Deferred.__init__(self, limits, clock=clock, name=label, notices=notices, began=began)
 
     @property
     def label(self) -> str:
@@ -182,10 +178,6 @@ class _Direct(Deferred, _Identified):
 
     @property
     def plan(self) -> _Direct:
-        return self
-
-    @property
-    def held_run(self) -> _Direct:
         return self
 
     @property
@@ -213,15 +205,12 @@ class _Direct(Deferred, _Identified):
         self._value = value  # written before the job is read: a maker after this settles it
         job = self._job
         if job is None:
-            return self._latch.set
+            return self._latch.releaser()
         with _MAKING:
             if job.ended is None:  # its maker did not see the value
                 job.settle(JobState.DONE, value=value)
         return job.notify_done
 
-    def wait_woken(self, clock: Clock, until_ms: float | None) -> bool:
-        """Wait until the work ends, or *clock* reaches *until_ms*; whether it ended."""
-        return clock.wait(self._latch, until_ms)
 
 
 def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool = False,
@@ -260,7 +249,8 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
         cluster = _default_cluster()
     if (detach is True and resume is False and timeout is None and estimate_ms is None
             and manifest is None and runs_per_day is None):  # the usual call: `_Direct`
-        direct = _direct_call(fn, args, kwargs, budget, key, limits, clock, notices, cluster)
+        direct = _direct_call(fn, args, kwargs, budget, key, limits, clock, notices, cluster,
+                              t0_ms)
         if direct is not None:
             return _run_direct(direct, clock, t0_ms, started)
     started_wall = _wall()  # the wall clock of a first start counts from here (S0-6)
@@ -302,7 +292,8 @@ def _run(plan: _Plan, backend: Backend, clock: Clock, t0_ms: float, started: flo
 
 def _direct_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                  budget: int | str | None, key: str | None, limits: Limits | None, clock: Clock,
-                 notices: tuple[float, float] | None, cluster: Any) -> _Direct | None:
+                 notices: tuple[float, float] | None, cluster: Any,
+                 t0_ms: float) -> _Direct | None:
     """The usual call that may detach (`_Direct`), checked; None when it is not one (no
     budget applies, or something is to be refused: the general path says what)."""
     budget_ms = resolve_budget(budget, declares=True)
@@ -313,8 +304,8 @@ def _direct_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
     elif limits.__class__ is not Limits:
         return None
     direct = _Direct((fn, args, kwargs, key), _label(fn, key), budget_ms, limits, clock,
-                     notices)
-    direct.backend = _backend(cluster, direct)
+                     notices, t0_ms)
+    direct.backend = current_backend() if cluster is None else _backend(cluster, direct)
     return direct
 
 
@@ -328,16 +319,17 @@ def _run_direct(call: _Direct, clock: Clock, t0_ms: float, started: float) -> Re
         _await(job, call, runner, clock, t0_ms)
         return _answer(job, call, started, runner, None)
     runner.start(call, None if runner.runs_here else call.job,
-                 functools.partial(contextvars.copy_context().run, _work, call), detachable=True)
+                 functools.partial(_prepared(call, call).run, _work, call, call),
+                 detachable=True)
     try:
-        runner.wait(call, clock, t0_ms + call.budget_ms)
+        clock.wait(call._latch, t0_ms + call.budget_ms)
     except KeyboardInterrupt:  # the person interrupted the call: stop the work, then re-raise
         call.job.run.cancel("interrupted")
         raise
     job, value = call._job, call._value
     if job is None and value is not _PENDING:  # it ended in time: nothing else to build
-        return _respond(call, started, ok=True, exit_code=EXIT_OK, data=value,
-                        job=call.make_job)
+        return Response(True, value, None, None, meta(EXIT_OK, started, call.budget_ms, None),
+                        None, call.make_job)  # (`_respond`, without its keywords)
     job = call.job
     if not job.done():
         return _unfinished(job, call, started, runner, None)
@@ -554,12 +546,13 @@ def _start(plan: _Plan, backend: Backend, clock: Clock,
         return None, job
     if left is not None:
         job.add_timer(clock.call_at(clock.now_ms() + left, lambda: _wall_clock(job, plan)))
-    context = contextvars.copy_context()
+    held = job.held_run
+    context = _prepared(ctx, held)
     if plan.budget_ms is None and left is None and backend.runner.runs_here:
         # nothing can end the wait early (no budget, no wall clock): run it here, synchronously
-        context.run(_work, ctx)()
+        context.run(_work, ctx, held)()
     else:
-        backend.runner.start(plan, job, lambda: context.run(_work, ctx),
+        backend.runner.start(plan, job, functools.partial(context.run, _work, ctx, held),
                              detachable=plan.detach)
     return ctx, job
 
@@ -610,19 +603,42 @@ def _wall_clock(job: Job, plan: _Plan) -> None:
         job.nudge()
 
 
-def _work(ctx: _Call | _Direct) -> Callable[[], None]:
-    """Runs where the runner runs it: the work, under its run, with its call visible to it.
-    Settles the call, and returns what tells its waiters, run once the worker is free again."""
-    _current_call.set(ctx)
+def _prepared(ctx: _Call | _Direct, held: Budget | Deferred) -> contextvars.Context:
+    """The context the work of *ctx* runs in: a copy of the caller's, with the call visible and
+    its run *held* entered (as a ``with`` block would enter it). Made by the caller, so that
+    the worker, which runs cold after its thread switch, does only the work and its end."""
+    context = contextvars.copy_context()
+    context.run(_current_call.set, ctx)
+    context.run(held.__enter__)
+    return context
+
+
+def _work(ctx: _Call | _Direct, held: Budget | Deferred) -> Callable[[], None]:
+    """Runs where the runner runs it, in the context `_prepared` made: the work, then the end
+    of its run *held* (as leaving its ``with`` block). Settles the call, and returns what tells
+    its waiters, run once the worker is free again."""
     fn, args, kwargs, _ = ctx.work
-    returned, value = False, None
     try:
-        with ctx.held_run:
-            value = fn(*args, **kwargs)
-            returned = True
+        value = fn(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001  (kept, with its traceback: never dropped)
-        return _ended_early(ctx.job, exc, returned, value)
+        return _raised(ctx, held, exc)
+    try:
+        held.__exit__(None, None, None)
+    except BaseException as exc:  # noqa: BLE001  (its run's end: a cancel, say)
+        return _ended_early(ctx.job, exc, True, value)
     return ctx.returned(value)
+
+
+def _raised(ctx: _Call | _Direct, held: Budget | Deferred, exc: BaseException
+            ) -> Callable[[], None]:
+    """The work raised *exc*: its run ends as its ``with`` block would end (which may turn a
+    stop into the public error it stands for, or keep a suspended run's resumable point)."""
+    try:
+        if held.__exit__(type(exc), exc, exc.__traceback__):
+            return ctx.returned(None)  # the run kept it: left at a resumable point
+    except BaseException as raised:  # noqa: BLE001  (what its block raises in its place)
+        exc = raised
+    return _ended_early(ctx.job, exc, False, None)
 
 
 def _ended_early(job: Job, exc: BaseException, returned: bool, value: Any) -> Callable[[], None]:
@@ -675,7 +691,7 @@ def _await(job: Job, plan: _Plan, runner: JobRunner, clock: Clock, t0_ms: float)
             if _wall_clocked(job):
                 break  # the wall clock fired: the caller is freed even if the work ignores it
             until = None if out else deadline
-            if not runner.wait(job, clock, until) and until is not None:
+            if not job.wait_woken(clock, until) and until is not None:
                 out = True
                 job.pause()  # a resumable work stops at its next checkpoint
     except KeyboardInterrupt:  # the person interrupted the call: stop the work, then re-raise

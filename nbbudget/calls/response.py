@@ -26,7 +26,7 @@ def meta(exit_code: int, started: float, budget_ms: int | None,
     return out
 
 
-@dataclass
+@dataclass(init=False)
 class Response:
     """What a call answers: ``{"ok", "data", "error", "warnings", "meta"}``.
 
@@ -49,6 +49,17 @@ class Response:
     #: the error that refused the call before its work started (a refused checkpoint, a damaged
     #: store, a spent quota of runs per day), when that is how it ended
     refusal: BaseException | None = field(default=None, repr=False, compare=False)
+
+    def __init__(self, ok: bool, data: Any = None, error: dict[str, str] | None = None,
+                 warnings: list[str] | None = None, meta: dict[str, Any] | None = None,
+                 envelope_bytes: int | None = None, job: Any = None,
+                 refusal: BaseException | None = None) -> None:
+        self.ok, self.data, self.error = ok, data, error
+        self.warnings = [] if warnings is None else warnings
+        self.meta = {} if meta is None else meta
+        self.envelope_bytes = envelope_bytes
+        self._job = job  # a `Job`, None, or what makes one when first read (`job`)
+        self.refusal = refusal
 
     @property
     def exit_code(self) -> int:
@@ -79,17 +90,17 @@ class Response:
 
 
 def _read_job(self: Response) -> Any:
-    job = self.__dict__.get("_job")
+    job = self._job  # type: ignore[attr-defined]
     if callable(job):  # what makes the job of a call that made none: made once, when read
-        job = self.__dict__["_job"] = job()
+        job = self._job = job()  # type: ignore[attr-defined]
     return job
 
 
 def _write_job(self: Response, job: Any) -> None:
-    self.__dict__["_job"] = job  # a `Job`, None, or what makes one when first read
+    self._job = job  # type: ignore[attr-defined]
 
 
-# ``job`` is a field (built by ``__init__``, listed by `dataclasses.fields`) read through this
+# ``job`` is a field (given to ``__init__``, listed by `dataclasses.fields`) read through this
 Response.job = property(_read_job, _write_job,  # type: ignore[assignment]
                         doc="The `nb.Job` that ran the work, when there was one.")
 

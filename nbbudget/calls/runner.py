@@ -31,11 +31,10 @@ from .jobs import Job, Jobs
 from .store import Store, store
 
 if TYPE_CHECKING:
-    from ..core.clock import Clock
     from ..core.limits import Limits
 
-__all__ = ["LOCAL", "Backend", "JobRunner", "LocalRunner", "Waited", "Work", "current_backend",
-           "jobs", "use_backend"]
+__all__ = ["LOCAL", "Backend", "JobRunner", "LocalRunner", "Work", "current_backend", "jobs",
+           "use_backend"]
 
 
 class Work(Protocol):
@@ -56,12 +55,6 @@ class Work(Protocol):
     resume: bool  #: the work pauses at its next checkpoint when its caller's budget runs out
 
 
-class Waited(Protocol):
-    """What a caller waits on: a `Job`, or a call whose job is not made yet."""
-
-    def wait_woken(self, clock: Clock, until_ms: float | None) -> bool: ...
-
-
 class JobRunner(Protocol):
     """What the call path needs of the place a call's work runs (S0-1, S0-2, S0-11).
 
@@ -69,8 +62,8 @@ class JobRunner(Protocol):
     and returns what announces its end); *job* is the call's `Job`, or None for a runner that
     runs its work here (``runs_here``): the usual call makes its job only if it needs one.
     *detachable*: the work may be detached, so the runner keeps room to write its record then.
-    `wait` holds the caller until *job* (or the call, before it has a job) ends or is nudged,
-    or *clock* reaches *until_ms*, and says whether it was woken. `detach`
+    The runner settles the job (or the call) when the work ends, and the caller waits on it
+    (`Job.wait_woken`). `detach`
     keeps a job that outlived its caller's budget under its work's identity and lists it in
     ``jobs``; `reattach` finds it for the identical call, and gives an ended job to exactly one
     caller; `deliver` forgets it once its result went out, so the next identical call starts
@@ -84,8 +77,6 @@ class JobRunner(Protocol):
 
     def start(self, work: Work, job: Job | None, task: workers.Task, *,
               detachable: bool) -> None: ...
-
-    def wait(self, job: Waited, clock: Clock, until_ms: float | None) -> bool: ...
 
     def detach(self, work: Work, job: Job) -> None: ...
 
@@ -114,12 +105,8 @@ class LocalRunner:
 
     def start(self, work: Work, job: Job | None, task: workers.Task, *,
               detachable: bool) -> None:
-        if detachable:  # one worker for the work, one to write the job record if it detaches
-            workers.ensure_idle(2)
-        workers.submit(task)
-
-    def wait(self, job: Waited, clock: Clock, until_ms: float | None) -> bool:
-        return job.wait_woken(clock, until_ms)
+        # one worker for the work, and one idle to write the job record if it detaches
+        workers.submit(task, spare=1 if detachable else 0)
 
     def detach(self, work: Work, job: Job) -> None:
         """The work goes on as a background job (S0-2); its record is written off the caller's

@@ -38,8 +38,11 @@ _idle: list[_Worker] = []  # a stack: list.append, list.pop and list.remove are 
 _names = itertools.count(1)
 
 
-def submit(task: Task) -> None:
-    """Run *task* on a worker thread (an idle one if there is one)."""
+def submit(task: Task, spare: int = 0) -> None:
+    """Run *task* on a worker thread (an idle one if there is one), keeping *spare* workers
+    idle besides (`ensure_idle`)."""
+    if len(_idle) <= spare:
+        ensure_idle(spare + 1)
     try:
         worker = _idle.pop()
     except IndexError:
@@ -74,17 +77,16 @@ def _work(worker: _Worker) -> None:
     while True:
         task, worker.task = worker.task, None
         if task is not None:
-            _run(worker, task)
-        del task  # an idle worker holds nothing of its last task (its job, its run)
-        if not wake.acquire(timeout=IDLE_SECONDS) and _leave(worker):
+            then = task()
+            # an idle worker holds nothing of its last task (its job, its run): freed before its
+            # caller is told, which waits for this thread to block before it can go on
+            del task
+            _idle.append(worker)  # idle before its caller is told: the next call finds it
+            if then is not None:
+                then()
+                then = None
+        if not wake.acquire(True, IDLE_SECONDS) and _leave(worker):  # (positional: faster)
             return
-
-
-def _run(worker: _Worker, task: Task) -> None:
-    then = task()
-    _idle.append(worker)  # idle before its caller is told: the next call finds it
-    if then is not None:
-        then()
 
 
 def _leave(worker: _Worker) -> bool:

@@ -51,12 +51,21 @@ class Latch:
             except RuntimeError:  # another thread set it at the same moment
                 pass
 
+    def releaser(self) -> Callable[[], None]:
+        """Set the latch, and return what wakes its waiters, for the one thread that sets it
+        to call once it has done what it does before they go on (a worker that puts itself
+        back on its idle stack first): until then, only a waiter that has not blocked yet
+        sees it set."""
+        self._set = True
+        return self._lock.release
+
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the latch is set, at most *timeout* seconds; whether it is set."""
         if self._set:
             return True
         lock = self._lock
-        if lock.acquire(timeout=-1 if timeout is None else timeout):
+        # positional: the keyword form parses its arguments the slow way (on the hot path)
+        if lock.acquire(True, -1 if timeout is None else timeout):
             try:  # noqa: SIM105 - suppress() would cost a context manager on the hot path
                 lock.release()  # it stays set for every other waiter
             except RuntimeError:  # a second setter released it meanwhile: set all the same
@@ -162,7 +171,7 @@ class MonotonicClock(Timers):
     def wait(self, event: Waitable, until_ms: float | None) -> bool:
         if until_ms is None:
             return event.wait()
-        return event.wait(max(0.0, until_ms - self.now_ms()) / 1000)
+        return event.wait(max(0.0, until_ms - time.monotonic_ns() / 1e6) / 1000)  # (now_ms)
 
     def _loop(self) -> None:
         while True:
