@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from ..core.dask_ledger import Branch
 
 __all__ = ["STATE_VERSION", "Budget", "Deferred", "Grant", "Snapshot", "activate", "budget",
-           "check_notices", "current", "stop_error"]
+           "check_notices", "current", "set_ambient", "stop_error"]
 
 _R = TypeVar("_R")
 _INF = math.inf
@@ -100,11 +100,25 @@ _current: contextvars.ContextVar[Budget | Deferred | None] = contextvars.Context
 def current() -> Budget | None:
     """The innermost active budget of this thread or context, or `None`."""
     run = _current.get()
-    if run is None or run.__class__ is Budget:
+    if run is None:
+        return _ambient() if _ambient is not None else None
+    if run.__class__ is Budget:
         return run
     if isinstance(run, Deferred):  # a host's run made on first use: this is its first use
         return run.run
     return run
+
+
+#: where `current` looks when no run was entered in this context (`set_ambient`)
+_ambient: Callable[[], Budget | None] | None = None
+
+
+def set_ambient(find: Callable[[], Budget | None] | None) -> None:
+    """Install (or remove) where `current` finds the run of a context in which none was
+    entered: a host whose work runs in a run it has not entered there (a call's work, whose
+    run is made only if it is used) gives its own lookup."""
+    global _ambient
+    _ambient = find
 
 
 def activate(run: Budget) -> None:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ..agents.budget import Budget, Deferred
+from ..agents.budget import Budget, Deferred, set_ambient
 from ..core.clock import Clock, Latch, default_clock
 from ..core.duration import parse_duration
 from ..core.endings import ENDINGS, envelope_code
@@ -605,12 +605,24 @@ def _wall_clock(job: Job, plan: _Plan) -> None:
 
 def _prepared(ctx: _Call | _Direct, held: Budget | Deferred) -> contextvars.Context:
     """The context the work of *ctx* runs in: a copy of the caller's, with the call visible and
-    its run *held* entered (as a ``with`` block would enter it). Made by the caller, so that
-    the worker, which runs cold after its thread switch, does only the work and its end."""
+    its run *held* entered (as a ``with`` block would enter it). A direct call's run not made
+    yet needs no entering: `nb.current` finds it through the call (`_ambient_run`), and makes
+    it then, begun with the call. Made by the caller, so that the worker, which runs cold after
+    its thread switch, does only the work and its end."""
     context = contextvars.copy_context()
     context.run(_current_call.set, ctx)
-    context.run(held.__enter__)
+    if held is not ctx or ctx.made() is not None:  # type: ignore[union-attr]
+        context.run(held.__enter__)
     return context
+
+
+def _ambient_run() -> Budget | None:
+    """The run of the call whose work runs in this context, where no run was entered."""
+    ctx = _current_call.get()
+    return ctx.run if ctx is not None else None
+
+
+set_ambient(_ambient_run)
 
 
 def _work(ctx: _Call | _Direct, held: Budget | Deferred) -> Callable[[], None]:
