@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -95,3 +96,54 @@ def test_a_latch_frees_every_waiter_and_stays_set():
         t.join(SOON)
     assert freed == [True] * 8
     assert latch.is_set() and latch.wait(0)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="Linux's scheduler policies")
+def test_workers_run_as_batch_work_so_waking_one_never_preempts_its_caller():
+    """A caller hands a task over while it holds the GIL: a woken worker that preempted it
+    could only wait for the GIL and switch back. Batch threads are never woken that way."""
+    policy: list[int] = []
+    done = Latch()
+
+    def task() -> Callable[[], None]:
+        policy.append(os.sched_getscheduler(0))
+        return done.set
+
+    workers.submit(task)
+    assert done.wait(SOON)
+    assert policy == [os.SCHED_BATCH]
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the caller's own thread is as it was
+
+
+def test_a_submit_keeps_its_spare_workers_idle():
+    """``spare=1``: besides the worker given the task, one stays idle (to write a job's record
+    when the call detaches), started if there was none."""
+    release = threading.Event()
+    done = Latch()
+
+    def task() -> Callable[[], None]:
+        release.wait(SOON)
+        return done.set
+
+    deadline = time.monotonic() + SOON
+    while workers.idle_count():  # start from no idle worker at all
+        assert time.monotonic() < deadline, "idle workers never ended"
+        time.sleep(0.01)
+    workers.submit(task, spare=1)
+    assert workers.idle_count() == 1
+    release.set()
+    assert done.wait(SOON)
+
+
+def test_a_latch_set_through_its_releaser_is_set_at_once_and_wakes_its_waiters_once_released():
+    latch = Latch()
+    freed: list[bool] = []
+    waiter = threading.Thread(target=lambda: freed.append(latch.wait(SOON)), name="waiter")
+    waiter.start()
+    time.sleep(0.05)  # blocked on the latch by now (a later one would find it set at once)
+    release = latch.releaser()
+    assert latch.is_set() and latch.wait(0)  # set already: a waiter that looks does not block
+    latch.set()  # a second setter does nothing: the lock is released once, by `release`
+    release()
+    waiter.join(SOON)
+    assert freed == [True]

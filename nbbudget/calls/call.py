@@ -234,34 +234,32 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     day, UTC, kept in the store across kernel restarts; a continuation is not a new start, and a
     start over the quota fails with the code ``RunsPerDayExceeded`` and runs nothing (S4-12).
     ``cluster=`` (a ``distributed.Client`` or a scheduler address; in IPython,
-    ``NBBudget.cluster`` when not given) runs the work as a task on that Dask cluster; a
-    detached one survives the kernel (`nbbudget.calls.dask_runner`). ``cluster=False`` keeps
-    it in this process whatever the default.
+    ``NBBudget.cluster`` when not given) runs the work as a task on that Dask cluster, where a
+    detached one survives the kernel; ``cluster=False`` keeps it here whatever the default.
 
-    Keyword arguments with the names above are nbbudget's; pass such arguments to *fn* with
-    `functools.partial`. The work runs, and its records are kept, on the backend in force
-    (`nbbudget.calls.runner.current_backend`).
+    Keyword arguments with the names above are nbbudget's (pass such arguments to *fn* with
+    `functools.partial`). The work runs, and its records are kept, on the backend in force.
     """
     started = time.monotonic()
     clock = clock if clock is not None else default_clock()
     t0_ms = clock.now_ms()  # the call budget counts from the call, store work included
-    if cluster is None and _default_cluster is not None:
-        cluster = _default_cluster()
     if (detach is True and resume is False and timeout is None and estimate_ms is None
             and manifest is None and runs_per_day is None):  # the usual call: `_Direct`
         direct = _direct_call(fn, args, kwargs, budget, key, limits, clock, notices, cluster,
                               t0_ms)
         if direct is not None:
             return _run_direct(direct, clock, t0_ms, started)
-    started_wall = _wall()  # the wall clock of a first start counts from here (S0-6)
     plan = _plan(fn, args, kwargs, detach, resume, budget, timeout, key, estimate_ms, limits,
                  manifest, notices, runs_per_day)
-    return _run(plan, _backend(cluster, plan), clock, t0_ms, started, started_wall)
+    # (the wall clock of a first start counts from here, S0-6)
+    return _run(plan, _backend(cluster, plan), clock, t0_ms, started, _wall())
 
 
 def _backend(cluster: Any, work: Work) -> Backend:
-    """Where the call runs: the backend in force, or the cluster *cluster* names (``None`` or
-    ``False``: here)."""
+    """Where the call runs: the backend in force, or the cluster *cluster* names (given, or
+    the default one; ``False``: here, whatever the default)."""
+    if cluster is None and _default_cluster is not None:
+        cluster = _default_cluster()
     if cluster is None or cluster is False:
         return current_backend()
     from .dask_runner import on_cluster_backend
@@ -305,7 +303,8 @@ def _direct_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
         return None
     direct = _Direct((fn, args, kwargs, key), _label(fn, key), budget_ms, limits, clock,
                      notices, t0_ms)
-    direct.backend = current_backend() if cluster is None else _backend(cluster, direct)
+    direct.backend = current_backend() if cluster is None and _default_cluster is None else (
+        _backend(cluster, direct))
     return direct
 
 
