@@ -97,7 +97,8 @@ def _as_batch() -> None:
     never preempts the thread that woke it: a caller handing over a task still holds the GIL,
     so a worker run at once could only wait for the GIL and switch back, two more thread
     switches per handoff (most of a trivial call's cost, measured pinned to one core). Its
-    share of the processor is the same."""
+    share of the processor is the same; only a wake-up waits for the running thread's turn to
+    end. Threads the work starts inherit the policy, as threads do."""
     try:
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     except (AttributeError, OSError):  # not Linux, or refused (a sandbox): as it was
