@@ -180,6 +180,8 @@ class SameWork:
     timeout_ms: int | None = None
     detach: bool = True
     resume: bool = False
+    budget_ms: int | None = 1_000
+    estimate_ms: int | None = None
 
 
 def test_an_ended_published_job_goes_to_exactly_one_of_two_kernels(
@@ -291,10 +293,8 @@ def test_an_interactive_detached_call_without_a_budget_runs_on_the_cluster(
     assert response.ok and response.data == 5
 
 
-def test_resume_and_timeout_on_a_cluster_are_refused_with_what_to_do(
-        dask_client: Any, home: Any) -> None:
-    with pytest.raises(nb.ConfigError, match="resume=True cannot run on a cluster"):
-        nb.call(slow, 0.1, "r", resume=True, budget="1s", cluster=dask_client)
+def test_a_timeout_on_a_cluster_is_refused_with_what_to_do(dask_client: Any,
+                                                            home: Any) -> None:
     with pytest.raises(nb.ConfigError, match=r"run_ms"):
         nb.call(slow, 0.1, "t", detach=True, budget="1s", timeout="5s", cluster=dask_client)
 
@@ -316,7 +316,9 @@ import os, time
 def work(marker, seconds):
     with open(marker, "a") as out:
         out.write(f"started in {os.getpid()}\\n")
+    print("begun on the worker", flush=True)
     time.sleep(seconds)
+    print("ending on the worker")
     return "finished"
 '''
 
@@ -328,8 +330,11 @@ import jobwork
 address, marker, budget = sys.argv[1:4]
 started = time.monotonic()
 response = nb.call(jobwork.work, marker, 2.0, detach=True, budget=budget, cluster=address)
+job = response.job
 print(json.dumps({"exit_code": response.exit_code, "data": response.data,
                   "error": response.error, "pid": os.getpid(),
+                  "output": job.output_text if job is not None else None,
+                  "heartbeat": job.last_heartbeat if job is not None else None,
                   "ms": (time.monotonic() - started) * 1000}), flush=True)
 os._exit(0)  # the kernel dies: no client closed, nothing cleaned up
 '''
@@ -365,6 +370,9 @@ def test_reattach_after_the_first_kernel_exited_delivers_the_result_and_the_work
         assert second["pid"] != first["pid"]
         assert second["exit_code"] == 0 and second["data"] == "finished", second
         assert marker.read_text().count("started") == 1  # the work ran once
+        # what the worker process printed before this kernel began, then what came later
+        assert second["output"] == "begun on the worker\nending on the worker\n"
+        assert second["heartbeat"] is not None
         assert published(client) == []  # delivered: the next identical call starts anew
         third = kernel(tmp_path, address, marker, "200ms")
         assert third["exit_code"] == 14

@@ -76,6 +76,9 @@ class Job:
     #: after a cancel of its run: True when the work stopped at a budget check, False when
     #: it ended anyway; None before the work ends, or when no cancel was in force
     cancel_honoured: bool | None = None
+    #: when its work last said it is alive (``time.time()`` here), for work that runs in
+    #: another process (a task on a cluster); None when nothing has said so
+    last_heartbeat: float | None = None
     _value: Any = None
     _error: BaseException | None = None
     _collected: Callable[[], None] | None = None  # its runner's, once detached
