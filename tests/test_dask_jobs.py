@@ -272,6 +272,30 @@ def test_a_cancel_of_a_job_on_worker_processes_stops_its_task_at_its_next_step(
     cancel_reaches_the_task(dask_process_client)
 
 
+def test_a_cancel_from_a_kernel_that_found_the_job_on_the_scheduler_reaches_its_task(
+        dask_client: Any, home: Any, in_kernel: Any) -> None:
+    limits = nb.Limits(steps=1_000)
+    first = nb.call(steps_slowly, 500, detach=True, budget="100ms", key="job-k", limits=limits,
+                    cluster=dask_client)
+    assert first.exit_code == 14
+    job = nb.jobs[first.data["job"]]
+    # a runner of its own, as a restarted kernel has: it finds the job on the scheduler
+    with use_backend(Backend(DaskRunner(dask_client, Jobs(list)), nb.store)):
+        second = nb.call(steps_slowly, 500, detach=True, budget="50ms", key="job-k",
+                         limits=limits)
+        assert second.exit_code == 14 and second.job is not None and second.job is not job
+        found = second.job
+        deadline, taken = time.monotonic() + 20, 0.0
+        while not taken and time.monotonic() < deadline:  # the task's counters show here
+            time.sleep(0.05)
+            taken = found.run.snapshot().consumed.get("steps", 0)
+        assert taken > 0
+        assert found.cancel("from the new kernel", wait=10) == "stopped"
+        assert found.state is nb.JobState.CANCELLED and found.cancel_honoured is True
+        assert 0 < found.run.snapshot().consumed["steps"] < 500
+    assert job.wait_done(10) and job.state is nb.JobState.CANCELLED  # the same task stopped
+
+
 def test_detaching_to_a_cluster_inside_the_kernel_warns_that_the_job_dies_with_it(
         dask_client: Any, home: Any) -> None:
     with pytest.warns(RuntimeWarning, match="dies with the kernel.*external scheduler"):

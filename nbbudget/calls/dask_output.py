@@ -199,42 +199,6 @@ class TaskOutput:
 
 
 # -- in the kernel --------------------------------------------------------------------------
-Handler = Callable[[tuple[float, dict[str, Any]]], None]
-#: by client and topic, what hears its events: a client keeps one handler per topic, and two
-#: jobs of one process may hear one task (a job reattached by a runner of its own)
-_hearing: weakref.WeakKeyDictionary[Client, dict[str, list[Handler]]] = (
-    weakref.WeakKeyDictionary())
-_hearing_lock = threading.Lock()
-
-
-def _subscribe(client: Client, topic: str, fn: Handler) -> None:
-    with _hearing_lock:
-        topics = _hearing.setdefault(client, {})
-        fns = topics.get(topic)
-        if fns is None:
-            fns = topics[topic] = []
-
-            def heard(event: tuple[float, dict[str, Any]], fns: list[Handler] = fns) -> None:
-                for each in list(fns):
-                    each(event)
-
-            client.subscribe_topic(topic, heard)  # type: ignore[no-untyped-call]  # untyped
-        fns.append(fn)
-
-
-def _unsubscribe(client: Client, topic: str, fn: Handler) -> None:
-    with _hearing_lock:
-        topics = _hearing.get(client, {})
-        fns = topics.get(topic)
-        if fns is None:
-            return
-        if fn in fns:
-            fns.remove(fn)
-        if not fns:
-            del topics[topic]
-            client.unsubscribe_topic(topic)  # type: ignore[no-untyped-call]  # untyped in Dask
-
-
 class Saver:
     """Saves the checkpoints a task ships, in order, through the call's *checkpoints*, off the
     client's event loop, with the state of the job's *run* (its limits, active time and
@@ -299,15 +263,16 @@ class Feed:
         self._lock = threading.Lock()
         self._next: dict[str, int] = {}  # by attempt: the number of the next message
         self._held: list[dict[str, Any]] | None = None  # heard before the history, when replaying
-        self._listening = False
+        self._unheard: list[Callable[[], None]] = []
 
     def listen(self, replaying: bool = False) -> None:
         """Hear the task's messages from now on; *replaying*: hold them until `replay`."""
+        from ..core.dask_scheduler import hear
+
         if replaying:
             self._held = []
-        _subscribe(self.client, self.topics[0], self._heard)
-        _subscribe(self.client, self.topics[1], self._beat)
-        self._listening = True
+        self._unheard = [hear(self.client, self.topics[0], self._heard),
+                         hear(self.client, self.topics[1], self._beat)]
 
     def replay(self) -> None:
         """Take what the scheduler kept of the task's messages, then what was heard meanwhile,
@@ -329,12 +294,10 @@ class Feed:
 
     def close(self) -> None:
         """Stop listening (the task ended: all it sent has been heard)."""
-        if not self._listening:
-            return
-        self._listening = False
-        for topic, fn in zip(self.topics, (self._heard, self._beat), strict=True):
+        unheard, self._unheard = self._unheard, []
+        for each in unheard:
             try:
-                _unsubscribe(self.client, topic, fn)
+                each()
             except Exception:  # noqa: BLE001,S110  (a closed client hears nothing anyway)
                 pass
 

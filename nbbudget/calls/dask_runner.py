@@ -13,7 +13,10 @@ a published future outlives the kernel that submitted it, while an unpublished o
 when its kernel dies. The job is kept by identity in this process too, and listed in
 ``nb.jobs``, as the local runner does. `reattach` looks in this process first, then on the
 scheduler (from a restarted kernel); a job that has already ended there goes to exactly one
-caller: the name is taken off the scheduler in one step of the scheduler's own (S0-11).
+caller: the name is taken off the scheduler in one step of the scheduler's own (S0-11). The
+future is published with its run's place on the ledger (its `Branch`), so the job a restarted
+kernel finds has the task's run, joined from there (`nbbudget.core.dask_ledger.watching`): its
+counters show there, and cancelling it reaches the task.
 `deliver` unpublishes the name once the result went out, so the next identical call starts
 anew.
 
@@ -47,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..agents.budget import Budget, join
 from ..core.errors import Cancelled, ConfigError
+from ..core.limits import Limits
 from ..core.lowlevel import Incomplete
 from .dask_output import Feed, Saver, TaskOutput, beat_topic, forget, output_topic
 from .jobs import Job, JobState, Jobs
@@ -231,6 +235,7 @@ class DaskRunner(LocalRunner):
         self._futures: weakref.WeakKeyDictionary[Job, Future] = weakref.WeakKeyDictionary()
         self._published: weakref.WeakSet[Job] = weakref.WeakSet()  # its name is on the scheduler
         self._feeds: weakref.WeakKeyDictionary[Job, Feed] = weakref.WeakKeyDictionary()
+        self._branches: weakref.WeakKeyDictionary[Job, Branch] = weakref.WeakKeyDictionary()
 
     def start(self, work: Work, job: Job, task: workers.Task, *, detachable: bool,
               checkpoints: Checkpoints | None = None) -> None:
@@ -259,6 +264,7 @@ class DaskRunner(LocalRunner):
         feed.listen()
         future = self.client.submit(run_work, fn, args, kwargs, branch, shipped, key=key,
                                     pure=False)
+        self._branches[job] = branch
         self._bind(job, future, feed)
 
     def detach(self, work: Work, job: Job) -> None:
@@ -266,8 +272,9 @@ class DaskRunner(LocalRunner):
         keep and list it as the local runner does."""
         future = self._futures.get(job)
         if future is not None and job not in self._published:  # (a reattached one already is)
-            self.client.publish_dataset(future, name=published_name(work.identity),
-                                        override=True)
+            # with its run's place on the ledger, so that a kernel that finds it can stop it
+            self.client.publish_dataset({"future": future, "branch": self._branches.get(job)},
+                                        name=published_name(work.identity), override=True)
             self._published.add(job)
         if self.in_kernel and not job.detached:
             warnings.warn(f"the job {job.id} ({work.label}) was detached to a Dask cluster whose "
@@ -283,16 +290,16 @@ class DaskRunner(LocalRunner):
             return job
         name = published_name(work.identity)
         try:
-            future = self.client.get_dataset(name, default=None)
-            if future is None:
+            found = self.client.get_dataset(name, default=None)
+            if found is None:
                 return None
             taken = self.client.run_on_scheduler(take_published, name, True, self.client.id)
         except Exception:  # noqa: BLE001  (a scheduler that cannot answer: start anew)
             return None
         if taken == "absent":
             return None  # another caller took the ended job: the work is complete
-        job = Job(lambda: work.identity, work.label,
-                  Budget(work.limits, name=work.label, notices=work.notices),
+        future, branch = found["future"], found["branch"]
+        job = Job(lambda: work.identity, work.label, self._joined(work, branch),
                   current_backend().store)
         feed = Feed(self.client, str(future.key), job)
         feed.listen(replaying=True)
@@ -301,6 +308,17 @@ class DaskRunner(LocalRunner):
         if taken == "running":
             self._published.add(job)
         return job
+
+    def _joined(self, work: Work, branch: Branch | None) -> Budget:
+        """The run of a job found on the scheduler: its task's run there, joined from here, so
+        that its counters show here and cancelling the job reaches the task (a run of its own
+        when the job was published without its run)."""
+        if branch is None:
+            return Budget(work.limits, name=work.label, notices=work.notices)
+        from ..core.dask_ledger import watching
+
+        return Budget(Limits.from_json(branch.limits), name=branch.name, notices=branch.notices,
+                      ledger=watching(self.client, branch))
 
     def deliver(self, work: Work, job: Job) -> None:
         super().deliver(work, job)
