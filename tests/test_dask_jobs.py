@@ -296,6 +296,23 @@ def test_a_cancel_from_a_kernel_that_found_the_job_on_the_scheduler_reaches_its_
     assert job.wait_done(10) and job.state is nb.JobState.CANCELLED  # the same task stopped
 
 
+def test_a_kernel_connected_to_the_cluster_lists_the_jobs_published_there(
+        dask_client: Any, home: Any, in_kernel: Any) -> None:
+    first = nb.call(slow, 1.5, "l", detach=True, budget="20ms", key="job-l", cluster=dask_client)
+    job_id = first.data["job"]
+    # a restarted kernel's nb.jobs and runner: no job in this process, no record in its store
+    elsewhere = Jobs(list)
+    runner = DaskRunner(dask_client, elsewhere)
+    frame = elsewhere.to_frame()
+    assert job_id in frame.index and len(frame) == len(published(dask_client))  # (and others')
+    assert frame.loc[job_id, "label"] == "job-l" and frame.loc[job_id, "state"] == "running"
+    assert frame.loc[job_id, "pid"] == os.getpid()  # the kernel that started it
+    with use_backend(Backend(runner, nb.store)):
+        assert nb.call(slow, 1.5, "l", detach=True, budget="10s", key="job-l").ok
+    assert job_id not in elsewhere.to_frame().index  # delivered: no longer published
+    assert nb.jobs[job_id].wait_done(5)
+
+
 def test_detaching_to_a_cluster_inside_the_kernel_warns_that_the_job_dies_with_it(
         dask_client: Any, home: Any) -> None:
     with pytest.warns(RuntimeWarning, match="dies with the kernel.*external scheduler"):

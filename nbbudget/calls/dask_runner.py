@@ -16,7 +16,9 @@ scheduler (from a restarted kernel); a job that has already ended there goes to 
 caller: the name is taken off the scheduler in one step of the scheduler's own (S0-11). The
 future is published with its run's place on the ledger (its `Branch`), so the job a restarted
 kernel finds has the task's run, joined from there (`nbbudget.core.dask_ledger.watching`): its
-counters show there, and cancelling it reaches the task.
+counters show there, and cancelling it reaches the task. Each runner lists in its
+``nb.jobs.to_frame()`` the jobs published on its cluster that this process holds no job of
+(`DaskRunner.published_jobs`): a restarted kernel sees the jobs its predecessor left running.
 `deliver` unpublishes the name once the result went out, so the next identical call starts
 anew.
 
@@ -39,6 +41,7 @@ detaches: it is there while the task runs.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -72,7 +75,8 @@ if TYPE_CHECKING:
     from . import workers
 
 __all__ = ["PREFIX", "DaskRunner", "PausedAt", "Shipped", "TaskCall", "check_on_cluster",
-           "on_cluster_backend", "published_name", "run_work", "runner_of", "take_published"]
+           "on_cluster_backend", "published_name", "published_states", "run_work", "runner_of",
+           "take_published"]
 
 #: the prefix of the names detached jobs are published under on the scheduler
 PREFIX = "nbbudget-job-"
@@ -193,6 +197,22 @@ def take_published(name: str, ended_only: bool = False, client: str | None = Non
     return "taken"
 
 
+def published_states(prefix: str, dask_scheduler: Any = None) -> dict[str, str]:
+    """Runs on the scheduler: the state of each job published under a name that starts with
+    *prefix*: ``done`` (its result waits in memory), ``failed``, ``lost`` (its task is gone),
+    else ``running``."""
+    ext = dask_scheduler.extensions.get("publish") if dask_scheduler is not None else None
+    out: dict[str, str] = {}
+    for name, entry in (ext.datasets.items() if ext is not None else ()):
+        if not str(name).startswith(prefix):
+            continue
+        tasks = dask_scheduler.tasks
+        states = [tasks[key].state if key in tasks else "forgotten" for key in entry["keys"]]
+        out[str(name)] = ("failed" if "erred" in states else "lost" if "forgotten" in states
+                          else "done" if all(s == "memory" for s in states) else "running")
+    return out
+
+
 def check_on_cluster(work: Work) -> None:
     """What a call on a cluster refuses, with what to do instead."""
     if work.timeout_ms is not None:
@@ -236,6 +256,9 @@ class DaskRunner(LocalRunner):
         self._published: weakref.WeakSet[Job] = weakref.WeakSet()  # its name is on the scheduler
         self._feeds: weakref.WeakKeyDictionary[Job, Feed] = weakref.WeakKeyDictionary()
         self._branches: weakref.WeakKeyDictionary[Job, Branch] = weakref.WeakKeyDictionary()
+        #: the jobs of this process by their published name: not listed again from the cluster
+        self._here: weakref.WeakValueDictionary[str, Job] = weakref.WeakValueDictionary()
+        jobs.list_elsewhere(self.published_jobs)
 
     def start(self, work: Work, job: Job, task: workers.Task, *, detachable: bool,
               checkpoints: Checkpoints | None = None) -> None:
@@ -272,10 +295,15 @@ class DaskRunner(LocalRunner):
         keep and list it as the local runner does."""
         future = self._futures.get(job)
         if future is not None and job not in self._published:  # (a reattached one already is)
-            # with its run's place on the ledger, so that a kernel that finds it can stop it
-            self.client.publish_dataset({"future": future, "branch": self._branches.get(job)},
-                                        name=published_name(work.identity), override=True)
+            # with its run's place on the ledger, so that a kernel that finds it can stop it,
+            # and what lists it in any kernel's nb.jobs.to_frame()
+            listed = {"id": job.id, "label": job.label, "created": job.created,
+                      "pid": os.getpid()}
+            self.client.publish_dataset(
+                {"future": future, "branch": self._branches.get(job), "job": listed},
+                name=published_name(work.identity), override=True)
             self._published.add(job)
+        self._here[published_name(work.identity)] = job
         if self.in_kernel and not job.detached:
             warnings.warn(f"the job {job.id} ({work.label}) was detached to a Dask cluster whose "
                           f"scheduler runs in this kernel: it dies with the kernel. Give "
@@ -305,9 +333,33 @@ class DaskRunner(LocalRunner):
         feed.listen(replaying=True)
         feed.replay()  # what it printed so far, then what it prints from now on
         self._bind(job, future, feed)
+        self._here[name] = job
         if taken == "running":
             self._published.add(job)
         return job
+
+    def published_jobs(self) -> list[dict[str, Any]]:
+        """The jobs published on this cluster (by any kernel) that this process holds no job
+        of, as the store's records read (``nb.jobs.to_frame()`` lists them); none when the
+        scheduler cannot answer."""
+        if self.client.status != "running":
+            return []
+        try:
+            states = self.client.run_on_scheduler(published_states, PREFIX)
+        except Exception:  # noqa: BLE001  (a scheduler that cannot answer lists nothing)
+            return []
+        out = []
+        for name, state in sorted(states.items()):
+            if name in self._here:
+                continue
+            try:
+                found = self.client.get_dataset(name, default=None)
+            except Exception:  # noqa: BLE001,S112  (taken meanwhile, or unreadable here)
+                continue
+            listed = found.get("job") if isinstance(found, dict) else None
+            if listed is not None:
+                out.append({**listed, "state": state, "updated": None, "error": None})
+        return out
 
     def _joined(self, work: Work, branch: Branch | None) -> Budget:
         """The run of a job found on the scheduler: its task's run there, joined from here, so

@@ -304,6 +304,21 @@ class Jobs:
         self._jobs: dict[str, Job] = {}  # their result has not gone out yet
         self._collected: weakref.WeakValueDictionary[str, Job] = weakref.WeakValueDictionary()
         self.records = records
+        self._elsewhere: list[weakref.WeakMethod[Callable[[], list[dict[str, Any]]]]] = []
+
+    def list_elsewhere(self, source: Callable[[], list[dict[str, Any]]]) -> None:
+        """`to_frame` also lists the records *source* (a bound method: while its object lives)
+        gives, ahead of the store's: the jobs a cluster keeps for any kernel."""
+        with self._lock:
+            self._elsewhere.append(weakref.WeakMethod(source))  # type: ignore[arg-type]
+
+    def all_records(self) -> list[dict[str, Any]]:
+        """The records of jobs not in this process: those kept elsewhere, then the store's."""
+        with self._lock:
+            self._elsewhere = [ref for ref in self._elsewhere if ref() is not None]
+            sources = [ref() for ref in self._elsewhere]
+        found = [rec for source in sources if source is not None for rec in source()]
+        return [*found, *self.records()]
 
     def add(self, job: Job) -> None:
         """List *job* here (its runner detached it)."""

@@ -23,15 +23,16 @@ _JOB_COLUMNS = ["id", "label", "state", "cancel", "pid", "created", "ended", "er
 
 
 def _job_rows(jobs: Any) -> list[dict[str, Any]]:
-    """The jobs of this process, then the store's records of other processes, as plain rows
-    (times in seconds since the epoch)."""
+    """The jobs of this process, then the records of jobs elsewhere (a cluster's published
+    jobs, then the store's records of other processes), as plain rows (times in seconds since
+    the epoch)."""
     rows = [{"id": j.id, "label": j.label, "state": j.state.value, "cancel": j.cancel_status,
              "pid": os.getpid(), "created": j.created, "ended": j.ended,
              "error": _last_line(j.traceback), "output": j.output_text,
              "heartbeat": j.last_heartbeat}
             for j in jobs]
     seen = {r["id"] for r in rows}
-    for rec in jobs.records():
+    for rec in jobs.all_records():
         if rec["id"] not in seen:
             # a settled record was last written when its job ended; a lost one, when found lost
             ended = rec["updated"] if rec["state"] in ("done", "failed", "cancelled") else None
