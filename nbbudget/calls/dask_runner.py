@@ -197,19 +197,23 @@ def take_published(name: str, ended_only: bool = False, client: str | None = Non
     return "taken"
 
 
-def published_states(prefix: str, dask_scheduler: Any = None) -> dict[str, str]:
-    """Runs on the scheduler: the state of each job published under a name that starts with
-    *prefix*: ``done`` (its result waits in memory), ``failed``, ``lost`` (its task is gone),
-    else ``running``."""
+def published_states(prefix: str, dask_scheduler: Any = None) -> dict[str, tuple[str, Any]]:
+    """Runs on the scheduler: for each job published under a name that starts with *prefix*,
+    its state (``done``: its result waits in memory, ``failed``, ``lost``: its task is gone,
+    else ``running``) and how many seconds ago its task last said it is alive (or None)."""
     ext = dask_scheduler.extensions.get("publish") if dask_scheduler is not None else None
-    out: dict[str, str] = {}
+    out: dict[str, tuple[str, Any]] = {}
+    now = time.time()
     for name, entry in (ext.datasets.items() if ext is not None else ()):
         if not str(name).startswith(prefix):
             continue
-        tasks = dask_scheduler.tasks
-        states = [tasks[key].state if key in tasks else "forgotten" for key in entry["keys"]]
+        tasks, keys = dask_scheduler.tasks, entry["keys"]
+        states = [tasks[key].state if key in tasks else "forgotten" for key in keys]
+        heard = [t for key in keys for topic in (beat_topic(str(key)), output_topic(str(key)))
+                 for t, _ in dask_scheduler.get_events(topic)[-1:]]
         out[str(name)] = ("failed" if "erred" in states else "lost" if "forgotten" in states
-                          else "done" if all(s == "memory" for s in states) else "running")
+                          else "done" if all(s == "memory" for s in states) else "running",
+                          now - max(heard) if heard else None)
     return out
 
 
@@ -348,8 +352,8 @@ class DaskRunner(LocalRunner):
             states = self.client.run_on_scheduler(published_states, PREFIX)
         except Exception:  # noqa: BLE001  (a scheduler that cannot answer lists nothing)
             return []
-        out = []
-        for name, state in sorted(states.items()):
+        out, now = [], time.time()
+        for name, (state, age) in sorted(states.items()):
             if name in self._here:
                 continue
             try:
@@ -358,7 +362,8 @@ class DaskRunner(LocalRunner):
                 continue
             listed = found.get("job") if isinstance(found, dict) else None
             if listed is not None:
-                out.append({**listed, "state": state, "updated": None, "error": None})
+                out.append({**listed, "state": state, "updated": None, "error": None,
+                            "heartbeat": None if age is None else now - age})
         return out
 
     def _joined(self, work: Work, branch: Branch | None) -> Budget:

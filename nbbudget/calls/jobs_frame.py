@@ -39,7 +39,7 @@ def _job_rows(jobs: Any) -> list[dict[str, Any]]:
             rows.append({"id": rec["id"], "label": rec["label"], "state": rec["state"],
                          "cancel": None, "pid": rec["pid"], "created": rec["created"],
                          "ended": ended, "error": _last_line(rec["error"]), "output": None,
-                         "heartbeat": None})
+                         "heartbeat": rec.get("heartbeat")})
     return rows
 
 
