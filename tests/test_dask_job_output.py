@@ -3,8 +3,9 @@ task runs, all of it by the time its result is answered, only its own thread's w
 a kernel that reattaches to it from the scheduler, what it printed before, then what comes
 later, each once (N-2, for calls; `nbbudget.calls.dask_output`).
 
-In-process clusters here; the real-process test of ``test_dask_jobs.py`` checks the same across
-two kernel processes and a worker process."""
+In-process clusters here, and worker processes for a task run again after its worker was
+killed; the real-process test of ``test_dask_jobs.py`` checks the same across two kernel
+processes and a worker process."""
 
 from __future__ import annotations
 
@@ -145,3 +146,37 @@ def test_a_kernel_that_reattaches_gets_what_was_printed_so_far_then_what_comes_l
         assert third.ok and third.data == "h" and third.job is found
         assert found.output_text == "h begun\nh ending\n"  # each once, in order
     assert job.wait_done(5) and job.output_text == "h begun\nh ending\n"
+
+
+def prints_pid_until(marker: str) -> str:
+    print(f"begun in {os.getpid()}")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    print("ending")
+    return "survived"
+
+
+def test_a_task_run_again_after_its_worker_died_goes_on_in_the_same_output(
+        home: Any, in_kernel: Any, tmp_path: Path) -> None:
+    import signal
+
+    from conftest import dask_cluster
+
+    marker = tmp_path / "go"
+    with dask_cluster(processes=True, n_workers=1, threads_per_worker=1) as client:
+        first = nb.call(prints_pid_until, str(marker), detach=True, budget="50ms",
+                        cluster=client)
+        job = nb.jobs[first.data["job"]]
+        assert wait_for(lambda: "begun in" in job.output_text, 60)
+        dead = int(job.output_text.split()[2])
+        os.kill(dead, signal.SIGKILL)  # its worker process (the nanny starts another)
+        assert wait_for(lambda: job.output_text.count("begun in") == 2, 60)
+        marker.touch()
+        done = nb.call(prints_pid_until, str(marker), detach=True, budget="60s", cluster=client)
+        assert done.ok and done.data == "survived" and done.job is job
+        lines = job.output_text.splitlines()
+        assert lines[0] == f"begun in {dead}"
+        assert lines[1] == "[the task started again on the cluster: its worker was lost]"
+        assert lines[2].startswith("begun in ") and lines[2] != lines[0]
+        assert lines[3:] == ["ending"]
