@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -136,9 +137,33 @@ def test_resume_state_and_checkpoint_in_a_detached_task_start_fresh_and_save_not
     assert nb.store().load_checkpoint(response.job.identity) is None
 
 
+@dataclass
+class Progress:
+    """A state of a class of the caller's own (a notebook's), shipped by value."""
+
+    i: int
+
+
+def counts_progress(n: int) -> int:
+    done = nb.resume_state(Progress(0))
+    run = nb.current()
+    assert run is not None
+    while done.i < n:
+        run.step()
+        time.sleep(0.02)
+        done = Progress(done.i + 1)
+        nb.checkpoint(done)
+    return done.i
+
+
 def test_a_resumable_call_pauses_and_continues_across_worker_processes(
         dask_process_client: Any, home: Any) -> None:
-    first = nb.call(counts, 40, resume=True, budget="500ms", cluster=dask_process_client)
+    first = nb.call(counts_progress, 40, resume=True, budget="500ms",
+                    cluster=dask_process_client)
     assert first.exit_code == 14 and first.data["state"] == "paused"
-    second = nb.call(counts, 40, resume=True, budget="60s", cluster=dask_process_client)
+    assert first.job is not None
+    saved = nb.store().load_checkpoint(first.job.identity)
+    assert saved is not None and 0 < saved.state.i < 40
+    second = nb.call(counts_progress, 40, resume=True, budget="60s",
+                     cluster=dask_process_client)
     assert second.ok and second.data == 40

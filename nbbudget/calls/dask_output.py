@@ -240,13 +240,22 @@ class Saver:
                     ledger = self.run.state()
                     ledger["counts"] = dict(msg["counts"])
                     ledger["notice_level"] = max(ledger["notice_level"], msg["notice_level"])
-                    state = pickle.loads(msg["checkpoint"])  # noqa: S301  (the task's own state)
-                    self._saved[which] = self.checkpoints.save(state, ledger)
+                    self._saved[which] = self.checkpoints.save(_state(msg, which[1]), ledger)
                 except Exception as exc:  # noqa: BLE001  (kept: the pause at it raises it)
                     self._saved[which] = exc
 
     def _drain_task(self) -> None:
         self.drain()
+
+
+def _state(msg: dict[str, Any], number: int) -> Any:
+    """The state of the checkpoint *msg*, read here."""
+    try:
+        return pickle.loads(msg["checkpoint"])  # noqa: S301  (the task's own state)
+    except Exception as exc:
+        raise TypeError(f"the state of checkpoint {number} could not be read in the kernel "
+                        f"({exc}): a checkpoint's state must be made of classes the kernel has "
+                        f"too (the notebook's own, or importable ones)") from exc
 
 
 class Feed:

@@ -41,6 +41,8 @@ detaches: it is there while the task runs.
 
 from __future__ import annotations
 
+import importlib
+import io
 import os
 import threading
 import time
@@ -136,18 +138,41 @@ class TaskCall:
     def checkpoint(self, state: Any) -> None:
         if not self.shipped.resume:
             return
-        import cloudpickle
-
         self.run.check()
         self._count += 1
         ledger = self.run.state()  # what this task counted: its unused permits left out
-        self.output.send({"checkpoint": cloudpickle.dumps(state), "id": self._count,
+        self.output.send({"checkpoint": _pickled(state), "id": self._count,
                           "counts": ledger["counts"], "notice_level": ledger["notice_level"]})
         if self._pause_at is not None and time.monotonic() >= self._pause_at:
             raise _Pause(PausedAt(self.output.attempt, self._count))
 
     def resume_state(self, default: Any) -> Any:
         return self.shipped.loaded[0] if self.shipped.loaded else default
+
+
+def _pickled(state: Any) -> bytes:
+    """*state* pickled on a worker for the kernel: its classes by their names (the kernel has
+    them: a class shipped to the worker by value is the kernel's own there, not a copy, so that
+    the kernel's store can pickle the state again), what has no name by value (cloudpickle)."""
+    import cloudpickle  # type: ignore[import-untyped]  # untyped
+
+    class ByName(cloudpickle.Pickler):  # type: ignore[misc]  # untyped base
+        def reducer_override(self, obj: Any) -> Any:
+            if isinstance(obj, type) and "<locals>" not in obj.__qualname__:
+                return _named, (obj.__module__, obj.__qualname__)
+            return super().reducer_override(obj)
+
+    out = io.BytesIO()
+    ByName(out, protocol=5).dump(state)
+    return out.getvalue()
+
+
+def _named(module: str, qualname: str) -> Any:
+    """The object *qualname* of *module*, where a pickle is loaded (a class, by its name)."""
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
 
 
 def run_work(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],

@@ -310,7 +310,7 @@ class Jobs:
         """`to_frame` also lists the records *source* (a bound method: while its object lives)
         gives, ahead of the store's: the jobs a cluster keeps for any kernel."""
         with self._lock:
-            self._elsewhere.append(weakref.WeakMethod(source))  # type: ignore[arg-type]
+            self._elsewhere.append(weakref.WeakMethod(source))
 
     def all_records(self) -> list[dict[str, Any]]:
         """The records of jobs not in this process: those kept elsewhere, then the store's."""
