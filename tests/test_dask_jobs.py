@@ -27,6 +27,7 @@ import pytest
 pytest.importorskip("distributed")
 
 import cloudpickle
+import pandas as pd
 
 import nbbudget as nb
 from nbbudget.calls.dask_runner import PREFIX, DaskRunner
@@ -180,6 +181,8 @@ class SameWork:
     timeout_ms: int | None = None
     detach: bool = True
     resume: bool = False
+    budget_ms: int | None = 1_000
+    estimate_ms: int | None = None
 
 
 def test_an_ended_published_job_goes_to_exactly_one_of_two_kernels(
@@ -270,6 +273,49 @@ def test_a_cancel_of_a_job_on_worker_processes_stops_its_task_at_its_next_step(
     cancel_reaches_the_task(dask_process_client)
 
 
+def test_a_cancel_from_a_kernel_that_found_the_job_on_the_scheduler_reaches_its_task(
+        dask_client: Any, home: Any, in_kernel: Any) -> None:
+    limits = nb.Limits(steps=1_000)
+    first = nb.call(steps_slowly, 500, detach=True, budget="100ms", key="job-k", limits=limits,
+                    cluster=dask_client)
+    assert first.exit_code == 14
+    job = nb.jobs[first.data["job"]]
+    # a runner of its own, as a restarted kernel has: it finds the job on the scheduler
+    with use_backend(Backend(DaskRunner(dask_client, Jobs(list)), nb.store)):
+        second = nb.call(steps_slowly, 500, detach=True, budget="50ms", key="job-k",
+                         limits=limits)
+        assert second.exit_code == 14 and second.job is not None and second.job is not job
+        found = second.job
+        deadline, taken = time.monotonic() + 20, 0.0
+        while not taken and time.monotonic() < deadline:  # the task's counters show here
+            time.sleep(0.05)
+            taken = found.run.snapshot().consumed.get("steps", 0)
+        assert taken > 0
+        assert found.cancel("from the new kernel", wait=10) == "stopped"
+        assert found.state is nb.JobState.CANCELLED and found.cancel_honoured is True
+        assert 0 < found.run.snapshot().consumed["steps"] < 500
+    assert job.wait_done(10) and job.state is nb.JobState.CANCELLED  # the same task stopped
+
+
+def test_a_kernel_connected_to_the_cluster_lists_the_jobs_published_there(
+        dask_client: Any, home: Any, in_kernel: Any) -> None:
+    first = nb.call(slow, 1.5, "l", detach=True, budget="20ms", key="job-l", cluster=dask_client)
+    job_id = first.data["job"]
+    # a restarted kernel's nb.jobs and runner: no job in this process, no record in its store
+    elsewhere = Jobs(list)
+    runner = DaskRunner(dask_client, elsewhere)
+    frame = elsewhere.to_frame()
+    assert job_id in frame.index and len(frame) == len(published(dask_client))  # (and others')
+    assert frame.loc[job_id, "label"] == "job-l" and frame.loc[job_id, "state"] == "running"
+    assert frame.loc[job_id, "pid"] == os.getpid()  # the kernel that started it
+    heard = frame.loc[job_id, "heartbeat"]  # when its task last said it is alive
+    assert not pd.isna(heard) and abs(heard.timestamp() - time.time()) < 20
+    with use_backend(Backend(runner, nb.store)):
+        assert nb.call(slow, 1.5, "l", detach=True, budget="10s", key="job-l").ok
+    assert job_id not in elsewhere.to_frame().index  # delivered: no longer published
+    assert nb.jobs[job_id].wait_done(5)
+
+
 def test_detaching_to_a_cluster_inside_the_kernel_warns_that_the_job_dies_with_it(
         dask_client: Any, home: Any) -> None:
     with pytest.warns(RuntimeWarning, match="dies with the kernel.*external scheduler"):
@@ -291,10 +337,8 @@ def test_an_interactive_detached_call_without_a_budget_runs_on_the_cluster(
     assert response.ok and response.data == 5
 
 
-def test_resume_and_timeout_on_a_cluster_are_refused_with_what_to_do(
-        dask_client: Any, home: Any) -> None:
-    with pytest.raises(nb.ConfigError, match="resume=True cannot run on a cluster"):
-        nb.call(slow, 0.1, "r", resume=True, budget="1s", cluster=dask_client)
+def test_a_timeout_on_a_cluster_is_refused_with_what_to_do(dask_client: Any,
+                                                            home: Any) -> None:
     with pytest.raises(nb.ConfigError, match=r"run_ms"):
         nb.call(slow, 0.1, "t", detach=True, budget="1s", timeout="5s", cluster=dask_client)
 
@@ -316,7 +360,9 @@ import os, time
 def work(marker, seconds):
     with open(marker, "a") as out:
         out.write(f"started in {os.getpid()}\\n")
+    print("begun on the worker", flush=True)
     time.sleep(seconds)
+    print("ending on the worker")
     return "finished"
 '''
 
@@ -328,8 +374,11 @@ import jobwork
 address, marker, budget = sys.argv[1:4]
 started = time.monotonic()
 response = nb.call(jobwork.work, marker, 2.0, detach=True, budget=budget, cluster=address)
+job = response.job
 print(json.dumps({"exit_code": response.exit_code, "data": response.data,
                   "error": response.error, "pid": os.getpid(),
+                  "output": job.output_text if job is not None else None,
+                  "heartbeat": job.last_heartbeat if job is not None else None,
                   "ms": (time.monotonic() - started) * 1000}), flush=True)
 os._exit(0)  # the kernel dies: no client closed, nothing cleaned up
 '''
@@ -365,6 +414,9 @@ def test_reattach_after_the_first_kernel_exited_delivers_the_result_and_the_work
         assert second["pid"] != first["pid"]
         assert second["exit_code"] == 0 and second["data"] == "finished", second
         assert marker.read_text().count("started") == 1  # the work ran once
+        # what the worker process printed before this kernel began, then what came later
+        assert second["output"] == "begun on the worker\nending on the worker\n"
+        assert second["heartbeat"] is not None
         assert published(client) == []  # delivered: the next identical call starts anew
         third = kernel(tmp_path, address, marker, "200ms")
         assert third["exit_code"] == 14

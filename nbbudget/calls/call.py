@@ -39,7 +39,7 @@ from .response import (
     Response,
     meta,
 )
-from .runner import LOCAL, Backend, JobRunner, Work, current_backend
+from .runner import LOCAL, Backend, JobRunner, Work, current_backend, remote_call
 from .store import Checkpoint, CheckpointRefused, Store, StoreDamaged
 
 __all__ = ["CALL_SPELLING", "DEFAULT_BUDGET_MS", "ENV_BUDGET", "FLAG_SPELLING", "Spelling", "call",
@@ -100,6 +100,18 @@ class _Call:
         job.settle(JobState.DONE, value=value)
         job.cancel_timers()  # the work has ended: its wall clock no longer matters
         return job.notify_done
+
+    def save(self, state: Any, ledger: dict[str, Any] | None = None) -> Checkpoint:
+        """Keep *state* durably (signed, atomically) with the run's counters and active time
+        (*ledger*, else the run's state now), as the work's checkpoint; also for a runner whose
+        work runs elsewhere and ships its checkpoints here
+        (`nbbudget.calls.runner.Checkpoints`)."""
+        assert self.store is not None, "only a resumable call saves checkpoints"
+        ledger = self.run.state() if ledger is None else ledger
+        saved = self.store.save_checkpoint(self.identity, state, ledger=ledger,
+                                           first_start=self.first_start, label=self.label)
+        self.run.lowlevel.record("checkpoint_saved", {"checkpoint": saved.id})
+        return saved
 
 
 class _Identified:
@@ -210,7 +222,6 @@ class _Direct(Deferred, _Identified):
             if job.ended is None:  # its maker did not see the value
                 job.settle(JobState.DONE, value=value)
         return job.notify_done
-
 
 
 def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool = False,
@@ -552,7 +563,7 @@ def _start(plan: _Plan, backend: Backend, clock: Clock,
         context.run(_work, ctx, held)()
     else:
         backend.runner.start(plan, job, functools.partial(context.run, _work, ctx, held),
-                             detachable=plan.detach)
+                             detachable=plan.detach, checkpoints=ctx if plan.resume else None)
     return ctx, job
 
 
@@ -798,18 +809,21 @@ def checkpoint(state: Any) -> None:
     run's counters and active time; when the call budget has run out, stop here: the call
     returns INCOMPLETE (``paused``) and the identical call continues from this state (S0-2).
 
-    In work that declared only ``detach`` it does nothing: that work never pauses.
+    In work that declared only ``detach`` it does nothing: that work never pauses. In a task
+    on a cluster the state goes to the kernel, which saves it (`nbbudget.calls.dask_runner`).
     """
     ctx = _current_call.get()
     if ctx is None:
+        remote = remote_call.get()
+        if remote is not None:
+            remote.checkpoint(state)
+            return
         raise ConfigError("nb.checkpoint() works inside nb.call(fn, ..., resume=True) (or a "
                           "%%budget --resume cell); outside one there is nothing to resume")
     if not ctx.resume or ctx.store is None:
         return
     ctx.run.check()
-    saved = ctx.store.save_checkpoint(ctx.identity, state, ledger=ctx.run.state(),
-                                      first_start=ctx.first_start, label=ctx.label)
-    ctx.run.lowlevel.record("checkpoint_saved", {"checkpoint": saved.id})
+    saved = ctx.save(state)
     if ctx.job.pause_due(ctx.run.lowlevel.clock.now_ms()):
         raise _Pause(saved)
 
@@ -819,6 +833,9 @@ def resume_state(default: Any = None) -> Any:
     or *default* when it starts fresh."""
     ctx = _current_call.get()
     if ctx is None:
+        remote = remote_call.get()
+        if remote is not None:
+            return remote.resume_state(default)
         raise ConfigError("nb.resume_state() works inside nb.call(fn, ..., resume=True) (or a "
                           "%%budget --resume cell)")
     return ctx.loaded.state if ctx.loaded is not None else default

@@ -13,26 +13,61 @@ a published future outlives the kernel that submitted it, while an unpublished o
 when its kernel dies. The job is kept by identity in this process too, and listed in
 ``nb.jobs``, as the local runner does. `reattach` looks in this process first, then on the
 scheduler (from a restarted kernel); a job that has already ended there goes to exactly one
-caller: the name is taken off the scheduler in one step of the scheduler's own (S0-11).
+caller: the name is taken off the scheduler in one step of the scheduler's own (S0-11). The
+future is published with its run's place on the ledger (its `Branch`), so the job a restarted
+kernel finds has the task's run, joined from there (`nbbudget.core.dask_ledger.watching`): its
+counters show there, and cancelling it reaches the task. Each runner lists in its
+``nb.jobs.to_frame()`` the jobs published on its cluster that this process holds no job of
+(`DaskRunner.published_jobs`): a restarted kernel sees the jobs its predecessor left running.
 `deliver` unpublishes the name once the result went out, so the next identical call starts
 anew.
+
+What the task's thread prints, its heartbeat and its checkpoints go to the kernel as events of
+the scheduler (`nbbudget.calls.dask_output`): the kernel listens from before it submits the
+task, and a kernel that reattaches replays what the scheduler kept first, so ``job.output``
+holds everything the task printed, and ``job.last_heartbeat`` when it was last heard from.
+
+A resumable call (``resume=True``) runs as a task too (`TaskCall` is its call on the worker).
+Its run continues from the loaded checkpoint's counters (S4-4); its task carries the
+checkpoint's state (``nb.resume_state()`` there) and the caller's budget as a duration
+(`Shipped`). ``nb.checkpoint(state)`` on the worker ships the state with the counters the task
+took; the kernel saves it in its store, signed, as it arrives (`nbbudget.calls.dask_output.Saver`).
+Once the budget has run out, the task ends at its next checkpoint with a `PausedAt` as its
+value, and the kernel answers with the checkpoint it saved there (S0-2). Its caller never
+detaches: it is there while the task runs.
 
 `distributed` is imported only when a runner is made (``cluster=`` given), never at import.
 """
 
 from __future__ import annotations
 
+import importlib
+import io
+import os
 import threading
+import time
 import uuid
 import warnings
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..agents.budget import Budget, join
 from ..core.errors import Cancelled, ConfigError
+from ..core.limits import Limits
+from ..core.lowlevel import Incomplete
+from .dask_output import Feed, Saver, TaskOutput, beat_topic, forget, output_topic
 from .jobs import Job, JobState, Jobs
-from .runner import Backend, LocalRunner, Work, current_backend, jobs
+from .runner import (
+    Backend,
+    Checkpoints,
+    LocalRunner,
+    Work,
+    current_backend,
+    jobs,
+    remote_call,
+)
 
 if TYPE_CHECKING:
     from distributed import Client, Future
@@ -41,8 +76,9 @@ if TYPE_CHECKING:
 
     from . import workers
 
-__all__ = ["PREFIX", "DaskRunner", "check_on_cluster", "on_cluster_backend", "published_name",
-           "run_work", "runner_of", "take_published"]
+__all__ = ["PREFIX", "DaskRunner", "PausedAt", "Shipped", "TaskCall", "check_on_cluster",
+           "on_cluster_backend", "published_name", "published_states", "run_work", "runner_of",
+           "take_published"]
 
 #: the prefix of the names detached jobs are published under on the scheduler
 PREFIX = "nbbudget-job-"
@@ -56,15 +92,110 @@ def published_name(identity: str) -> str:
     return PREFIX + identity
 
 
+@dataclass(frozen=True)
+class Shipped:
+    """What a call's task carries besides its work: its key (its topics are named after it),
+    and for a resumable call the state it continues from (``(state,)``, or ``()`` to start
+    fresh) and how long after it starts it pauses at its next checkpoint (the caller's budget
+    as a duration: clocks do not compare across machines; None: never)."""
+
+    key: str
+    resume: bool = False
+    loaded: tuple[Any, ...] = ()
+    pause_after_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class PausedAt:
+    """The value of a task that paused at its checkpoint *number* (of its *attempt*): the
+    kernel saved that checkpoint when it arrived, and answers with it."""
+
+    attempt: str
+    number: int
+
+
+class _Pause(Incomplete):
+    """Unwinds a task's work at the checkpoint where it pauses."""
+
+    def __init__(self, where: PausedAt) -> None:
+        super().__init__("paused at a checkpoint")
+        self.where = where
+
+
+class TaskCall:
+    """On a worker, the call whose task runs there (`nbbudget.calls.runner.RemoteCall`):
+    ``nb.checkpoint(state)`` ships *state* to the kernel, which saves it in its store (signed,
+    with the run's counters), then pauses the work once the caller's budget has run out;
+    ``nb.resume_state()`` is the state it continues from. In work that declared only
+    ``detach``, ``nb.checkpoint`` does nothing, as on the kernel's threads."""
+
+    def __init__(self, shipped: Shipped, run: Budget, output: TaskOutput) -> None:
+        self.shipped, self.run, self.output = shipped, run, output
+        after = shipped.pause_after_ms
+        self._pause_at = None if after is None else time.monotonic() + after / 1000
+        self._count = 0
+
+    def checkpoint(self, state: Any) -> None:
+        if not self.shipped.resume:
+            return
+        self.run.check()
+        self._count += 1
+        ledger = self.run.state()  # what this task counted: its unused permits left out
+        self.output.send({"checkpoint": _pickled(state), "id": self._count,
+                          "counts": ledger["counts"], "notice_level": ledger["notice_level"]})
+        if self._pause_at is not None and time.monotonic() >= self._pause_at:
+            raise _Pause(PausedAt(self.output.attempt, self._count))
+
+    def resume_state(self, default: Any) -> Any:
+        return self.shipped.loaded[0] if self.shipped.loaded else default
+
+
+def _pickled(state: Any) -> bytes:
+    """*state* pickled on a worker for the kernel: its classes by their names (the kernel has
+    them: a class shipped to the worker by value is the kernel's own there, not a copy, so that
+    the kernel's store can pickle the state again), what has no name by value (cloudpickle)."""
+    import cloudpickle  # type: ignore[import-untyped]  # untyped
+
+    class ByName(cloudpickle.Pickler):  # type: ignore[misc]  # untyped base
+        def reducer_override(self, obj: Any) -> Any:
+            if isinstance(obj, type) and "<locals>" not in obj.__qualname__:
+                return _named, (obj.__module__, obj.__qualname__)
+            return super().reducer_override(obj)
+
+    out = io.BytesIO()
+    ByName(out, protocol=5).dump(state)
+    return out.getvalue()
+
+
+def _named(module: str, qualname: str) -> Any:
+    """The object *qualname* of *module*, where a pickle is loaded (a class, by its name)."""
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
+
+
 def run_work(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-             branch: Branch) -> Any:
+             branch: Branch, shipped: Shipped) -> Any:
     """Runs on a worker: ``fn(*args, **kwargs)`` inside the call's run joined there
     (`nbbudget.agents.budget.join`): its limits and counters on the scheduler, the time it had
-    left, and its stop, pushed to the worker when the kernel cancels the job. Its value is the
-    task's; its error is raised there, and the future keeps it."""
+    left, and its stop, pushed to the worker when the kernel cancels the job. What its thread
+    prints goes to the kernel, with a heartbeat (`nbbudget.calls.dask_output.TaskOutput`), all
+    of it before the task ends. Its value is the task's (a `PausedAt` when it paused at a
+    checkpoint); its error is raised there, and the future keeps it."""
+    from distributed import get_worker
+
     try:
-        with join(branch):
-            return fn(*args, **kwargs)
+        with TaskOutput(shipped.key, get_worker().log_event) as output:
+            run = join(branch)
+            token = remote_call.set(TaskCall(shipped, run, output))
+            try:
+                with run:
+                    return fn(*args, **kwargs)
+            finally:
+                remote_call.reset(token)
+    except _Pause as paused:
+        return paused.where
     except Cancelled as exc:  # its reason and its context hold the worker's stop (and locks)
         said = str(exc)
     raise Cancelled(said)  # raised here, with no context, so that it pickles back as itself
@@ -91,12 +222,28 @@ def take_published(name: str, ended_only: bool = False, client: str | None = Non
     return "taken"
 
 
+def published_states(prefix: str, dask_scheduler: Any = None) -> dict[str, tuple[str, Any]]:
+    """Runs on the scheduler: for each job published under a name that starts with *prefix*,
+    its state (``done``: its result waits in memory, ``failed``, ``lost``: its task is gone,
+    else ``running``) and how many seconds ago its task last said it is alive (or None)."""
+    ext = dask_scheduler.extensions.get("publish") if dask_scheduler is not None else None
+    out: dict[str, tuple[str, Any]] = {}
+    now = time.time()
+    for name, entry in (ext.datasets.items() if ext is not None else ()):
+        if not str(name).startswith(prefix):
+            continue
+        tasks, keys = dask_scheduler.tasks, entry["keys"]
+        states = [tasks[key].state if key in tasks else "forgotten" for key in keys]
+        heard = [t for key in keys for topic in (beat_topic(str(key)), output_topic(str(key)))
+                 for t, _ in dask_scheduler.get_events(topic)[-1:]]
+        out[str(name)] = ("failed" if "erred" in states else "lost" if "forgotten" in states
+                          else "done" if all(s == "memory" for s in states) else "running",
+                          now - max(heard) if heard else None)
+    return out
+
+
 def check_on_cluster(work: Work) -> None:
     """What a call on a cluster refuses, with what to do instead."""
-    if work.resume:
-        raise ConfigError("resume=True cannot run on a cluster yet (its checkpoints are kept "
-                          "in the kernel's store): use detach=True with cluster=, or "
-                          "resume=True without cluster=")
     if work.timeout_ms is not None:
         raise ConfigError("timeout= is not kept on a cluster (the kernel's wall clock cannot "
                           "stop a task on a worker): bound the work's own run instead, "
@@ -136,29 +283,56 @@ class DaskRunner(LocalRunner):
         self.in_kernel = _scheduler_here(client)
         self._futures: weakref.WeakKeyDictionary[Job, Future] = weakref.WeakKeyDictionary()
         self._published: weakref.WeakSet[Job] = weakref.WeakSet()  # its name is on the scheduler
+        self._feeds: weakref.WeakKeyDictionary[Job, Feed] = weakref.WeakKeyDictionary()
+        self._branches: weakref.WeakKeyDictionary[Job, Branch] = weakref.WeakKeyDictionary()
+        #: the jobs of this process by their published name: not listed again from the cluster
+        self._here: weakref.WeakValueDictionary[str, Job] = weakref.WeakValueDictionary()
+        jobs.list_elsewhere(self.published_jobs)
 
-    def start(self, work: Work, job: Job, task: workers.Task, *, detachable: bool) -> None:
+    def start(self, work: Work, job: Job, task: workers.Task, *, detachable: bool,
+              checkpoints: Checkpoints | None = None) -> None:
         """Submit *work* to the cluster (the local closure *task* is not used). Its run is a
         run on the cluster's ledger, begun here and joined by the task: the job's run, so that
-        its counters show live here and cancelling the job stops the task at its next check."""
+        its counters show live here and cancelling the job stops the task at its next check.
+        A resumable call's run continues from its loaded checkpoint (S4-4), its task carries
+        the checkpoint's state and its budget, and the checkpoints it ships are saved through
+        *checkpoints*. What the task prints and its heartbeats are heard from before it is
+        submitted."""
         fn, args, kwargs, _ = work.work
-        run = Budget(work.limits, name=work.label, notices=work.notices, cluster=self.client)
+        loaded = checkpoints.loaded if checkpoints is not None else None
+        if loaded is not None:
+            run = Budget.resume(loaded.ledger, work.limits, cluster=self.client)
+        else:
+            run = Budget(work.limits, name=work.label, notices=work.notices, cluster=self.client)
         core = run.lowlevel
         core.scope.start()
         job.use_run(run)
         branch = core.ledger.branch(core.account, run.name, core.scope.remaining_ms())
-        future = self.client.submit(run_work, fn, args, kwargs, branch,
-                                    key=f"nbbudget-call-{uuid.uuid4().hex}", pure=False)
-        self._bind(job, future)
+        key = f"nbbudget-call-{uuid.uuid4().hex}"
+        shipped = Shipped(key) if checkpoints is None else Shipped(
+            key, True, () if loaded is None else (loaded.state,), _pause_after(work))
+        feed = Feed(self.client, key, job,
+                    None if checkpoints is None else Saver(checkpoints, run))
+        feed.listen()
+        future = self.client.submit(run_work, fn, args, kwargs, branch, shipped, key=key,
+                                    pure=False)
+        self._branches[job] = branch
+        self._bind(job, future, feed)
 
     def detach(self, work: Work, job: Job) -> None:
         """Publish the job's future under the work's identity (before the call answers), then
         keep and list it as the local runner does."""
         future = self._futures.get(job)
         if future is not None and job not in self._published:  # (a reattached one already is)
-            self.client.publish_dataset(future, name=published_name(work.identity),
-                                        override=True)
+            # with its run's place on the ledger, so that a kernel that finds it can stop it,
+            # and what lists it in any kernel's nb.jobs.to_frame()
+            listed = {"id": job.id, "label": job.label, "created": job.created,
+                      "pid": os.getpid()}
+            self.client.publish_dataset(
+                {"future": future, "branch": self._branches.get(job), "job": listed},
+                name=published_name(work.identity), override=True)
             self._published.add(job)
+        self._here[published_name(work.identity)] = job
         if self.in_kernel and not job.detached:
             warnings.warn(f"the job {job.id} ({work.label}) was detached to a Dask cluster whose "
                           f"scheduler runs in this kernel: it dies with the kernel. Give "
@@ -173,30 +347,71 @@ class DaskRunner(LocalRunner):
             return job
         name = published_name(work.identity)
         try:
-            future = self.client.get_dataset(name, default=None)
-            if future is None:
+            found = self.client.get_dataset(name, default=None)
+            if found is None:
                 return None
             taken = self.client.run_on_scheduler(take_published, name, True, self.client.id)
         except Exception:  # noqa: BLE001  (a scheduler that cannot answer: start anew)
             return None
         if taken == "absent":
             return None  # another caller took the ended job: the work is complete
-        job = Job(lambda: work.identity, work.label,
-                  Budget(work.limits, name=work.label, notices=work.notices),
+        future, branch = found["future"], found["branch"]
+        job = Job(lambda: work.identity, work.label, self._joined(work, branch),
                   current_backend().store)
-        self._bind(job, future)
+        feed = Feed(self.client, str(future.key), job)
+        feed.listen(replaying=True)
+        feed.replay()  # what it printed so far, then what it prints from now on
+        self._bind(job, future, feed)
+        self._here[name] = job
         if taken == "running":
             self._published.add(job)
         return job
 
+    def published_jobs(self) -> list[dict[str, Any]]:
+        """The jobs published on this cluster (by any kernel) that this process holds no job
+        of, as the store's records read (``nb.jobs.to_frame()`` lists them); none when the
+        scheduler cannot answer."""
+        if self.client.status != "running":
+            return []
+        try:
+            states = self.client.run_on_scheduler(published_states, PREFIX)
+        except Exception:  # noqa: BLE001  (a scheduler that cannot answer lists nothing)
+            return []
+        out, now = [], time.time()
+        for name, (state, age) in sorted(states.items()):
+            if name in self._here:
+                continue
+            try:
+                found = self.client.get_dataset(name, default=None)
+            except Exception:  # noqa: BLE001,S112  (taken meanwhile, or unreadable here)
+                continue
+            listed = found.get("job") if isinstance(found, dict) else None
+            if listed is not None:
+                out.append({**listed, "state": state, "updated": None, "error": None,
+                            "heartbeat": None if age is None else now - age})
+        return out
+
+    def _joined(self, work: Work, branch: Branch | None) -> Budget:
+        """The run of a job found on the scheduler: its task's run there, joined from here, so
+        that its counters show here and cancelling the job reaches the task (a run of its own
+        when the job was published without its run)."""
+        if branch is None:
+            return Budget(work.limits, name=work.label, notices=work.notices)
+        from ..core.dask_ledger import watching
+
+        return Budget(Limits.from_json(branch.limits), name=branch.name, notices=branch.notices,
+                      ledger=watching(self.client, branch))
+
     def deliver(self, work: Work, job: Job) -> None:
         super().deliver(work, job)
         self._futures.pop(job, None)
+        self._forget_output(job)
         self._unpublish(work.identity, job)
 
     def taken_out(self, identity: str, job: Job) -> None:
         """The result went out through ``nb.jobs[id]``: its name comes off the scheduler too,
         so no kernel takes it again (S0-11)."""
+        self._forget_output(job)
         self._unpublish(identity, job)
         super().taken_out(identity, job)
 
@@ -209,24 +424,47 @@ class DaskRunner(LocalRunner):
             except Exception:  # noqa: BLE001  (the scheduler went away: nothing to unpublish)
                 pass
 
-    def _bind(self, job: Job, future: Future) -> None:
-        """Settle *job* when *future* ends."""
+    def _forget_output(self, job: Job) -> None:
+        """The job's result went out: the scheduler no longer keeps what its task sent."""
+        feed = self._feeds.pop(job, None)
+        if feed is not None:
+            _forget(feed)
+
+    def _bind(self, job: Job, future: Future, feed: Feed) -> None:
+        """Settle *job* when *future* ends (once *feed* has heard all its task sent)."""
         self._futures[job] = future
+        self._feeds[job] = feed
         job_ref = weakref.ref(job)
-        future.add_done_callback(lambda done: _settle(job_ref, done))
+        future.add_done_callback(lambda done: _settle(job_ref, done, feed))
 
 
-def _settle(job_ref: weakref.ref[Job], future: Future) -> None:
-    """The task ended: keep how on the kernel's side, then tell the job's waiters."""
+def _forget(feed: Feed) -> None:
+    """Drop what the scheduler keeps of what *feed*'s task sent."""
+    try:
+        feed.client.run_on_scheduler(forget, feed.topics)
+    except Exception:  # noqa: BLE001,S110  (the scheduler went away: it keeps nothing)
+        pass
+
+
+def _pause_after(work: Work) -> float | None:
+    """How long after its start a resumable task pauses at its next checkpoint: at once when it
+    says it cannot finish in its budget (S0-7), else after the budget (None: no budget)."""
+    budget = work.budget_ms
+    if not budget:
+        return None
+    return 0.0 if work.estimate_ms is not None and work.estimate_ms > budget else float(budget)
+
+
+def _settle(job_ref: weakref.ref[Job], future: Future, feed: Feed) -> None:
+    """The task ended: keep how on the kernel's side, then tell the job's waiters. What the
+    task sent arrived before its end did: the feed stops listening."""
+    feed.close()
     job = job_ref()
     if job is None or job.done():
         return
     status = future.status
     if status == "finished":
-        try:
-            job.settle(JobState.DONE, value=future.result())
-        except BaseException as exc:  # noqa: BLE001  (its value could not be fetched)
-            job.settle(JobState.FAILED, error=exc)
+        _finished(job, future, feed)
     elif status == "error":
         error = future.exception()
         if isinstance(error, Cancelled):  # the task stopped at a check: a cancel was honoured
@@ -244,12 +482,31 @@ def _settle(job_ref: weakref.ref[Job], future: Future) -> None:
     job.notify_done()
 
 
+def _finished(job: Job, future: Future, feed: Feed) -> None:
+    """Keep the value of a task that returned: its result, or the checkpoint it paused at."""
+    try:
+        value = future.result()
+        if isinstance(value, PausedAt):
+            assert feed.saver is not None, "only a resumable call's task pauses"
+            value = feed.saver.saved(value.attempt, value.number)
+            job.paused = True
+        job.settle(JobState.DONE, value=value)
+    except BaseException as exc:  # noqa: BLE001  (its value could not be fetched, or saved)
+        job.paused = False
+        job.settle(JobState.FAILED, error=exc)
+    if job.paused:  # the continuation is a task of its own: what this one sent (its
+        _forget(feed)  # checkpoints among it) is no longer needed on the scheduler
+
+
 def _end_run(job: Job) -> None:
-    """End the kernel's side of the job's run as its task ended (its outcome kept)."""
+    """End the kernel's side of the job's run as its task ended (its outcome kept; a paused
+    one ends ``incomplete``, as on the kernel's threads)."""
     run = job.run_made()
     if run is None or run.outcome is not None:
         return
-    error = job.exception()
+    error: BaseException | None = job.exception()
+    if job.paused:
+        error = Incomplete("paused at a checkpoint")
     try:
         run.__exit__(type(error) if error is not None else None, error,
                      error.__traceback__ if error is not None else None)

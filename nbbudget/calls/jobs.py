@@ -76,6 +76,9 @@ class Job:
     #: after a cancel of its run: True when the work stopped at a budget check, False when
     #: it ended anyway; None before the work ends, or when no cancel was in force
     cancel_honoured: bool | None = None
+    #: when its work last said it is alive (``time.time()`` here), for work that runs in
+    #: another process (a task on a cluster); None when nothing has said so
+    last_heartbeat: float | None = None
     _value: Any = None
     _error: BaseException | None = None
     _collected: Callable[[], None] | None = None  # its runner's, once detached
@@ -303,6 +306,21 @@ class Jobs:
         self._jobs: dict[str, Job] = {}  # their result has not gone out yet
         self._collected: weakref.WeakValueDictionary[str, Job] = weakref.WeakValueDictionary()
         self.records = records
+        self._elsewhere: list[weakref.WeakMethod[Callable[[], list[dict[str, Any]]]]] = []
+
+    def list_elsewhere(self, source: Callable[[], list[dict[str, Any]]]) -> None:
+        """`to_frame` also lists the records *source* (a bound method: while its object lives)
+        gives, ahead of the store's: the jobs a cluster keeps for any kernel."""
+        with self._lock:
+            self._elsewhere.append(weakref.WeakMethod(source))
+
+    def all_records(self) -> list[dict[str, Any]]:
+        """The records of jobs not in this process: those kept elsewhere, then the store's."""
+        with self._lock:
+            self._elsewhere = [ref for ref in self._elsewhere if ref() is not None]
+            sources = [ref() for ref in self._elsewhere]
+        found = [rec for source in sources if source is not None for rec in source()]
+        return [*found, *self.records()]
 
     def add(self, job: Job) -> None:
         """List *job* here (its runner detached it)."""

@@ -18,34 +18,39 @@ from ..core.duration import spoken
 
 __all__ = ["JobsTable", "jobs_frame", "jobs_table"]
 
-_JOB_COLUMNS = ["id", "label", "state", "cancel", "pid", "created", "ended", "error", "output"]
+_JOB_COLUMNS = ["id", "label", "state", "cancel", "pid", "created", "ended", "error", "output",
+                "heartbeat"]
 
 
 def _job_rows(jobs: Any) -> list[dict[str, Any]]:
-    """The jobs of this process, then the store's records of other processes, as plain rows
-    (times in seconds since the epoch)."""
+    """The jobs of this process, then the records of jobs elsewhere (a cluster's published
+    jobs, then the store's records of other processes), as plain rows (times in seconds since
+    the epoch)."""
     rows = [{"id": j.id, "label": j.label, "state": j.state.value, "cancel": j.cancel_status,
              "pid": os.getpid(), "created": j.created, "ended": j.ended,
-             "error": _last_line(j.traceback), "output": j.output_text}
+             "error": _last_line(j.traceback), "output": j.output_text,
+             "heartbeat": j.last_heartbeat}
             for j in jobs]
     seen = {r["id"] for r in rows}
-    for rec in jobs.records():
+    for rec in jobs.all_records():
         if rec["id"] not in seen:
             # a settled record was last written when its job ended; a lost one, when found lost
             ended = rec["updated"] if rec["state"] in ("done", "failed", "cancelled") else None
             rows.append({"id": rec["id"], "label": rec["label"], "state": rec["state"],
                          "cancel": None, "pid": rec["pid"], "created": rec["created"],
-                         "ended": ended, "error": _last_line(rec["error"]), "output": None})
+                         "ended": ended, "error": _last_line(rec["error"]), "output": None,
+                         "heartbeat": rec.get("heartbeat")})
     return rows
 
 
 def jobs_frame(jobs: Any) -> pd.DataFrame:
     """The jobs of this process, then the store's records of other processes (``lost`` among
-    them), one row each, with ``created`` and ``ended`` as datetimes (UTC). ``cancel`` is what
-    became of a cancel (``requested``, ``stopped``, ``not honoured``), known for this process's
-    jobs."""
+    them), one row each, with ``created``, ``ended`` and ``heartbeat`` as datetimes (UTC).
+    ``cancel`` is what became of a cancel (``requested``, ``stopped``, ``not honoured``), known
+    for this process's jobs; ``heartbeat`` is when a job on a cluster last said it is alive
+    (a running one whose heartbeat is old has lost its worker)."""
     frame = pd.DataFrame(_job_rows(jobs), columns=_JOB_COLUMNS)
-    for col in ("created", "ended"):
+    for col in ("created", "ended", "heartbeat"):
         frame[col] = pd.to_datetime(frame[col], unit="s", utc=True)
     return frame.set_index("id")
 

@@ -32,9 +32,10 @@ from .store import Store, store
 
 if TYPE_CHECKING:
     from ..core.limits import Limits
+    from .store import Checkpoint
 
-__all__ = ["LOCAL", "Backend", "JobRunner", "LocalRunner", "Work", "current_backend", "jobs",
-           "use_backend"]
+__all__ = ["LOCAL", "Backend", "Checkpoints", "JobRunner", "LocalRunner", "RemoteCall", "Work",
+           "current_backend", "jobs", "remote_call", "use_backend"]
 
 
 class Work(Protocol):
@@ -53,6 +54,34 @@ class Work(Protocol):
     timeout_ms: int | None  #: the wall-clock limit of the whole work, across continuations
     detach: bool  #: the work goes on as a job when its caller's budget runs out
     resume: bool  #: the work pauses at its next checkpoint when its caller's budget runs out
+    budget_ms: int | None  #: the call's budget (None or 0: none)
+    estimate_ms: int | None  #: what the work says it needs (S0-7), or None
+
+
+class Checkpoints(Protocol):
+    """A resumable call's checkpoints, for a runner whose work runs elsewhere (S0-2, S4-4):
+    *loaded* is the checkpoint the work continues from (None: it starts fresh), and `save`
+    keeps a state the work checkpointed, signed in the call's store with *ledger* (the run's
+    state as `nb.Budget.state` gives it), as a checkpoint made here is."""
+
+    @property
+    def loaded(self) -> Checkpoint | None: ...
+
+    def save(self, state: Any, ledger: dict[str, Any] | None = None) -> Checkpoint: ...
+
+
+class RemoteCall(Protocol):
+    """The call whose work runs in this context on behalf of a kernel elsewhere (a task on a
+    cluster's worker): what ``nb.checkpoint`` and ``nb.resume_state`` do there."""
+
+    def checkpoint(self, state: Any) -> None: ...
+
+    def resume_state(self, default: Any) -> Any: ...
+
+
+#: where a runner that runs work elsewhere puts the call of the work running in this context
+remote_call: contextvars.ContextVar[RemoteCall | None] = contextvars.ContextVar(
+    "nbbudget_remote_call", default=None)
 
 
 class JobRunner(Protocol):
@@ -61,8 +90,10 @@ class JobRunner(Protocol):
     `start` runs *work* as *task* (a closure that runs it here, settles the call where it runs
     and returns what announces its end); *job* is the call's `Job`, or None for a runner that
     runs its work here (``runs_here``): the usual call makes its job only if it needs one.
-    *detachable*: the work may be detached, so the runner keeps room to write its record then.
-    The runner settles the job (or the call) when the work ends, and the caller waits on it
+    *detachable*: the work may be detached, so the runner keeps room to write its record then;
+    *checkpoints*: the work is resumable, and a runner whose work runs elsewhere continues it
+    from, and saves its checkpoints through, them (a closure run here has them already). The
+    runner settles the job (or the call) when the work ends, and the caller waits on it
     (`Job.wait_woken`). `detach`
     keeps a job that outlived its caller's budget under its work's identity and lists it in
     ``jobs``; `reattach` finds it for the identical call, and gives an ended job to exactly one
@@ -75,8 +106,8 @@ class JobRunner(Protocol):
     jobs: Jobs
     runs_here: bool
 
-    def start(self, work: Work, job: Job | None, task: workers.Task, *,
-              detachable: bool) -> None: ...
+    def start(self, work: Work, job: Job | None, task: workers.Task, *, detachable: bool,
+              checkpoints: Checkpoints | None = None) -> None: ...
 
     def detach(self, work: Work, job: Job) -> None: ...
 
@@ -103,8 +134,8 @@ class LocalRunner:
         self._taken: dict[str, weakref.ref[Job]] = {}  # its result read: kept while held
         self._lock = threading.RLock()  # a job freed while it is held calls `_gone` at once
 
-    def start(self, work: Work, job: Job | None, task: workers.Task, *,
-              detachable: bool) -> None:
+    def start(self, work: Work, job: Job | None, task: workers.Task, *, detachable: bool,
+              checkpoints: Checkpoints | None = None) -> None:
         # one worker for the work, and one idle to write the job record if it detaches
         workers.submit(task, spare=1 if detachable else 0)
 

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from .dask_scheduler import Channel, Reply
 
 __all__ = ["FAST_S", "RETRIED_ONCE", "SLOW_S", "WAIT_S", "Branch", "DaskAccount", "DaskLedger",
-           "OnCluster", "joining", "on_cluster"]
+           "OnCluster", "joining", "on_cluster", "watching"]
 
 _K = len(KINDS)
 #: the kinds a retried task is charged once for (see `DaskLedger.rid`)
@@ -89,6 +89,20 @@ def joining(branch: Branch) -> LedgerFactory:
     def make(name: str, limits: Limits, recorder: Recorder, **kwargs: Any) -> DaskLedger:
         return DaskLedger(name, limits, recorder, **kwargs, channel=channel, branch=branch,
                           task=None if task is None else str(task), attempt=attempt)
+
+    return make
+
+
+def watching(client: Client, branch: Branch) -> LedgerFactory:
+    """The ledger factory of a run that a kernel joins through *client* (a kernel that found a
+    job's task on the scheduler): it reads the counters of *branch*'s run, and its stop stops
+    that run there, which is pushed to the task; it never opens or closes the run."""
+    from .dask_scheduler import Channel
+
+    channel = Channel.of(client)
+
+    def make(name: str, limits: Limits, recorder: Recorder, **kwargs: Any) -> DaskLedger:
+        return DaskLedger(name, limits, recorder, **kwargs, channel=channel, branch=branch)
 
     return make
 

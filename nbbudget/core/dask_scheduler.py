@@ -34,7 +34,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +49,7 @@ if TYPE_CHECKING:
     from distributed import Client, Scheduler, Worker
 
 __all__ = ["LEDGER_NAME", "LISTENER_NAME", "STOP_TOPIC", "Book", "CancelListener", "Channel",
-           "LedgerExtension", "Tally", "install"]
+           "LedgerExtension", "Tally", "hear", "install"]
 
 LEDGER_NAME = "nbbudget-ledger"
 LISTENER_NAME = "nbbudget-cancel"
@@ -483,19 +485,51 @@ class Channel:
             listener = self.worker.plugins[LISTENER_NAME]
             assert isinstance(listener, CancelListener)
             return listener.watch(run, fn)
-        client, topic = self.client, STOP_TOPIC + run
-        assert client is not None
+        assert self.client is not None
 
         def heard(event: tuple[float, dict[str, Any]]) -> None:
             msg = event[1]
             fn(msg["scope"], {"cause": msg["cause"], "reason": msg["reason"], "how": msg["how"]})
 
-        client.subscribe_topic(topic, heard)  # type: ignore[no-untyped-call]  # untyped in Dask
+        return hear(self.client, STOP_TOPIC + run, heard)
 
-        def unheard() -> None:
-            client.unsubscribe_topic(topic)  # type: ignore[no-untyped-call]  # untyped in Dask
 
-        return unheard
+Event = tuple[float, dict[str, Any]]
+#: by client and topic, what hears its events: a client keeps one handler per topic, and two
+#: parts of one process may hear one topic (two runs of one task's run, in one kernel)
+_hearing: weakref.WeakKeyDictionary[Client, dict[str, list[Callable[[Event], None]]]] = (
+    weakref.WeakKeyDictionary())
+_hearing_lock = threading.Lock()
+
+
+def hear(client: Client, topic: str, fn: Callable[[Event], None]) -> Callable[[], None]:
+    """Call ``fn(event)`` (on *client*'s event loop) for each event of *topic* from now on,
+    beside whatever else of this process hears it; returns the function that stops it."""
+    with _hearing_lock:
+        topics = _hearing.setdefault(client, {})
+        fns = topics.get(topic)
+        if fns is None:
+            fns = topics[topic] = []
+
+            def heard(event: Event, fns: list[Callable[[Event], None]] = fns) -> None:
+                for each in list(fns):
+                    each(event)
+
+            client.subscribe_topic(topic, heard)  # type: ignore[no-untyped-call]  # untyped
+        fns.append(fn)
+
+    def unheard() -> None:
+        with _hearing_lock:
+            topics = _hearing.get(client, {})
+            listening = topics.get(topic)
+            if listening is None or fn not in listening:
+                return
+            listening.remove(fn)
+            if not listening:
+                del topics[topic]
+                client.unsubscribe_topic(topic)  # type: ignore[no-untyped-call]  # untyped
+
+    return unheard
 
 
 def install(client: Client) -> None:

@@ -1,0 +1,362 @@
+"""What a call's task on a Dask cluster prints, its heartbeat and its checkpoints, shipped to the
+kernel as events of the scheduler (``log_event`` on the worker, ``subscribe_topic`` in the
+kernel), on two topics per task: ``nbbudget-output-<task key>`` and ``nbbudget-beat-<task key>``.
+
+On the worker, `TaskOutput` routes what the task's own thread writes to ``sys.stdout`` and
+``sys.stderr`` into a buffer (a worker runs several tasks on threads at once: what other
+threads write goes to the streams as before). Its thread, ``nbbudget-output-<task key>``, sends
+the buffer at most every `FLUSH_S` seconds, and the task sends what is left when it ends,
+before its value is returned, so nothing it printed is lost: the worker sends both on the one
+ordered stream it has to the scheduler, and the scheduler tells the kernel in that order. With
+nothing sent for `HEARTBEAT_S`, the thread sends a heartbeat. Each message on the output topic
+carries its attempt (a task run again after its worker died is another attempt) and a sequence
+number.
+
+In the kernel, `Feed` listens from before the task is submitted: output into ``job.output``,
+the time of the last message into ``job.last_heartbeat``, checkpoints to the call's store
+(`Saver`, off the client's event loop). A kernel that reattaches to a running job listens, then
+replays the history the scheduler keeps; the sequence numbers drop what it hears twice. The
+scheduler keeps at most ``distributed.admin.low-level-log-length`` events per topic (1000 by
+default) until the job's result is delivered (`forget`): a kernel that reattaches after more
+batches than that gets a line saying how many were dropped, then the rest.
+
+`distributed` is imported by the module that imports this one (`nbbudget.calls.dask_runner`),
+only when a call is given a cluster.
+"""
+
+from __future__ import annotations
+
+import collections
+import pickle
+import sys
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from . import workers
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+    from ..agents.budget import Budget
+    from .jobs import Job
+    from .runner import Checkpoints
+    from .store import Checkpoint
+
+__all__ = ["FLUSH_S", "HEARTBEAT_S", "Feed", "Saver", "TaskOutput", "beat_topic", "forget",
+           "history", "output_topic"]
+
+#: how often at most a task's output is sent to the kernel (seconds)
+FLUSH_S = 0.15
+#: how often a task that sends nothing else says it is alive (seconds)
+HEARTBEAT_S = 1.0
+
+Send = Callable[[str, dict[str, Any]], None]
+
+
+def output_topic(key: str) -> str:
+    """The topic of the output (and checkpoints) of the task *key*."""
+    return f"nbbudget-output-{key}"
+
+
+def beat_topic(key: str) -> str:
+    """The topic of the heartbeats of the task *key*."""
+    return f"nbbudget-beat-{key}"
+
+
+# -- on the worker --------------------------------------------------------------------------
+_routes: dict[int, TaskOutput] = {}  # by thread: the task output its writes go to
+_routes_lock = threading.Lock()
+
+
+class _Router:
+    """A worker's ``sys.stdout`` or ``sys.stderr`` while tasks route their output: a write from
+    a task's thread goes to that task's output, any other to the stream as before."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        out = _routes.get(threading.get_ident())
+        if out is not None:
+            return out.write(text)
+        if self.stream is None:  # no stream (print() then writes nothing either)
+            return len(text)
+        return int(self.stream.write(text) or 0)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if threading.get_ident() not in _routes and self.stream is not None:
+            self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def _route(ident: int, out: TaskOutput) -> None:
+    with _routes_lock:
+        _routes[ident] = out
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            if not isinstance(stream, _Router):
+                setattr(sys, name, _Router(stream))
+
+
+def _unroute(ident: int) -> None:
+    """The task on thread *ident* ended; the last one puts the streams back (if nothing
+    replaced them meanwhile)."""
+    with _routes_lock:
+        _routes.pop(ident, None)
+        if _routes:
+            return
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            if isinstance(stream, _Router):
+                setattr(sys, name, stream.stream)
+
+
+class TaskOutput:
+    """On a worker, around a task (``with TaskOutput(key, worker.log_event) as out:``): what
+    its thread prints, sent in batches on its output topic, and its heartbeat; `send` sends a
+    message of its own there (a checkpoint), after what was printed before it. Its thread ends
+    with the block, which sends what is left before it returns."""
+
+    def __init__(self, key: str, send: Send, *, flush_s: float = FLUSH_S,
+                 heartbeat_s: float = HEARTBEAT_S) -> None:
+        self.topic, self.beat_topic = output_topic(key), beat_topic(key)
+        self.attempt = uuid.uuid4().hex[:12]  #: this run of the task
+        self._send = send
+        self._flush_s, self._heartbeat_s = flush_s, heartbeat_s
+        self._lock = threading.Lock()
+        self._buffer: list[str] = []
+        self._seq = 0
+        self._sent = time.monotonic()
+        self._ended = threading.Event()
+        self._thread = threading.Thread(target=self._pace, name=f"nbbudget-output-{key}",
+                                        daemon=True)
+        self._ident: int | None = None
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        with self._lock:
+            self._buffer.append(text)
+        return len(text)
+
+    def send(self, body: dict[str, Any]) -> None:
+        """Send *body* on the output topic, numbered, after what was printed before it."""
+        with self._lock:
+            self._flush_locked()
+            self._emit(body)
+
+    def flush(self) -> bool:
+        """Send what was printed since the last batch; whether there was anything."""
+        with self._lock:
+            return self._flush_locked()
+
+    def __enter__(self) -> TaskOutput:
+        self._ident = threading.get_ident()
+        _route(self._ident, self)
+        self._beat()  # it started: the kernel hears it at once
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._ended.set()
+        self._thread.join()
+        if self._ident is not None:
+            _unroute(self._ident)
+        self.flush()
+
+    def _flush_locked(self) -> bool:
+        if not self._buffer:
+            return False
+        text = "".join(self._buffer)
+        self._buffer.clear()
+        self._emit({"out": text})
+        return True
+
+    def _emit(self, body: dict[str, Any]) -> None:
+        """(lock held)"""
+        self._send(self.topic, {"a": self.attempt, "n": self._seq, **body})
+        self._seq += 1
+        self._sent = time.monotonic()
+
+    def _beat(self) -> None:
+        self._send(self.beat_topic, {"a": self.attempt})
+        self._sent = time.monotonic()
+
+    def _pace(self) -> None:
+        while not self._ended.wait(self._flush_s):
+            if not self.flush() and time.monotonic() - self._sent >= self._heartbeat_s:
+                self._beat()
+
+
+# -- in the kernel --------------------------------------------------------------------------
+class Saver:
+    """Saves the checkpoints a task ships, in order, through the call's *checkpoints*, off the
+    client's event loop, with the state of the job's *run* (its limits, active time and
+    notices, read here) and the counters the task counted at the checkpoint: the scheduler's
+    counters less the permits the task still held unused in its leases, which the scheduler
+    counts as spent until they come back."""
+
+    def __init__(self, checkpoints: Checkpoints, run: Budget) -> None:
+        self.checkpoints = checkpoints
+        self.run = run
+        self._pending: collections.deque[tuple[tuple[str, int], dict[str, Any]]] = (
+            collections.deque())
+        self._saved: dict[tuple[str, int], Checkpoint | BaseException] = {}
+        self._saving = threading.Lock()
+
+    def arrived(self, attempt: str, number: int, msg: dict[str, Any]) -> None:
+        """A checkpoint arrived (on the event loop): it is saved on a worker thread."""
+        self._pending.append(((attempt, number), msg))
+        workers.submit(self._drain_task)
+
+    def saved(self, attempt: str, number: int) -> Checkpoint:
+        """The checkpoint *number* of *attempt*, saved (now, if it has not been yet); its
+        error if it could not be saved."""
+        self.drain()
+        found = self._saved.get((attempt, number))
+        if found is None:
+            raise RuntimeError(f"checkpoint {number} of the task never reached the kernel; "
+                               f"make the identical call again to continue from the last one "
+                               f"saved")
+        if isinstance(found, BaseException):
+            raise found
+        return found
+
+    def drain(self) -> None:
+        with self._saving:
+            while self._pending:
+                which, msg = self._pending.popleft()
+                try:
+                    ledger = self.run.state()
+                    ledger["counts"] = dict(msg["counts"])
+                    ledger["notice_level"] = max(ledger["notice_level"], msg["notice_level"])
+                    self._saved[which] = self.checkpoints.save(_state(msg, which[1]), ledger)
+                except Exception as exc:  # noqa: BLE001  (kept: the pause at it raises it)
+                    self._saved[which] = exc
+
+    def _drain_task(self) -> None:
+        self.drain()
+
+
+def _state(msg: dict[str, Any], number: int) -> Any:
+    """The state of the checkpoint *msg*, read here."""
+    try:
+        return pickle.loads(msg["checkpoint"])  # noqa: S301  (the task's own state)
+    except Exception as exc:
+        raise TypeError(f"the state of checkpoint {number} could not be read in the kernel "
+                        f"({exc}): a checkpoint's state must be made of classes the kernel has "
+                        f"too (the notebook's own, or importable ones)") from exc
+
+
+class Feed:
+    """In the kernel, a task's messages into its `Job`: output into ``job.output``, the time
+    of the last message into ``job.last_heartbeat``, checkpoints to *saver*. `listen` before
+    the task is submitted; `replay` the scheduler's history after `listen` when reattaching;
+    `close` once the task ended."""
+
+    def __init__(self, client: Client, key: str, job: Job, saver: Saver | None = None) -> None:
+        self.client = client
+        self.topics = (output_topic(key), beat_topic(key))
+        self.saver = saver
+        self._job = weakref.ref(job)
+        self._lock = threading.Lock()
+        self._next: dict[str, int] = {}  # by attempt: the number of the next message
+        self._held: list[dict[str, Any]] | None = None  # heard before the history, when replaying
+        self._unheard: list[Callable[[], None]] = []
+
+    def listen(self, replaying: bool = False) -> None:
+        """Hear the task's messages from now on; *replaying*: hold them until `replay`."""
+        from ..core.dask_scheduler import hear
+
+        if replaying:
+            self._held = []
+        self._unheard = [hear(self.client, self.topics[0], self._heard),
+                         hear(self.client, self.topics[1], self._beat)]
+
+    def replay(self) -> None:
+        """Take what the scheduler kept of the task's messages, then what was heard meanwhile,
+        each once and in order."""
+        try:
+            out, beats, now = self.client.run_on_scheduler(history, self.topics)
+        except Exception:  # noqa: BLE001  (no history: what is heard from now on still comes)
+            out, beats, now = [], [], 0.0
+        job = self._job()
+        last = max((t for t, _ in [*out, *beats]), default=None)
+        if job is not None and last is not None:  # its age, on the scheduler's clock
+            job.last_heartbeat = max(job.last_heartbeat or 0.0, time.time() - (now - last))
+        with self._lock:
+            held, self._held = self._held or [], None
+            for _, msg in out:
+                self._take(msg)
+            for msg in held:
+                self._take(msg)
+
+    def close(self) -> None:
+        """Stop listening (the task ended: all it sent has been heard)."""
+        unheard, self._unheard = self._unheard, []
+        for each in unheard:
+            try:
+                each()
+            except Exception:  # noqa: BLE001,S110  (a closed client hears nothing anyway)
+                pass
+
+    def _heard(self, event: tuple[float, dict[str, Any]]) -> None:
+        self._alive()
+        with self._lock:
+            if self._held is not None:
+                self._held.append(event[1])
+            else:
+                self._take(event[1])
+
+    def _beat(self, event: tuple[float, dict[str, Any]]) -> None:
+        self._alive()
+
+    def _alive(self) -> None:
+        job = self._job()
+        if job is not None:
+            job.last_heartbeat = time.time()
+
+    def _take(self, msg: dict[str, Any]) -> None:
+        """One message, if it is the next of its attempt or later (lock held)."""
+        job = self._job()
+        attempt, n = msg["a"], int(msg["n"])
+        expected = self._next.get(attempt)
+        if job is None or (expected is not None and n < expected):
+            return  # heard twice (in the history and live)
+        if expected is None and self._next:
+            job.output.append("[the task started again on the cluster: its worker was lost]\n")
+        if n > (expected or 0):
+            job.output.append(f"[{n - (expected or 0)} earlier messages of this job were no "
+                              f"longer kept by the scheduler]\n")
+        self._next[attempt] = n + 1
+        if "out" in msg:
+            job.output.append(msg["out"])
+        elif "checkpoint" in msg and self.saver is not None:
+            self.saver.arrived(attempt, int(msg["id"]), msg)
+
+
+def history(topics: tuple[str, str], dask_scheduler: Any = None) -> tuple[Any, Any, float]:
+    """Runs on the scheduler: the events it keeps of *topics* (output, heartbeats) and its
+    clock now (to tell their age)."""
+    return (list(dask_scheduler.get_events(topics[0])), list(dask_scheduler.get_events(topics[1])),
+            time.time())
+
+
+def forget(topics: tuple[str, ...], dask_scheduler: Any = None) -> None:
+    """Runs on the scheduler: drop what it keeps of *topics* (the job was delivered). Dask has
+    no public call for it; without its broker, nothing is dropped."""
+    broker = getattr(dask_scheduler, "_broker", None)
+    kept = getattr(broker, "_topics", None)
+    if isinstance(kept, dict):
+        for topic in topics:
+            kept.pop(topic, None)
