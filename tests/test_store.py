@@ -214,6 +214,27 @@ def test_a_saved_state_is_kept_as_it_was_when_saved(any_store):
     assert any_store.store.load_checkpoint(IDENTITY).ledger == LEDGER
 
 
+def test_a_large_state_pickled_in_parts_is_stored_whole_and_signed_as_one(folder):
+    """A state with large buffers is pickled in parts (its buffers not copied) and stored as
+    the one pickle ``pickle.dumps`` would give, under the same signature; a byte changed deep
+    in it is refused."""
+    state = {"weights": os.urandom(1 << 20),
+             "more": [os.urandom(200_000), bytearray(b"x" * 70_000)]}
+    s = SQLiteStore(folder)
+    s.save_checkpoint(IDENTITY, state, ledger=LEDGER, first_start=0.0, label="crunch")
+    db_path = folder / "nbbudget.db"
+    ((payload,),) = [(r[3],) for r in rows(db_path) if r[0] == IDENTITY]
+    assert payload == pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+    assert s.load_checkpoint(IDENTITY).state == state
+    changed = bytearray(payload)
+    changed[len(changed) // 2] ^= 1
+    execute(db_path, "UPDATE checkpoints SET payload = ? WHERE identity = ?", bytes(changed),
+            IDENTITY)
+    with pytest.raises(nb.CheckpointRefused, match="signature does not match"):
+        s.load_checkpoint(IDENTITY)
+    s.close()
+
+
 class TouchOnLoad:
     """State whose unpickling creates a file: proof that a payload was (or was not) unpickled."""
 
