@@ -422,21 +422,26 @@ def test_S0_11_a_result_taken_through_nb_jobs_waits_for_the_identical_call_while
     import weakref
 
     runs = []
+    gate = threading.Semaphore(0)  # each run waits for its call to have handed off
 
     def crunch() -> int:
         runs.append(1)
+        gate.acquire(timeout=SOON)
         return len(runs)
 
     first = nb.call(crunch, detach=True, budget="1s", estimate_ms="5s")  # hands off at once
+    gate.release()
     assert nb.jobs[first.data["job"]].result(SOON) == 1
     held = nb.call(crunch, detach=True, budget="1s", estimate_ms="5s")
     assert (held.ok, held.data) == (True, 1)  # the job's result, once: it did not run again
     second = nb.call(crunch, detach=True, budget="1s", estimate_ms="5s")
+    gate.release()
     assert nb.jobs[second.data["job"]].result(SOON) == 2
     gone = weakref.ref(second.job)
     del second
     _eventually(lambda: gc.collect() is not None and gone() is None)  # its record written too
     anew = nb.call(crunch, detach=True, budget="1s", estimate_ms="5s")
+    gate.release()
     assert anew.data["state"] == "running"  # nothing held job 2: a new start
     assert anew.job.result(SOON) == 3
 
@@ -454,12 +459,16 @@ def test_S0_11_detach_and_collect_cycles_leave_no_entries_and_no_growth_in_memor
     jobs = Jobs(list)  # this test's own nb.jobs and runner: no other test's jobs in them
     runner = LocalRunner(jobs)
 
+    gate = threading.Semaphore(0)  # each run waits for its call to have handed off
+
     def crunch(n: int) -> int:
+        gate.acquire(timeout=SOON)
         return n
 
     def cycle(n: int) -> None:
         with use_backend(Backend(runner, current_backend().store)):
             resp = nb.call(crunch, n, detach=True, budget="1s", estimate_ms="5s")
+        gate.release()
         assert resp.data["state"] == "running"
         assert jobs[resp.data["job"]].result(SOON) == n
 

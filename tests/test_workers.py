@@ -98,21 +98,48 @@ def test_a_latch_frees_every_waiter_and_stays_set():
     assert latch.is_set() and latch.wait(0)
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="Linux's scheduler policies")
-def test_workers_run_as_batch_work_so_waking_one_never_preempts_its_caller():
-    """A caller hands a task over while it holds the GIL: a woken worker that preempted it
-    could only wait for the GIL and switch back. Batch threads are never woken that way."""
-    policy: list[int] = []
-    done = Latch()
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
 
-    def task() -> Callable[[], None]:
-        policy.append(os.sched_getscheduler(0))
-        return done.set
 
-    workers.submit(task)
-    assert done.wait(SOON)
-    assert policy == [os.SCHED_BATCH]
-    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the caller's own thread is as it was
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_a_worker_that_leaves_closes_its_pipe():
+    """Each worker waits on a pipe of its own; one that ends after its idle spell closes it,
+    so workers coming and going leave no descriptor open."""
+    deadline = time.monotonic() + SOON
+    while _workers_alive():
+        assert time.monotonic() < deadline, "idle workers never ended"
+        time.sleep(0.01)
+    before = _open_fds()
+    for _ in range(3):
+        workers.ensure_idle(4)
+        assert _open_fds() >= before + 8  # two ends of a pipe each
+        while _workers_alive():
+            assert time.monotonic() < deadline, "idle workers never ended"
+            time.sleep(0.01)
+        assert _open_fds() == before
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")
+def test_a_child_made_by_fork_starts_workers_of_its_own():
+    """The parent's idle workers do not exist in a child made by ``os.fork``: a call there
+    must run on a worker of the child's, within its budget (not wait for one that never
+    wakes), and its wall-clock timer must fire on a timer thread of the child's."""
+    import nbbudget as nb
+
+    workers.ensure_idle(2)
+    assert workers.idle_count() >= 2
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit code, never through pytest
+        code = 1
+        try:
+            resp = nb.call(lambda: 41 + 1, detach=True, budget="5s")
+            late = nb.call(time.sleep, 5, detach=True, budget="5s", timeout="200ms")
+            code = 0 if resp.ok and resp.data == 42 and late.exit_code == 124 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_a_submit_keeps_its_spare_workers_idle():

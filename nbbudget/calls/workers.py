@@ -1,12 +1,20 @@
 """Pre-started worker threads for calls, so the timed path never pays ``Thread.start()``.
 
-An idle worker blocks on a lock of its own; `submit` takes the last idle worker off the idle
-stack, hands it the task and releases its lock (one futex wake, no queue and no Condition). A
-worker whose task runs past its caller's budget simply keeps running it (the caller has gone),
-and the pool starts another when a task finds no idle worker. A task returns what should happen
-once the worker is free again (typically: wake the caller): the worker puts itself back on the
-idle stack first, so a caller that submits again at once always finds an idle worker. Idle
-workers end after ``IDLE_SECONDS``: an idle process holds no thread.
+An idle worker blocks reading a pipe of its own; `submit` takes the last idle worker off the
+idle stack, hands it the task and writes one byte to its pipe (no queue and no Condition). The
+write is the handoff because it lets go of the GIL: the worker wakes to a free GIL, where a
+woken thread that found its waker still holding the GIL could only wait for it and switch back
+(two more thread switches per handoff, most of a trivial call's cost). On Linux a pipe's
+wake-up also tells the scheduler that the writer is about to wait, so the worker runs on the
+writer's core rather than waking an idle one.
+
+A worker whose task runs past its caller's budget simply keeps running it (the caller has
+gone), and the pool starts another when a task finds no idle worker. A task returns what should
+happen once the worker is free again (typically: wake the caller): the worker puts itself back
+on the idle stack first, so a caller that submits again at once always finds an idle worker.
+Idle workers end after ``IDLE_SECONDS`` (a timer on the process's clock takes them off the idle
+stack and tells them to leave): an idle process holds no thread. In a child made by
+``os.fork`` the parent's workers do not exist: the child forgets them and starts its own.
 """
 
 from __future__ import annotations
@@ -14,7 +22,10 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
 from collections.abc import Callable
+
+from ..core.clock import Scheduled, default_clock
 
 __all__ = ["IDLE_SECONDS", "Task", "ensure_idle", "idle_count", "submit"]
 
@@ -23,20 +34,26 @@ IDLE_SECONDS = 1.0
 #: a task runs on a worker and returns what to do once that worker is counted idle (or None)
 Task = Callable[[], Callable[[], object] | None]
 
+_WAKE = b"\0"
+
 
 class _Worker:
-    """One worker thread: its lock is held while it has no task; `submit` releases it."""
+    """One worker thread: it blocks reading its pipe while it has no task; `submit` writes
+    to it. *leaving*: the reaper took it off the idle stack, and it ends when woken."""
 
-    __slots__ = ("task", "wake")
+    __slots__ = ("idle_since", "leaving", "read", "task", "write")
 
     def __init__(self, task: Task | None) -> None:
         self.task = task
-        self.wake = threading.Lock()
-        self.wake.acquire()
+        self.leaving = False
+        self.idle_since = 0.0
+        self.read, self.write = os.pipe()
 
 
 _idle: list[_Worker] = []  # a stack: list.append, list.pop and list.remove are atomic
 _names = itertools.count(1)
+_reaping = threading.Lock()  # arms the reaper once
+_reaper: Scheduled | None = None
 
 
 def submit(task: Task, spare: int = 0) -> None:
@@ -50,7 +67,7 @@ def submit(task: Task, spare: int = 0) -> None:
         _start(_Worker(task))
         return
     worker.task = task
-    worker.wake.release()
+    os.write(worker.write, _WAKE)
 
 
 def ensure_idle(n: int) -> None:
@@ -59,8 +76,10 @@ def ensure_idle(n: int) -> None:
     switch interval or more each time the GIL is contended."""
     while len(_idle) < n:
         worker = _Worker(None)
-        _idle.append(worker)  # counted idle from now: it will wait on its lock
+        worker.idle_since = time.monotonic()
+        _idle.append(worker)  # counted idle from now: it will wait on its pipe
         _start(worker)
+        _arm_reaper()
 
 
 def idle_count() -> int:
@@ -74,42 +93,80 @@ def _start(worker: _Worker) -> None:
 
 
 def _work(worker: _Worker) -> None:
-    _as_batch()
-    wake = worker.wake
-    while True:
-        task, worker.task = worker.task, None
-        if task is not None:
-            then = task()
-            # an idle worker holds nothing of its last task (its job, its run): freed before its
-            # caller is told, which waits for this thread to block before it can go on
-            del task
-            _idle.append(worker)  # idle before its caller is told: the next call finds it
-            if then is not None:
-                then()
-                then = None
-        if not wake.acquire(True, IDLE_SECONDS) and _leave(worker):  # (positional: faster)
-            return
-
-
-def _as_batch() -> None:
-    """Mark this worker thread as batch work for the operating system's scheduler (Linux's
-    ``SCHED_BATCH``; elsewhere, or where it is refused, nothing changes). Waking such a thread
-    never preempts the thread that woke it: a caller handing over a task still holds the GIL,
-    so a worker run at once could only wait for the GIL and switch back, two more thread
-    switches per handoff (most of a trivial call's cost, measured pinned to one core). Its
-    share of the processor is the same; only a wake-up waits for the running thread's turn to
-    end. Threads the work starts inherit the policy, as threads do."""
+    read = worker.read
     try:
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    except (AttributeError, OSError):  # not Linux, or refused (a sandbox): as it was
-        pass
+        while True:
+            task, worker.task = worker.task, None
+            if task is not None:
+                then = task()
+                # an idle worker holds nothing of its last task (its job, its run): freed before
+                # its caller is told, which waits for this thread to block before it can go on
+                del task
+                worker.idle_since = time.monotonic()
+                _idle.append(worker)  # idle before its caller is told: the next call finds it
+                if _reaper is None:
+                    _arm_reaper()
+                if then is not None:
+                    then()
+                    then = None
+            elif worker.leaving:
+                return
+            os.read(read, 1)  # until handed a task, or told to leave
+    finally:
+        os.close(worker.read)
+        os.close(worker.write)
+
+
+def _arm_reaper() -> None:
+    """Make sure a timer will end the workers that stay idle for ``IDLE_SECONDS``."""
+    global _reaper
+    with _reaping:
+        if _reaper is None and _idle:
+            _reaper = default_clock().call_at(default_clock().now_ms() + IDLE_SECONDS * 1000,
+                                              _reap)
+
+
+def _reap() -> None:
+    """On the clock's timer thread: tell each worker idle for ``IDLE_SECONDS`` to leave (one
+    `submit` took meanwhile is not idle any more), then look again when the next one would be
+    due, or stop looking when none is idle."""
+    global _reaper
+    now = time.monotonic()
+    for worker in list(_idle):
+        if now - worker.idle_since >= IDLE_SECONDS and _leave(worker):
+            worker.leaving = True
+            os.write(worker.write, _WAKE)
+    with _reaping:
+        _reaper = None
+        if _idle:
+            due = min((w.idle_since for w in list(_idle)), default=now) + IDLE_SECONDS
+            _reaper = default_clock().call_at(
+                default_clock().now_ms() + max(0.0, due - time.monotonic()) * 1000, _reap)
 
 
 def _leave(worker: _Worker) -> bool:
-    """After an idle spell: leave, unless a task was handed over meanwhile (then wait for it)."""
+    """Take *worker* off the idle stack; False when `submit` took it first (its task is
+    coming)."""
     try:
         _idle.remove(worker)
-    except ValueError:  # submit took it off the stack: its task is coming
-        worker.wake.acquire()
+    except ValueError:
         return False
     return True
+
+
+def _forget_after_fork() -> None:
+    """In a child made by ``os.fork``: the parent's workers (and its reaper's timer) do not
+    exist here; their pipes are closed, and the child starts workers of its own."""
+    global _reaper
+    for worker in _idle:
+        for fd in (worker.read, worker.write):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    _idle.clear()
+    _reaper = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)

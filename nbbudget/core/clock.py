@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -147,6 +148,13 @@ class MonotonicClock(Timers):
         self._cond = threading.Condition(threading.Lock())
         self._thread: threading.Thread | None = None
 
+    def forget_after_fork(self) -> None:
+        """In a child made by ``os.fork``: the parent's timer thread does not exist here, and
+        what it had scheduled was the parent's; start again with nothing scheduled."""
+        self._heap.clear()
+        self._cond = threading.Condition(threading.Lock())
+        self._thread = None
+
     def now_ms(self) -> float:
         return time.monotonic_ns() / 1e6
 
@@ -190,6 +198,8 @@ class MonotonicClock(Timers):
 
 
 _DEFAULT = MonotonicClock()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_DEFAULT.forget_after_fork)
 
 
 def default_clock() -> MonotonicClock:
