@@ -337,10 +337,76 @@ def test_an_interactive_detached_call_without_a_budget_runs_on_the_cluster(
     assert response.ok and response.data == 5
 
 
-def test_a_timeout_on_a_cluster_is_refused_with_what_to_do(dask_client: Any,
-                                                            home: Any) -> None:
-    with pytest.raises(nb.ConfigError, match=r"run_ms"):
-        nb.call(slow, 0.1, "t", detach=True, budget="1s", timeout="5s", cluster=dask_client)
+# -- the whole work's timeout= on the scheduler's clock (S0-6, S4-7) ---------------------------
+def counted(path: str, n: int) -> int:
+    """Steps to *n*, slowly, writing how many it took to *path* after each one."""
+    run = nb.current()
+    assert run is not None
+    for i in range(n):
+        run.step()
+        Path(path).write_text(str(i + 1))
+        time.sleep(0.01)
+    return n
+
+
+def timed_out(label: str, ms: int) -> str:
+    return (f"{label} was cancelled: its wall-clock limit of {ms} ms, counted from its first "
+            f"start across every continuation, ran out")
+
+
+def stopped_counting(path: Path) -> int:
+    """How many steps the work at *path* took, once it no longer takes any."""
+    deadline, last = time.monotonic() + 20, -1
+    while time.monotonic() < deadline:
+        now = int(path.read_text()) if path.exists() else 0
+        if now == last:
+            return now
+        last = now
+        time.sleep(0.3)  # 30 steps' time: a task still stepping is seen to
+    raise AssertionError("the work never stopped")
+
+
+def test_a_timeout_on_a_cluster_cancels_the_task_and_answers_as_a_local_call(
+        dask_client: Any, home: Any, tmp_path: Path) -> None:
+    counter = tmp_path / "count"
+    started = time.monotonic()
+    response = nb.call(counted, str(counter), 2_000, detach=True, budget="30s", timeout="600ms",
+                       limits=nb.Limits(steps=10_000), cluster=dask_client)
+    took = time.monotonic() - started
+    assert response.exit_code == 124 and not response.ok
+    assert response.error == {"code": "cancelled", "message": timed_out("counted", 600)}
+    assert response.data["state"] == "cancelled"
+    assert 0.55 < took < 10  # at its timeout, long before its budget or its end
+    job = response.job
+    assert job is not None and job.wait_done(10) and job.state is nb.JobState.CANCELLED
+    assert job.run.outcome is not None and job.run.outcome.status == "cancelled"
+    assert job.run.outcome.by == "wall-clock"
+    assert 0 < stopped_counting(counter) < 2_000  # the task stopped at a step
+
+
+def test_a_detached_job_on_a_cluster_is_cancelled_at_its_timeout(
+        dask_client: Any, home: Any, in_kernel: Any, tmp_path: Path) -> None:
+    counter = tmp_path / "count"
+    started = time.monotonic()
+    first = nb.call(counted, str(counter), 2_000, detach=True, budget="100ms", timeout="800ms",
+                    limits=nb.Limits(steps=10_000), cluster=dask_client)
+    assert first.exit_code == 14 and first.data["state"] == "running"
+    job = nb.jobs[first.data["job"]]
+    assert job.wait_done(20)
+    assert time.monotonic() - started > 0.75  # not before its timeout
+    assert job.state is nb.JobState.CANCELLED and str(job.exception()) == timed_out(
+        "counted", 800)
+    assert job.run.outcome is not None and job.run.outcome.status == "cancelled"
+    assert 0 < stopped_counting(counter) < 2_000
+    deadline = time.monotonic() + 10  # its record says so (written off the caller's path)
+    while nb.jobs.to_frame().loc[job.id, "state"] != "cancelled":
+        assert time.monotonic() < deadline, nb.jobs.to_frame().loc[job.id].to_dict()
+        time.sleep(0.05)
+    again = nb.call(counted, str(counter), 2_000, detach=True, budget="10s", timeout="800ms",
+                    limits=nb.Limits(steps=10_000), cluster=dask_client)
+    assert again.exit_code == 124 and again.error == {"code": "cancelled",
+                                                      "message": timed_out("counted", 800)}
+    assert PREFIX + job.identity not in published(dask_client)  # delivered: unpublished
 
 
 def test_cluster_none_is_the_local_backend(home: Any) -> None:

@@ -39,7 +39,7 @@ from .response import (
     Response,
     meta,
 )
-from .runner import LOCAL, Backend, JobRunner, Work, current_backend, remote_call
+from .runner import LOCAL, Backend, JobRunner, WallClock, Work, current_backend, remote_call
 from .store import Checkpoint, CheckpointRefused, Store, StoreDamaged
 
 __all__ = ["CALL_SPELLING", "DEFAULT_BUDGET_MS", "ENV_BUDGET", "FLAG_SPELLING", "Spelling", "call",
@@ -563,7 +563,9 @@ def _start(plan: _Plan, backend: Backend, clock: Clock,
         context.run(_work, ctx, held)()
     else:
         backend.runner.start(plan, job, functools.partial(context.run, _work, ctx, held),
-                             detachable=plan.detach, checkpoints=ctx if plan.resume else None)
+                             detachable=plan.detach, checkpoints=ctx if plan.resume else None,
+                             wall_clock=None if left is None
+                             else WallClock(left, _timeout_message(plan)))
     return ctx, job
 
 
@@ -607,9 +609,11 @@ def _timeout_message(plan: _Plan) -> str:
 
 def _wall_clock(job: Job, plan: _Plan) -> None:
     """The wall-clock limit fired: cancel the work, across every continuation (S0-6, S4-7), and
-    free its callers (a run stopped before keeps its stop, and its callers keep waiting)."""
+    free its callers (a run stopped before keeps its stop, and its callers keep waiting, unless
+    that stop was this limit's, kept where the work runs and heard here first)."""
     scope = job.run.lowlevel.scope
-    if scope.halt(Stop.of(Status.CANCELLED, _timeout_message(plan), scope, by="wall-clock")):
+    if scope.halt(Stop.of(Status.CANCELLED, _timeout_message(plan), scope,
+                          by="wall-clock")) or _wall_clocked(job):
         job.nudge()
 
 
