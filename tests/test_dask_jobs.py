@@ -358,7 +358,10 @@ def stopped_counting(path: Path) -> int:
     """How many steps the work at *path* took, once it no longer takes any."""
     deadline, last = time.monotonic() + 20, -1
     while time.monotonic() < deadline:
-        now = int(path.read_text()) if path.exists() else 0
+        text = path.read_text() if path.exists() else "0"
+        if not text:  # read as it was being written
+            continue
+        now = int(text)
         if now == last:
             return now
         last = now
@@ -492,3 +495,75 @@ def test_reattach_after_the_first_kernel_exited_delivers_the_result_and_the_work
         assert marker.read_text().count("started") == 2  # started anew, once
         print(f"detach answered in {first['ms']:.0f} ms on a 200 ms budget; a new kernel "
               f"reattached and delivered in {second['ms']:.0f} ms")
+
+
+TIMED_WORK = '''
+import time
+from pathlib import Path
+import nbbudget as nb
+
+def counted(path, n):
+    run = nb.current()
+    for i in range(n):
+        run.step()
+        Path(path).write_text(str(i + 1))
+        time.sleep(0.01)
+    return n
+'''
+
+TIMED_KERNEL = '''
+import json, os, sys
+import nbbudget as nb
+import timedwork
+
+address, counter = sys.argv[1:3]
+response = nb.call(timedwork.counted, counter, 2_000, detach=True, budget="200ms",
+                   timeout="1500ms", key="job-t", limits=nb.Limits(steps=10_000),
+                   cluster=address)
+print(json.dumps({"exit_code": response.exit_code, "data": response.data}), flush=True)
+os._exit(0)  # the kernel dies at once: its own timer goes with it
+'''
+
+
+def test_a_job_whose_kernel_died_is_cancelled_at_its_timeout_by_the_scheduler(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from conftest import dask_cluster
+
+    from nbbudget.core.dask_scheduler import Channel
+
+    (tmp_path / "timedwork.py").write_text(TIMED_WORK)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the worker processes import the work too
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("NBBUDGET_HOME", str(tmp_path / "home"))
+    counter = tmp_path / "count"
+    with dask_cluster(processes=True, n_workers=1, threads_per_worker=1) as client:
+        env = {**os.environ, "NBBUDGET_INTERACTIVE": "0", "PYTHONPATH": os.pathsep.join(
+            [str(tmp_path), str(Path(nb.__file__).parents[1])])}
+        done = subprocess.run([sys.executable, "-c", TIMED_KERNEL, client.scheduler.address,
+                               str(counter)], capture_output=True, text=True, env=env,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        first = json.loads(done.stdout.strip().splitlines()[-1])
+        assert first["exit_code"] == 14 and first["data"]["state"] == "running"
+        [name] = published(client)  # the job outlived its kernel
+        # with no kernel left, the task stops at a step: the scheduler's clock stopped it
+        assert 0 < stopped_counting(counter) < 2_000
+        branch = client.get_dataset(name)["branch"]
+        journal = Channel.of(client).call("nbb_journal", run=branch.key)["events"]
+        [stop] = [e for e in journal if e["event"] == "stopped"]
+        assert stop["cause"] == "timeout"  # the scheduler's timer, not a kernel's cancel
+        assert stop["how"] == {"status": "cancelled", "message": timed_out("job-t", 1500),
+                               "by": "wall-clock", "code": "Cancelled"}
+        import timedwork  # type: ignore[import-not-found]  # written above
+
+        # a restarted kernel finds the job ended, cancelled, and answers as a local call does
+        with use_backend(Backend(DaskRunner(client, Jobs(list)), nb.store)):
+            again = nb.call(timedwork.counted, str(counter), 2_000, detach=True, budget="10s",
+                            timeout="1500ms", key="job-t", limits=nb.Limits(steps=10_000))
+        assert again.exit_code == 124 and again.data["state"] == "cancelled"
+        assert again.error == {"code": "cancelled", "message": timed_out("job-t", 1500)}
+        assert again.job is not None and again.job.wait_done(10)
+        assert again.job.state is nb.JobState.CANCELLED
+        assert published(client) == []

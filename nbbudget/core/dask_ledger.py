@@ -234,9 +234,16 @@ class DaskLedger(LocalLedger):
         return Branch(self.key, account.key, name, limits, remaining_ms, self.notices)
 
     def bind(self, scope: Scope) -> None:
-        """Stop *scope* (the run's) when the scheduler says the run stopped."""
+        """Stop *scope* (the run's) when the scheduler says the run stopped. A kernel that
+        joins a run made elsewhere (`watching`) also takes the stop it had already: one made
+        while that kernel was away (the whole work's timeout, with no kernel left)."""
         self.scope = scope
         self.unwatch = self.channel.on_stop(self.key, self.heard_stop)
+        if not self.owner and self.task is None:
+            reply = self.call("nbb_snapshot")
+            figures = reply["scopes"].get(self.home.key) if reply["ok"] else None
+            if figures is not None and figures["stopped"] is not None:
+                scope.halt(self.stop_of(scope, figures["stopped"]))
 
     def heard_stop(self, scope: str, stop: Mapping[str, Any]) -> None:
         """A stop pushed by the scheduler (on the event loop): the run stops, off the loop. A
