@@ -490,8 +490,9 @@ def _finished(job: Job, future: Future, feed: Feed) -> None:
             job.paused = True
         job.settle(JobState.DONE, value=value)
     except BaseException as exc:  # noqa: BLE001  (its value could not be fetched, or saved)
-        job.paused = False
-        job.settle(JobState.FAILED, error=exc)
+        job.paused = False  # (not saved: the run stopped first)
+        job.settle(JobState.CANCELLED if isinstance(exc, Cancelled) else JobState.FAILED,
+                   error=exc)
     if job.paused:  # the continuation is a task of its own: what this one sent (its
         _forget(feed)  # checkpoints among it) is no longer needed on the scheduler
 
