@@ -36,6 +36,15 @@ Once the budget has run out, the task ends at its next checkpoint with a `Paused
 value, and the kernel answers with the checkpoint it saved there (S0-2). Its caller never
 detaches: it is there while the task runs.
 
+The whole work's ``timeout=`` (S0-6) is kept on the scheduler's clock: `DaskRunner.start` opens
+the run there with the time the work has left (a `WallClock`: a duration, counted from its
+first start, never a deadline), and the scheduler stops the run when it runs out, with the
+call's own ending (cancelled, by the wall clock, with the timeout's message). The stop is
+pushed to the task's worker, which raises `Cancelled` at its next check, and to this kernel;
+the call's own timer here frees a waiting caller too (the first stop wins). A detached job is
+thus cancelled at its limit even when its kernel has gone, and a kernel that reattaches to it
+later takes the stop from the scheduler, and answers as the call would have.
+
 `distributed` is imported only when a runner is made (``cluster=`` given), never at import.
 """
 
