@@ -252,7 +252,7 @@ def published_states(prefix: str, dask_scheduler: Any = None) -> dict[str, tuple
     return out
 
 
-def on_cluster_backend(cluster: object, work: Work) -> Backend:
+def on_cluster_backend(cluster: object) -> Backend:
     """The backend of a call given ``cluster=`` (a ``distributed.Client`` or a scheduler
     address, resolved as ``nb.budget(cluster=...)`` resolves it): its work runs on that
     cluster, its records stay in the store in force."""
