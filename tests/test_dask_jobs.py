@@ -387,6 +387,17 @@ def test_a_timeout_on_a_cluster_cancels_the_task_and_answers_as_a_local_call(
     assert 0 < stopped_counting(counter) < 2_000  # the task stopped at a step
 
 
+def test_a_call_that_declares_no_interruption_keeps_its_timeout_on_a_cluster(
+        dask_client: Any, home: Any, tmp_path: Path) -> None:
+    """S0-10: with no budget, the timeout is what frees the caller."""
+    counter = tmp_path / "count"
+    response = nb.call(counted, str(counter), 2_000, timeout="500ms",
+                       limits=nb.Limits(steps=10_000), cluster=dask_client)
+    assert response.exit_code == 124 and response.error == {
+        "code": "cancelled", "message": timed_out("counted", 500)}
+    assert 0 < stopped_counting(counter) < 2_000
+
+
 def test_a_detached_job_on_a_cluster_is_cancelled_at_its_timeout(
         dask_client: Any, home: Any, in_kernel: Any, tmp_path: Path) -> None:
     counter = tmp_path / "count"
