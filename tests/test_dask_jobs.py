@@ -337,10 +337,90 @@ def test_an_interactive_detached_call_without_a_budget_runs_on_the_cluster(
     assert response.ok and response.data == 5
 
 
-def test_a_timeout_on_a_cluster_is_refused_with_what_to_do(dask_client: Any,
-                                                            home: Any) -> None:
-    with pytest.raises(nb.ConfigError, match=r"run_ms"):
-        nb.call(slow, 0.1, "t", detach=True, budget="1s", timeout="5s", cluster=dask_client)
+# -- the whole work's timeout= on the scheduler's clock (S0-6, S4-7) ---------------------------
+def counted(path: str, n: int) -> int:
+    """Steps to *n*, slowly, writing how many it took to *path* after each one."""
+    run = nb.current()
+    assert run is not None
+    for i in range(n):
+        run.step()
+        Path(path).write_text(str(i + 1))
+        time.sleep(0.01)
+    return n
+
+
+def timed_out(label: str, ms: int) -> str:
+    return (f"{label} was cancelled: its wall-clock limit of {ms} ms, counted from its first "
+            f"start across every continuation, ran out")
+
+
+def stopped_counting(path: Path) -> int:
+    """How many steps the work at *path* took, once it no longer takes any."""
+    deadline, last = time.monotonic() + 20, -1
+    while time.monotonic() < deadline:
+        text = path.read_text() if path.exists() else "0"
+        if not text:  # read as it was being written
+            continue
+        now = int(text)
+        if now == last:
+            return now
+        last = now
+        time.sleep(0.3)  # 30 steps' time: a task still stepping is seen to
+    raise AssertionError("the work never stopped")
+
+
+def test_a_timeout_on_a_cluster_cancels_the_task_and_answers_as_a_local_call(
+        dask_client: Any, home: Any, tmp_path: Path) -> None:
+    counter = tmp_path / "count"
+    started = time.monotonic()
+    response = nb.call(counted, str(counter), 2_000, detach=True, budget="30s", timeout="600ms",
+                       limits=nb.Limits(steps=10_000), cluster=dask_client)
+    took = time.monotonic() - started
+    assert response.exit_code == 124 and not response.ok
+    assert response.error == {"code": "cancelled", "message": timed_out("counted", 600)}
+    assert response.data["state"] == "cancelled"
+    assert 0.55 < took < 10  # at its timeout, long before its budget or its end
+    job = response.job
+    assert job is not None and job.wait_done(10) and job.state is nb.JobState.CANCELLED
+    assert job.run.outcome is not None and job.run.outcome.status == "cancelled"
+    assert job.run.outcome.by == "wall-clock"
+    assert 0 < stopped_counting(counter) < 2_000  # the task stopped at a step
+
+
+def test_a_call_that_declares_no_interruption_keeps_its_timeout_on_a_cluster(
+        dask_client: Any, home: Any, tmp_path: Path) -> None:
+    """S0-10: with no budget, the timeout is what frees the caller."""
+    counter = tmp_path / "count"
+    response = nb.call(counted, str(counter), 2_000, timeout="500ms",
+                       limits=nb.Limits(steps=10_000), cluster=dask_client)
+    assert response.exit_code == 124 and response.error == {
+        "code": "cancelled", "message": timed_out("counted", 500)}
+    assert 0 < stopped_counting(counter) < 2_000
+
+
+def test_a_detached_job_on_a_cluster_is_cancelled_at_its_timeout(
+        dask_client: Any, home: Any, in_kernel: Any, tmp_path: Path) -> None:
+    counter = tmp_path / "count"
+    started = time.monotonic()
+    first = nb.call(counted, str(counter), 2_000, detach=True, budget="100ms", timeout="800ms",
+                    limits=nb.Limits(steps=10_000), cluster=dask_client)
+    assert first.exit_code == 14 and first.data["state"] == "running"
+    job = nb.jobs[first.data["job"]]
+    assert job.wait_done(20)
+    assert time.monotonic() - started > 0.75  # not before its timeout
+    assert job.state is nb.JobState.CANCELLED and str(job.exception()) == timed_out(
+        "counted", 800)
+    assert job.run.outcome is not None and job.run.outcome.status == "cancelled"
+    assert 0 < stopped_counting(counter) < 2_000
+    deadline = time.monotonic() + 10  # its record says so (written off the caller's path)
+    while nb.jobs.to_frame().loc[job.id, "state"] != "cancelled":
+        assert time.monotonic() < deadline, nb.jobs.to_frame().loc[job.id].to_dict()
+        time.sleep(0.05)
+    again = nb.call(counted, str(counter), 2_000, detach=True, budget="10s", timeout="800ms",
+                    limits=nb.Limits(steps=10_000), cluster=dask_client)
+    assert again.exit_code == 124 and again.error == {"code": "cancelled",
+                                                      "message": timed_out("counted", 800)}
+    assert PREFIX + job.identity not in published(dask_client)  # delivered: unpublished
 
 
 def test_cluster_none_is_the_local_backend(home: Any) -> None:
@@ -426,3 +506,82 @@ def test_reattach_after_the_first_kernel_exited_delivers_the_result_and_the_work
         assert marker.read_text().count("started") == 2  # started anew, once
         print(f"detach answered in {first['ms']:.0f} ms on a 200 ms budget; a new kernel "
               f"reattached and delivered in {second['ms']:.0f} ms")
+
+
+TIMED_WORK = '''
+import time
+from pathlib import Path
+import nbbudget as nb
+
+def counted(path, n):
+    run = nb.current()
+    for i in range(n):
+        run.step()
+        Path(path).write_text(str(i + 1))
+        time.sleep(0.01)
+    return n
+'''
+
+TIMED_KERNEL = '''
+import json, os, sys
+import nbbudget as nb
+import timedwork
+
+address, counter = sys.argv[1:3]
+response = nb.call(timedwork.counted, counter, 2_000, detach=True, budget="200ms",
+                   timeout="1500ms", key="job-t", limits=nb.Limits(steps=10_000),
+                   cluster=address)
+print(json.dumps({"exit_code": response.exit_code, "data": response.data}), flush=True)
+os._exit(0)  # the kernel dies at once: its own timer goes with it
+'''
+
+
+def runs_on_the_ledger(dask_scheduler: Any) -> list[str]:
+    """Runs on the scheduler: the keys of the runs its ledger holds."""
+    from nbbudget.core.dask_scheduler import LEDGER_NAME
+
+    return list(dask_scheduler.plugins[LEDGER_NAME].books)
+
+
+def test_a_job_whose_kernel_died_is_cancelled_at_its_timeout_by_the_scheduler(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from conftest import dask_cluster
+
+    from nbbudget.core.dask_scheduler import Channel
+
+    (tmp_path / "timedwork.py").write_text(TIMED_WORK)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the worker processes import the work too
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("NBBUDGET_HOME", str(tmp_path / "home"))
+    counter = tmp_path / "count"
+    with dask_cluster(processes=True, n_workers=1, threads_per_worker=1) as client:
+        env = {**os.environ, "NBBUDGET_INTERACTIVE": "0", "PYTHONPATH": os.pathsep.join(
+            [str(tmp_path), str(Path(nb.__file__).parents[1])])}
+        done = subprocess.run([sys.executable, "-c", TIMED_KERNEL, client.scheduler.address,
+                               str(counter)], capture_output=True, text=True, env=env,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        first = json.loads(done.stdout.strip().splitlines()[-1])
+        assert first["exit_code"] == 14 and first["data"]["state"] == "running"
+        assert len(published(client)) == 1  # the job outlived its kernel
+        # with no kernel left, the task stops at a step: the scheduler's clock stopped it
+        assert 0 < stopped_counting(counter) < 2_000
+        [run] = client.run_on_scheduler(runs_on_the_ledger)  # the dead kernel's run
+        journal = Channel.of(client).call("nbb_journal", run=run)["events"]
+        [stop] = [e for e in journal if e["event"] == "stopped"]
+        assert stop["cause"] == "timeout"  # the scheduler's timer, not a kernel's cancel
+        assert stop["how"] == {"status": "cancelled", "message": timed_out("job-t", 1500),
+                               "by": "wall-clock", "code": "Cancelled"}
+        import timedwork  # type: ignore[import-not-found]  # written above
+
+        # a restarted kernel finds the job ended, cancelled, and answers as a local call does
+        with use_backend(Backend(DaskRunner(client, Jobs(list)), nb.store)):
+            again = nb.call(timedwork.counted, str(counter), 2_000, detach=True, budget="10s",
+                            timeout="1500ms", key="job-t", limits=nb.Limits(steps=10_000))
+        assert again.exit_code == 124 and again.data["state"] == "cancelled"
+        assert again.error == {"code": "cancelled", "message": timed_out("job-t", 1500)}
+        assert again.job is not None and again.job.wait_done(10)
+        assert again.job.state is nb.JobState.CANCELLED
+        assert published(client) == []

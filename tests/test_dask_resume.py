@@ -167,3 +167,53 @@ def test_a_resumable_call_pauses_and_continues_across_worker_processes(
     second = nb.call(counts_progress, 40, resume=True, budget="60s",
                      cluster=dask_process_client)
     assert second.ok and second.data == 40
+
+
+def timed_out(ms: int) -> str:
+    return (f"counts was cancelled: its wall-clock limit of {ms} ms, counted from its first "
+            f"start across every continuation, ran out")
+
+
+def test_a_continuation_on_a_cluster_has_only_what_is_left_of_its_timeout(
+        dask_client: Any, home: Any) -> None:
+    """S0-6: the timeout counts from the work's first start (kept in its checkpoint), so a
+    continuation gets what is left of it, never a fresh one; once nothing is left, the
+    identical call answers cancelled at once and starts nothing."""
+    limits = nb.Limits(steps=1_000)
+    started = time.monotonic()
+    first = nb.call(counts, 200, resume=True, budget="200ms", timeout="1500ms", limits=limits,
+                    cluster=dask_client)
+    assert first.exit_code == 14 and first.data["state"] == "paused"
+    time.sleep(max(0.0, 1.2 - (time.monotonic() - started)))  # about 0.3 s of it left
+    resumed = time.monotonic()
+    second = nb.call(counts, 200, resume=True, budget="30s", timeout="1500ms", limits=limits,
+                     cluster=dask_client)
+    assert second.exit_code == 124 and second.error == {"code": "cancelled",
+                                                        "message": timed_out(1500)}
+    assert time.monotonic() - resumed < 1.2  # not a fresh 1500 ms
+    assert second.job is not None and second.job.wait_done(10)
+    assert second.job.state is nb.JobState.CANCELLED
+    saved = nb.store().load_checkpoint(second.job.identity)
+    assert saved is None  # the work is over: the next identical call starts anew
+
+
+def test_a_continuation_whose_timeout_ran_out_while_paused_is_cancelled_at_once(
+        dask_client: Any, home: Any) -> None:
+    limits = nb.Limits(steps=1_000)
+    started = time.monotonic()
+    first = nb.call(counts, 60, resume=True, budget="200ms", timeout="1s", limits=limits,
+                    cluster=dask_client)
+    assert first.exit_code == 14 and first.data["state"] == "paused"
+    assert first.job is not None
+    identity = first.job.identity
+    time.sleep(max(0.0, 1.1 - (time.monotonic() - started)))  # its timeout ran out meanwhile
+    second = nb.call(counts, 60, resume=True, budget="30s", timeout="1s", limits=limits,
+                     cluster=dask_client)
+    assert second.exit_code == 124 and second.data == {"state": "cancelled"}
+    assert second.error == {"code": "cancelled", "message": timed_out(1000)}
+    assert second.job is None  # nothing was started on the cluster
+    assert nb.store().load_checkpoint(identity) is None  # the work is over
+    third = nb.call(counts, 60, resume=True, budget="30s", timeout="10s", limits=limits,
+                    cluster=dask_client)
+    assert third.ok and third.data == 60
+    assert third.job is not None and third.job.output_text == "from 0\n"  # started anew

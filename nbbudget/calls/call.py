@@ -39,7 +39,7 @@ from .response import (
     Response,
     meta,
 )
-from .runner import LOCAL, Backend, JobRunner, Work, current_backend, remote_call
+from .runner import LOCAL, Backend, JobRunner, WallClock, current_backend, remote_call
 from .store import Checkpoint, CheckpointRefused, Store, StoreDamaged
 
 __all__ = ["CALL_SPELLING", "DEFAULT_BUDGET_MS", "ENV_BUDGET", "FLAG_SPELLING", "Spelling", "call",
@@ -263,10 +263,10 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     plan = _plan(fn, args, kwargs, detach, resume, budget, timeout, key, estimate_ms, limits,
                  manifest, notices, runs_per_day)
     # (the wall clock of a first start counts from here, S0-6)
-    return _run(plan, _backend(cluster, plan), clock, t0_ms, started, _wall())
+    return _run(plan, _backend(cluster), clock, t0_ms, started, _wall())
 
 
-def _backend(cluster: Any, work: Work) -> Backend:
+def _backend(cluster: Any) -> Backend:
     """Where the call runs: the backend in force, or the cluster *cluster* names (given, or
     the default one; ``False``: here, whatever the default)."""
     if cluster is None and _default_cluster is not None:
@@ -275,7 +275,7 @@ def _backend(cluster: Any, work: Work) -> Backend:
         return current_backend()
     from .dask_runner import on_cluster_backend
 
-    return on_cluster_backend(cluster, work)
+    return on_cluster_backend(cluster)
 
 
 def _run(plan: _Plan, backend: Backend, clock: Clock, t0_ms: float, started: float,
@@ -315,7 +315,7 @@ def _direct_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
     direct = _Direct((fn, args, kwargs, key), _label(fn, key), budget_ms, limits, clock,
                      notices, t0_ms)
     direct.backend = current_backend() if cluster is None and _default_cluster is None else (
-        _backend(cluster, direct))
+        _backend(cluster))
     return direct
 
 
@@ -563,7 +563,9 @@ def _start(plan: _Plan, backend: Backend, clock: Clock,
         context.run(_work, ctx, held)()
     else:
         backend.runner.start(plan, job, functools.partial(context.run, _work, ctx, held),
-                             detachable=plan.detach, checkpoints=ctx if plan.resume else None)
+                             detachable=plan.detach, checkpoints=ctx if plan.resume else None,
+                             wall_clock=None if left is None
+                             else WallClock(left, _timeout_message(plan)))
     return ctx, job
 
 
@@ -607,9 +609,11 @@ def _timeout_message(plan: _Plan) -> str:
 
 def _wall_clock(job: Job, plan: _Plan) -> None:
     """The wall-clock limit fired: cancel the work, across every continuation (S0-6, S4-7), and
-    free its callers (a run stopped before keeps its stop, and its callers keep waiting)."""
+    free its callers (a run stopped before keeps its stop, and its callers keep waiting, unless
+    that stop was this limit's, kept where the work runs and heard here first)."""
     scope = job.run.lowlevel.scope
-    if scope.halt(Stop.of(Status.CANCELLED, _timeout_message(plan), scope, by="wall-clock")):
+    if scope.halt(Stop.of(Status.CANCELLED, _timeout_message(plan), scope,
+                          by="wall-clock")) or _wall_clocked(job):
         job.nudge()
 
 

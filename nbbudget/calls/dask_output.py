@@ -36,6 +36,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from ..core.errors import Cancelled
 from . import workers
 
 if TYPE_CHECKING:
@@ -236,6 +237,12 @@ class Saver:
         with self._saving:
             while self._pending:
                 which, msg = self._pending.popleft()
+                if self.run.cancelled:  # the run stopped before this checkpoint reached the
+                    # kernel: not saved, as a checkpoint on a stopped run is not (its check
+                    # raises), so that a work ended by its stop leaves no checkpoint behind
+                    self._saved[which] = Cancelled(f"{self.run.name} stopped before its "
+                                                   f"checkpoint {which[1]} reached the kernel")
+                    continue
                 try:
                     ledger = self.run.state()
                     ledger["counts"] = dict(msg["counts"])

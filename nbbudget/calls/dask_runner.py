@@ -36,6 +36,15 @@ Once the budget has run out, the task ends at its next checkpoint with a `Paused
 value, and the kernel answers with the checkpoint it saved there (S0-2). Its caller never
 detaches: it is there while the task runs.
 
+The whole work's ``timeout=`` (S0-6) is kept on the scheduler's clock: `DaskRunner.start` opens
+the run there with the time the work has left (a `WallClock`: a duration, counted from its
+first start, never a deadline), and the scheduler stops the run when it runs out, with the
+call's own ending (cancelled, by the wall clock, with the timeout's message). The stop is
+pushed to the task's worker, which raises `Cancelled` at its next check, and to this kernel;
+the call's own timer here frees a waiting caller too (the first stop wins). A detached job is
+thus cancelled at its limit even when its kernel has gone, and a kernel that reattaches to it
+later takes the stop from the scheduler, and answers as the call would have.
+
 `distributed` is imported only when a runner is made (``cluster=`` given), never at import.
 """
 
@@ -54,15 +63,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..agents.budget import Budget, join
-from ..core.errors import Cancelled, ConfigError
+from ..core.errors import Cancelled
 from ..core.limits import Limits
-from ..core.lowlevel import Incomplete
+from ..core.lowlevel import Incomplete, Stop
+from ..core.outcome import Status
 from .dask_output import Feed, Saver, TaskOutput, beat_topic, forget, output_topic
 from .jobs import Job, JobState, Jobs
 from .runner import (
     Backend,
     Checkpoints,
     LocalRunner,
+    WallClock,
     Work,
     current_backend,
     jobs,
@@ -76,9 +87,8 @@ if TYPE_CHECKING:
 
     from . import workers
 
-__all__ = ["PREFIX", "DaskRunner", "PausedAt", "Shipped", "TaskCall", "check_on_cluster",
-           "on_cluster_backend", "published_name", "published_states", "run_work", "runner_of",
-           "take_published"]
+__all__ = ["PREFIX", "DaskRunner", "PausedAt", "Shipped", "TaskCall", "on_cluster_backend",
+           "published_name", "published_states", "run_work", "runner_of", "take_published"]
 
 #: the prefix of the names detached jobs are published under on the scheduler
 PREFIX = "nbbudget-job-"
@@ -242,19 +252,10 @@ def published_states(prefix: str, dask_scheduler: Any = None) -> dict[str, tuple
     return out
 
 
-def check_on_cluster(work: Work) -> None:
-    """What a call on a cluster refuses, with what to do instead."""
-    if work.timeout_ms is not None:
-        raise ConfigError("timeout= is not kept on a cluster (the kernel's wall clock cannot "
-                          "stop a task on a worker): bound the work's own run instead, "
-                          "limits=nb.Limits(run_ms=...), or drop cluster=")
-
-
-def on_cluster_backend(cluster: object, work: Work) -> Backend:
+def on_cluster_backend(cluster: object) -> Backend:
     """The backend of a call given ``cluster=`` (a ``distributed.Client`` or a scheduler
     address, resolved as ``nb.budget(cluster=...)`` resolves it): its work runs on that
     cluster, its records stay in the store in force."""
-    check_on_cluster(work)
     from ..core.dask_ledger import on_cluster
 
     return Backend(runner_of(on_cluster(cluster).client), current_backend().store)
@@ -290,14 +291,17 @@ class DaskRunner(LocalRunner):
         jobs.list_elsewhere(self.published_jobs)
 
     def start(self, work: Work, job: Job, task: workers.Task, *, detachable: bool,
-              checkpoints: Checkpoints | None = None) -> None:
+              checkpoints: Checkpoints | None = None,
+              wall_clock: WallClock | None = None) -> None:
         """Submit *work* to the cluster (the local closure *task* is not used). Its run is a
         run on the cluster's ledger, begun here and joined by the task: the job's run, so that
         its counters show live here and cancelling the job stops the task at its next check.
         A resumable call's run continues from its loaded checkpoint (S4-4), its task carries
         the checkpoint's state and its budget, and the checkpoints it ships are saved through
         *checkpoints*. What the task prints and its heartbeats are heard from before it is
-        submitted."""
+        submitted. The whole work's *wall_clock* is kept on the scheduler's clock: the run is
+        opened there with the time the work has left, and stopped there when it runs out
+        (cancelled, by the wall clock), which reaches the task and this kernel."""
         fn, args, kwargs, _ = work.work
         loaded = checkpoints.loaded if checkpoints is not None else None
         if loaded is not None:
@@ -307,6 +311,9 @@ class DaskRunner(LocalRunner):
         core = run.lowlevel
         core.scope.start()
         job.use_run(run)
+        if wall_clock is not None:
+            core.ledger.stop_after(wall_clock.left_ms, Stop.of(
+                Status.CANCELLED, wall_clock.message, core.scope, by="wall-clock"))
         branch = core.ledger.branch(core.account, run.name, core.scope.remaining_ms())
         key = f"nbbudget-call-{uuid.uuid4().hex}"
         shipped = Shipped(key) if checkpoints is None else Shipped(
@@ -492,8 +499,9 @@ def _finished(job: Job, future: Future, feed: Feed) -> None:
             job.paused = True
         job.settle(JobState.DONE, value=value)
     except BaseException as exc:  # noqa: BLE001  (its value could not be fetched, or saved)
-        job.paused = False
-        job.settle(JobState.FAILED, error=exc)
+        job.paused = False  # (not saved: the run stopped first)
+        job.settle(JobState.CANCELLED if isinstance(exc, Cancelled) else JobState.FAILED,
+                   error=exc)
     if job.paused:  # the continuation is a task of its own: what this one sent (its
         _forget(feed)  # checkpoints among it) is no longer needed on the scheduler
 

@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from ..core.limits import Limits
     from .store import Checkpoint
 
-__all__ = ["LOCAL", "Backend", "Checkpoints", "JobRunner", "LocalRunner", "RemoteCall", "Work",
-           "current_backend", "jobs", "remote_call", "use_backend"]
+__all__ = ["LOCAL", "Backend", "Checkpoints", "JobRunner", "LocalRunner", "RemoteCall",
+           "WallClock", "Work", "current_backend", "jobs", "remote_call", "use_backend"]
 
 
 class Work(Protocol):
@@ -70,6 +70,17 @@ class Checkpoints(Protocol):
     def save(self, state: Any, ledger: dict[str, Any] | None = None) -> Checkpoint: ...
 
 
+@dataclass(frozen=True)
+class WallClock:
+    """The wall-clock limit of the whole work (S0-6), for a runner whose work runs elsewhere:
+    the time it has left when it starts (a duration: clocks differ between machines) and the
+    message its stop says. The call's own timer keeps it too, in this process (the first stop
+    of the run wins)."""
+
+    left_ms: float
+    message: str
+
+
 class RemoteCall(Protocol):
     """The call whose work runs in this context on behalf of a kernel elsewhere (a task on a
     cluster's worker): what ``nb.checkpoint`` and ``nb.resume_state`` do there."""
@@ -92,7 +103,10 @@ class JobRunner(Protocol):
     runs its work here (``runs_here``): the usual call makes its job only if it needs one.
     *detachable*: the work may be detached, so the runner keeps room to write its record then;
     *checkpoints*: the work is resumable, and a runner whose work runs elsewhere continues it
-    from, and saves its checkpoints through, them (a closure run here has them already). The
+    from, and saves its checkpoints through, them (a closure run here has them already);
+    *wall_clock*: the whole work's wall-clock limit, which a runner whose work runs elsewhere
+    keeps there too, so that it holds without this process (a closure run here is stopped by
+    the call's own timer). The
     runner settles the job (or the call) when the work ends, and the caller waits on it
     (`Job.wait_woken`). `detach`
     keeps a job that outlived its caller's budget under its work's identity and lists it in
@@ -107,7 +121,8 @@ class JobRunner(Protocol):
     runs_here: bool
 
     def start(self, work: Work, job: Job | None, task: workers.Task, *, detachable: bool,
-              checkpoints: Checkpoints | None = None) -> None: ...
+              checkpoints: Checkpoints | None = None,
+              wall_clock: WallClock | None = None) -> None: ...
 
     def detach(self, work: Work, job: Job) -> None: ...
 
@@ -135,7 +150,8 @@ class LocalRunner:
         self._lock = threading.RLock()  # a job freed while it is held calls `_gone` at once
 
     def start(self, work: Work, job: Job | None, task: workers.Task, *, detachable: bool,
-              checkpoints: Checkpoints | None = None) -> None:
+              checkpoints: Checkpoints | None = None,
+              wall_clock: WallClock | None = None) -> None:
         # one worker for the work, and one idle to write the job record if it detaches
         workers.submit(task, spare=1 if detachable else 0)
 

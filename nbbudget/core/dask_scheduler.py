@@ -207,10 +207,12 @@ class LedgerExtension(SchedulerPlugin):
     # -- runs and grants ---------------------------------------------------------------------
     def open(self, run: str, scope: str, limits: dict[str, float], parent: str | None = None,
              notices: Sequence[float] | None = None, counts: dict[str, float] | None = None,
-             timeout_ms: float | None = None) -> Reply:
+             timeout_ms: float | None = None, how: dict[str, Any] | None = None) -> Reply:
         """Open *run* (``parent`` None) or a grant *scope* under *parent*; opening again only
-        narrows the limits. A run's *counts* are what a checkpoint carried; *timeout_ms* stops
-        the whole run on the scheduler's clock."""
+        narrows the limits. A run's *counts* are what a checkpoint carried; *timeout_ms* (a
+        duration, never a deadline: clocks differ between machines) stops the whole run on the
+        scheduler's clock, with *how* as the stop's description (see `cancel`), the first time
+        the run is given one."""
         book = self.books.get(run)
         if book is None:
             book = self.books[run] = Book(run, notices)
@@ -222,12 +224,12 @@ class LedgerExtension(SchedulerPlugin):
                 tally.add(kind, n, n)
             book.log("grant" if above else "run", scope=scope, limits=dict(limits),
                      parent=parent)
-            if timeout_ms is not None and book.timer is None:
-                book.timer = asyncio.get_running_loop().call_later(
-                    timeout_ms / 1000, self.cancel, run, scope, None, "timeout")
         else:
             for kind, value in limits.items():
                 tally.limits[kind] = min(value, tally.limits.get(kind, _INF))
+        if timeout_ms is not None and book.timer is None and tally.parent is None:
+            book.timer = asyncio.get_running_loop().call_later(
+                max(0.0, timeout_ms) / 1000, self.cancel, run, scope, None, "timeout", how)
         return {"ok": True, "notice_level": book.notice_level, "stopped": tally.stopped}
 
     def forget(self, run: str) -> Reply:
