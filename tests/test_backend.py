@@ -121,6 +121,7 @@ def test_the_call_path_runs_its_work_on_the_runner_it_was_given():
 def _work_of(fn: Any) -> Work:
     class Identified:
         identity = _identity(fn, (), {}, None)
+        work = (fn, (), {}, None)
 
     return Identified()
 

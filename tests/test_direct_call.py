@@ -151,3 +151,42 @@ def test_current_in_the_work_is_the_calls_run_in_its_threads_and_around_nested_r
     assert seen["inner"] is True and seen["after"] is run and seen["thread"] is run
     assert resp.job.run is run and run.consumed["steps"] == 1
     assert nb.current() is None  # nothing leaks into the caller's context
+
+
+class _Counted:
+    """An argument that counts how often it is pickled: a call pickles its arguments only to
+    work out its identity."""
+
+    pickled = 0
+
+    def __reduce__(self):
+        _Counted.pickled += 1
+        return (_Counted, ())
+
+
+def test_a_kept_job_makes_only_calls_of_its_own_kind_work_out_their_identity():
+    """While a detached job waits for its identical call, a call of another function works
+    out no identity (hashing every call's arguments would cost each of them); a call of the
+    same function does, and finds the job when it is the identical call (S0-11)."""
+    gate = threading.Event()
+
+    def kept(n: int) -> int:
+        gate.wait(SOON)
+        return n
+
+    def other(arg: object) -> str:
+        return "other"
+
+    first = nb.call(kept, 1, detach=True, budget=1)
+    assert first.exit_code == 14
+    _Counted.pickled = 0
+    assert nb.call(other, _Counted(), detach=True, budget="5s").data == "other"
+    assert _Counted.pickled == 0  # another kind: no identity worked out
+    gate.set()
+    again = nb.call(kept, 1, detach=True, budget="5s")  # the identical call: reattaches
+    assert again.ok and again.data == 1 and again.job is first.job
+    gate.clear()
+    assert nb.call(kept, 2, detach=True, budget=1).exit_code == 14  # kept again, as `kept`
+    assert nb.call(kept, _Counted(), detach=True, budget="5s").exit_code in (0, 14)
+    assert _Counted.pickled >= 1  # its own kind: its identity is worked out to compare
+    gate.set()

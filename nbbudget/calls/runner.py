@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from .store import Checkpoint
 
 __all__ = ["LOCAL", "Backend", "Checkpoints", "JobRunner", "LocalRunner", "RemoteCall",
-           "WallClock", "Work", "current_backend", "jobs", "remote_call", "use_backend"]
+           "WallClock", "Work", "current_backend", "jobs", "kind_of", "remote_call",
+           "use_backend"]
 
 
 class Work(Protocol):
@@ -148,6 +149,10 @@ class LocalRunner:
         self._attached: dict[str, Job] = {}  # detached work by identity, until delivered
         self._taken: dict[str, weakref.ref[Job]] = {}  # its result read: kept while held
         self._lock = threading.RLock()  # a job freed while it is held calls `_gone` at once
+        # the kinds of work kept (`kind_of`), each with how many identities: a call of a kind
+        # none is kept under works out no identity (most calls, even while a job is kept)
+        self._kinds: dict[object, int] = {}
+        self._kind_of: dict[str, object] = {}
 
     def start(self, work: Work, job: Job | None, task: workers.Task, *, detachable: bool,
               checkpoints: Checkpoints | None = None,
@@ -164,10 +169,16 @@ class LocalRunner:
         identity = work.identity
         with self._lock:
             self._attached[identity] = job
+            if identity not in self._kind_of:
+                kind = self._kind_of[identity] = kind_of(work)
+                self._kinds[kind] = self._kinds.get(kind, 0) + 1
         job.on_collect(lambda: self.taken_out(identity, job))
 
     def reattach(self, work: Work) -> Job | None:
         if not self._attached and not self._taken:  # no need to work out the identity
+            return None
+        kind = kind_of(work)
+        if kind is not None and kind not in self._kinds:  # nothing of its kind is kept
             return None
         identity = work.identity
         with self._lock:
@@ -205,6 +216,7 @@ class LocalRunner:
         with self._lock:
             if self._taken.get(identity) is ref:
                 self._taken.pop(identity, None)
+                self._forget(identity)
 
     def _drop(self, identity: str, job: Job) -> None:
         """Forget *job* by *identity* (lock held)."""
@@ -213,6 +225,36 @@ class LocalRunner:
         taken = self._taken.get(identity)
         if taken is not None and taken() in (job, None):
             self._taken.pop(identity, None)
+        self._forget(identity)
+
+    def _forget(self, identity: str) -> None:
+        """*identity* may be kept no more (lock held): once it is not, its kind counts one
+        less."""
+        if identity in self._attached or identity in self._taken:
+            return
+        kind = self._kind_of.pop(identity, _NOT_KEPT)
+        if kind is _NOT_KEPT:
+            return
+        left = self._kinds[kind] - 1
+        if left:
+            self._kinds[kind] = left
+        else:
+            del self._kinds[kind]
+
+
+_NOT_KEPT = object()
+
+
+def kind_of(work: Work) -> object:
+    """What a call's identity is certain to share with every identical call's, and cheap to
+    tell: its ``key``, or its function's module and qualified name (a function defined again
+    by a re-run cell keeps them); None for a callable without a name (each such call works
+    out its identity)."""
+    fn, _, _, key = work.work
+    if key is not None:
+        return ("key", key)
+    name = getattr(fn, "__qualname__", None)
+    return None if name is None else (getattr(fn, "__module__", None), name)
 
 
 @dataclass(frozen=True)
