@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..core.clock import default_clock
 from . import workers
 from .jobs import Job, Jobs
 from .store import Store, store
@@ -165,7 +166,12 @@ class LocalRunner:
         path, so a busy store never delays the caller."""
         job.detached = True
         self.jobs.add(job)
-        workers.submit(job.record)
+        # written by a worker, handed the job from the clock's timer thread a moment later:
+        # a handoff lets go of the GIL (`workers.submit`), and the work going on would take it
+        # then, for a whole switch interval, before its caller could answer; and a job that
+        # ends within the moment is recorded once, as it ended (`Job.notify_done`)
+        clock, held = default_clock(), weakref.ref(job)  # (the timer does not keep it alive)
+        clock.call_at(clock.now_ms() + RECORD_AFTER_MS, lambda: _record_running(held))
         identity = work.identity
         with self._lock:
             self._attached[identity] = job
@@ -243,6 +249,17 @@ class LocalRunner:
 
 
 _NOT_KEPT = object()
+
+#: how long after a job detached its record says it is running (it says how it ended, after)
+RECORD_AFTER_MS = 100
+
+
+def _record_running(held: weakref.ref[Job]) -> None:
+    """On the clock's timer thread: have a worker write the record of the job *held*, if it
+    is still running (one nothing holds any more has ended: its work held it)."""
+    job = held()
+    if job is not None and not job.done():
+        workers.submit(job.record)
 
 
 def kind_of(work: Work) -> object:
