@@ -312,7 +312,9 @@ class DaskRunner(LocalRunner):
         core.scope.start()
         job.use_run(run)
         if wall_clock is not None:
-            core.ledger.stop_after(wall_clock.left_ms, Stop.of(
+            from ..core.dask_ledger import stop_after
+
+            stop_after(core.ledger, wall_clock.left_ms, Stop.of(
                 Status.CANCELLED, wall_clock.message, core.scope, by="wall-clock"))
         branch = core.ledger.branch(core.account, run.name, core.scope.remaining_ms())
         key = f"nbbudget-call-{uuid.uuid4().hex}"

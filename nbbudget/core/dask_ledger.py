@@ -46,7 +46,8 @@ if TYPE_CHECKING:
     from .dask_scheduler import Channel, Reply
 
 __all__ = ["FAST_S", "RETRIED_ONCE", "SLOW_S", "WAIT_S", "Branch", "DaskAccount", "DaskLedger",
-           "OnCluster", "how_of", "joining", "on_cluster", "watching"]
+           "OnCluster", "how_of", "joining", "on_cluster", "standing_stop", "stop_after",
+           "watching"]
 
 _K = len(KINDS)
 #: the kinds a retried task is charged once for (see `DaskLedger.rid`)
@@ -185,7 +186,7 @@ class DaskLedger(LocalLedger):
         self.origin: Scope | None = None
         self.unwatch: Callable[[], None] | None = None
         self.task, self.attempt = task, attempt
-        self.time_left: tuple[float, dict[str, Any]] | None = None  # see `stop_after`
+        self.timer: dict[str, Any] = {}  # the timer the run is opened with (`stop_after`)
         self._rids = [itertools.count(1) for _ in range(_K)]
         self.arm()
 
@@ -196,21 +197,9 @@ class DaskLedger(LocalLedger):
             return
         root = self.home
         limits = {k: v for k, v in root.limits_set.items() if k != KINDS[RUN_MS].name}
-        timeout_ms, how = self.time_left if self.time_left is not None else (None, None)
         self.call("nbb_open", scope=self.key, limits=limits, counts=self.restored or None,
-                  notices=list(self.notices) if self.notices else None,
-                  timeout_ms=timeout_ms, how=how)
+                  notices=list(self.notices) if self.notices else None, **self.timer)
         self.opened = True
-
-    def stop_after(self, ms: float, stop: Stop) -> None:
-        """Have the scheduler stop the run with *stop* once *ms* have passed on its own clock
-        (a duration: clocks differ between machines), whether or not this process is still
-        there: the whole work's wall-clock limit (S0-6). The scheduler keeps the first stop of
-        the run, from there or from anywhere else. Sent when the run opens there, or now."""
-        self.time_left = (ms, how_of(stop))
-        if self.opened:  # (opening again only arms the timer, if the run has none yet)
-            self.call("nbb_open", scope=self.key, limits={}, timeout_ms=ms,
-                      how=self.time_left[1])
 
     def call(self, op: str, **kwargs: Any) -> Reply:
         return self.channel.call(op, run=self.key, **kwargs)
@@ -234,16 +223,13 @@ class DaskLedger(LocalLedger):
         return Branch(self.key, account.key, name, limits, remaining_ms, self.notices)
 
     def bind(self, scope: Scope) -> None:
-        """Stop *scope* (the run's) when the scheduler says the run stopped. A kernel that
-        joins a run made elsewhere (`watching`) also takes the stop it had already: one made
-        while that kernel was away (the whole work's timeout, with no kernel left)."""
+        """Stop *scope* (the run's) when the scheduler says the run stopped; a kernel joining
+        a run made elsewhere (`watching`) takes the stop it had already, too."""
         self.scope = scope
         self.unwatch = self.channel.on_stop(self.key, self.heard_stop)
-        if not self.owner and self.task is None:
-            reply = self.call("nbb_snapshot")
-            figures = reply["scopes"].get(self.home.key) if reply["ok"] else None
-            if figures is not None and figures["stopped"] is not None:
-                scope.halt(self.stop_of(scope, figures["stopped"]))
+        stopped = standing_stop(self) if not self.owner and self.task is None else None
+        if stopped is not None:
+            scope.halt(self.stop_of(scope, stopped))
 
     def heard_stop(self, scope: str, stop: Mapping[str, Any]) -> None:
         """A stop pushed by the scheduler (on the event loop): the run stops, off the loop. A
@@ -473,6 +459,22 @@ class DaskLedger(LocalLedger):
         self.home.bulk = list(self.home.remote)
         self.notice_level = int(state["notice_level"])
         self.arm()
+
+
+def stop_after(ledger: DaskLedger, ms: float, stop: Stop) -> None:
+    """Have the scheduler stop *ledger*'s run with *stop* once *ms* have passed on its clock (a
+    duration: clocks differ between machines), with or without this process: the whole work's
+    wall-clock limit (S0-6). Sent with the run's opening, or now if it is open."""
+    ledger.timer = {"timeout_ms": ms, "how": how_of(stop)}
+    if ledger.opened:  # (opening again only arms the timer, if the run has none yet)
+        ledger.call("nbb_open", scope=ledger.key, limits={}, **ledger.timer)
+
+
+def standing_stop(ledger: DaskLedger) -> Mapping[str, Any] | None:
+    """The stop the scheduler already has for *ledger*'s run, if any."""
+    reply = ledger.call("nbb_snapshot")
+    figures = reply["scopes"].get(ledger.home.key) if reply["ok"] else None
+    return figures["stopped"] if figures is not None else None
 
 
 def how_of(stop: Stop) -> dict[str, Any]:
