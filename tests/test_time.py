@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -124,3 +125,68 @@ def test_the_timer_thread_ends_when_nothing_is_scheduled():
     while any(t.name == "nbbudget-timer" for t in threading.enumerate()):
         assert time.monotonic() < deadline, "the timer thread did not end"
         time.sleep(0.01)
+
+
+class _Recording:
+    """A `Waitable` never set, that sleeps each timeout it is given and keeps it."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[float] = []
+
+    def is_set(self) -> bool:
+        return False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        assert timeout is not None
+        self.timeouts.append(timeout)
+        time.sleep(timeout)
+        return False
+
+
+@pytest.mark.realclock
+@pytest.mark.parametrize("interval", [0.005, 0.002])
+def test_a_real_wait_wakes_one_switch_interval_early_and_never_answers_before_its_deadline(
+        interval):
+    """Woken at its deadline while work holds the GIL, a caller waited one switch interval more
+    for it (S0-1's lateness); the real clock sleeps until one interval before, then the rest."""
+    from nbbudget.core.clock import MonotonicClock
+
+    clock, event = MonotonicClock(), _Recording()
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(interval)
+    try:
+        until = clock.now_ms() + 60
+        assert clock.wait(event, until) is False
+        back = clock.now_ms()
+    finally:
+        sys.setswitchinterval(old)
+    assert back >= until
+    first = event.timeouts[0]
+    assert 0.060 - interval - 0.010 < first <= 0.060 - interval  # an interval early
+    assert len(event.timeouts) >= 2  # and then the rest
+
+
+@pytest.mark.realclock
+def test_the_timer_thread_never_runs_a_callback_before_its_time_while_python_holds_the_gil():
+    from nbbudget.core.clock import MonotonicClock
+
+    clock, fired, stop = MonotonicClock(), [], threading.Event()
+
+    def spin() -> None:  # pure Python: the GIL is taken from it only by a switch request
+        while not stop.is_set():
+            pass
+
+    spinner = threading.Thread(target=spin, name="test-spinner")
+    spinner.start()
+    try:
+        whens = [clock.now_ms() + 10 * k for k in range(1, 9)]
+        done = threading.Event()
+        for i, when in enumerate(whens):
+            clock.call_at(when, lambda when=when, last=i == len(whens) - 1: (
+                fired.append((when, clock.now_ms())), last and done.set()))
+        assert done.wait(10)
+    finally:
+        stop.set()
+        spinner.join()
+    assert [when for when, _ in fired] == whens
+    assert all(at >= when for when, at in fired)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -141,6 +142,9 @@ class MonotonicClock(Timers):
 
     The thread starts on demand and ends as soon as nothing is scheduled, so an idle process
     holds no thread. Callbacks must be short and must not block: they set flags and events.
+    Both the timer thread and `wait` sleep until one switch interval before a deadline, then
+    the rest (`_wake_in`): woken at the deadline itself, a thread waits that interval more for
+    the GIL while work runs Python.
     """
 
     def __init__(self) -> None:
@@ -179,7 +183,12 @@ class MonotonicClock(Timers):
     def wait(self, event: Waitable, until_ms: float | None) -> bool:
         if until_ms is None:
             return event.wait()
-        return event.wait(max(0.0, until_ms - time.monotonic_ns() / 1e6) / 1000)  # (now_ms)
+        left = until_ms - time.monotonic_ns() / 1e6  # (now_ms, inline on the hot path)
+        while left > 0:
+            if event.wait(_wake_in(left) / 1000):
+                return True
+            left = until_ms - time.monotonic_ns() / 1e6
+        return event.is_set()
 
     def _loop(self) -> None:
         while True:
@@ -190,11 +199,21 @@ class MonotonicClock(Timers):
                     return
                 delay = next_ms - self.now_ms()
                 if delay > 0:
-                    self._cond.wait(delay / 1000)
+                    self._cond.wait(_wake_in(delay) / 1000)
                     continue
                 due = self.pop_due(self.now_ms())
             for item in due:
                 item.callback()
+
+
+def _wake_in(left_ms: float) -> float:
+    """How long to sleep towards a deadline *left_ms* away: until one switch interval before
+    it, then the rest. A thread woken while another runs Python waits that long for the GIL
+    before it may ask for it back, so one woken at its deadline while work holds the GIL
+    answered an interval late (5 ms by default). Woken an interval early, it has the GIL back
+    at its deadline; when nothing held the GIL it has it at once, and sleeps the rest."""
+    early = sys.getswitchinterval() * 1000
+    return left_ms - early if left_ms > early else left_ms
 
 
 _DEFAULT = MonotonicClock()
