@@ -47,7 +47,8 @@ class SQLiteHeld:
 
     def put_back(self, row: Any) -> None:
         """Put *row* (from `row`) back in place of its work's checkpoint."""
-        execute(self.store.path, "INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?)", *row)
+        execute(self.store.path, "INSERT OR REPLACE INTO checkpoints "
+                "(identity, format, header, payload, tag) VALUES (?, ?, ?, ?, ?)", *row)
 
     def remove_all(self) -> None:
         execute(self.store.path, "DELETE FROM checkpoints")

@@ -333,7 +333,8 @@ def test_S4_5_a_checkpoint_signed_with_another_secret_is_refused_unchanged(tmp_p
                          label="crunch")
     theirs = SQLiteStore(tmp_path / "elsewhere")  # another store: another secret
     (row,) = rows(folder / "nbbudget.db")
-    execute(theirs.path, "INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?)", *row)
+    execute(theirs.path, "INSERT INTO checkpoints (identity, format, header, payload, tag) "
+            "VALUES (?, ?, ?, ?, ?)", *row)
     before = rows(theirs.path)
     with pytest.raises(nb.CheckpointRefused, match="signature") as info:
         theirs.load_checkpoint(IDENTITY)
@@ -351,7 +352,8 @@ def test_S4_5_a_signed_row_moved_to_another_identity_is_refused_unchanged(tmp_pa
                       label="crunch")
     (row,) = rows(s.path)
     other = "fn:" + "cd34" * 16
-    execute(s.path, "INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?)", other, *row[1:])
+    execute(s.path, "INSERT INTO checkpoints (identity, format, header, payload, tag) "
+            "VALUES (?, ?, ?, ?, ?)", other, *row[1:])
     before = rows(s.path)
     with pytest.raises(nb.CheckpointRefused) as info:
         s.load_checkpoint(other)
@@ -369,7 +371,8 @@ def test_S4_5_a_signed_header_that_lacks_a_field_is_refused_unchanged(tmp_path, 
                          "created": 0.0, "ledger": LEDGER, "first_start": 0.0},
                         sort_keys=True, separators=(",", ":"))  # no "label"
     payload = pickle.dumps(TouchOnLoad(marker))
-    execute(s.path, "INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?)", IDENTITY,
+    execute(s.path, "INSERT INTO checkpoints (identity, format, header, payload, tag) "
+            "VALUES (?, ?, ?, ?, ?)", IDENTITY,
             CHECKPOINT_FORMAT, header, payload, s._sign(header.encode(), payload))
     before = rows(s.path)
     with pytest.raises(nb.CheckpointRefused, match="lacks label"):
@@ -439,6 +442,35 @@ def test_a_store_made_before_it_kept_sequences_resumes_its_checkpoints(folder):
                              label="crunch").seq == 2
     s.close()
 
+
+
+def test_a_store_whose_payload_column_was_not_last_keeps_and_resumes_its_checkpoints(folder):
+    """The payload is written into its row in place, which wants it as the last column; a
+    store made with it before the tag is made again that way as it opens, every row kept."""
+    s = SQLiteStore(folder)
+    s.save_checkpoint(IDENTITY, "state", ledger=LEDGER, first_start=0.0, label="crunch")
+    big = os.urandom(300_000)
+    s.save_checkpoint("fn:" + "cd34" * 16, big, ledger=LEDGER, first_start=0.0, label="big")
+    s.close()
+    before = sorted(rows(s.path))
+    execute(s.path, "ALTER TABLE checkpoints RENAME TO later")  # as the earlier release made it
+    execute(s.path, "CREATE TABLE checkpoints (identity TEXT PRIMARY KEY, format TEXT NOT NULL, "
+                    "header TEXT NOT NULL, payload BLOB NOT NULL, tag BLOB NOT NULL)")
+    execute(s.path, "INSERT INTO checkpoints SELECT identity, format, header, payload, tag "
+                    "FROM later")
+    execute(s.path, "DROP TABLE later")
+    s = SQLiteStore(folder)
+    with sqlite3.connect(s.path) as db:
+        columns = [row[1] for row in db.execute("PRAGMA table_info(checkpoints)")]
+        tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
+    assert columns == ["identity", "format", "header", "tag", "payload"]
+    assert "checkpoints_before" not in tables
+    assert sorted(rows(s.path)) == before
+    assert s.load_checkpoint(IDENTITY).state == "state"
+    assert s.load_checkpoint("fn:" + "cd34" * 16).state == big
+    assert s.save_checkpoint(IDENTITY, "next", ledger=LEDGER, first_start=0.0,
+                             label="crunch").seq == 2
+    s.close()
 
 # -- S4-5 through nb.call --------------------------------------------------------------------------
 def _resumable(runs: list[object], clock: FakeClock):

@@ -60,8 +60,8 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     identity TEXT PRIMARY KEY,
     format   TEXT NOT NULL,
     header   TEXT NOT NULL,
-    payload  BLOB NOT NULL,
-    tag      BLOB NOT NULL
+    tag      BLOB NOT NULL,
+    payload  BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS jobs (
     id         TEXT PRIMARY KEY,
@@ -371,6 +371,8 @@ class SQLiteStore:
     def _init_schema(self) -> None:
         with self._write() as db:
             tables = {name for (name,) in db.execute(_TABLES)}
+            if "checkpoints" in tables:
+                _payload_last(db)
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     db.execute(statement)
@@ -416,8 +418,7 @@ class SQLiteStore:
                 "label": label,
             }, sort_keys=True, separators=(",", ":"))
             tag = self._sign(header.encode(), *parts)
-            db.execute("INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?)",
-                       (identity, CHECKPOINT_FORMAT, header, b"".join(parts), tag))
+            _insert_checkpoint(db, (identity, CHECKPOINT_FORMAT, header, tag), parts)
             db.execute("INSERT OR REPLACE INTO sequences VALUES (?, ?, 1)", (identity, seq))
         return Checkpoint(identity, seq, state, ledger, first_start, created, label)
 
@@ -552,6 +553,42 @@ def _pickled(state: Any) -> list[bytes]:
     parts = _Parts()
     pickle.Pickler(parts, protocol=pickle.HIGHEST_PROTOCOL).dump(state)
     return parts
+
+
+_INSERT = "INSERT OR REPLACE INTO checkpoints (identity, format, header, tag, payload) VALUES "
+
+
+def _insert_checkpoint(db: sqlite3.Connection, fields: tuple[str, str, str, bytes],
+                       parts: list[bytes]) -> None:
+    """Store a checkpoint row: *fields*, then the payload pickled in *parts*, written into the
+    row in place (SQLite's incremental blob I/O, Python 3.11 and later) where joining them
+    would make a copy as large as the state, and SQLite a second one to bind it; each is new
+    memory for a large state, most of its save's time after the commit itself. The payload is
+    the row's last column, so SQLite keeps the placeholder it is written into unexpanded."""
+    if len(parts) < 2 or not hasattr(db, "blobopen"):
+        db.execute(_INSERT + "(?, ?, ?, ?, ?)", (*fields, b"".join(parts)))
+        return
+    row = db.execute(_INSERT + "(?, ?, ?, ?, zeroblob(?))",
+                     (*fields, sum(map(len, parts)))).lastrowid
+    assert row is not None
+    with db.blobopen("checkpoints", "payload", row) as blob:
+        for part in parts:
+            blob.write(part)
+
+
+def _payload_last(db: sqlite3.Connection) -> None:
+    """A store made when the payload was not the last column of its checkpoints (before
+    `_insert_checkpoint` wrote it in place): the table is made again with it last, its rows
+    copied as they are, in the transaction that opens the store. Signatures cover the header
+    and payload, never the column order, so every checkpoint still verifies."""
+    columns = [name for (_, name, *_) in db.execute("PRAGMA table_info(checkpoints)")]
+    if columns[-1:] == ["payload"]:
+        return
+    db.execute("ALTER TABLE checkpoints RENAME TO checkpoints_before")
+    db.execute(_SCHEMA.split(";")[0])
+    db.execute("INSERT INTO checkpoints (identity, format, header, tag, payload) "
+               "SELECT identity, format, header, tag, payload FROM checkpoints_before")
+    db.execute("DROP TABLE checkpoints_before")
 
 
 def refuse_unless_last(identity: str, where: str, seq: int | None,
