@@ -42,8 +42,12 @@ __all__ = ["STATE_VERSION", "Account", "Ledger", "LedgerFactory", "LocalLedger",
 STATE_VERSION = "nbbudget-ledger-v1"
 _INF = math.inf
 _K = len(KINDS)
-_BLOCK = 256  # permits a pool reserves at a time
-_PERMITS: list[None] = [None] * _BLOCK
+# permits a pool reserves at a time: the first block, doubled at each refill up to the last.
+# A refill takes the lock, and threads that charge at once queue on it: one that waits for the
+# lock is given it while it has no GIL, and every later refill then hands both over (a thread
+# switch per refill, 4 threads at 0.6x the permits/s of one when the block stayed 256)
+_BLOCK, _MAX_BLOCK = 256, 8192
+_PERMITS: list[None] = [None] * _MAX_BLOCK
 _ROOT_CAP = tuple(_INF if pooled else -_INF for pooled in POOLED)  # with no limit: pool freely
 _NO_CAP = (-_INF,) * _K
 _STATE_KEYS = ("name", "limits", "totals", "suspend", "counts", "active_ms", "notice_level",
@@ -174,6 +178,7 @@ class LocalLedger(Ledger):
         root.total = [totals_set.get(k.name) for k in KINDS]
         self._totals_set = totals_set
         self._clock = clock
+        self._blocks = [_BLOCK] * _K  # the next refill of each kind's pool
         self.arm()
 
     def traced_pools(self, started: Any) -> None:
@@ -272,7 +277,10 @@ class LocalLedger(Ledger):
         pool = root.pools[i]
         room = root.cap[i] - root.counts[i]
         if room >= 1 and not pool and not root.closed:  # refill an empty pool only
-            k = int(min(_BLOCK, room))
+            block = self._blocks[i]
+            k = int(min(block, room))
+            if block < _MAX_BLOCK:
+                self._blocks[i] = 2 * block
             root.counts[i] += k
             pool.extend(_PERMITS[:k])
 
