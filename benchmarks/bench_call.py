@@ -16,8 +16,12 @@
    (goal: at most 1.0x, in CPU time). Wall-clock ratios swing from 0.3x to 6x on a shared
    machine; the CPU time of the whole process (``time.process_time``, every thread) holds, so
    the goal is judged on it. The peer runs interleaved with the calls in this process, in
-   blocks, the order rotated every rep; medians are printed with the spread (min..max). Where
-   ``taskset`` exists the section runs again pinned to one core, as a cross-check.
+   blocks, the order rotated every rep; medians are printed with the spread (min..max). The
+   section runs in a fresh process of its own (so no worker or core placement is left from
+   section 1), as the scheduler places its threads; then again with every thread on one core
+   (``taskset -c 0``, where it exists), and with the caller on one core and every other thread
+   on another (``os.sched_setaffinity``): a handoff to a thread on the caller's own core costs
+   less than half of one that wakes another core, and the scheduler chooses between them.
 3. Checkpoint save of a 1 KB and a 1 MB state against a bare durable SQLite commit of the same
    bytes (WAL, synchronous=FULL, BEGIN IMMEDIATE), in interleaved rounds (goal: at most 2x).
 
@@ -27,7 +31,9 @@ Exit status 0 when the run completed (goals may be MISSed), 1 when a section rai
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import json
 import os
 import shutil
 import sqlite3
@@ -35,11 +41,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import nbbudget as nb
+from nbbudget.calls import workers
 from nbbudget.calls.store import SQLiteStore
 
 pc = time.perf_counter
@@ -95,10 +103,10 @@ def cpu_us(fn: Callable[[], object], n: int) -> tuple[float, float]:
         gc.enable()
 
 
-def interleaved(cases: dict[str, Callable[[], object]], n: int,
-                reps: int) -> dict[str, list[tuple[float, float]]]:
+def interleaved(cases: dict[str, Callable[[], object]], n: int, reps: int,
+                before: Callable[[], None] = lambda: None) -> dict[str, list[tuple[float, float]]]:
     """(CPU, wall) us per call of each case, one block of *n* calls of each in turn per rep,
-    the order rotated every rep, after a warm-up of each."""
+    the order rotated every rep, after a warm-up of each; *before* runs before each block."""
     names = list(cases)
     for fn in cases.values():
         for _ in range(min(200, n)):
@@ -107,6 +115,7 @@ def interleaved(cases: dict[str, Callable[[], object]], n: int,
     for rep in range(reps):
         k = rep % len(names)
         for name in names[k:] + names[:k]:
+            before()
             out[name].append(cpu_us(cases[name], n))
     return out
 
@@ -117,18 +126,30 @@ def spread(values: list[float], digits: int = 1) -> str:
             f"({min(values):.{digits}f}..{max(values):.{digits}f})")
 
 
-def handoff(n: int, reps: int) -> tuple[list[tuple[str, str, str]], dict[str, list[float]]]:
-    """Section 2: rows to print, and the per-rep CPU ratios of each nb.call case to the
-    executor."""
+#: where section 2 runs its threads: each placement in a process of its own
+PLACEMENTS = {
+    "placed": "as the scheduler places the threads",
+    "one-core": "every thread on one core (taskset -c 0)",
+    "two-cores": "the caller on one core, every other thread on another",
+}
+
+
+def handoff(n: int, reps: int, placement: str = "placed"
+            ) -> tuple[list[tuple[str, str, str]], dict[str, list[float]]]:
+    """Section 2 in this process: rows to print, and the per-rep CPU ratios of each nb.call
+    case to the executor. With *placement* ``two-cores``, this thread runs on the first core
+    it may use and every other thread (the executor's, the workers) on the second, set again
+    before each block (a thread started since would run beside the caller)."""
     def trivial() -> int:
         return 1
 
+    before = (lambda: None) if placement != "two-cores" else _split_cores()
     pool = ThreadPoolExecutor(1)
     try:
         got = interleaved({
             "tpe": lambda: pool.submit(trivial).result(),
             "worker": lambda: nb.call(trivial, detach=True, budget="30s"),
-            "inline": lambda: nb.call(trivial)}, n, reps)
+            "inline": lambda: nb.call(trivial)}, n, reps, before)
     finally:
         pool.shutdown()
     names = {"tpe": "ThreadPoolExecutor(1).submit(f).result()",
@@ -146,15 +167,38 @@ def handoff(n: int, reps: int) -> tuple[list[tuple[str, str, str]], dict[str, li
     return rows, ratios
 
 
-def pinned_handoff(n: int, reps: int) -> str | None:
-    """The handoff section again, in a process pinned to one core (``taskset -c 0``), as a
-    cross-check: its median CPU ratio of the worker case, or None without taskset."""
-    if shutil.which("taskset") is None:
+def _split_cores() -> Callable[[], None]:
+    """What puts this thread on the first core it may use and every other thread of the
+    process on the second."""
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    me = threading.get_native_id()
+    workers.IDLE_SECONDS = 3600.0  # no idle worker ends, so none starts again beside the caller
+
+    def split() -> None:
+        os.sched_setaffinity(0, {first})
+        for thread in threading.enumerate():
+            if thread.native_id not in (None, me):
+                with contextlib.suppress(OSError):  # it ended meanwhile
+                    os.sched_setaffinity(thread.native_id, {second})
+    return split
+
+
+def placed_handoff(n: int, reps: int, placement: str
+                   ) -> tuple[list[tuple[str, str, str]], dict[str, list[float]]] | None:
+    """Section 2 in a fresh process with *placement* (so no thread or core is left from
+    another section): its rows and ratios, or None where the placement cannot be made."""
+    command = [sys.executable, __file__, "--handoff-only", "--placement", placement,
+               "--handoffs", str(n), "--reps", str(reps)]
+    if placement == "one-core":
+        if shutil.which("taskset") is None:
+            return None
+        command = ["taskset", "-c", "0", *command]
+    elif placement == "two-cores" and (not hasattr(os, "sched_setaffinity")
+                                       or len(os.sched_getaffinity(0)) < 2):
         return None
-    out = subprocess.run(["taskset", "-c", "0", sys.executable, __file__, "--handoff-only",
-                          "--handoffs", str(n), "--reps", str(reps)],
-                         capture_output=True, text=True, check=True, env=os.environ)
-    return out.stdout.strip().splitlines()[-1]
+    out = subprocess.run(command, capture_output=True, text=True, check=True, env=os.environ)
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    return [tuple(row) for row in found["rows"]], found["ratios"]
 
 
 def bare_commit(path: str, blob: bytes) -> tuple[Callable[[], None], Callable[[], None]]:
@@ -181,7 +225,9 @@ def main() -> int:
     parser.add_argument("--handoffs", type=int, default=None, help="calls per handoff block")
     parser.add_argument("--reps", type=int, default=None, help="interleaved handoff reps")
     parser.add_argument("--handoff-only", action="store_true",
-                        help="only section 2, its last line the worker case's CPU ratio")
+                        help="only section 2, in this process, its last line its results as JSON")
+    parser.add_argument("--placement", choices=list(PLACEMENTS), default="placed",
+                        help="with --handoff-only: where its threads run")
     args = parser.parse_args()
     calls = 10 if args.quick else args.calls
     handoffs = args.handoffs or (300 if args.quick else 1000)
@@ -191,8 +237,8 @@ def main() -> int:
     os.environ["NBBUDGET_HOME"] = home
     os.environ["NBBUDGET_INTERACTIVE"] = "0"
     if args.handoff_only:
-        _, ratios = handoff(handoffs, reps)
-        print(spread(ratios["worker"], 2))
+        found, ratios = handoff(handoffs, reps, args.placement)
+        print(json.dumps({"rows": found, "ratios": ratios}))
         return 0
     rows: list[tuple[str, str, str]] = []
     goals: list[tuple[str, bool, str]] = []
@@ -200,11 +246,15 @@ def main() -> int:
           f"switchinterval {sys.getswitchinterval()} s, {calls} calls per lateness case, "
           f"{reps} x {handoffs} handoffs per case, load {os.getloadavg()[0]:.2f}")
     lateness(calls, rows, goals)
-    found, ratios = handoff(handoffs, reps)
-    rows += found
-    pinned = pinned_handoff(handoffs, reps)
-    rows.append(("the same pinned to one core (taskset -c 0), CPU ratio",
-                 pinned if pinned is not None else "skipped", "x med (min..max)"))
+    placed = placed_handoff(handoffs, reps, "placed")
+    assert placed is not None
+    rows += placed[0]
+    ratios = placed[1]
+    for placement in ("one-core", "two-cores"):
+        other = placed_handoff(handoffs, reps, placement)
+        rows.append((f"the same with {PLACEMENTS[placement]}, CPU ratio",
+                     spread(other[1]["worker"], 2) if other is not None else "skipped",
+                     "x med (min..max)"))
     for key, what in (("worker", "with a budget"), ("inline", "without a budget")):
         med = statistics.median(ratios[key])
         goals.append((f"nb.call {what} <= 1.0x ThreadPoolExecutor (CPU)", med <= 1.0,
