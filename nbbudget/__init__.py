@@ -20,6 +20,7 @@ from .core.errors import (
     BudgetError,
     BudgetExceeded,
     Cancelled,
+    ClusterUnanswered,
     ConfigError,
     RunsPerDayExceeded,
     WideningError,
@@ -51,8 +52,8 @@ def unload_ipython_extension(shell: object) -> None:
 # Errors show where users import them from: ``nbbudget.ConfigError`` in a traceback, not the
 # private module that defines it. (Not the other classes: their type hints are resolved in the
 # module that defines them.)
-for _error in (BudgetCut, BudgetError, BudgetExceeded, Cancelled, CheckpointRefused, ConfigError,
-               RunsPerDayExceeded, WideningError):
+for _error in (BudgetCut, BudgetError, BudgetExceeded, Cancelled, CheckpointRefused,
+               ClusterUnanswered, ConfigError, RunsPerDayExceeded, WideningError):
     _error.__module__ = __name__
 del _error
 
@@ -63,6 +64,7 @@ __all__ = [
     "BudgetExceeded",
     "Cancelled",
     "CheckpointRefused",
+    "ClusterUnanswered",
     "ConfigError",
     "Event",
     "Grant",

@@ -11,7 +11,7 @@ import importlib.util
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -170,6 +170,16 @@ def home(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.delenv("AGENT_CALL_BUDGET_MS", raising=False)
     return folder
 
+
+
+def wait_for(condition: Callable[[], bool], seconds: float = 20) -> bool:
+    """Whether *condition* came true within *seconds* (looked at every 20 ms)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 @contextmanager
 def dask_cluster(processes: bool, **kwargs: Any) -> Iterator[Any]:

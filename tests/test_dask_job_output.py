@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import pytest
 pytest.importorskip("distributed")
 
 import cloudpickle
+from conftest import wait_for
 from test_dask_jobs import in_kernel  # noqa: F401  (a fixture)
 
 import nbbudget as nb
@@ -59,15 +59,6 @@ def silent_until(marker: str) -> str:
     while not os.path.exists(marker) and time.monotonic() < deadline:
         time.sleep(0.02)
     return "quiet"
-
-
-def wait_for(condition: Callable[[], bool], seconds: float = 20) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def test_what_the_task_prints_reaches_the_job_while_it_runs_and_to_its_end(

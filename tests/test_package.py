@@ -29,6 +29,7 @@ PUBLIC = [
     "BudgetExceeded",
     "Cancelled",
     "CheckpointRefused",
+    "ClusterUnanswered",
     "ConfigError",
     "Event",
     "Grant",
@@ -114,7 +115,8 @@ def test_every_public_error_is_under_budget_error_or_config_error() -> None:
               if isinstance(obj, type) and issubclass(obj, BaseException)]
     assert sorted(e.__name__ for e in errors) == [
         "BudgetCut", "BudgetError", "BudgetExceeded", "Cancelled", "CheckpointRefused",
-        "ConfigError", "RunsPerDayExceeded", "StoreDamaged", "WideningError",
+        "ClusterUnanswered", "ConfigError", "RunsPerDayExceeded", "StoreDamaged",
+        "WideningError",
     ]
     assert all(issubclass(e, (nb.BudgetError, nb.ConfigError)) for e in errors)
 
@@ -133,6 +135,7 @@ def test_py_typed_is_declared_as_package_data() -> None:
 
 # -- how errors show -------------------------------------------------------------------------------
 ERRORS = ["BudgetCut", "BudgetError", "BudgetExceeded", "Cancelled", "CheckpointRefused",
+          "ClusterUnanswered",
           "ConfigError", "RunsPerDayExceeded", "WideningError"]
 
 

@@ -23,6 +23,7 @@ from ..core.duration import parse_duration
 from ..core.endings import ENDINGS, envelope_code
 from ..core.errors import (
     Cancelled,
+    ClusterUnanswered,
     ConfigError,
     RunsPerDayExceeded,
 )
@@ -246,7 +247,8 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     start over the quota fails with the code ``RunsPerDayExceeded`` and runs nothing (S4-12).
     ``cluster=`` (a ``distributed.Client`` or a scheduler address; in IPython,
     ``NBBudget.cluster`` when not given) runs the work as a task on that Dask cluster, where a
-    detached one survives the kernel; ``cluster=False`` keeps it here whatever the default.
+    detached one survives the kernel (a first connection past the budget is refused with
+    ``cluster_unanswered``: call again); ``cluster=False`` keeps it here whatever the default.
 
     Keyword arguments with the names above are nbbudget's (pass such arguments to *fn* with
     `functools.partial`). The work runs, and its records are kept, on the backend in force.
@@ -256,33 +258,47 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     t0_ms = clock.now_ms()  # the call budget counts from the call, store work included
     if (detach is True and resume is False and timeout is None and estimate_ms is None
             and manifest is None and runs_per_day is None):  # the usual call: `_Direct`
-        direct = _direct_call(fn, args, kwargs, budget, key, limits, clock, notices, cluster,
-                              t0_ms)
+        direct = _direct_call(fn, args, kwargs, budget, key, limits, clock, notices, t0_ms)
         if direct is not None:
-            return _run_direct(direct, clock, t0_ms, started)
+            return _run_direct(direct, cluster, clock, t0_ms, started)
     plan = _plan(fn, args, kwargs, detach, resume, budget, timeout, key, estimate_ms, limits,
                  manifest, notices, runs_per_day)
     # (the wall clock of a first start counts from here, S0-6)
-    return _run(plan, _backend(cluster), clock, t0_ms, started, _wall())
+    return _run(plan, cluster, clock, t0_ms, started, _wall())
 
 
-def _backend(cluster: Any) -> Backend:
+def _unanswered(exc: ClusterUnanswered, started: float) -> Response:
+    """The answer of a call whose cluster did not answer within its budget: nothing ran."""
+    return Response(False, None, {"code": exc.code, "message": str(exc)}, None,
+                    meta(EXIT_FAILED, started, exc.budget_ms, None), refusal=exc)
+
+
+def _backend(cluster: Any, clock: Clock, t0_ms: float, budget_ms: int | None) -> Backend:
     """Where the call runs: the backend in force, or the cluster *cluster* names (given, or
-    the default one; ``False``: here, whatever the default)."""
+    the default one; ``False``: here, whatever the default). A first connection to a cluster
+    named by its address is waited for at most what is left of the call budget *budget_ms*
+    (counted from *t0_ms* on *clock*; none or 0: as long as it takes), else
+    `ClusterUnanswered`."""
     if cluster is None and _default_cluster is not None:
         cluster = _default_cluster()
     if cluster is None or cluster is False:
         return current_backend()
     from .dask_runner import on_cluster_backend
 
-    return on_cluster_backend(cluster)
+    within_s = (t0_ms + budget_ms - clock.now_ms()) / 1000 if budget_ms else None
+    return on_cluster_backend(cluster, within_s, budget_ms)
 
 
-def _run(plan: _Plan, backend: Backend, clock: Clock, t0_ms: float, started: float,
+def _run(plan: _Plan, cluster: Any, clock: Clock, t0_ms: float, started: float,
          started_wall: float) -> Response:
-    """Reattach to the identical detached work, or start it on *backend*; then hold the caller
-    until it ends or its budget runs out. *t0_ms* is when the call began on the run's clock,
-    *started* on the monotonic clock and *started_wall* on the wall clock."""
+    """Reattach to the identical detached work, or start it where *cluster* says
+    (`_backend`); then hold the caller until it ends or its budget runs out. *t0_ms* is when
+    the call began on the run's clock, *started* on the monotonic clock and *started_wall* on
+    the wall clock."""
+    try:
+        backend = _backend(cluster, clock, t0_ms, plan.budget_ms)
+    except ClusterUnanswered as exc:  # nothing ran: the connection goes on (S0-1)
+        return _unanswered(exc, started)
     runner = backend.runner
     job = runner.reattach(plan) if plan.detach else None
     db = None
@@ -301,8 +317,7 @@ def _run(plan: _Plan, backend: Backend, clock: Clock, t0_ms: float, started: flo
 
 def _direct_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                  budget: int | str | None, key: str | None, limits: Limits | None, clock: Clock,
-                 notices: tuple[float, float] | None, cluster: Any,
-                 t0_ms: float) -> _Direct | None:
+                 notices: tuple[float, float] | None, t0_ms: float) -> _Direct | None:
     """The usual call that may detach (`_Direct`), checked; None when it is not one (no
     budget applies, or something is to be refused: the general path says what)."""
     budget_ms = resolve_budget(budget, declares=True)
@@ -312,17 +327,22 @@ def _direct_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
         limits = _NO_LIMITS
     elif limits.__class__ is not Limits:
         return None
-    direct = _Direct((fn, args, kwargs, key), _label(fn, key), budget_ms, limits, clock,
-                     notices, t0_ms)
-    direct.backend = current_backend() if cluster is None and _default_cluster is None else (
-        _backend(cluster))
-    return direct
+    return _Direct((fn, args, kwargs, key), _label(fn, key), budget_ms, limits, clock, notices,
+                   t0_ms)
 
 
-def _run_direct(call: _Direct, clock: Clock, t0_ms: float, started: float) -> Response:
-    """Reattach to the identical detached work, or hand the work to its runner at once; the
-    caller waits at most its budget. Its run is made only if the work uses it, and its job
-    only if something needs it (`_Direct`)."""
+def _run_direct(call: _Direct, cluster: Any, clock: Clock, t0_ms: float,
+                started: float) -> Response:
+    """Reattach to the identical detached work, or hand the work to its runner (where
+    *cluster* says) at once; the caller waits at most its budget. Its run is made only if the
+    work uses it, and its job only if something needs it (`_Direct`)."""
+    if cluster is not None or _default_cluster is not None:
+        try:
+            call.backend = _backend(cluster, clock, t0_ms, call.budget_ms)
+        except ClusterUnanswered as exc:  # nothing ran: the connection goes on (S0-1)
+            return _unanswered(exc, started)
+    else:
+        call.backend = current_backend()
     runner = call.backend.runner
     job = runner.reattach(call)
     if job is not None:

@@ -252,13 +252,16 @@ def published_states(prefix: str, dask_scheduler: Any = None) -> dict[str, tuple
     return out
 
 
-def on_cluster_backend(cluster: object) -> Backend:
+def on_cluster_backend(cluster: object, within_s: float | None = None,
+                       budget_ms: int | None = None) -> Backend:
     """The backend of a call given ``cluster=`` (a ``distributed.Client`` or a scheduler
-    address, resolved as ``nb.budget(cluster=...)`` resolves it): its work runs on that
+    address, resolved as ``nb.budget(cluster=...)`` resolves it, a first connection waited
+    for at most *within_s*, the rest of the call budget *budget_ms*): its work runs on that
     cluster, its records stay in the store in force."""
     from ..core.dask_ledger import on_cluster
 
-    return Backend(runner_of(on_cluster(cluster).client), current_backend().store)
+    return Backend(runner_of(on_cluster(cluster, within_s, budget_ms).client),
+                   current_backend().store)
 
 
 def runner_of(client: Client) -> DaskRunner:

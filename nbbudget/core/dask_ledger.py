@@ -59,8 +59,8 @@ FIRST_BLOCK, MAX_BLOCK = 64, 1 << 17
 WAIT_S = 2.0
 #: one client per scheduler address, and one factory per client, for this process (a run made
 #: with ``cluster="tcp://..."`` reuses the connection, as Dask's own default client does)
-_clients: dict[str, Client] = {}
 _factories: weakref.WeakKeyDictionary[Client, OnCluster] = weakref.WeakKeyDictionary()
+_factories_lock = threading.Lock()  # the connection thread makes one too (`dask_connect`)
 
 
 @dataclass(frozen=True)
@@ -497,26 +497,32 @@ def told_stop(origin: Scope, stop: Mapping[str, Any]) -> Stop:
     return Stop.of(Status.STOPPED, message, origin, reason=reason)
 
 
-def on_cluster(cluster: object) -> OnCluster:
+def on_cluster(cluster: object, within_s: float | None = None,
+               budget_ms: int | None = None) -> OnCluster:
     """The ledger factory of *cluster*: a ``distributed.Client``, or a scheduler address (one
-    client per address, kept for this process)."""
+    client per address, kept for this process; a first connection waits at most *within_s*,
+    what is left of a call budget of *budget_ms*: `client_of`)."""
+    if isinstance(cluster, str):  # connected (Dask imported) on a thread of its own
+        from .dask_connect import client_of
+
+        cluster = client_of(cluster, _factory, within_s, budget_ms)
     try:
         from distributed import Client
     except ImportError as exc:
         raise ConfigError("cluster= needs Dask: pip install 'nbbudget[dask]'") from exc
-    if isinstance(cluster, str):
-        client = _clients.get(cluster)
-        if client is None or client.status not in ("running", "connecting", "newly-created"):
-            client = Client(cluster, set_as_default=False)  # type: ignore[no-untyped-call]
-            _clients[cluster] = client  # (Client's constructor is untyped in Dask)
-        cluster = client
     if not isinstance(cluster, Client):
         raise ConfigError(f"cluster= takes a distributed.Client or a scheduler address, not "
                           f"{type(cluster).__name__}")
-    factory = _factories.get(cluster)
-    if factory is None:
-        factory = _factories[cluster] = OnCluster(cluster)
-    return factory
+    return _factory(cluster)
+
+
+def _factory(client: Client) -> OnCluster:
+    """The ledger factory of *client*, made (its extension installed) on first use."""
+    with _factories_lock:
+        factory = _factories.get(client)
+        if factory is None:
+            factory = _factories[client] = OnCluster(client)
+        return factory
 
 
 class OnCluster:

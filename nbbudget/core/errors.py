@@ -9,6 +9,7 @@ errors live with the store, in `nbbudget.calls.store`)::
      |    +-- BudgetCut              work was cut: time spent, silent tool, failed stream (S2-4)
      |    +-- Cancelled              the run was stopped by a person or by its wall-clock limit
      |    +-- RunsPerDayExceeded     a start over the work's quota of runs per day (S4-12)
+     |    +-- ClusterUnanswered      a cluster did not answer within a call's budget (S0-1)
      +-- ValueError
           +-- ConfigError            a bad value: a limit, a duration, a manifest (S3-4)
                +-- WideningError     a later source tried to widen a limit (S4-2)
@@ -33,6 +34,7 @@ __all__ = [
     "BudgetError",
     "BudgetExceeded",
     "Cancelled",
+    "ClusterUnanswered",
     "ConfigError",
     "RunsPerDayExceeded",
     "WideningError",
@@ -135,6 +137,27 @@ class RunsPerDayExceeded(BudgetError):
     ``%%budget --runs-per-day`` cell raises it."""
 
     code = "RunsPerDayExceeded"
+
+
+class ClusterUnanswered(BudgetError):
+    """The scheduler a call named by its address (``cluster="tcp://..."``) did not answer
+    within the call's budget, so nothing ran (S0-1); the connection goes on, for the next call.
+
+    `nb.call` answers it as a failed response with the code ``cluster_unanswered``."""
+
+    code = "cluster_unanswered"
+
+    def __init__(self, address: str, budget_ms: int | None) -> None:
+        self.address = address
+        self.budget_ms = budget_ms
+        within = f"the call budget of {budget_ms} ms" if budget_ms else "the call budget"
+        super().__init__(
+            f"the cluster at {address!r} did not answer within {within}, so nothing ran; the "
+            f"connection goes on: make the same call again, or connect first "
+            f"(distributed.Client({address!r})) and pass the client as cluster=")
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.address, self.budget_ms))
 
 
 def _num(v: float) -> str:
