@@ -47,7 +47,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import nbbudget as nb
-from nbbudget.calls import workers
+from nbbudget.core import workers
 from nbbudget.calls.store import SQLiteStore
 
 pc = time.perf_counter

@@ -150,11 +150,11 @@ def ledger(request: pytest.FixtureRequest) -> Any:
     return request.param
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session", autouse=True)
 def quick_idle_workers() -> Iterator[None]:
-    """Idle call workers end after ``IDLE_SECONDS``; a short wait keeps each test's thread check
-    quick in modules that run many calls."""
-    from nbbudget.calls import workers as _workers
+    """Idle workers (of calls and tools) end after ``IDLE_SECONDS``; a short wait keeps each
+    test's thread check quick."""
+    from nbbudget.core import workers as _workers
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_workers, "IDLE_SECONDS", 0.05)

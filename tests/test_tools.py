@@ -231,6 +231,21 @@ def test_S2_7_many_real_cuts_of_well_behaved_tools_record_no_abandonment():
     assert kinds.count("tool_abandoned") == 0
 
 
+
+def test_tool_calls_run_on_a_pre_started_worker_named_for_each_call_while_it_runs(clock):
+    threads, names = [], []
+    with nb.budget(clock=clock) as run:
+        @run.tool(name="probe")
+        def probe() -> None:
+            threads.append(threading.current_thread())
+            names.append(threading.current_thread().name)
+
+        probe()
+        probe()
+    assert threads[0] is threads[1]  # one worker, idle again between the calls: none started
+    assert names[0] != names[1]  # each call's own name
+    assert not threads[0].name.startswith("nbbudget-tool-")  # its own name given back
+
 def test_S2_7_a_tool_still_running_after_the_grace_is_abandoned_by_its_thread_name(clock):
     release = threading.Event()
     names = []

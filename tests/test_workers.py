@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from nbbudget.calls import workers
+from nbbudget.core import workers
 from nbbudget.core.clock import Latch
 
 pytestmark = pytest.mark.usefixtures("quick_idle_workers")

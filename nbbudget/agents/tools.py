@@ -1,8 +1,9 @@
-"""Tools: calls that reserve a permit, run on a worker thread, and are cut when the run's time
-runs out (S2-6) or when they go silent past ``max_silence`` (S2-5). The caller is freed at the
-cut even when the tool ignores its signal (S2-7): it waits at most `ABANDON_GRACE_S` for the
-tool's thread to end, and a thread still running then is abandoned, named in the trace, and
-stops at its next ``ctx`` call, if it ever makes one.
+"""Tools: calls that reserve a permit, run on a pre-started worker thread (`core.workers`, named
+for the call while it runs it), and are cut when the run's time runs out (S2-6) or when they go
+silent past ``max_silence`` (S2-5). The caller is freed at the cut even when the tool ignores
+its signal (S2-7): it waits at most `ABANDON_GRACE_S` for the tool to end, and a tool still
+running then is abandoned, named in the trace by its thread's name, and stops at its next
+``ctx`` call, if it ever makes one (its worker is not idle again until it ends).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..core.clock import Scheduled
+from ..core import workers
+from ..core.clock import Latch, Scheduled
 from ..core.duration import parse_duration
 from ..core.errors import BudgetCut, ConfigError
 from ..core.kinds import TOOL_CALLS
@@ -83,7 +85,8 @@ def make_tool(run: Run, fn: Callable[..., Any], name: str | None,
 
 
 class _ToolCall:
-    """One call of a tool: a worker thread, a wake-up event, and the ways it can be cut."""
+    """One call of a tool: a pre-started worker thread (named for the call while it runs it),
+    a wake-up event, and the ways it can be cut."""
 
     def __init__(self, run: Run, name: str, silence_ms: int | None) -> None:
         self.run = run
@@ -91,6 +94,7 @@ class _ToolCall:
         self.thread_name = f"nbbudget-tool-{name}-{next(_thread_seq)}"
         self.ctx = ToolContext(run, name, self.thread_name)
         self.wake = threading.Event()
+        self.ended = Latch()  # the tool's work ended (returned or raised)
         self.done = False
         self.result: Any = None
         self.error: BaseException | None = None
@@ -101,19 +105,30 @@ class _ToolCall:
         if wants_ctx:
             kwargs = {**kwargs, "ctx": self.ctx}
         context = contextvars.copy_context()
-        thread = threading.Thread(target=context.run, args=(self._work, fn, args, kwargs),
-                                  name=self.thread_name, daemon=True)
         scope = self.run.lowlevel.scope
         scope.add_listener(self._on_run_stop)
         self._arm_watchdog()
-        thread.start()
+        workers.submit(functools.partial(self._task, context, fn, args, kwargs))
         try:
             scope.clock.wait(self.wake, None)
         finally:
             scope.remove_listener(self._on_run_stop)  # bound methods compare equal
             if self.timer is not None:
                 self.timer.cancel()
-        return self._finish(thread)
+        return self._finish()
+
+    def _task(self, context: contextvars.Context, fn: Callable[..., Any],
+              args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[[], None]:
+        """On a worker: the tool, in the caller's context, under the call's thread name; what
+        wakes the caller, once the worker is idle again."""
+        thread = threading.current_thread()
+        name, thread.name = thread.name, self.thread_name
+        try:
+            context.run(self._work, fn, args, kwargs)
+        finally:
+            thread.name = name
+            self.ended.set()
+        return self.wake.set
 
     def _work(self, fn: Callable[..., Any], args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> None:
@@ -123,20 +138,18 @@ class _ToolCall:
             self.error = exc
         finally:
             self.done = True
-            self.wake.set()
 
-    def _finish(self, thread: threading.Thread) -> Any:
+    def _finish(self) -> Any:
         """The call's result, or its cut: a call cut before it finished raises the cut even if
-        it finishes a moment later (what it returns after its signal is not trusted). A thread
-        still running after the grace is abandoned (S2-7)."""
+        it finishes a moment later (what it returns after its signal is not trusted). A tool
+        still running after the grace is abandoned (S2-7): its worker runs on with it."""
         if not self.ctx.signal.is_set():
             if self.error is not None:
                 raise self.error
             return self.result
         by = self.ctx.cut_by or "timeout"
         core = self.run.lowlevel
-        thread.join(ABANDON_GRACE_S)
-        if thread.is_alive():
+        if not self.ended.wait(ABANDON_GRACE_S):
             core.record("tool_abandoned", {"tool": self.ctx.name, "thread": self.thread_name,
                                            "by": by})
         stop = core.scope.stop

@@ -36,8 +36,8 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from ..core import workers
 from ..core.errors import Cancelled
-from . import workers
 
 if TYPE_CHECKING:
     from distributed import Client

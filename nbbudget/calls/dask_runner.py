@@ -85,7 +85,7 @@ if TYPE_CHECKING:
 
     from ..core.dask_ledger import Branch
 
-    from . import workers
+    from ..core import workers
 
 __all__ = ["PREFIX", "DaskRunner", "PausedAt", "Shipped", "TaskCall", "on_cluster_backend",
            "published_name", "published_states", "run_work", "runner_of", "take_published"]

@@ -6,7 +6,7 @@ time on the run's clock, detach it under the work's identity, reattach to it by 
 and deliver its result once (S0-2, S0-11). A job it runs is a `Job`: cancel, pause and output
 are the job's (`Job.cancel`, `Job.pause`, `Job.output`), and the runner's ``jobs`` lists the
 detached ones. `LocalRunner` is the local implementation: the pre-started worker threads of
-`nbbudget.calls.workers` and a map of detached jobs by identity, in this process. A runner on a
+`nbbudget.core.workers` and a map of detached jobs by identity, in this process. A runner on a
 cluster (futures published under the work's identity) is another implementation: it settles
 the same `Job` when its future ends, and its reattach finds the work from a restarted kernel.
 
@@ -26,8 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..core import workers
 from ..core.clock import default_clock
-from . import workers
 from .jobs import Job, Jobs
 from .store import Store, store
 

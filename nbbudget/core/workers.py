@@ -1,4 +1,5 @@
-"""Pre-started worker threads for calls, so the timed path never pays ``Thread.start()``.
+"""Pre-started worker threads for calls and tools, so a timed path never pays
+``Thread.start()``.
 
 An idle worker blocks reading a pipe of its own; `submit` takes the last idle worker off the
 idle stack, hands it the task and writes one byte to its pipe (no queue and no Condition). The
@@ -25,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..core.clock import Scheduled, default_clock
+from .clock import Scheduled, default_clock
 
 __all__ = ["IDLE_SECONDS", "Task", "ensure_idle", "idle_count", "submit"]
 
