@@ -93,7 +93,7 @@ class _ToolCall:
         self.silence_ms = silence_ms
         self.thread_name = f"nbbudget-tool-{name}-{next(_thread_seq)}"
         self.ctx = ToolContext(run, name, self.thread_name)
-        self.wake = threading.Event()
+        self.wake = Latch()  # set by the tool's end, a stop of the run or the watchdog
         self.ended = Latch()  # the tool's work ended (returned or raised)
         self.done = False
         self.result: Any = None
