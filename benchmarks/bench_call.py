@@ -327,7 +327,8 @@ def checkpoints(home: str, saves: int, rows: list[tuple[str, str, str]],
         cases = {"ours": lambda blob=blob: store.save_checkpoint(
             "bench", blob, ledger=ledger, first_start=0.0, label="bench"), "bare": bare}
         try:
-            got = interleaved_wall(cases, n, 5)
+            got = {name: [wall for _, wall in pairs] for name, pairs in
+                   interleaved(cases, n, 5).items()}  # a disk's time is wall time
         finally:
             close()
         ratios = [o / b for o, b in zip(got["ours"], got["bare"], strict=True)]
@@ -337,24 +338,6 @@ def checkpoints(home: str, saves: int, rows: list[tuple[str, str, str]],
         ratio = statistics.median(ratios)
         goals.append((f"checkpoint save {label} <= 2x a bare commit", ratio <= 2.0,
                       f"{ratio:.2f} ({min(ratios):.2f}..{max(ratios):.2f})"))
-
-
-def interleaved_wall(cases: dict[str, Callable[[], object]], n: int,
-                     reps: int) -> dict[str, list[float]]:
-    """Wall us per call of each case, *reps* times, the cases in turn and their order
-    rotated every rep (one warm-up call each first)."""
-    for fn in cases.values():
-        fn()
-    out: dict[str, list[float]] = {name: [] for name in cases}
-    names = list(cases)
-    for rep in range(reps):
-        for name in names[rep % len(names):] + names[:rep % len(names)]:
-            fn = cases[name]
-            start = pc()
-            for _ in range(n):
-                fn()
-            out[name].append((pc() - start) / n * 1e6)
-    return out
 
 
 if __name__ == "__main__":

@@ -325,10 +325,10 @@ def section_step(cfg: Config, report: Report) -> None:
 
 # -- 2. contention ---------------------------------------------------------------------------
 class _FloorRefused(Exception):
-    """The refusal of `floor_run`."""
+    """The refusal of `FloorRun`."""
 
 
-class floor_run:
+class FloorRun:
     """The floor of a lock-free charge: a list of permits popped, and on a refusal an exception
     made without its ``__init__`` and raised. What threads contending for it lose against one
     thread is what the machine and the GIL take from this pattern, whatever the charge does."""
@@ -351,7 +351,7 @@ class floor_run:
     def consumed(self) -> dict[str, int]:
         return {"tool_calls": self.limit - len(self.pool)}
 
-    def __enter__(self) -> floor_run:
+    def __enter__(self) -> FloorRun:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -376,8 +376,8 @@ def contention_case(threads: int, attempts: int, limit: int,
         out[idx] = (t0, pc(), granted, refused)
 
     def one() -> Sample:
-        run = floor_run(limit) if floor else nb.budget(tool_calls=limit)
-        exceeded = floor_run.refused if floor else nb.BudgetExceeded
+        run = FloorRun(limit) if floor else nb.budget(tool_calls=limit)
+        exceeded = FloorRun.refused if floor else nb.BudgetExceeded
         with run:
             out: list[Any] = [None] * threads
             barrier = threading.Barrier(threads)

@@ -95,7 +95,6 @@ class _ToolCall:
         self.ctx = ToolContext(run, name, self.thread_name)
         self.wake = Latch()  # set by the tool's end, a stop of the run or the watchdog
         self.ended = Latch()  # the tool's work ended (returned or raised)
-        self.done = False
         self.result: Any = None
         self.error: BaseException | None = None
         self.timer: Scheduled | None = None
@@ -127,7 +126,6 @@ class _ToolCall:
             context.run(self._work, fn, args, kwargs)
         finally:
             thread.name = name
-            self.ended.set()
         return self.wake.set
 
     def _work(self, fn: Callable[..., Any], args: tuple[Any, ...],
@@ -137,7 +135,7 @@ class _ToolCall:
         except BaseException as exc:  # kept and re-raised in the caller
             self.error = exc
         finally:
-            self.done = True
+            self.ended.set()
 
     def _finish(self) -> Any:
         """The call's result, or its cut: a call cut before it finished raises the cut even if
@@ -160,7 +158,7 @@ class _ToolCall:
                             f"raise max_silence")
 
     def _on_run_stop(self, stop: Stop) -> None:
-        if not self.done and self.ctx._cut(stop.by or stop.status.value):
+        if not self.ended.is_set() and self.ctx._cut(stop.by or stop.status.value):
             self.wake.set()
 
     def _arm_watchdog(self) -> None:
@@ -170,7 +168,7 @@ class _ToolCall:
                                                      self._on_silence)
 
     def _on_silence(self) -> None:
-        if self.done:
+        if self.ended.is_set():
             return
         core = self.run.lowlevel
         silent_for = core.clock.now_ms() - self.ctx.last_beat_ms

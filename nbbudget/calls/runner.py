@@ -108,13 +108,11 @@ class JobRunner(Protocol):
     from, and saves its checkpoints through, them (a closure run here has them already);
     *wall_clock*: the whole work's wall-clock limit, which a runner whose work runs elsewhere
     keeps there too, so that it holds without this process (a closure run here is stopped by
-    the call's own timer). The
-    runner settles the job (or the call) when the work ends, and the caller waits on it
-    (`Job.wait_woken`). `detach`
-    keeps a job that outlived its caller's budget under its work's identity and lists it in
-    ``jobs``; `reattach` finds it for the identical call, and gives an ended job to exactly one
-    caller; `deliver` forgets it once its result went out, so the next identical call starts
-    anew.
+    the call's own timer). The runner settles the job (or the call) when the work ends, and the
+    caller waits on it (`Job.wait_woken`). `detach` keeps a job that outlived its caller's
+    budget under its work's identity and lists it in ``jobs``; `reattach` finds it for the
+    identical call, and gives an ended job to exactly one caller; `deliver` forgets it once its
+    result went out, so the next identical call starts anew.
     A runner whose work runs in another process says so with ``runs_here = False``: the call
     then never runs the work in place, even when nothing can end its wait early.
     """

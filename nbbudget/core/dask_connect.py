@@ -22,7 +22,7 @@ from .errors import ClusterUnanswered, ConfigError
 if TYPE_CHECKING:
     from distributed import Client
 
-__all__ = ["client_of"]
+__all__ = ["client_class", "client_of"]
 
 _LIVE = ("running", "connecting", "newly-created")
 _clients: dict[str, Client] = {}
@@ -50,11 +50,8 @@ class _Connection:
     def _connect(self) -> None:
         client = None
         try:
-            try:
-                from distributed import Client
-            except ImportError as exc:
-                raise ConfigError("cluster= needs Dask: pip install 'nbbudget[dask]'") from exc
-            client = Client(self.address, set_as_default=False)  # type: ignore[no-untyped-call]
+            make = client_class()
+            client = make(self.address, set_as_default=False)  # type: ignore[no-untyped-call]
             self._prepare(client)
         except BaseException as exc:  # noqa: BLE001  (kept: raised to whoever waits for it)
             self.error = exc
@@ -69,12 +66,22 @@ class _Connection:
         """The client, once connected, waiting at most *within_s* seconds (None: as long as
         the connection takes); `ClusterUnanswered` (naming the call budget *budget_ms*) when
         it is not connected by then, the connection's own error when it failed."""
-        if not self.done.wait(within_s if within_s is None else max(0.0, within_s)):
+        if not self.done.wait(None if within_s is None else max(0.0, within_s)):
             raise ClusterUnanswered(self.address, budget_ms)
         if self.error is not None:
             raise self.error
         assert self.client is not None
         return self.client
+
+
+def client_class() -> type[Client]:
+    """``distributed.Client`` (Dask imported now, if it was not); a `ConfigError` naming the
+    extra to install when Dask is missing."""
+    try:
+        from distributed import Client
+    except ImportError as exc:
+        raise ConfigError("cluster= needs Dask: pip install 'nbbudget[dask]'") from exc
+    return Client
 
 
 def client_of(address: str, prepare: Callable[[Client], object], within_s: float | None = None,

@@ -119,7 +119,7 @@ class DaskAccount(Account):
         self.key = key
         self.remote: list[float] = [0] * _K
         self.lease: list[str | None] = [None] * _K  # the open lease of each pooled kind
-        self.block = [FIRST_BLOCK] * _K
+        self.block = [FIRST_BLOCK] * _K  # a lease's size, grown and shrunk by time (`lease`)
         self.leased_at = [0.0] * _K
 
     def used(self, i: int) -> float:
@@ -502,15 +502,11 @@ def on_cluster(cluster: object, within_s: float | None = None,
     """The ledger factory of *cluster*: a ``distributed.Client``, or a scheduler address (one
     client per address, kept for this process; a first connection waits at most *within_s*,
     what is left of a call budget of *budget_ms*: `client_of`)."""
-    if isinstance(cluster, str):  # connected (Dask imported) on a thread of its own
-        from .dask_connect import client_of
+    from .dask_connect import client_class, client_of
 
+    if isinstance(cluster, str):  # connected (Dask imported) on a thread of its own
         cluster = client_of(cluster, _factory, within_s, budget_ms)
-    try:
-        from distributed import Client
-    except ImportError as exc:
-        raise ConfigError("cluster= needs Dask: pip install 'nbbudget[dask]'") from exc
-    if not isinstance(cluster, Client):
+    if not isinstance(cluster, client_class()):
         raise ConfigError(f"cluster= takes a distributed.Client or a scheduler address, not "
                           f"{type(cluster).__name__}")
     return _factory(cluster)

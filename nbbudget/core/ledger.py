@@ -79,6 +79,7 @@ class Account:
         self.thr = [_INF] * _K  # the count that may be reached
         self.watch = [_INF] * _K  # the use at which the next notice is due
         self.cap = list(_NO_CAP)  # how far the pool may reserve ahead
+        self.block = [_BLOCK] * _K  # how many permits the pool's next refill reserves
         self.closed = False  # stopped: its pools stay empty, so no lock-free take succeeds
 
     def used(self, i: int) -> float:
@@ -178,7 +179,6 @@ class LocalLedger(Ledger):
         root.total = [totals_set.get(k.name) for k in KINDS]
         self._totals_set = totals_set
         self._clock = clock
-        self._blocks = [_BLOCK] * _K  # the next refill of each kind's pool
         self.arm()
 
     def traced_pools(self, started: Any) -> None:
@@ -277,10 +277,8 @@ class LocalLedger(Ledger):
         pool = root.pools[i]
         room = root.cap[i] - root.counts[i]
         if room >= 1 and not pool and not root.closed:  # refill an empty pool only
-            block = self._blocks[i]
-            k = int(min(block, room))
-            if block < _MAX_BLOCK:
-                self._blocks[i] = 2 * block
+            k = int(min(root.block[i], room))
+            root.block[i] = min(2 * root.block[i], _MAX_BLOCK)
             root.counts[i] += k
             pool.extend(_PERMITS[:k])
 

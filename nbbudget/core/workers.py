@@ -20,6 +20,7 @@ stack and tells them to leave): an idle process holds no thread. In a child made
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import threading
@@ -161,10 +162,8 @@ def _forget_after_fork() -> None:
     global _reaper
     for worker in _idle:
         for fd in (worker.read, worker.write):
-            try:
+            with contextlib.suppress(OSError):  # closed already
                 os.close(fd)
-            except OSError:
-                pass
     _idle.clear()
     _reaper = None
 
