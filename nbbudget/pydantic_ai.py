@@ -40,13 +40,30 @@ from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
+#: The first pydantic-ai release with a hook before every attempt at a model request
+#: (``prepare_model_request``), where a ``provider_calls`` permit is taken and ``max_tokens``
+#: clamped; it needs Python 3.11 or newer.
+PYDANTIC_AI_NEEDED = "2.64"
+
 try:
     from pydantic_ai.capabilities import AbstractCapability
     from pydantic_ai.exceptions import UsageLimitExceeded
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
+except ImportError as exc:
     raise ImportError(
-        "nbbudget.pydantic_ai needs pydantic-ai: pip install 'nbbudget[pydantic-ai]'"
+        f"nbbudget.pydantic_ai needs pydantic-ai {PYDANTIC_AI_NEEDED} or newer (on Python 3.11 "
+        f"or newer): pip install 'nbbudget[pydantic-ai]'"
     ) from exc
+
+if not hasattr(AbstractCapability, "prepare_model_request"):
+    from importlib.metadata import version as _version
+
+    raise ImportError(
+        f"nbbudget.pydantic_ai needs pydantic-ai {PYDANTIC_AI_NEEDED} or newer, and "
+        f"pydantic-ai-slim {_version('pydantic-ai-slim')} is installed: it has no hook before "
+        f"each model request, so the budget could not bound provider_calls or max_tokens. "
+        f"Upgrade it (pip install 'pydantic-ai-slim>={PYDANTIC_AI_NEEDED}', Python 3.11 or "
+        f"newer)"
+    )
 
 from .agents.budget import Budget, current
 from .agents.providers import clamp, spend_usage, usage_of

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -62,14 +63,28 @@ def examples(ledger: Any, local: int) -> int:
     """How many examples a Hypothesis test draws on *ledger*, *local* on the local one."""
     return local if ledger is LocalLedger else max(10, int(local * _REMOTE_EXAMPLES))
 
+def pyproject() -> dict[str, Any]:
+    """The repository's ``pyproject.toml``, read with ``tomllib`` (``tomli`` before Python 3.11,
+    from the test extra)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    return tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text(
+        encoding="utf-8"))
+
+
 #: How long a thread started during a test may take to end after the test returns.
 THREAD_GRACE_SECONDS = 2.0
 #: How often the fixture looks again while it waits.
 THREAD_POLL_SECONDS = 0.01
 #: Threads a live Dask cluster owns in this process: its event loop, its workers' task threads,
-#: the watchers of its worker processes. The per-test check lets them be while a cluster made by
-#: `dask_cluster` is alive; the cluster checks that they end when it closes.
-DASK_THREADS = ("IO loop", "Dask-Default-Threads", "AsyncProcess Dask", "QueueFeederThread")
+#: the watchers of its worker processes, and the profiler of its event loop (distributed starts
+#: it on every Python but 3.11, where it leaves profiling off). The per-test check lets them be
+#: while a cluster made by `dask_cluster` is alive; the cluster checks that they end when it
+#: closes.
+DASK_THREADS = ("IO loop", "Dask-Default-Threads", "AsyncProcess Dask", "QueueFeederThread",
+                "Profile")
 #: distributed's offload executor: one thread for the whole process, from its first use; it is
 #: shut down at the end of the session, before the last check.
 DASK_OFFLOAD = "Dask-Offload"

@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-import pytest
+from conftest import pyproject
 
 REPO = Path(__file__).resolve().parent.parent
 BINDER = REPO / "binder"
@@ -64,8 +64,7 @@ def test_binder_pins_python_3_11():
 
 
 def test_binder_requirements_are_the_projects_own():
-    tomllib = pytest.importorskip("tomllib")
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    project = pyproject()["project"]
     declared = set(project["dependencies"])
     for extra in project["optional-dependencies"].values():
         declared.update(extra)

@@ -17,6 +17,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import pyproject
 
 import nbbudget as nb
 
@@ -40,9 +41,7 @@ def test_the_build_script_builds_into_dist_and_checks_what_it_built() -> None:
 
 
 def test_the_release_extra_brings_build_and_twine() -> None:
-    tomllib = pytest.importorskip("tomllib")
-    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"]
+    extras = pyproject()["project"]["optional-dependencies"]
     names = [req.split(">")[0].split("=")[0] for req in extras["release"]]
     assert names == ["build", "twine"]
 

@@ -14,9 +14,9 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
+from conftest import pyproject
 
 import nbbudget as nb
 
@@ -127,9 +127,7 @@ def test_py_typed_ships_with_the_package() -> None:
 
 
 def test_py_typed_is_declared_as_package_data() -> None:
-    tomllib = pytest.importorskip("tomllib")
-    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
-    config = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    config = pyproject()
     assert "py.typed" in config["tool"]["setuptools"]["package-data"]["nbbudget"]
 
 

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import pyproject
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text(encoding="utf-8")
@@ -99,9 +100,7 @@ def install_lines(page: str) -> list[str]:
 
 @pytest.mark.parametrize("page", ["README.md", "docs/quickstart.md"])
 def test_install_names_a_checkout_or_the_git_url_of_the_repository_the_badge_opens(page) -> None:
-    tomllib = pytest.importorskip("tomllib")
-    extras = set(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-                 ["optional-dependencies"])
+    extras = set(pyproject()["project"]["optional-dependencies"])
     repo = BADGE_REPO.search(README)[1]
     from_git = re.compile(rf"^pip install 'nbbudget(\[([\w,-]+)\])? @ "
                           rf"git\+https://github\.com/{re.escape(repo)}'$")
