@@ -230,7 +230,8 @@ class Job:
             for attempt in range(_RECORD_TRIES):
                 try:
                     self._store().record_job(self.id, self.identity, self.label,
-                                             self._state.value, self.traceback)
+                                             self._state.value, self.traceback,
+                                             created=self.created, ended=self.ended)
                     return
                 except sqlite3.OperationalError as exc:
                     if attempt == _RECORD_TRIES - 1:
