@@ -686,6 +686,21 @@ def test_a_damaged_store_exits_2_naming_it_and_nothing_runs(env, tmp_path):
     assert not (tmp_path / "ran.txt").exists()
 
 
+def test_a_store_of_an_earlier_version_lists_a_run_stopped_by_cancel_as_cancelled(
+        env, tmp_path):
+    assert nbbudget(env, "jobs", cwd=tmp_path).code == 0  # the store, made as it is now
+    with contextlib.closing(sqlite3.connect(Path(env["NBBUDGET_HOME"]) / "nbbudget.db")) as db:
+        columns = [row[1] for row in db.execute("PRAGMA table_info(notebook_runs)")]
+        assert columns[-1] == "warnings"
+        db.execute("ALTER TABLE notebook_runs DROP COLUMN warnings")  # as an earlier one made it
+        db.execute("INSERT INTO notebook_runs (id, identity, spec, state, created, updated) "
+                   "VALUES ('run-0ld', 'notebook:x', ?, 'stopped', 1, 2)",
+                   (json.dumps({"notebook": "/x.ipynb", "output": "/x.out.ipynb",
+                                "mode": "detach"}),))
+        db.commit()
+    assert [(row["id"], row["state"]) for row in jobs(env, tmp_path)] == [("run-0ld", "cancelled")]
+
+
 def test_cancel_of_an_unknown_run_exits_2_naming_it(env, tmp_path):
     done = nbbudget(env, "cancel", "run-00000000", cwd=tmp_path)
     assert done.code == 2

@@ -53,12 +53,11 @@ _SCHEMA = (
     )""",
     "CREATE INDEX IF NOT EXISTS notebook_runs_work ON notebook_runs (identity, delivered)",
 )
-#: what brings the table of an earlier version up to date: the runner's warnings, and the
-#: state of a run stopped by ``nbbudget cancel`` said in the words of ``nb.jobs``
-_UPGRADES = (
-    ("warnings", "ALTER TABLE notebook_runs ADD COLUMN warnings TEXT"),
-    (None, "UPDATE notebook_runs SET state = 'cancelled' WHERE state = 'stopped'"),
-)
+#: what brings the table of an earlier version (one without ``warnings``) up to date: the
+#: runner's warnings, and the state of a run stopped by ``nbbudget cancel`` in the words of
+#: ``nb.jobs``
+_UPGRADE = ("ALTER TABLE notebook_runs ADD COLUMN warnings TEXT",
+            "UPDATE notebook_runs SET state = 'cancelled' WHERE state = 'stopped'")
 _LIVE = "('starting', 'running', 'paused')"  # the states of a run that has not ended
 _KEEP_DAYS = 7  # delivered runs are forgotten after a week
 _SPAWN_GRACE_S = 60.0  # a run claimed this long ago whose runner never started is lost
@@ -140,8 +139,8 @@ class Runs:
             for statement in _SCHEMA:
                 db.execute(statement)
             columns = {row[1] for row in db.execute("PRAGMA table_info(notebook_runs)")}
-            for column, statement in _UPGRADES:
-                if column not in columns:
+            if "warnings" not in columns:
+                for statement in _UPGRADE:
                     db.execute(statement)
 
     def _select(self, where: str, params: tuple[Any, ...],

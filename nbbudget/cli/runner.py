@@ -292,16 +292,16 @@ class Runner:
     def _complete(self) -> None:
         """Save the notebook as it ended: after its last cell, with its end recorded as
         papermill records it (a cell that raised has recorded it already). A notebook stopped
-        between cells keeps its later cells pending, as papermill leaves them."""
+        between cells keeps the cells it never ran ``pending``."""
         assert self.manager is not None
         if self.manager.end_time is None and self.executed == len(self.code_cells):
             self.manager.notebook_complete()
         self._save()
 
-    def _banners(self) -> bool:
+    def _mark_failure(self) -> bool:
         """Judge the cells' errors as papermill does when its execution ends: a cell that ended
         with ``SystemExit`` 0 or ``None`` is no failure; any other error is one, and papermill's
-        banners go at the top of the notebook and above that cell. Whether one failed."""
+        banners go at the top of the notebook and just above that cell. Whether one failed."""
         from papermill.exceptions import PapermillExecutionError
         from papermill.execute import raise_for_execution_errors
 
@@ -423,7 +423,7 @@ class Runner:
         manager.cell_complete(cell, cell_index=index)
         if raised is not None:  # the notebook ends at this cell, as papermill's execution does
             manager.notebook_complete()
-        failed = isinstance(raised, CellExecutionError) and self._banners()
+        failed = isinstance(raised, CellExecutionError) and self._mark_failure()
         self._save()  # the cell's outputs and records, whatever its end
         if asked is not None:
             raise asked
