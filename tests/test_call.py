@@ -1023,15 +1023,33 @@ def test_an_exception_in_detached_work_is_kept_with_its_traceback(any_store, clo
     assert again.error == {"code": "RowError", "message": "row 7 is malformed"}
 
 
+def test_N_4_a_job_record_carries_the_jobs_own_start_and_end(any_store, clock):
+    """Every kernel that reads the store lists a job with the times its own kernel shows."""
+    release = threading.Event()
+
+    def crunch() -> str:
+        outlive(clock)
+        release.wait(SOON)
+        return "crunched"
+
+    resp = nb.call(crunch, detach=True, budget="1s", clock=clock)
+    job = nb.jobs[resp.data["job"]]
+    release.set()
+    assert job.wait_done(SOON)
+    record = next(r for r in any_store.store.jobs() if r["id"] == job.id)
+    assert (record["state"], record["created"], record["updated"]) == (
+        "done", job.created, job.ended)
+
+
 def test_a_detached_job_is_recorded_in_the_store_before_its_result_is_given(any_store, clock,
                                                                              monkeypatch):
     db = any_store.store
     write = db.record_job
 
-    def slow_final_write(job_id, identity, label, state, error=None):
+    def slow_final_write(job_id, identity, label, state, error=None, **times):
         if state != "running":
             time.sleep(0.2)  # a busy store (another kernel is writing)
-        write(job_id, identity, label, state, error)
+        write(job_id, identity, label, state, error, **times)
 
     monkeypatch.setattr(db, "record_job", slow_final_write)
     release = threading.Event()

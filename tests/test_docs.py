@@ -201,3 +201,16 @@ def test_the_architecture_page_draws_every_module_in_its_layer() -> None:
         names = {m.stem for m in folder.glob("*.py") if m.stem != "__init__"}
         drawn = set(re.findall(r"\b[a-z_]+\b", lines))
         assert names <= drawn, f"{folder.name}: {sorted(names - drawn)} missing from the page"
+
+
+def test_the_job_states_are_listed_once_in_the_words_of_job_state() -> None:
+    """``nb.jobs``, ``%budget jobs`` and ``nbbudget jobs`` share one vocabulary; concepts lists
+    it, and the pages about each listing link there."""
+    section = page("concepts").split("## Job states", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^\| `(\w+)` \|", section, re.M)
+    assert listed == [state.value for state in nb.JobState]
+    for name in ("run", "magics", "quickstart"):
+        assert "(concepts.md#job-states)" in page(name), name
+    for name in PAGES:
+        if name != "concepts":
+            assert "| `starting` |" not in page(name), name

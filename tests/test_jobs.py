@@ -135,3 +135,35 @@ def test_a_start_time_is_short_today_and_dated_another_day():
     now = time.mktime((2026, 11, 30, 14, 2, 31, 0, 0, -1))
     assert _clock_time(now - 60, now) == "14:01:31"
     assert _clock_time(now - 86400, now) == "Nov 29 14:02"
+
+
+def test_N_4_another_kernel_lists_a_job_with_the_times_the_kernel_that_ran_it_shows(
+        tmp_path_factory):
+    """One source for a job's times: the record in the store carries the job's own start and
+    end, so every kernel sharing the store shows the same start and duration."""
+    shared = str(tmp_path_factory.mktemp("shared-store"))
+    kernels = [started_kernel(tmp_path_factory, NBBUDGET_HOME=shared) for _ in range(2)]
+    ran_it, other = (next(kernel) for kernel in kernels)
+    try:
+        job = detach(ran_it, "import time\ntime.sleep(2.5)\n")  # recorded once it detached
+        assert probe(ran_it, job, "j.wait_done(20)") == "True"
+        times = f"print(nb.jobs.to_frame().loc[{job!r}, ['state', 'created', 'ended']].tolist())"
+        here, there = (run(kc, times) for kc in (ran_it, other))
+        assert here.status == there.status == "ok", (here.outputs, there.outputs)
+        assert there.stdout.splitlines()[-1] == here.stdout.splitlines()[-1]
+        assert "'done', Timestamp(" in here.stdout
+
+        rows = []
+        for kc in (ran_it, other):
+            text, _ = jobs_view(kc)
+            header, *lines = text.splitlines()
+            row = next(line for line in lines if line.startswith(job))
+            started = header.index("started")
+            rows.append(row[started:header.index("kernel")].split())  # started, took
+        assert rows[0] == rows[1]
+        started, took, unit = rows[0]
+        assert re.fullmatch(r"\d\d:\d\d:\d\d", started) and unit == "s"
+        assert 2.5 <= float(took) < 6  # from the call's start: its budget of 1 s included
+    finally:
+        for kernel in kernels:
+            kernel.close()

@@ -18,6 +18,7 @@ import pty
 import select
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
 import time
@@ -114,10 +115,11 @@ def on_terminal(env: dict[str, str], *args: str, cwd: Path, timeout: float = 120
 
 
 def write_notebook(path: Path, *sources: str, parameters: str | None = None,
-                   limits: dict[str, Any] | None = None) -> Path:
-    """A notebook of code cells; *parameters* is the cell tagged ``parameters``, first."""
+                   limits: dict[str, Any] | None = None, kernel: str = "python3") -> Path:
+    """A notebook of code cells for *kernel*; *parameters* is the cell tagged ``parameters``,
+    first."""
     notebook = nbformat.v4.new_notebook()
-    notebook.metadata.kernelspec = {"name": "python3", "display_name": "Python 3",
+    notebook.metadata.kernelspec = {"name": kernel, "display_name": "Python 3",
                                     "language": "python"}
     if limits is not None:
         notebook.metadata.nbbudget = {"limits": limits}
@@ -170,6 +172,12 @@ def stamp(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
+def banners(cells: list[Any]) -> list[int]:
+    """Where papermill's error banners are among *cells*."""
+    return [i for i, cell in enumerate(cells)
+            if "papermill-error-cell-tag" in cell.metadata.get("tags", [])]
+
+
 def executed_cells(path: Path) -> list[int | None]:
     return [cell.get("execution_count") for cell in nbformat.read(path, 4).cells
             if cell.cell_type == "code"]
@@ -218,15 +226,15 @@ def test_S0_11_once_delivered_the_identical_command_starts_anew_and_cancel_stops
 
     cancelled = nbbudget(env, "cancel", job, cwd=tmp_path)
     assert cancelled.code == 0, cancelled.stderr
-    assert cancelled.stdout.startswith(f"run {job} stopped at cell 0; ")
+    assert cancelled.stdout.startswith(f"run {job} cancelled at cell 0; ")
     stopped = nbbudget(env, "run", notebook.name, "--budget", "2s", cwd=tmp_path)
     assert stopped.code == 130
     assert stopped.envelope["data"]["state"] == "stopped"
     assert stopped.envelope["error"]["code"] == "stopped"
-    assert [row["state"] for row in jobs(env, tmp_path)] == ["stopped", "done"]
+    assert [row["state"] for row in jobs(env, tmp_path)] == ["cancelled", "done"]
     table = nbbudget(env, "jobs", cwd=tmp_path).stdout.splitlines()
     assert table[0].split() == ["id", "state", "cells", "started", "notebook"]
-    assert table[1].split()[:3] == [job, "stopped", "0/1"]
+    assert table[1].split()[:3] == [job, "cancelled", "0/1"]
 
 
 # -- resume (S0-1, S0-2, S0-11, S4-4) -------------------------------------------------------
@@ -264,6 +272,65 @@ def test_S0_1_a_resumable_notebook_pauses_at_the_first_boundary_past_2s_and_cont
     executed = nbformat.read(tmp_path / "slow.out.ipynb", 4)
     assert executed.cells[-1].outputs[0]["text"] == "count 8\n"  # the same kernel throughout
     assert executed_cells(tmp_path / "slow.out.ipynb") == list(range(1, 11))
+
+
+SLOW_KERNEL_S = 5.0
+
+
+def slow_kernel(env: dict[str, str], folder: Path) -> str:
+    """A kernelspec, found through ``JUPYTER_PATH``, whose kernel takes `SLOW_KERNEL_S` to
+    start (as a kernel does on a busy machine, or with heavy imports); its name."""
+    spec = folder / "jupyter" / "kernels" / "slow-start"
+    spec.mkdir(parents=True)
+    start = (f"import sys, time; time.sleep({SLOW_KERNEL_S}); "
+             f"from ipykernel.kernelapp import launch_new_instance; launch_new_instance()")
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-c", start, "-f", "{connection_file}"],
+        "display_name": "slow to start", "language": "python"}))
+    env["JUPYTER_PATH"] = str(folder / "jupyter")
+    return "slow-start"
+
+
+def test_S0_1_a_resumable_command_answers_at_its_budget_while_the_kernel_starts(env, tmp_path):
+    notebook = write_notebook(tmp_path / "five.ipynb", "import time\ncount = 0",
+                              *(logged(i, 0.2) for i in range(4)),
+                              kernel=slow_kernel(env, tmp_path))
+    command = ("run", notebook.name, "--resume", "--budget", "500ms")
+    first = nbbudget(env, *command, cwd=tmp_path)
+    assert first.code == 14, first.stdout + first.stderr
+    assert first.envelope["meta"]["duration_ms"] < 500 + 1500  # not the kernel's 5 s
+    assert first.seconds < SLOW_KERNEL_S
+    data = first.envelope["data"]
+    assert (data["state"], data["executed"], data["cell"]) == ("starting", 0, None)
+    assert data["next"] == "nbbudget run five.ipynb --budget 500ms --resume"
+    assert [row["state"] for row in jobs(env, tmp_path)] == ["starting"]
+
+    wait_for_job(env, tmp_path, data["job"], "paused", timeout=30)  # at its first cell
+    assert ran(tmp_path) == []
+    turns = [first]
+    while turns[-1].code == 14:
+        turns.append(nbbudget(env, *command, cwd=tmp_path))
+        assert turns[-1].envelope["meta"]["duration_ms"] < 500 + 3000  # a cell past it, at most
+        assert len(turns) < 12
+    assert turns[-1].code == 0, turns[-1].stdout + turns[-1].stderr
+    assert [turn.envelope["data"]["state"] for turn in turns[1:-1]] == \
+        ["paused"] * (len(turns) - 2)
+    assert {turn.envelope["data"]["job"] for turn in turns} == {data["job"]}
+    assert ran(tmp_path) == ["0", "1", "2", "3"]  # every cell once, in order
+
+
+def test_S0_11_a_command_that_finds_the_kernel_still_starting_takes_over_the_turn(
+        env, tmp_path):
+    """The caller that was answered ``starting`` is gone: the identical command's budget is
+    the turn's, and the notebook runs within it rather than pausing at once."""
+    notebook = write_notebook(tmp_path / "one.ipynb", "open('ran.txt', 'a').write('0\\n')",
+                              kernel=slow_kernel(env, tmp_path))
+    first = nbbudget(env, "run", notebook.name, "--resume", "--budget", "500ms", cwd=tmp_path)
+    assert first.envelope["data"]["state"] == "starting"
+    again = nbbudget(env, "run", notebook.name, "--resume", "--budget", "30s", cwd=tmp_path)
+    assert again.code == 0, again.stdout + again.stderr
+    assert again.envelope["data"]["job"] == first.envelope["data"]["job"]
+    assert ran(tmp_path) == ["0"]
 
 
 # -- within the budget (S0-9), parameters, limits shared by every cell (S4-2, S4-3, S2-1) -----
@@ -347,10 +414,161 @@ def test_a_failing_cell_names_its_index_ename_and_evalue_and_its_notebook_is_kep
     error = envelope["error"]
     assert (error["code"], error["cell_index"], error["ename"], error["evalue"]) == (
         "cell_error", 1, "ZeroDivisionError", "division by zero")
-    cells = nbformat.read(tmp_path / "fails.out.ipynb", 4).cells
-    assert cells[0].outputs[0]["text"] == "before\n"
-    assert cells[1].outputs[0]["ename"] == "ZeroDivisionError"
-    assert cells[2].get("execution_count") is None
+    cells = nbformat.read(tmp_path / "fails.out.ipynb", 4).cells  # with papermill's banners
+    assert banners(cells) == [0, 2]
+    assert "An Exception was encountered at '<a href=\"#papermill-error-cell\">In [2]</a>'" \
+        in cells[0].source
+    assert cells[1].outputs[0]["text"] == "before\n"
+    assert 'id="papermill-error-cell"' in cells[2].source  # just above the cell that failed
+    assert cells[3].outputs[0]["ename"] == "ZeroDivisionError"
+    assert cells[4].get("execution_count") is None
+    assert [cell.metadata.papermill["status"] for cell in cells if cell.cell_type == "code"] \
+        == ["completed", "failed", "pending"]
+
+
+# -- the executed notebook, as papermill writes it ---------------------------------------------
+def papermill(env: dict[str, str], *args: str, cwd: Path) -> Done:
+    """papermill's own command, as a pipeline runs it."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "papermill", "--no-progress-bar", *args],
+                          env=env, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=120, check=False)
+    return Done(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+
+
+@pytest.mark.parametrize("source", ["import sys\nsys.exit(0)", "import sys\nsys.exit()",
+                                    "raise SystemExit"],
+                         ids=["sys.exit(0)", "sys.exit()", "raise SystemExit"])
+def test_a_cell_that_ends_with_SystemExit_0_or_None_ends_the_run_done_as_papermill_does(
+        env, tmp_path, source):
+    notebook = write_notebook(tmp_path / "exits.ipynb", "print('before')", source,
+                              "open('ran.txt', 'a').write('after')")
+    done = nbbudget(env, "run", notebook.name, "--budget", "30s", cwd=tmp_path)
+    assert done.code == 0, done.stdout + done.stderr
+    assert (done.envelope["ok"], done.envelope["error"]) == (True, None)
+    data = done.envelope["data"]
+    assert (data["state"], data["executed"], data["cells"]) == ("done", 2, 3)
+    assert not (tmp_path / "ran.txt").exists()  # the cells after it do not run, as in papermill
+    cells = nbformat.read(tmp_path / "exits.out.ipynb", 4).cells
+    assert banners(cells) == []
+    assert cells[1].outputs[0]["ename"] == "SystemExit"
+    assert [cell.get("execution_count") for cell in cells] == [1, 2, None]
+
+
+def test_a_cell_that_ends_with_a_non_zero_SystemExit_fails_the_run(env, tmp_path):
+    notebook = write_notebook(tmp_path / "exits.ipynb", "print('before')",
+                              "import sys\nsys.exit(3)", "print('after')")
+    done = nbbudget(env, "run", notebook.name, "--budget", "30s", cwd=tmp_path)
+    assert done.code == 1, done.stdout + done.stderr
+    error = done.envelope["error"]
+    assert (error["code"], error["cell_index"], error["ename"], error["evalue"]) == (
+        "cell_error", 1, "SystemExit", "3")
+    assert banners(nbformat.read(tmp_path / "exits.out.ipynb", 4).cells) == [0, 2]
+
+
+def test_a_notebook_papermill_executed_before_keeps_no_banner_output_or_record_of_that_run(
+        env, tmp_path):
+    write_notebook(tmp_path / "report.ipynb", "if fail:\n    raise ValueError('asked to fail')",
+                   "print('end')", parameters="fail = True")
+    before = papermill(env, "report.ipynb", "before.ipynb", cwd=tmp_path)
+    assert before.code == 1, before.stderr  # papermill left its banners in before.ipynb
+    assert banners(nbformat.read(tmp_path / "before.ipynb", 4).cells) == [0, 2]
+
+    done = nbbudget(env, "run", "before.ipynb", "-p", "fail", "False", "--output", "after.ipynb",
+                    "--budget", "30s", cwd=tmp_path)
+    assert done.code == 0, done.stdout + done.stderr
+    after = nbformat.read(tmp_path / "after.ipynb", 4)
+    assert banners(after.cells) == []
+    assert [cell.source for cell in after.cells] == [
+        "fail = True", "# Parameters\nfail = False\n",
+        "if fail:\n    raise ValueError('asked to fail')", "print('end')"]
+    assert [cell.outputs for cell in after.cells][2:] == [
+        [], [{"name": "stdout", "output_type": "stream", "text": "end\n"}]]
+    assert [cell.metadata.papermill["status"] for cell in after.cells] == ["completed"] * 4
+    assert after.metadata.papermill["exception"] is None
+    assert after.metadata.papermill["parameters"] == {"fail": False}
+
+
+def test_a_notebook_executed_before_gets_its_banner_where_the_new_failure_is(env, tmp_path):
+    write_notebook(tmp_path / "steps.ipynb", "if where == 1:\n    raise ValueError('one')",
+                   "if where == 2:\n    raise ValueError('two')", parameters="where = 1")
+    first = nbbudget(env, "run", "steps.ipynb", "--output", "first.ipynb", "--budget", "30s",
+                     cwd=tmp_path)
+    assert first.envelope["error"]["evalue"] == "one"
+    assert banners(nbformat.read(tmp_path / "first.ipynb", 4).cells) == [0, 2]
+
+    again = nbbudget(env, "run", "first.ipynb", "-p", "where", "2", "--output", "again.ipynb",
+                     "--budget", "30s", cwd=tmp_path)
+    assert again.envelope["error"]["evalue"] == "two"
+    assert again.envelope["error"]["cell_index"] == 3  # of the notebook without its banners
+    cells = nbformat.read(tmp_path / "again.ipynb", 4).cells
+    assert banners(cells) == [0, 4]  # at the top, and just above the cell that failed now
+    assert "In [4]" in cells[0].source
+    assert cells[3].outputs == [] and cells[5].outputs[0]["evalue"] == "two"
+
+
+@pytest.mark.parametrize("language_info", [
+    {"name": "python", "version": "2.7.12", "pygments_lexer": "ipython2"}, None],
+    ids=["python-2.7.12", "none"])
+def test_the_saved_notebook_has_the_language_info_of_the_kernel_that_ran_it(
+        env, tmp_path, language_info):
+    notebook = write_notebook(tmp_path / "old.ipynb",
+                              "import platform\nprint(platform.python_version())")
+    if language_info is not None:
+        raw = json.loads(notebook.read_text())
+        raw["metadata"]["language_info"] = language_info
+        notebook.write_text(json.dumps(raw))
+    done = nbbudget(env, "run", notebook.name, "--budget", "30s", cwd=tmp_path)
+    assert done.code == 0, done.stdout + done.stderr
+    executed = nbformat.read(tmp_path / "old.out.ipynb", 4)
+    version = executed.cells[0].outputs[0]["text"].strip()
+    assert executed.metadata.language_info["version"] == version
+    assert executed.metadata.language_info["pygments_lexer"] == "ipython3"
+
+
+def test_parameters_for_a_notebook_without_a_parameters_cell_go_at_the_top_with_a_warning(
+        env, tmp_path):
+    notebook = write_notebook(tmp_path / "plain.ipynb", "print(alpha, label)")
+    done = nbbudget(env, "run", notebook.name, "-p", "alpha", "0.5", "-p", "label", "hi",
+                    "--budget", "30s", cwd=tmp_path)
+    assert done.code == 0, done.stdout + done.stderr
+    assert done.envelope["warnings"] == [
+        "'plain.ipynb' has no cell tagged 'parameters': -p alpha, label went into a cell at its "
+        "top, as papermill does; tag the cell that sets the defaults 'parameters' to inject "
+        "them after it"]
+    cells = nbformat.read(tmp_path / "plain.out.ipynb", 4).cells
+    assert cells[0].metadata.tags == ["injected-parameters"]
+    assert cells[1].outputs[0]["text"] == "0.5 hi\n"
+
+
+def test_a_parameter_the_parameters_cell_does_not_define_is_injected_with_a_warning(
+        env, tmp_path):
+    notebook = write_notebook(tmp_path / "typo.ipynb", "print(rows, rwos)",
+                              parameters="rows = 1  # how many")
+    done = nbbudget(env, "run", notebook.name, "-p", "rows", "2", "-p", "rwos", "3",
+                    "--budget", "30s", cwd=tmp_path)
+    assert done.code == 0, done.stdout + done.stderr
+    assert done.envelope["warnings"] == [
+        "-p rwos: the cell tagged 'parameters' of 'typo.ipynb' does not define rwos; it was "
+        "injected all the same; check its name"]
+    assert nbformat.read(tmp_path / "typo.out.ipynb", 4).cells[2].outputs[0]["text"] == "2 3\n"
+    listed = nbbudget(env, "run", notebook.name, "-p", "rows", "2", "-p", "rwos", "3",
+                      "--budget", "30s", cwd=tmp_path)
+    assert listed.envelope["warnings"] == done.envelope["warnings"]  # every run says it
+
+
+def test_the_executed_notebook_is_written_with_the_umask_and_the_store_stays_private(
+        env, tmp_path):
+    write_notebook(tmp_path / "mine.ipynb", "x = 1")
+    done = subprocess.run(["sh", "-c", f"umask 027 && exec {sys.executable} -m nbbudget run "
+                                       f"mine.ipynb --budget 30s"],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert stat.S_IMODE((tmp_path / "mine.out.ipynb").stat().st_mode) == 0o640
+    home = Path(env["NBBUDGET_HOME"])
+    assert stat.S_IMODE((home / "nbbudget.db").stat().st_mode) == 0o600
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700
 
 
 # -- on a terminal (S0-5) ---------------------------------------------------------------------
@@ -402,7 +620,7 @@ def test_ctrl_c_on_a_terminal_stops_the_notebook_and_says_so(env, tmp_path):
         os.close(master)
     envelope = json.loads(shown.decode()[shown.decode().index('{"ok"'):].splitlines()[0])
     assert (envelope["data"]["state"], envelope["error"]["code"]) == ("stopped", "stopped")
-    assert [row["state"] for row in jobs(env, tmp_path)] == ["stopped"]
+    assert [row["state"] for row in jobs(env, tmp_path)] == ["cancelled"]
 
 
 # -- bad input: exit 2, nothing runs ----------------------------------------------------------
@@ -419,9 +637,6 @@ BAD_INPUT = [
     (["good.ipynb", "--detach", "--resume"],
      "nbbudget run: --detach and --resume exclude each other: choose how the work outlives "
      "its budget"),
-    (["good.ipynb", "-p", "alpha", "1"],
-     "nbbudget run: -p alpha: 'good.ipynb' has no cell tagged 'parameters' to inject it "
-     "after; tag the cell that sets the defaults 'parameters' (as papermill needs), or drop -p"),
     (["tagged.ipynb", "-p", "two words", "1"], "nbbudget run: -p 'two words': a parameter's"),
     (["good.ipynb", "--steps", "0"], "nbbudget run: steps=0"),
     (["limits.ipynb"], "nbbudget run: metadata.nbbudget.limits of 'limits.ipynb': "),
@@ -469,6 +684,21 @@ def test_a_damaged_store_exits_2_naming_it_and_nothing_runs(env, tmp_path):
         assert done.stderr.startswith(f"nbbudget {args[0]}: the nbbudget store ")
         assert " is damaged: " in done.stderr
     assert not (tmp_path / "ran.txt").exists()
+
+
+def test_a_store_of_an_earlier_version_lists_a_run_stopped_by_cancel_as_cancelled(
+        env, tmp_path):
+    assert nbbudget(env, "jobs", cwd=tmp_path).code == 0  # the store, made as it is now
+    with contextlib.closing(sqlite3.connect(Path(env["NBBUDGET_HOME"]) / "nbbudget.db")) as db:
+        columns = [row[1] for row in db.execute("PRAGMA table_info(notebook_runs)")]
+        assert columns[-1] == "warnings"
+        db.execute("ALTER TABLE notebook_runs DROP COLUMN warnings")  # as an earlier one made it
+        db.execute("INSERT INTO notebook_runs (id, identity, spec, state, created, updated) "
+                   "VALUES ('run-0ld', 'notebook:x', ?, 'stopped', 1, 2)",
+                   (json.dumps({"notebook": "/x.ipynb", "output": "/x.out.ipynb",
+                                "mode": "detach"}),))
+        db.commit()
+    assert [(row["id"], row["state"]) for row in jobs(env, tmp_path)] == [("run-0ld", "cancelled")]
 
 
 def test_cancel_of_an_unknown_run_exits_2_naming_it(env, tmp_path):

@@ -35,10 +35,15 @@ __all__ = ["Job", "JobState", "Jobs"]
 
 
 class JobState(str, enum.Enum):
-    """Where a job is: ``running``, ``done``, ``failed``, ``cancelled``, or ``lost`` (its kernel
-    died while it ran)."""
+    """Where a job is, in the words every listing of jobs uses (``nb.jobs``, ``%budget jobs``,
+    ``nbbudget jobs``): ``starting`` (a notebook run whose kernel is starting), ``running``,
+    ``paused`` (a notebook run of ``--resume`` waiting at a cell boundary for the identical
+    command), then ``done``, ``failed``, ``cancelled`` (stopped by a person or by its wall-clock
+    limit) or ``lost`` (what ran it died)."""
 
+    STARTING = "starting"
     RUNNING = "running"
+    PAUSED = "paused"
     DONE = "done"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -46,6 +51,11 @@ class JobState(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+    @property
+    def final(self) -> bool:
+        """Whether the job has ended."""
+        return self not in (JobState.STARTING, JobState.RUNNING, JobState.PAUSED)
 
 
 _ids = itertools.count(1)
@@ -220,7 +230,8 @@ class Job:
             for attempt in range(_RECORD_TRIES):
                 try:
                     self._store().record_job(self.id, self.identity, self.label,
-                                             self._state.value, self.traceback)
+                                             self._state.value, self.traceback,
+                                             created=self.created, ended=self.ended)
                     return
                 except sqlite3.OperationalError as exc:
                     if attempt == _RECORD_TRIES - 1:

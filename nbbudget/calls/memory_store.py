@@ -107,17 +107,21 @@ class MemoryStore:
 
     # -- job records --------------------------------------------------------------------------
     def record_job(self, job_id: str, identity: str, label: str, state: str,
-                   error: str | None = None) -> None:
-        """Insert or update the record of a job of this process."""
+                   error: str | None = None, *, created: float | None = None,
+                   ended: float | None = None) -> None:
+        """Insert or update the record of a job of this process, with the job's own times (its
+        end kept as ``updated``)."""
         now = time.time()
+        created = now if created is None else created
+        updated = now if ended is None else ended
         with self._lock:
             held = self._jobs.get(job_id)
             if held is None:
                 self._jobs[job_id] = {"id": job_id, "identity": identity, "label": label,
-                                      "state": state, "pid": os.getpid(), "created": now,
-                                      "updated": now, "error": error}
+                                      "state": state, "pid": os.getpid(), "created": created,
+                                      "updated": updated, "error": error}
             else:
-                held.update(state=state, updated=now, error=error)
+                held.update(state=state, updated=updated, error=error)
 
     def jobs(self) -> list[dict[str, Any]]:
         """Every job record, newest first (copies: changing one changes nothing here)."""

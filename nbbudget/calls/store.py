@@ -210,7 +210,8 @@ class Store(Protocol):
     def runs_on(self, identity: str, day: str) -> int: ...
 
     def record_job(self, job_id: str, identity: str, label: str, state: str,
-                   error: str | None = None) -> None: ...
+                   error: str | None = None, *, created: float | None = None,
+                   ended: float | None = None) -> None: ...
 
     def jobs(self) -> list[dict[str, Any]]: ...
 
@@ -509,14 +510,19 @@ class SQLiteStore:
 
     # -- job records ------------------------------------------------------------------------------
     def record_job(self, job_id: str, identity: str, label: str, state: str,
-                   error: str | None = None) -> None:
-        """Insert or update the record of a job of this process."""
+                   error: str | None = None, *, created: float | None = None,
+                   ended: float | None = None) -> None:
+        """Insert or update the record of a job of this process, with the job's own times (now,
+        when not given): when it was *created* and, once it has, when it *ended* (kept as
+        ``updated``), so that every kernel lists it with the times the one that runs it shows."""
         now = time.time()
+        created = now if created is None else created
+        updated = now if ended is None else ended
         with self._write() as db:
             db.execute(
                 "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE "
                 "SET state = excluded.state, updated = excluded.updated, error = excluded.error",
-                (job_id, identity, label, state, os.getpid(), now, now, error))
+                (job_id, identity, label, state, os.getpid(), created, updated, error))
 
     def jobs(self) -> list[dict[str, Any]]:
         """Every job record, newest first."""

@@ -6,8 +6,9 @@ the store (two identical commands never start it twice), starts a runner process
 (`nbbudget.cli.runner`) that owns the kernel, and waits for it at most its call budget, the
 kernel's start-up included: it answers with the run's end (exit 0, or the end's own code), or
 with INCOMPLETE (exit 14) while the runner goes on (``--detach``) or waits at the first cell
-boundary past the budget (``--resume``). The identical command reattaches or continues, and
-the end of a run is delivered once (S0-1, S0-2, S0-11, S0-12).
+boundary past the budget (``--resume``; a kernel still starting at the budget is answered
+``starting``, and the run then waits at its first cell). The identical command reattaches or
+continues, and the end of a run is delivered once (S0-1, S0-2, S0-11, S0-12).
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..calls.call import FLAG_SPELLING, check_interruption, resolve_budget, take_run
+from ..calls.jobs import JobState
 from ..calls.response import EXIT_INCOMPLETE, Response, meta
 from ..calls.store import store
 from ..core.duration import parse_duration
 from ..core.errors import ConfigError, RunsPerDayExceeded
 from ..core.limits import Limits, budget_flags, limits_from_flags
-from .run_store import RUNNER_MODULE, Claim, RunRecord, Runs, RunState
+from .run_store import RUNNER_MODULE, Claim, RunRecord, Runs
 
 __all__ = ["add_commands"]
 
@@ -67,8 +69,9 @@ def add_commands(sub: Any) -> None:
     jobs = sub.add_parser(
         "jobs", help="list the notebook runs of nbbudget run in the store",
         description="List the notebook runs of nbbudget run kept in the store (NBBUDGET_HOME), "
-                    "newest first: id, state, cell, notebook. A run whose runner died is "
-                    "shown lost.",
+                    "newest first: id, state, cell, notebook. The states are those of nb.jobs: "
+                    "starting, running, paused, done, failed, cancelled (by nbbudget cancel or "
+                    "--timeout), lost (its runner died).",
         epilog="example: nbbudget jobs --json")
     jobs.add_argument("--json", action="store_true",
                       help="print a JSON list of objects with id, state, notebook, output, ...")
@@ -76,8 +79,8 @@ def add_commands(sub: Any) -> None:
     cancel = sub.add_parser(
         "cancel", help="stop a notebook run of nbbudget run",
         description="Stop a notebook run: its running cell is interrupted, the notebook as far "
-                    "as it got stays in its output, and the identical nbbudget run command "
-                    "then reports it stopped (exit 130).",
+                    "as it got stays in its output, nbbudget jobs lists it cancelled, and the "
+                    "identical nbbudget run command then reports it stopped (exit 130).",
         epilog="example: nbbudget cancel run-1a2b3c4d")
     cancel.add_argument("id", metavar="ID", help="the run's id (data.job, or nbbudget jobs)")
     cancel.set_defaults(handler=cancel_command)
@@ -98,8 +101,9 @@ def _add_run(sub: Any) -> None:
     run.add_argument("-p", "--parameter", nargs=2, action="append", default=[],
                      metavar=("NAME", "VALUE"), dest="parameters",
                      help="a parameter, injected after the cell tagged 'parameters' as papermill "
-                          "does; VALUE is read as papermill's -p reads it (True, 3, 0.5, None, "
-                          "else text), e.g. -p alpha 0.5")
+                          "does (at the top, with a warning, when no cell has that tag); VALUE "
+                          "is read as papermill's -p reads it (True, 3, 0.5, None, else text), "
+                          "e.g. -p alpha 0.5")
     run.add_argument("--output", metavar="PATH",
                      help="where the executed notebook is saved, after every cell, e.g. "
                           "--output out.ipynb (default: NOTEBOOK's name with .out.ipynb)")
@@ -112,7 +116,8 @@ def _add_run(sub: Any) -> None:
                           "(the default)")
     run.add_argument("--resume", action="store_true",
                      help="when the budget runs out, the notebook pauses at the next cell "
-                          "boundary, its kernel kept; the same command continues it")
+                          "boundary, its kernel kept (or, its kernel still starting, at its "
+                          "first cell); the same command continues it")
     run.add_argument("--timeout", metavar="DUR",
                      help="wall-clock limit of the whole execution, across every "
                           "continuation, e.g. --timeout 1h; the run ends cancelled (exit 124)")
@@ -168,7 +173,7 @@ def plan(args: argparse.Namespace) -> Plan:
     notebook, data = _notebook(args.notebook)
     nb = _read(notebook, data)
     limits = limits_from_flags(args) & _metadata_limits(notebook, nb)
-    _check_parameters(notebook, nb, args.parameters)
+    _check_parameters(args.parameters)
     output = _output(notebook, args.output)
     kernelspec = nb.get("metadata", {}).get("kernelspec", {})
     spec = {"notebook": str(notebook), "sha256": hashlib.sha256(data).hexdigest(),
@@ -273,16 +278,13 @@ def _metadata_limits(path: Path, nb: dict[str, Any]) -> Limits:
         raise ConfigError(f"metadata.nbbudget.limits of {path.name!r}: {exc}") from None
 
 
-def _check_parameters(path: Path, nb: dict[str, Any], parameters: list[list[str]]) -> None:
+def _check_parameters(parameters: list[list[str]]) -> None:
+    """A parameter's name is a name the notebook can use (where it goes, and whether the
+    notebook defines it, the runner tells in the envelope's warnings, as papermill does)."""
     for name, _ in parameters:
         if not name.isidentifier():
             raise ConfigError(f"-p {name!r}: a parameter's name is a Python name such as "
                               f"alpha or n_rows")
-    tagged = any("parameters" in cell.get("metadata", {}).get("tags", []) for cell in nb["cells"])
-    if parameters and not tagged:
-        raise ConfigError(f"-p {parameters[0][0]}: {path.name!r} has no cell tagged "
-                          f"'parameters' to inject it after; tag the cell that sets the "
-                          f"defaults 'parameters' (as papermill needs), or drop -p")
 
 
 def _output(notebook: Path, given: str | None) -> Path:
@@ -332,8 +334,8 @@ def _start(runs: Runs, record: RunRecord, checked: Plan) -> None:
             take_run(runs.store, checked.identity, checked.spec["name"], checked.runs_per_day,
                      time.time())
         except RunsPerDayExceeded as exc:
-            runs.finish(record.id, RunState.FAILED, {
-                "exit_code": 1, "state": RunState.FAILED.value, "data": {"executed": 0},
+            runs.finish(record.id, JobState.FAILED, {
+                "exit_code": 1, "state": JobState.FAILED.value, "data": {"executed": 0},
                 "error": {"code": exc.code, "message": str(exc)}})
             return
     env = dict(os.environ, NBBUDGET_HOME=str(runs.store.folder))
@@ -347,17 +349,19 @@ def _start(runs: Runs, record: RunRecord, checked: Plan) -> None:
 
 def _wait(runs: Runs, claim: Claim, checked: Plan, started: float,
           progress: Progress | None) -> Response:
-    """Hold the caller until the run ends, or its budget runs out (a detached run then goes
-    on; a resumable one is waited for until it pauses at the next cell boundary)."""
+    """Hold the caller until the run ends, or its budget runs out (S0-1): a detached run then
+    goes on; a resumable one is waited for until it pauses at the next cell boundary, unless
+    its kernel is still starting (it will wait at its first cell)."""
     deadline = started + checked.budget_ms / 1000 if checked.budget_ms else None
     record, next_check = claim.record, 0.0
     while True:
         if record.state.final:
             return _ended(runs, record, checked, started)
-        if record.state is RunState.PAUSED and record.paused_turn >= claim.turn:
+        if record.state is JobState.PAUSED and record.paused_turn >= claim.turn:
             return _incomplete(record, checked, started)
         now = time.monotonic()
-        if deadline is not None and now >= deadline and not checked.resume:
+        if deadline is not None and now >= deadline and \
+                (not checked.resume or record.state is JobState.STARTING):
             return _incomplete(record, checked, started)
         if progress is not None:
             progress.show(record)
@@ -391,23 +395,27 @@ def _ended(runs: Runs, record: RunRecord, checked: Plan, started: float) -> Resp
     result = record.result or record.lost_result()
     data = {"state": result["state"], "job": record.id, "output": record.output,
             **result["data"]}
-    return _respond(checked, started, result["exit_code"], data, result["error"])
+    return _respond(record, checked, started, result["exit_code"], data, result["error"])
 
 
 def _incomplete(record: RunRecord, checked: Plan, started: float) -> Response:
-    """INCOMPLETE (S0-12): the run goes on or waits; the identical command continues it."""
+    """INCOMPLETE (S0-12): the run goes on (``running``) or waits (``paused``, or ``starting``:
+    a resumable run whose kernel is starting); the identical command continues it."""
+    state = record.state
+    if state is JobState.STARTING and not checked.resume:
+        state = JobState.RUNNING  # a detached run goes on, its kernel started or not (S0-12)
     data: dict[str, Any] = {
-        "state": "paused" if record.state is RunState.PAUSED else "running",
-        "job": record.id, "output": record.output, "cell": record.cell,
+        "state": state.value, "job": record.id, "output": record.output, "cell": record.cell,
         "executed": record.executed, "cells": record.cells, "next": checked.command}
-    if record.state is RunState.PAUSED:
+    if record.state is JobState.PAUSED:
         data["checkpoint"] = f"{record.id}:{record.cell}"
-    return _respond(checked, started, EXIT_INCOMPLETE, data, None)
+    return _respond(record, checked, started, EXIT_INCOMPLETE, data, None)
 
 
-def _respond(checked: Plan, started: float, exit_code: int, data: dict[str, Any],
-             error: dict[str, Any] | None) -> Response:
-    return Response(exit_code == 0, data, error, [],
+def _respond(record: RunRecord, checked: Plan, started: float, exit_code: int,
+             data: dict[str, Any], error: dict[str, Any] | None) -> Response:
+    """The envelope, with what the runner warned about the notebook (once it has read it)."""
+    return Response(exit_code == 0, data, error, list(record.warnings),
                     meta(exit_code, started, checked.budget_ms, checked.timeout_ms))
 
 
@@ -430,7 +438,7 @@ class Progress:
 
     def show(self, record: RunRecord) -> None:
         elapsed = time.monotonic() - self.started
-        if record.state is RunState.STARTING or record.cells is None:
+        if record.state is JobState.STARTING or record.cells is None:
             line = f"nbbudget: starting the kernel, {elapsed:.0f} s"
         else:
             line = (f"nbbudget: cell {min(record.executed + 1, record.cells)} of "
@@ -452,21 +460,27 @@ def summary(resp: Response) -> str:
     """The envelope in a few words, for a person at a terminal."""
     data = resp.data or {}
     took = f"{resp.meta['duration_ms'] / 1000:.1f} s"
+    warned = "".join(f"\n  warning: {warning}" for warning in resp.warnings)
     if resp.exit_code == EXIT_INCOMPLETE:
-        how = (f"paused before cell {data['cell']}" if data["state"] == "paused" else
-               f"goes on in the background at cell {data['cell']}" if data["cell"] is not None
-               else "goes on in the background, its kernel starting")
+        if data["state"] == "paused":
+            how = f"paused before cell {data['cell']}"
+        elif data["state"] == "starting":
+            how = "is starting its kernel, then waits before its first cell"
+        elif data["cell"] is not None:
+            how = f"goes on in the background at cell {data['cell']}"
+        else:
+            how = "goes on in the background, its kernel starting"
         return (f"INCOMPLETE (exit 14): {data['job']} {how} ({data['executed']} of "
                 f"{data['cells']} cells ran) after {took}; run the same command again:\n"
-                f"  {data['next']}")
+                f"  {data['next']}{warned}")
     consumed = ", ".join(f"{k} {v}" for k, v in (data.get("consumed") or {}).items())
     usage = f"\n  consumed: {consumed}" if consumed else ""
     if resp.ok:
         return (f"done: {data['executed']} of {data['cells']} cells ran in {took}; the executed "
-                f"notebook is {data['output']}{usage}")
+                f"notebook is {data['output']}{usage}{warned}")
     error = resp.error or {}
     return (f"{data.get('state')} ({error.get('code')}, exit {resp.exit_code}): "
-            f"{error.get('message')}{usage}")
+            f"{error.get('message')}{usage}{warned}")
 
 
 # -- jobs and cancel --------------------------------------------------------------------------

@@ -6,15 +6,15 @@ twice), tells the runner how long its caller waits and whether to stop, and deli
 once; the runner reports its progress, its pauses and its end. Every write is a ``BEGIN
 IMMEDIATE`` transaction of the store.
 
-A run is ``starting``, ``running`` or ``paused`` while it lives, then ``done``, ``failed``,
-``stopped`` (``nbbudget cancel``), ``cancelled`` (its ``--timeout``) or ``lost`` (its runner
-died without a word). Once a command has delivered the end of a run, the next identical
-command starts the work anew (S0-11).
+A run's state is a `JobState`, in the words of ``nb.jobs``: ``starting``, ``running`` or
+``paused`` while it lives, then ``done``, ``failed``, ``cancelled`` (``nbbudget cancel`` or its
+``--timeout``; its ``result`` tells which) or ``lost`` (its runner died without a word). Once a
+command has delivered the end of a run, the next identical command starts the work anew
+(S0-11).
 """
 
 from __future__ import annotations
 
-import enum
 import json
 import os
 import secrets
@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..calls.jobs import JobState
 from ..calls.store import SQLiteStore
 
-__all__ = ["Claim", "RunRecord", "RunState", "Runs", "runner_alive"]
+__all__ = ["Claim", "RunRecord", "Runs", "runner_alive"]
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS notebook_runs (
@@ -47,43 +48,31 @@ _SCHEMA = (
         paused_turn INTEGER NOT NULL DEFAULT 0,
         cancel      INTEGER NOT NULL DEFAULT 0,
         result      TEXT,
-        delivered   INTEGER NOT NULL DEFAULT 0
+        delivered   INTEGER NOT NULL DEFAULT 0,
+        warnings    TEXT
     )""",
     "CREATE INDEX IF NOT EXISTS notebook_runs_work ON notebook_runs (identity, delivered)",
 )
+#: what brings the table of an earlier version (one without ``warnings``) up to date: the
+#: runner's warnings, and the state of a run stopped by ``nbbudget cancel`` in the words of
+#: ``nb.jobs``
+_UPGRADE = ("ALTER TABLE notebook_runs ADD COLUMN warnings TEXT",
+            "UPDATE notebook_runs SET state = 'cancelled' WHERE state = 'stopped'")
+_LIVE = "('starting', 'running', 'paused')"  # the states of a run that has not ended
 _KEEP_DAYS = 7  # delivered runs are forgotten after a week
 _SPAWN_GRACE_S = 60.0  # a run claimed this long ago whose runner never started is lost
 RUNNER_MODULE = "nbbudget.cli.runner"
 
 
-class RunState(str, enum.Enum):
-    """Where a notebook run is."""
-
-    STARTING = "starting"
-    RUNNING = "running"
-    PAUSED = "paused"
-    DONE = "done"
-    FAILED = "failed"
-    STOPPED = "stopped"
-    CANCELLED = "cancelled"
-    LOST = "lost"
-
-    def __str__(self) -> str:
-        return self.value
-
-    @property
-    def final(self) -> bool:
-        return self not in (RunState.STARTING, RunState.RUNNING, RunState.PAUSED)
-
-
 @dataclass(frozen=True)
 class RunRecord:
-    """One row: what to run (``spec``), where it is, and how it ended (``result``)."""
+    """One row: what to run (``spec``), where it is, how it ended (``result``), and what the
+    runner found to warn about in the notebook (``warnings``)."""
 
     id: str
     identity: str
     spec: dict[str, Any]
-    state: RunState
+    state: JobState
     pid: int | None
     created: float
     updated: float
@@ -98,14 +87,16 @@ class RunRecord:
     cancel: bool
     result: dict[str, Any] | None
     delivered: bool
+    warnings: list[str]
 
     @classmethod
     def from_row(cls, values: dict[str, Any]) -> RunRecord:
         values["spec"] = json.loads(values["spec"])
-        values["state"] = RunState(values["state"])
+        values["state"] = JobState(values["state"])
         values["result"] = json.loads(values["result"]) if values["result"] else None
         values["cancel"] = bool(values["cancel"])
         values["delivered"] = bool(values["delivered"])
+        values["warnings"] = json.loads(values["warnings"]) if values["warnings"] else []
         return cls(**values)
 
     @property
@@ -121,7 +112,7 @@ class RunRecord:
         return not runner_alive(self.pid)
 
     def lost_result(self) -> dict[str, Any]:
-        return {"exit_code": 1, "state": RunState.LOST.value, "data": {},
+        return {"exit_code": 1, "state": JobState.LOST.value, "data": {},
                 "error": {"code": "lost", "message": (
                     f"run {self.id} was lost: its runner (pid {self.pid}) ended without "
                     f"finishing, at cell {self.cell}; the notebook as far as it got is in "
@@ -147,6 +138,10 @@ class Runs:
         with store.transaction() as db:
             for statement in _SCHEMA:
                 db.execute(statement)
+            columns = {row[1] for row in db.execute("PRAGMA table_info(notebook_runs)")}
+            if "warnings" not in columns:
+                for statement in _UPGRADE:
+                    db.execute(statement)
 
     def _select(self, where: str, params: tuple[Any, ...],
                 db: sqlite3.Connection | None = None) -> list[RunRecord]:
@@ -162,7 +157,7 @@ class Runs:
 
     def all(self) -> list[RunRecord]:
         """Every run, newest first; unfinished runs whose runner died are marked ``lost``."""
-        for record in self._select("state IN ('starting', 'running', 'paused')", ()):
+        for record in self._select(f"state IN {_LIVE}", ()):
             self.check(record)
         return self._select("1 ORDER BY created DESC", ())
 
@@ -170,29 +165,36 @@ class Runs:
               timeout_ms: int | None) -> Claim:
         """The undelivered run of *identity*, or a new one (in one write transaction, so two
         identical commands never start the same work twice). A paused run gets a new turn
-        with this caller's *deadline*; every caller sets the wall-clock limit in force."""
+        with this caller's *deadline*; a run still starting whose caller's budget has run out
+        (that caller has answered ``starting``) takes this caller's; any other caller that joins
+        a turn may not wait longer than the turn's. Every caller sets the wall-clock limit in
+        force."""
         now = time.time()
         with self.store.transaction() as db:
             found = self._select("identity = ? AND delivered = 0 ORDER BY created DESC LIMIT 1",
                                  (identity,), db)
             record = found[0] if found else None
             if record is not None and record.dead(now):
-                self._end(db, record.id, RunState.LOST, record.lost_result())
+                self._end(db, record.id, JobState.LOST, record.lost_result())
             if record is None:
                 run_id = f"run-{secrets.token_hex(4)}"
                 db.execute("INSERT INTO notebook_runs (id, identity, spec, state, created, "
                            "updated, deadline, timeout_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                           (run_id, identity, json.dumps(spec), RunState.STARTING.value, now,
+                           (run_id, identity, json.dumps(spec), JobState.STARTING.value, now,
                             now, deadline, timeout_ms))
                 self._forget_old(db, now)
                 new, turn = True, 1
             else:
                 run_id, new, turn = record.id, False, record.turn
-                if record.state is RunState.PAUSED:
+                if record.state is JobState.PAUSED:
                     turn += 1
                     db.execute("UPDATE notebook_runs SET turn = ?, deadline = ? WHERE id = ?",
                                (turn, deadline, run_id))
-                elif deadline is not None:  # a caller that joins a turn may not wait longer
+                elif record.state is JobState.STARTING and record.deadline is not None and \
+                        record.deadline <= now:
+                    db.execute("UPDATE notebook_runs SET deadline = ? WHERE id = ?",
+                               (deadline, run_id))
+                elif deadline is not None:
                     db.execute("UPDATE notebook_runs SET deadline = MIN(deadline, ?) WHERE "
                                "id = ? AND deadline IS NOT NULL", (deadline, run_id))
                 db.execute("UPDATE notebook_runs SET timeout_ms = ? WHERE id = ?",
@@ -216,7 +218,7 @@ class Runs:
         with self.store.transaction() as db:
             fresh = self._select("id = ?", (record.id,), db)[0]
             if fresh.dead(time.time()):
-                self._end(db, record.id, RunState.LOST, fresh.lost_result())
+                self._end(db, record.id, JobState.LOST, fresh.lost_result())
         return self.get(record.id) or record
 
     # -- written by the runner --------------------------------------------------------------
@@ -225,20 +227,20 @@ class Runs:
         names = ", ".join(f"{name} = ?" for name in fields)
         with self.store.transaction() as db:
             db.execute(f"UPDATE notebook_runs SET {names}, updated = ? WHERE id = ? AND state "
-                       f"IN ('starting', 'running', 'paused')",
+                       f"IN {_LIVE}",
                        (*fields.values(), time.time(), run_id))
 
-    def finish(self, run_id: str, state: RunState, result: dict[str, Any]) -> None:
+    def finish(self, run_id: str, state: JobState, result: dict[str, Any]) -> None:
         """Record how the run ended (unless it has already ended)."""
         with self.store.transaction() as db:
             self._end(db, run_id, state, result)
 
-    def _end(self, db: sqlite3.Connection, run_id: str, state: RunState,
+    def _end(self, db: sqlite3.Connection, run_id: str, state: JobState,
              result: dict[str, Any]) -> None:
-        db.execute("UPDATE notebook_runs SET state = ?, result = ?, executed = COALESCE(?, "
-                   "executed), updated = ? WHERE id = ? AND state IN ('starting', 'running', "
-                   "'paused')", (state.value, json.dumps(result), result["data"].get("executed"),
-                                 time.time(), run_id))
+        db.execute(f"UPDATE notebook_runs SET state = ?, result = ?, executed = COALESCE(?, "
+                   f"executed), updated = ? WHERE id = ? AND state IN {_LIVE}",
+                   (state.value, json.dumps(result), result["data"].get("executed"),
+                    time.time(), run_id))
 
     # -- written by commands ------------------------------------------------------------------
     def deliver(self, run_id: str) -> None:

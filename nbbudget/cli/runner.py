@@ -2,6 +2,15 @@
 that owns the kernel, executes the notebook cell by cell with nbclient, saves it after every
 cell, and reports to the run's row in the store (`nbbudget.cli.run_store`).
 
+The executed notebook is what papermill would write, made with papermill's own functions: the
+parameters injected after the cell tagged ``parameters`` (at the top, with a warning, when no
+cell has that tag), the records of an earlier execution cleared (outputs, execution counts,
+papermill's metadata and its error banners), each cell's start, end and status, the
+``language_info`` of the kernel that ran it, and papermill's banners above a cell that failed.
+A cell that ends with ``SystemExit`` 0 or ``None`` ends the notebook as papermill ends it: a
+success, the cells after it not run. The file is written atomically, with the umask's mode, as
+a user's own file.
+
 It outlives the command that started it (S0-2): a ``--detach`` run goes on to its end; a
 ``--resume`` run pauses at the first cell boundary past its caller's budget, keeps the kernel
 and its state, and continues when the identical command gives it a new turn. Between cells and
@@ -19,6 +28,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import hashlib
+import json
 import sys
 import time
 import traceback
@@ -26,37 +36,54 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..calls.jobs import JobState
 from ..calls.store import store
 from ..core.endings import ENDINGS
 from ..core.files import atomic_write
 from ..core.outcome import Status
-from .run_store import RunRecord, Runs, RunState
+from .run_store import RunRecord, Runs
 
 if TYPE_CHECKING:
     from jupyter_client.manager import AsyncKernelManager
     from nbclient import NotebookClient
     from nbformat import NotebookNode
+    from papermill.engines import NotebookExecutionManager
 
 __all__ = ["main"]
 
 POLL_S = 0.1  # how often the runner reads its row while a cell runs or while it is paused
 INTERRUPT_GRACE_S = 5.0  # how long an interrupted cell may take to end before its kernel dies
 TIME_GRACE_S = 0.1  # the run's own timer fires first; the interrupt follows this much later
-#: the exit code of a run's end, from the ending of its status
-_EXIT = {state: ENDINGS[status].exit_code for state, status in (
-    (RunState.DONE, Status.COMPLETED), (RunState.FAILED, Status.FAILED),
-    (RunState.STOPPED, Status.STOPPED), (RunState.CANCELLED, Status.CANCELLED))}
+#: the state of a run that ended with each status, in the words of ``nb.jobs``
+_JOB_STATE = {Status.COMPLETED: JobState.DONE, Status.FAILED: JobState.FAILED,
+              Status.STOPPED: JobState.CANCELLED, Status.CANCELLED: JobState.CANCELLED}
+#: the mode of the executed notebook before the umask, as ``open()`` makes a file
+NOTEBOOK_MODE = 0o666
 
 
 class _End(Exception):
-    """Ends the execution: how (*state*), why (*error*) and where (*data*)."""
+    """Ends the execution: how (*status*: `completed`, `failed`, `stopped` by ``nbbudget
+    cancel``, `cancelled` by ``--timeout``), why (*error*) and where (*data*)."""
 
-    def __init__(self, state: RunState, error: dict[str, Any] | None = None,
+    def __init__(self, status: Status, error: dict[str, Any] | None = None,
                  **data: Any) -> None:
-        super().__init__(state.value)
-        self.state = state
+        super().__init__(status.value)
+        self.status = status
         self.error = error
         self.data = data
+
+    @property
+    def state(self) -> JobState:
+        """The run's state once it has ended so."""
+        return _JOB_STATE[self.status]
+
+    def result(self, data: dict[str, Any]) -> dict[str, Any]:
+        """What the command answers: the exit code and the envelope's ``state`` of this ending
+        (``stopped`` and ``cancelled`` told apart, as a call's envelope tells them), *data*
+        and the error."""
+        ending = ENDINGS[self.status]
+        return {"exit_code": ending.exit_code, "state": ending.envelope or self.state.value,
+                "data": {**data, **self.data}, "error": self.error}
 
 
 async def _ending(work: Awaitable[_End]) -> _End:
@@ -98,6 +125,7 @@ class Runner:
         self.executed = 0
         self.code_cells: list[int] = []
         self.client: NotebookClient | None = None
+        self.manager: NotebookExecutionManager | None = None  # papermill's records of the cells
         self.consumed: dict[str, Any] | None = None
 
     async def run(self) -> None:
@@ -106,7 +134,7 @@ class Runner:
             end = await _ending(self._execute())
         except Exception as exc:  # a bug or an environment problem: reported, never silent
             traceback.print_exc()
-            end = _End(RunState.FAILED, _error(
+            end = _End(Status.FAILED, _error(
                 "runner_error", f"the runner of {self.id} failed: {type(exc).__name__}: {exc}; "
                                 f"its log is {self.runs.log_path(self.id)}"))
         self._finish(end)
@@ -116,11 +144,10 @@ class Runner:
         self.runs.finish(self.id, end.state, self._result(end))
 
     def _result(self, end: _End) -> dict[str, Any]:
-        data = {"executed": self.executed, "cells": len(self.code_cells), **end.data}
+        data: dict[str, Any] = {"executed": self.executed, "cells": len(self.code_cells)}
         if self.consumed is not None:
             data["consumed"] = self.consumed
-        return {"exit_code": _EXIT[end.state], "state": end.state.value, "data": data,
-                "error": end.error}
+        return end.result(data)
 
     async def _execute(self) -> _End:
         """Launch the kernel first: it starts while nbclient and papermill are imported and
@@ -140,7 +167,7 @@ class Runner:
             extra = ["--HistoryManager.hist_file=:memory:"] if km.ipykernel else []
             await km.start_kernel(cwd=self.spec["cwd"], extra_arguments=extra)
         except Exception as exc:
-            raise _End(RunState.FAILED, _error(
+            raise _End(Status.FAILED, _error(
                 "kernel_failed", f"the kernel {self.spec['kernel']!r} did not start: "
                                  f"{type(exc).__name__}: {exc}")) from None
         return km
@@ -148,25 +175,29 @@ class Runner:
     async def _execute_in(self, km: AsyncKernelManager) -> _End:
         from nbclient import NotebookClient
 
-        notebook = self._prepare()
+        notebook, warnings = self._prepare()
         self.code_cells = [i for i, cell in enumerate(notebook.cells)
                            if cell.cell_type == "code"]
-        self.runs.update(self.id, state=RunState.RUNNING.value, cells=len(self.code_cells),
-                         cell=self.code_cells[0] if self.code_cells else None)
+        self.runs.update(self.id, cells=len(self.code_cells),
+                         cell=self.code_cells[0] if self.code_cells else None,
+                         warnings=json.dumps(warnings))
         client = self.client = NotebookClient(
             notebook, km=km, resources={"metadata": {"path": self.spec["cwd"]}})
         self._save()
         ready = False
         try:
             async with client.async_setup_kernel(cleanup_kc=True):  # shuts the kernel down
-                ready = True
+                ready = True  # the kernel has answered: the run is no longer starting
+                self.runs.update(self.id, state=JobState.RUNNING.value)
+                await self._language_info()
                 end = await _ending(self._cells())
+                self._complete()
                 self._finish(end)  # told before the kernel shuts down, which takes a while
                 return end
         except Exception as exc:
             if ready:
                 raise
-            raise _End(RunState.FAILED, _error(
+            raise _End(Status.FAILED, _error(
                 "kernel_failed", f"the kernel {self.spec['kernel']!r} started but never "
                                  f"answered: {type(exc).__name__}: {exc}")) from None
 
@@ -174,44 +205,112 @@ class Runner:
         await self._begin()
         for index in self.code_cells:
             remaining_ms = await self._boundary(index)
-            await self._cell(index, remaining_ms)
+            exited = await self._cell(index, remaining_ms)
             self.executed += 1
             self.ran_this_turn += 1
+            if exited:  # papermill's success: the cells after it are not run
+                break
         status = await self._status()
         if status["stop"] is not None:  # the last cell spent the run's budget without failing
             raise self._budget_stop(status["stop"])
         assert self.client is not None
         self.client.set_widgets_metadata()
-        self._save()
-        return _End(RunState.DONE)
+        return _End(Status.COMPLETED)
 
     # -- the notebook ---------------------------------------------------------------------------
-    def _prepare(self) -> NotebookNode:
-        """The notebook as the command read it (the same bytes), with its parameters injected
-        after the cell tagged ``parameters``, as papermill does."""
+    def _prepare(self) -> tuple[NotebookNode, list[str]]:
+        """The notebook as the command read it (the same bytes), made ready as papermill makes
+        it: its parameters injected, the records and the error banners of an earlier execution
+        cleared, its start recorded; and what to warn about its parameters."""
+        from papermill.engines import NotebookExecutionManager
+        from papermill.execute import prepare_notebook_metadata, remove_error_markers
         from papermill.iorw import load_notebook_node
         from papermill.parameterize import parameterize_notebook
 
         path = self.spec["notebook"]
         if hashlib.sha256(Path(path).read_bytes()).hexdigest() != self.spec["sha256"]:
-            raise _End(RunState.FAILED, _error(
+            raise _End(Status.FAILED, _error(
                 "notebook_changed", f"{path} changed after the command read it; run the "
                                     f"command again to execute the notebook as it is now"))
         notebook: NotebookNode = load_notebook_node(path)
         parameters = {name: parameter_value(value) for name, value in self.spec["parameters"]}
+        warnings = self._parameter_warnings(notebook, list(parameters))
         if parameters:
             notebook = parameterize_notebook(notebook, parameters,
                                              kernel_name=self.spec["kernel"],
                                              language=self.spec["language"])
-        return notebook
+        notebook = prepare_notebook_metadata(notebook, path, self.spec["output"])
+        notebook = remove_error_markers(notebook)
+        self.manager = NotebookExecutionManager(notebook, output_path=None, progress_bar=False)
+        self.manager.notebook_start()  # (with no output path, papermill writes nothing)
+        return notebook, warnings
+
+    def _parameter_warnings(self, notebook: NotebookNode, names: list[str]) -> list[str]:
+        """What papermill warns about when it injects *names*: a notebook with no cell tagged
+        ``parameters`` (they go at the top), and a name that cell does not define."""
+        from papermill.translators import papermill_translators
+        from papermill.utils import find_first_tagged_cell_index
+
+        if not names:
+            return []
+        where = find_first_tagged_cell_index(notebook, "parameters")
+        if where < 0:
+            return [f"{self.spec['name']!r} has no cell tagged 'parameters': -p "
+                    f"{', '.join(names)} went into a cell at its top, as papermill does; tag "
+                    f"the cell that sets the defaults 'parameters' to inject them after it"]
+        translator = papermill_translators.find_translator(self.spec["kernel"],
+                                                           self.spec["language"])
+        try:
+            defined = {parameter.name for parameter in translator.inspect(notebook.cells[where])}
+        except NotImplementedError:  # papermill cannot read this language's parameters
+            return []
+        return [f"-p {name}: the cell tagged 'parameters' of {self.spec['name']!r} does not "
+                f"define {name}; it was injected all the same; check its name"
+                for name in names if name not in defined]
+
+    async def _language_info(self) -> None:
+        """Record the ``language_info`` the kernel that runs the notebook gives, as papermill
+        and nbclient do (the notebook's own may name another version, or be missing)."""
+        from jupyter_core.utils import ensure_async
+
+        assert self.client is not None and self.client.kc is not None
+        msg_id = await ensure_async(self.client.kc.kernel_info())
+        reply = await self.client.async_wait_for_reply(msg_id)
+        info = (reply or {}).get("content", {}).get("language_info")
+        if info is not None:
+            self.client.nb.metadata["language_info"] = info
 
     def _save(self) -> None:
-        """Write the notebook as far as it ran to the output, atomically."""
+        """Write the notebook as far as it ran to the output: atomically, and with the umask's
+        mode, as papermill writes it (it is the user's file, not the store's)."""
         import nbformat
 
         assert self.client is not None
         atomic_write(self.spec["output"], nbformat.writes(self.client.nb).encode(),
-                     overwrite=True)
+                     overwrite=True, mode=NOTEBOOK_MODE)
+
+    def _complete(self) -> None:
+        """Save the notebook as it ended: after its last cell, with its end recorded as
+        papermill records it (a cell that raised has recorded it already). A notebook stopped
+        between cells keeps the cells it never ran ``pending``."""
+        assert self.manager is not None
+        if self.manager.end_time is None and self.executed == len(self.code_cells):
+            self.manager.notebook_complete()
+        self._save()
+
+    def _mark_failure(self) -> bool:
+        """Judge the cells' errors as papermill does when its execution ends: a cell that ended
+        with ``SystemExit`` 0 or ``None`` is no failure; any other error is one, and papermill's
+        banners go at the top of the notebook and just above that cell. Whether one failed."""
+        from papermill.exceptions import PapermillExecutionError
+        from papermill.execute import raise_for_execution_errors
+
+        assert self.client is not None
+        try:  # with no output path papermill writes nothing: the banners go into the notebook
+            raise_for_execution_errors(self.client.nb, None)  # (an nbformat 4 one: in place)
+        except PapermillExecutionError:
+            return True
+        return False
 
     # -- the kernel's side (nbbudget.jupyter.kernel_run) ----------------------------------------
     async def _call(self, function: str, *args: str) -> Any:
@@ -226,7 +325,7 @@ class Runner:
         assert reply is not None  # no timeout is set: the reply comes or the kernel died
         value = reply["content"].get("user_expressions", {}).get("value", {})
         if value.get("status") != "ok":
-            raise _End(RunState.FAILED, _error(
+            raise _End(Status.FAILED, _error(
                 "kernel_failed", f"the kernel could not run nbbudget "
                                  f"({value.get('ename')}: {value.get('evalue')}); install "
                                  f"nbbudget where the kernel {self.spec['kernel']!r} runs"))
@@ -234,13 +333,9 @@ class Runner:
 
     async def _begin(self) -> None:
         """nbbudget loaded in the kernel, and the notebook's run that every cell shares."""
-        import json
-
         await self._call("begin", json.dumps(self.spec["limits"]), self.spec["name"])
 
     async def _status(self) -> dict[str, Any]:
-        import json
-
         status: dict[str, Any] = json.loads(await self._call("status"))
         self.consumed = status["consumed"]
         return status
@@ -267,12 +362,12 @@ class Runner:
     def _end_if_asked(self, record: RunRecord, index: int) -> None:
         """``nbbudget cancel`` (stopped), or the wall clock since the first start (cancelled)."""
         if record.cancel:
-            raise _End(RunState.STOPPED, _error(
+            raise _End(Status.STOPPED, _error(
                 "stopped", f"run {self.id} was stopped by nbbudget cancel at cell {index}"),
                 cell=index)
         if record.timeout_ms is not None and \
                 (time.time() - record.created) * 1000 >= record.timeout_ms:
-            raise _End(RunState.CANCELLED, _error(
+            raise _End(Status.CANCELLED, _error(
                 "cancelled", f"run {self.id} was cancelled at cell {index}: its wall-clock "
                              f"limit of {record.timeout_ms} ms, counted from its first start "
                              f"across every continuation, ran out (see: nbbudget explain "
@@ -290,7 +385,7 @@ class Runner:
         await self._call("pause")
         self._save()
         paused_turn = record.turn
-        self.runs.update(self.id, state=RunState.PAUSED.value, paused_turn=paused_turn,
+        self.runs.update(self.id, state=JobState.PAUSED.value, paused_turn=paused_turn,
                          cell=index, executed=self.executed, source=None)
         while record.turn <= paused_turn:
             await asyncio.sleep(POLL_S)
@@ -298,36 +393,48 @@ class Runner:
             self._end_if_asked(record, index)
         self.turn, self.ran_this_turn = record.turn, 0
         await self._call("unpause")
-        self.runs.update(self.id, state=RunState.RUNNING.value)
+        self.runs.update(self.id, state=JobState.RUNNING.value)
 
     # -- one cell -----------------------------------------------------------------------------
-    async def _cell(self, index: int, remaining_ms: float | None) -> None:
+    async def _cell(self, index: int, remaining_ms: float | None) -> bool:
         """Execute cell *index*, interrupting it when asked to stop or when the run's time
-        grant is spent."""
+        grant is spent; its start, end and status recorded as papermill records them. Whether
+        it ended the notebook with ``SystemExit`` 0 or ``None``, which papermill counts a
+        success."""
         from nbclient.exceptions import CellExecutionError, DeadKernelError
 
-        client = self.client
-        assert client is not None
+        client, manager = self.client, self.manager
+        assert client is not None and manager is not None
         cell = client.nb.cells[index]
         self.runs.update(self.id, cell=index, executed=self.executed,
                          source=_first_line(cell.source))
+        manager.cell_start(cell, index)
         task = asyncio.ensure_future(client.async_execute_cell(
             cell, index, execution_count=client.code_cells_executed + 1))
         time_up = None if remaining_ms is None else \
             time.monotonic() + remaining_ms / 1000 + TIME_GRACE_S
         asked = await self._watch(task, index, time_up)
-        self._save()  # the cell's outputs, whatever its end
+        raised: CellExecutionError | DeadKernelError | None = None
         try:
             task.result()
-        except CellExecutionError as exc:
-            raise asked or await self._cell_failure(index, exc) from None
-        except DeadKernelError:
-            raise asked or _End(RunState.FAILED, _error(
-                "kernel_died", f"the kernel died while it ran cell {index}; the notebook as "
-                               f"far as it got is in {self.spec['output']}",
-                cell_index=index)) from None
+        except (CellExecutionError, DeadKernelError) as exc:
+            manager.cell_exception(cell, cell_index=index)
+            raised = exc
+        manager.cell_complete(cell, cell_index=index)
+        if raised is not None:  # the notebook ends at this cell, as papermill's execution does
+            manager.notebook_complete()
+        failed = isinstance(raised, CellExecutionError) and self._mark_failure()
+        self._save()  # the cell's outputs and records, whatever its end
         if asked is not None:
             raise asked
+        if isinstance(raised, DeadKernelError):
+            raise _End(Status.FAILED, _error(
+                "kernel_died", f"the kernel died while it ran cell {index}; the notebook as "
+                               f"far as it got is in {self.spec['output']}",
+                cell_index=index))
+        if failed:
+            raise await self._cell_failure(index, raised)
+        return raised is not None
 
     async def _watch(self, task: asyncio.Future[Any], index: int,
                      time_up: float | None) -> _End | None:
@@ -369,13 +476,13 @@ class Runner:
             return self._budget_stop(error, **where)
         if status["stop"] is not None:  # interrupted as the run's time ran out
             return self._budget_stop(status["stop"], **where)
-        return _End(RunState.FAILED, _error(
+        return _End(Status.FAILED, _error(
             "cell_error", f"cell {index} raised {exc.ename}: {exc.evalue}; the notebook as far "
                           f"as it got is in {self.spec['output']}", **where))
 
     def _budget_stop(self, stop: dict[str, Any], **where: Any) -> _End:
         """The run's budget ended the notebook: the error names the limit (S3-2)."""
-        return _End(RunState.FAILED, _error(stop["code"], stop["message"], **where))
+        return _End(Status.FAILED, _error(stop["code"], stop["message"], **where))
 
 
 def _first_line(source: str) -> str:

@@ -1,4 +1,5 @@
-"""Files written atomically and readable by their owner only."""
+"""Files written atomically: the store's readable by their owner only, a user's own with the
+umask's mode."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from .errors import ConfigError, show
 __all__ = ["atomic_write", "check_target", "file_path", "read_json"]
 
 
-def atomic_write(path: str | os.PathLike[str], data: bytes, *, overwrite: bool = False) -> None:
-    """Write *data* to *path* through a temporary file, fsync and `os.replace`, mode 0600.
+def atomic_write(path: str | os.PathLike[str], data: bytes, *, overwrite: bool = False,
+                 mode: int = 0o600) -> None:
+    """Write *data* to *path* through a temporary file, fsync and `os.replace`, with *mode* less
+    the umask, as ``open()`` makes a file: 0600 (the owner's only) unless told, 0o666 for a
+    file that is the user's own, as any program would write it.
 
     Refuses to replace an existing file unless *overwrite* is true, so nothing is silently
     rewritten. An `OSError` names *path*, never the temporary file beside it.
@@ -23,7 +27,7 @@ def atomic_write(path: str | os.PathLike[str], data: bytes, *, overwrite: bool =
     folder = os.path.dirname(os.path.abspath(target))
     tmp = os.path.join(folder, f".{os.path.basename(target)}.{os.getpid()}.tmp")
     try:
-        _write_replace(tmp, target, data)
+        _write_replace(tmp, target, data, mode)
     except OSError as exc:
         if exc.errno is None:  # no system error to name the file in
             raise
@@ -35,8 +39,8 @@ def atomic_write(path: str | os.PathLike[str], data: bytes, *, overwrite: bool =
         os.close(dir_fd)
 
 
-def _write_replace(tmp: str, target: str, data: bytes) -> None:
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def _write_replace(tmp: str, target: str, data: bytes, mode: int) -> None:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
