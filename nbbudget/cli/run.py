@@ -443,7 +443,9 @@ class Progress:
         else:
             line = (f"nbbudget: cell {min(record.executed + 1, record.cells)} of "
                     f"{record.cells}, {elapsed:.0f} s: {record.source or ''}")
-        width = shutil.get_terminal_size((100, 24)).columns - 1
+        # a terminal that reports 0 columns (a new pty) gets the fallback, on Python 3.10 too
+        columns = shutil.get_terminal_size((100, 24)).columns or 100
+        width = columns - 1
         line = line[:width]
         if line != self.shown:
             self.stream.write("\r\x1b[K" + line)
