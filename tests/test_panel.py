@@ -11,7 +11,8 @@ from IPython.utils.capture import capture_output
 from traitlets.config import Config
 
 import nbbudget as nb
-from nbbudget.jupyter.panel import Panel, summary
+from nbbudget.jupyter.clicks import Route
+from nbbudget.jupyter.panel import STOP_WAITS, Panel, summary
 from nbbudget.testing import FakeClock
 
 pytestmark = pytest.mark.usefixtures("quick_idle_workers", "home")
@@ -199,3 +200,38 @@ def test_S2_3_a_detached_panel_says_when_its_job_finished_without_honouring_a_ca
     assert ": done (finished anyway: the cancel was not honoured)," in first
     assert "stopped" not in first
     assert panel.text.endswith("\nresult: 'finished A'")
+
+
+#: a kernel that would handle a click only after the cell that holds it (ipykernel 6.29)
+CLICKS_WAIT = Route(None, during_cell=False)
+
+
+def test_N_3_where_a_click_waits_for_the_cell_stop_says_to_interrupt_and_pause_is_not_offered():
+    panel = Panel(nb.Limits(steps=10), widgets=True, pausable=True, route=CLICKS_WAIT)
+    view = panel._view
+    assert [(b.description, b.disabled) for b in view.buttons] == [(STOP_WAITS, True)]
+    assert STOP_WAITS == "interrupt the kernel to stop now"
+    with nb.budget(steps=10) as run:
+        panel.attach(run)
+        run.step()
+        _draw(panel, run)
+        assert [(b.description, b.disabled) for b in view.buttons] == [(STOP_WAITS, True)]
+    panel.end_cell()
+    assert view.row.children == (view.status,)  # the run ended with its cell: nothing to stop
+
+
+def test_N_3_where_a_click_waits_for_the_cell_stop_works_once_its_job_goes_on(shell):
+    shell.magics_manager.registry["BudgetMagics"].clicks.route = lambda: CLICKS_WAIT
+    with capture_output():
+        result = shell.run_cell("%%budget --detach --budget 100ms\nimport nbbudget as nb, time\n"
+                                "while True:  # until stopped\n    nb.current().check()\n"
+                                "    time.sleep(0.01)")
+    assert type(result.error_in_exec).__name__ == "Incomplete"
+    panel = shell.magics_manager.registry["BudgetMagics"].last_panel
+    assert [(b.description, b.disabled) for b in panel._view.buttons] == [("Stop", False)]
+    panel._view.stop.click()
+    job = nb.last_response.job
+    assert job.wait_done(5)
+    assert job.state is nb.JobState.CANCELLED
+    panel._thread.join(5)
+    assert not panel._thread.is_alive()

@@ -40,6 +40,7 @@ from .cells import (
     pin_output,
     remove_tee,
 )
+from .clicks import Clicks
 from .panel import Panel, summary
 
 __all__ = ["BudgetMagics", "NBBudget", "load", "unload"]
@@ -201,6 +202,7 @@ class BudgetMagics(Magics):
         self.settings = config
         self.last_panel: Panel | None = None  # the panel of the last cell, if it had one
         self.last_run: Budget | None = None  # the run of the last cell
+        self.clicks = Clicks(shell)  # where the clicks on the panels are handled
         self._lines: dict[tuple[Any, ...], _Line] = {}  # cell lines read, by line and settings
 
     @magic_arguments("%budget")  # IPython adds a % for a cell magic: shown as %%budget
@@ -281,7 +283,7 @@ class BudgetMagics(Magics):
         panel = None
         if self.settings.widget and not args.no_widget:
             panel = Panel(limits, widgets=True, interval_ms=self.settings.update_interval_ms,
-                          pausable=args.resume, shell=self.shell)
+                          pausable=args.resume, shell=self.shell, route=self.clicks.route())
             if not panel.live:
                 panel = None  # no widgets here: one line of text at the end stands in
         self.last_panel = panel

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 from ..agents.budget import Budget
 from ..core.limits import Limits
 from ..core.snapshot import Snapshot
-from .cells import pin_output, pins_all_output
+from .cells import comms_sent_as, pin_output, pins_all_output
+from .clicks import OUTSIDE_A_KERNEL, Route
 
 if TYPE_CHECKING:
     from ..calls.jobs import Job
@@ -39,6 +40,8 @@ _names = itertools.count(1)
 _STYLE = {0: "info", 1: "warning", 2: "danger"}
 _OUTCOME_STYLE = {"completed": "success", "incomplete": "info", "suspended": "info"}
 NOTHING_RAN = "nbbudget: nothing ran"
+#: what Stop says while its cell holds a kernel that would handle the click only after the cell
+STOP_WAITS = "interrupt the kernel to stop now"
 
 
 def summary(snap: Snapshot, state: str | None = None) -> str:
@@ -58,7 +61,8 @@ class Panel:
     draws the state the cell ends in."""
 
     def __init__(self, limits: Limits, *, widgets: bool, interval_ms: int = 100,
-                 pausable: bool = False, shell: Any = None) -> None:
+                 pausable: bool = False, shell: Any = None,
+                 route: Route = OUTSIDE_A_KERNEL) -> None:
         self.limits = limits
         self.interval = max(interval_ms, 100) / 1000  # at most ten redraws a second
         self.shell = shell
@@ -78,10 +82,12 @@ class Panel:
         self._thread: threading.Thread | None = None
         self._handle: Any = None
         self._text = "nbbudget: starting; limits " + (repr(limits) if limits else "none")
+        self._route = route  # where the widgets' clicks are handled (`clicks`)
         self._view: Any = None
         if widgets:
             try:
-                self._view = _View(limits, self, pausable)
+                with comms_sent_as(shell, route.parent):
+                    self._view = _View(limits, self, pausable, clicks_wait=not route.during_cell)
             except Exception:  # no widgets here (or broken): the text stands in
                 self._view = None
 
@@ -186,7 +192,8 @@ class Panel:
         """The widgets only (the live view): *snap* (none: nothing ran) under *text*."""
         if self._view is not None:
             try:
-                self._view.update(snap, text)
+                with comms_sent_as(self.shell, self._route.parent):
+                    self._view.update(snap, text, cell_over=self._cell_over)
             except Exception:  # a widget failure never breaks the cell
                 self._view = None
 
@@ -208,7 +215,9 @@ class Panel:
 class _View:
     """The stock ipywidgets the panel is built from."""
 
-    def __init__(self, limits: Limits, panel: Panel, pausable: bool) -> None:
+    def __init__(self, limits: Limits, panel: Panel, pausable: bool, clicks_wait: bool) -> None:
+        """*clicks_wait*: the kernel handles a click only after the cell: while the cell holds
+        it, Stop says to interrupt the kernel instead, and there is no Pause."""
         import ipywidgets as w
 
         self.bars: dict[str, Any] = {}
@@ -221,20 +230,29 @@ class _View:
             self.bars[kind], self.labels[kind] = bar, label
             rows.append(w.HBox([bar, label]))
         self.status = w.HTML(value="<b>starting</b>")
-        self.stop = w.Button(description="Stop", button_style="danger", icon="stop")
-        self.stop.on_click(lambda _: panel.stop_requested.set())
+        if clicks_wait:  # a click would be handled after the cell: say what stops it now
+            self.stop = w.Button(description=STOP_WAITS, disabled=True, button_style="danger",
+                                 icon="stop", layout=w.Layout(width="auto"))
+        else:
+            self.stop = w.Button(description="Stop", button_style="danger", icon="stop")
+        self.stop.on_click(lambda _: panel.stop_requested.set())  # on any thread: only a flag
+        self.waiting = clicks_wait
         self.buttons = [self.stop]
-        if pausable:
+        if pausable and not clicks_wait:
             self.pause = w.Button(description="Pause", icon="pause")
             self.pause.on_click(lambda _: panel.pause_requested.set())
             self.buttons.append(self.pause)
         self.row = w.HBox([self.status, *self.buttons])
         self.box = w.VBox([*rows, self.row])
 
-    def update(self, snap: Snapshot | None, text: str) -> None:
+    def update(self, snap: Snapshot | None, text: str, *, cell_over: bool) -> None:
         """Show *snap* (none: nothing ran) under the text *text*; an ended run has nothing left
-        to stop or pause, so its buttons go."""
+        to stop or pause, so its buttons go. Once the cell is over, a click reaches the panel
+        on every kernel: Stop stops a run that goes on (a detached job)."""
         with self.box.hold_sync():
+            if cell_over and self.waiting:
+                self.waiting = False
+                self.stop.description, self.stop.disabled = "Stop", False
             if snap is not None:
                 self._bars(snap)
             first, *rest = text.splitlines()
