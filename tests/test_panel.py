@@ -67,7 +67,25 @@ def test_N_3_the_text_summary_names_the_state_and_each_axis():
         clock.advance("2s")
         run.step()
     assert summary(run.snapshot()) == ("nbbudget etl: failed (by timeout), 2.0 s; "
-                                       "run_ms 2000/2000, steps 1/3")
+                                       "time 2.0 s/2.0 s, steps 1/3")
+
+
+def test_N_3_the_panel_shows_time_as_time():
+    clock = FakeClock()
+    panel = Panel(nb.Limits(run_ms=60_000), widgets=True)
+    view = panel._view
+    assert (view.bars["run_ms"].description, view.labels["run_ms"].value) == ("time",
+                                                                              "0 ms / 1 min")
+    with pytest.raises(nb.BudgetCut), nb.budget(time="1m", clock=clock, name="cell") as run:
+        panel.attach(run)
+        clock.advance(6415)
+        _draw(panel, run)
+        assert view.labels["run_ms"].value == "6.4 s / 1 min"
+        clock.advance(60_000 - 6415)  # the whole minute
+        run.check()
+    panel.end_cell()
+    assert view.labels["run_ms"].value == "1 min / 1 min"
+    assert panel.text == "nbbudget cell: failed (by timeout), 60.0 s; time 1 min/1 min"
 
 
 def test_N_3_stop_only_sets_an_event_and_the_updater_stops_the_run():

@@ -7,9 +7,11 @@ click.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import os
+import queue
 import re
 import sys
 import textwrap
@@ -381,3 +383,26 @@ def test_N_3_where_clicks_wait_for_the_cell_stop_says_to_interrupt(kernel):  # n
     _click(kernel, stop, None)
     assert _job_state(kernel, job, "cancelled") == "cancelled"
 
+
+def test_N_2_a_detached_cell_stopped_later_no_longer_offers_its_result(kernel):  # noqa: F811
+    if _ipykernel(kernel) < (7, 1):
+        pytest.skip("before ipykernel 7.1 a cell's display cannot be updated after it ended")
+    msg_id, job, seen = _detach(kernel, "  # stopped after its cell")
+    [stop] = [m["content"]["comm_id"] for m in seen if m["msg_type"] == "comm_open"
+              and m["parent_header"].get("msg_id") == msg_id
+              and m["content"]["data"]["state"].get("description") == "Stop"]
+    _click(kernel, stop, None)
+    deadline = time.monotonic() + 10
+    lines = []
+    while not any("no result" in line for line in lines) and time.monotonic() < deadline:
+        with contextlib.suppress(queue.Empty):
+            msg = kernel.get_iopub_msg(timeout=0.5)
+            if msg["msg_type"] == "update_display_data" and MIME in msg["content"]["data"]:
+                assert msg["content"]["data"][MIME]["data"] == {
+                    "state": "running", "job": job, "next": (
+                        f"make the identical call again to wait for the result "
+                        f"(or nb.jobs[{job!r}].result())")}  # the envelope the call answered
+                lines.append(msg["content"]["data"]["text/plain"])
+    assert lines and lines[-1].startswith("INCOMPLETE (exit 14): running after ")
+    assert lines[-1].endswith(f"; job {job} was then stopped: there is no result to wait for")
+    assert _job_state(kernel, job, "cancelled") == "cancelled"

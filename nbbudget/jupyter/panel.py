@@ -23,9 +23,12 @@ import html
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..agents.budget import Budget
+from ..core.duration import spoken
+from ..core.kinds import KIND_INDEX, KINDS
 from ..core.limits import Limits
 from ..core.snapshot import Snapshot
 from .cells import comms_sent_as, pin_output, pins_all_output
@@ -47,7 +50,8 @@ STOP_WAITS = "interrupt the kernel to stop now"
 def summary(snap: Snapshot, state: str | None = None) -> str:
     """The panel in one line of text (its ``text/plain``); *state* in place of the run's own
     (how an INCOMPLETE cell left it: ``running in the background as job 1a2b-3``)."""
-    axes = ", ".join(f"{a.kind} {_num(a.consumed)}/{_num(a.limit)}" for a in snap.axes)
+    axes = ", ".join(f"{_axis(a.kind)} {_amount(a.kind, a.consumed)}/{_amount(a.kind, a.limit)}"
+                     for a in snap.axes)
     if state is None:  # the snapshot's status is the outcome's, once there is one
         state = snap.status
         if snap.outcome is not None and snap.outcome.by:
@@ -78,6 +82,7 @@ class Panel:
         self._late_from = 0.0  # when a detached job's panel may send again (time.monotonic)
         self._state: str | None = None  # how the cell left a run that is not over
         self._job: Job | None = None
+        self._job_ended: Callable[[Job], None] | None = None
         self._late_sends = shell is None or pins_all_output(shell)
         self._thread: threading.Thread | None = None
         self._handle: Any = None
@@ -146,6 +151,19 @@ class Panel:
             self._show(ran.snapshot() if ran is not None else None, state)
         self._attached.set()
 
+    def when_job_ends(self, then: Callable[[Job], None]) -> None:
+        """Call *then* with the cell's detached job once the panel shows how it ended: on the
+        updater thread, as late output tied to the cell (at once if it has shown it already;
+        never where the kernel cannot tie late output to its cell)."""
+        with self._lock:
+            job = self._job
+            if not self._late_sends or job is None:
+                return
+            if not (self._done.is_set() and job.done()):
+                self._job_ended = then
+                return
+        then(job)
+
     # -- the updater thread -----------------------------------------------------------------------
     def _update_loop(self) -> None:
         self._attached.wait()
@@ -177,6 +195,8 @@ class Panel:
             if self._late_sends:
                 late = _late_result(self._job)  # waits for the job to settle
                 self._show(run.snapshot(), _settled(self._job), late)
+                if self._job_ended is not None and self._job is not None:
+                    self._job_ended(self._job)
             return False
 
     def _obey_buttons(self, run: Budget) -> None:
@@ -224,9 +244,9 @@ class _View:
         self.labels: dict[str, Any] = {}
         rows = []
         for kind, limit in limits.to_dict().items():
-            bar = w.FloatProgress(value=0.0, min=0.0, max=1.0, description=kind,
+            bar = w.FloatProgress(value=0.0, min=0.0, max=1.0, description=_axis(kind),
                                   bar_style="info")
-            label = w.Label(value=f"0 / {_num(limit)}")
+            label = w.Label(value=f"{_amount(kind, 0)} / {_amount(kind, limit)}")
             self.bars[kind], self.labels[kind] = bar, label
             rows.append(w.HBox([bar, label]))
         self.status = w.HTML(value="<b>starting</b>")
@@ -272,7 +292,8 @@ class _View:
             if bar is not None:
                 bar.value = min(1.0, axis.fraction)
                 bar.bar_style = style
-                self.labels[axis.kind].value = f"{_num(axis.consumed)} / {_num(axis.limit)}"
+                self.labels[axis.kind].value = (f"{_amount(axis.kind, axis.consumed)} / "
+                                                f"{_amount(axis.kind, axis.limit)}")
 
     def mimebundle(self) -> dict[str, Any]:
         bundle = self.box._repr_mimebundle_()
@@ -302,5 +323,15 @@ def _late_result(job: Job | None) -> str:
     return f"\nresult: {text if len(text) <= 200 else text[:197] + '...'}"
 
 
-def _num(x: float) -> str:
+def _axis(kind: str) -> str:
+    """An axis as the panel names it: the run's time grant (``run_ms``) by its flag, ``time``;
+    every other by its kind."""
+    row = KINDS[KIND_INDEX[kind]]
+    return row.flag.removeprefix("--") if row.clock else kind
+
+
+def _amount(kind: str, x: float) -> str:
+    """An amount of *kind*: time as a person says it (``6.4 s``, ``1 min``), else the number."""
+    if KINDS[KIND_INDEX[kind]].clock:
+        return spoken(x)
     return f"{x:g}" if isinstance(x, float) else str(x)
