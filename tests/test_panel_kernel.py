@@ -221,9 +221,13 @@ def test_N_2_a_panels_later_updates_are_tied_to_its_own_cell(kernel):  # noqa: F
 
 
 # -- Stop while the cell holds the kernel --------------------------------------------------------
-#: about thirty seconds of steps, unless stopped
-FOREGROUND = """\
-%%budget --steps 300 --time 60s
+#: about thirty seconds of steps, unless stopped: run here, or on a worker while the cell waits
+#: its call budget
+HOLDING = {
+    "a foreground cell": "%%budget --steps 300 --time 60s",
+    "a detached cell in its wait": "%%budget --detach --budget 60s --steps 300",
+}
+STEPS = """
 for tick in range(300):{note}
     nb.current().step()
     time.sleep(0.1)
@@ -294,12 +298,13 @@ def _panel_text(seen: list[dict[str, Any]], msg_id: str) -> str:
     shown = [m["content"]["data"]["text/plain"] for m in seen
              if m["msg_type"] in ("display_data", "update_display_data")
              and m["parent_header"].get("msg_id") == msg_id
-             and m["content"]["data"]["text/plain"].startswith("nbbudget")]
+             and m["content"]["data"]["text/plain"].startswith("nbbudget cell")]
     return shown[-1]
 
 
 @pytest.mark.parametrize("addressed", ["to the front end's subshell", "to no subshell"])
-def test_N_3_stop_2s_into_a_foreground_cell_ends_it_within_1s(kernel, addressed):  # noqa: F811
+@pytest.mark.parametrize("holding", list(HOLDING))
+def test_N_3_stop_2s_into_a_cell_ends_it_within_1s(kernel, holding, addressed):  # noqa: F811
     if "kernel subshells" not in _features(kernel):
         pytest.skip("a kernel without subshells handles the click after the cell (see below)")
     if addressed == "to no subshell" and _ipykernel(kernel) < (7, 4):
@@ -310,8 +315,8 @@ def test_N_3_stop_2s_into_a_foreground_cell_ends_it_within_1s(kernel, addressed)
     run(kernel, "import time")
     seen: list[dict[str, Any]] = []
     started = time.monotonic()
-    msg_id = kernel.execute(FOREGROUND.format(note=f"  # stopped {addressed}"),
-                            allow_stdin=False, stop_on_error=False)
+    source = HOLDING[holding] + STEPS.format(note=f"  # {holding}, stopped {addressed}")
+    msg_id = kernel.execute(source, allow_stdin=False, stop_on_error=False)
     [stop] = [comm for comm, state in _buttons(kernel, msg_id, seen, started + 20).items()
               if state["description"] == "Stop"]
     time.sleep(max(0.0, started + 2 - time.monotonic()))

@@ -87,13 +87,13 @@ class Clicks:
             try:
                 pair.from_socket.send_json({"type": "create"})
                 reply = pair.from_socket.recv_json()
+            except Exception:  # no subshell: the panels say that a click waits for the cell
+                reply = {}
+            with self._lock:
                 if reply.get("status") == "ok":
-                    with self._lock:
-                        self._subshell = str(reply["subshell_id"])
-            finally:
-                with self._lock:
-                    self._making = False
-                made.set()
+                    self._subshell = str(reply["subshell_id"])
+                self._making = False
+            made.set()
 
         with self._lock:
             if self._making:

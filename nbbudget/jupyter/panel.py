@@ -4,8 +4,11 @@ Stop and a Pause button; a text summary where widgets cannot render.
 The core owns the state; the panel is a view. It is displayed once, on the main thread, then only
 its traits change, from one updater thread that reads the run's frozen `Snapshot` at most ten
 times a second and writes every change inside ``hold_sync()``. Workers never touch a widget, and
-the buttons only set events. A widget that fails to build or update never breaks the cell: the
-panel falls back to text.
+the buttons only set events: a click may be handled on a kernel subshell's thread, which is how
+it reaches the run while the cell holds the main thread (`nbbudget.jupyter.clicks`, whose route
+the panel's widget messages are sent by). Where a click would wait for the cell, Stop says to
+interrupt the kernel until then. A widget that fails to build or update never breaks the cell:
+the panel falls back to text.
 
 The state a cell ends in is drawn by the cell itself, on the main thread, before it replies: a
 program that saves the notebook (nbclient, papermill) saves what the envelope beside it says.
