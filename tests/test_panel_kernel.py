@@ -248,7 +248,8 @@ def _features(kc) -> list[str]:
 def _ipykernel(kc) -> tuple[int, int]:
     from test_magic_kernel import run
 
-    major, minor = run(kc, "import ipykernel; print(ipykernel.__version__)").stdout.split(".")[:2]
+    said = run(kc, "import ipykernel; print(ipykernel.__version__)").stdout.splitlines()[-1]
+    major, minor = said.split(".")[:2]  # (the line before it may tell of a job that ended)
     return int(major), int(minor)
 
 
@@ -364,7 +365,7 @@ def _job_state(kc, job: str, wanted: str) -> str:
 
     deadline = time.monotonic() + 10
     while True:
-        state = run(kc, f"print(nb.jobs[{job!r}].state.value)").stdout.strip()
+        state = run(kc, f"print(nb.jobs[{job!r}].state.value)").stdout.splitlines()[-1]
         if state == wanted or time.monotonic() > deadline:
             return state
         time.sleep(0.2)
