@@ -121,7 +121,7 @@ def test_N_4_budget_jobs_reads_well_as_text_and_as_html(kernel):
 
 @pytest.mark.parametrize("seconds, said", [
     (0.0123, "12 ms"), (0.85, "850 ms"), (3.21, "3.2 s"), (42.4, "42 s"), (125, "2 min 5 s"),
-    (3780, "1 h 3 min"), (-0.5, "0 ms"),
+    (60, "1 min"), (3780, "1 h 3 min"), (7200, "2 h"), (-0.5, "0 ms"),
 ])
 def test_a_duration_reads_as_a_person_says_it(seconds, said):
     from nbbudget.core.duration import spoken

@@ -11,7 +11,8 @@ from IPython.utils.capture import capture_output
 from traitlets.config import Config
 
 import nbbudget as nb
-from nbbudget.jupyter.panel import Panel, summary
+from nbbudget.jupyter.clicks import Route
+from nbbudget.jupyter.panel import STOP_WAITS, Panel, summary
 from nbbudget.testing import FakeClock
 
 pytestmark = pytest.mark.usefixtures("quick_idle_workers", "home")
@@ -66,7 +67,25 @@ def test_N_3_the_text_summary_names_the_state_and_each_axis():
         clock.advance("2s")
         run.step()
     assert summary(run.snapshot()) == ("nbbudget etl: failed (by timeout), 2.0 s; "
-                                       "run_ms 2000/2000, steps 1/3")
+                                       "time 2.0 s/2.0 s, steps 1/3")
+
+
+def test_N_3_the_panel_shows_time_as_time():
+    clock = FakeClock()
+    panel = Panel(nb.Limits(run_ms=60_000), widgets=True)
+    view = panel._view
+    assert (view.bars["run_ms"].description, view.labels["run_ms"].value) == ("time",
+                                                                              "0 ms / 1 min")
+    with pytest.raises(nb.BudgetCut), nb.budget(time="1m", clock=clock, name="cell") as run:
+        panel.attach(run)
+        clock.advance(6415)
+        _draw(panel, run)
+        assert view.labels["run_ms"].value == "6.4 s / 1 min"
+        clock.advance(60_000 - 6415)  # the whole minute
+        run.check()
+    panel.end_cell()
+    assert view.labels["run_ms"].value == "1 min / 1 min"
+    assert panel.text == "nbbudget cell: failed (by timeout), 60.0 s; time 1 min/1 min"
 
 
 def test_N_3_stop_only_sets_an_event_and_the_updater_stops_the_run():
@@ -199,3 +218,38 @@ def test_S2_3_a_detached_panel_says_when_its_job_finished_without_honouring_a_ca
     assert ": done (finished anyway: the cancel was not honoured)," in first
     assert "stopped" not in first
     assert panel.text.endswith("\nresult: 'finished A'")
+
+
+#: a kernel that would handle a click only after the cell that holds it (ipykernel 6.29)
+CLICKS_WAIT = Route(None, during_cell=False)
+
+
+def test_N_3_where_a_click_waits_for_the_cell_stop_says_to_interrupt_and_pause_is_not_offered():
+    panel = Panel(nb.Limits(steps=10), widgets=True, pausable=True, route=CLICKS_WAIT)
+    view = panel._view
+    assert [(b.description, b.disabled) for b in view.buttons] == [(STOP_WAITS, True)]
+    assert STOP_WAITS == "interrupt the kernel to stop now"
+    with nb.budget(steps=10) as run:
+        panel.attach(run)
+        run.step()
+        _draw(panel, run)
+        assert [(b.description, b.disabled) for b in view.buttons] == [(STOP_WAITS, True)]
+    panel.end_cell()
+    assert view.row.children == (view.status,)  # the run ended with its cell: nothing to stop
+
+
+def test_N_3_where_a_click_waits_for_the_cell_stop_works_once_its_job_goes_on(shell):
+    shell.magics_manager.registry["BudgetMagics"].clicks.route = lambda: CLICKS_WAIT
+    with capture_output():
+        result = shell.run_cell("%%budget --detach --budget 100ms\nimport nbbudget as nb, time\n"
+                                "while True:  # until stopped\n    nb.current().check()\n"
+                                "    time.sleep(0.01)")
+    assert type(result.error_in_exec).__name__ == "Incomplete"
+    panel = shell.magics_manager.registry["BudgetMagics"].last_panel
+    assert [(b.description, b.disabled) for b in panel._view.buttons] == [("Stop", False)]
+    panel._view.stop.click()
+    job = nb.last_response.job
+    assert job.wait_done(5)
+    assert job.state is nb.JobState.CANCELLED
+    panel._thread.join(5)
+    assert not panel._thread.is_alive()

@@ -7,9 +7,11 @@ click.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import os
+import queue
 import re
 import sys
 import textwrap
@@ -216,3 +218,197 @@ def test_N_2_a_panels_later_updates_are_tied_to_its_own_cell(kernel):  # noqa: F
             f"a {msg['msg_type']} of the panel of request {owner[key]} was sent as part of "
             f"request {parent}: {json.dumps(content)[:300]}")
     assert sent > 0
+
+
+# -- Stop while the cell holds the kernel --------------------------------------------------------
+#: about thirty seconds of steps, unless stopped: run here, or on a worker while the cell waits
+#: its call budget
+HOLDING = {
+    "a foreground cell": "%%budget --steps 300 --time 60s",
+    "a detached cell in its wait": "%%budget --detach --budget 60s --steps 300",
+}
+STEPS = """
+for tick in range(300):{note}
+    nb.current().step()
+    time.sleep(0.1)
+"""
+CLICK = {"method": "custom", "content": {"event": "click"}}  # what ipywidgets sends for a click
+STOP_WAITS = "interrupt the kernel to stop now"
+
+
+def _features(kc) -> list[str]:
+    """What the kernel says it supports (its kernel_info)."""
+    msg_id = kc.kernel_info()
+    while True:
+        reply = kc.get_shell_msg(timeout=30)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return list(reply["content"].get("supported_features") or [])
+
+
+def _ipykernel(kc) -> tuple[int, int]:
+    from test_magic_kernel import run
+
+    said = run(kc, "import ipykernel; print(ipykernel.__version__)").stdout.splitlines()[-1]
+    major, minor = said.split(".")[:2]  # (the line before it may tell of a job that ended)
+    return int(major), int(minor)
+
+
+def _front_end_subshell(kc) -> str:
+    """A subshell made as JupyterLab makes the one it sends widget messages to."""
+    msg = kc.session.msg("create_subshell_request", {})
+    kc.control_channel.send(msg)
+    while True:
+        reply = kc.control_channel.get_msg(timeout=30)
+        if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+            return str(reply["content"]["subshell_id"])
+
+
+def _buttons(kc, msg_id: str, seen: list[dict[str, Any]], until: float) -> dict[str, Any]:
+    """The state of the buttons of the panel of request *msg_id*, by comm id, once its Stop
+    button has been opened; every IOPub message read is kept in *seen*."""
+    buttons: dict[str, Any] = {}
+    while not any(state["description"] in ("Stop", STOP_WAITS) for state in buttons.values()):
+        assert time.monotonic() < until, "the panel showed no Stop button"
+        msg = kc.get_iopub_msg(timeout=30)
+        seen.append(msg)
+        content = msg["content"]
+        if msg["msg_type"] == "comm_open" and msg["parent_header"].get("msg_id") == msg_id \
+                and content["data"]["state"].get("_model_name") == "ButtonModel":
+            buttons[content["comm_id"]] = content["data"]["state"]
+    return buttons
+
+
+def _click(kc, comm_id: str, subshell: str | None) -> None:
+    """Click a button as a front end does: a comm message on the shell channel, addressed to
+    *subshell* (None: to none, as a front end without comms over subshells sends it)."""
+    msg = kc.session.msg("comm_msg", {"comm_id": comm_id, "data": CLICK})
+    if subshell is not None:
+        msg["header"]["subshell_id"] = subshell
+    kc.shell_channel.send(msg)
+
+
+def _reply(kc, msg_id: str, timeout: float) -> dict[str, Any]:
+    while True:
+        reply = kc.get_shell_msg(timeout=timeout)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply
+
+
+def _panel_text(seen: list[dict[str, Any]], msg_id: str) -> str:
+    """The text the panel of request *msg_id* showed last."""
+    shown = [m["content"]["data"]["text/plain"] for m in seen
+             if m["msg_type"] in ("display_data", "update_display_data")
+             and m["parent_header"].get("msg_id") == msg_id
+             and m["content"]["data"]["text/plain"].startswith("nbbudget cell")]
+    return shown[-1]
+
+
+@pytest.mark.parametrize("addressed", ["to the front end's subshell", "to no subshell"])
+@pytest.mark.parametrize("holding", list(HOLDING))
+def test_N_3_stop_2s_into_a_cell_ends_it_within_1s(kernel, holding, addressed):  # noqa: F811
+    if "kernel subshells" not in _features(kernel):
+        pytest.skip("a kernel without subshells handles the click after the cell (see below)")
+    if addressed == "to no subshell" and _ipykernel(kernel) < (7, 4):
+        pytest.skip("before 7.4, ipykernel handles a comm message where the front end sends it")
+    subshell = _front_end_subshell(kernel) if addressed != "to no subshell" else None
+    from test_magic_kernel import run
+
+    run(kernel, "import time")
+    seen: list[dict[str, Any]] = []
+    started = time.monotonic()
+    source = HOLDING[holding] + STEPS.format(note=f"  # {holding}, stopped {addressed}")
+    msg_id = kernel.execute(source, allow_stdin=False, stop_on_error=False)
+    [stop] = [comm for comm, state in _buttons(kernel, msg_id, seen, started + 20).items()
+              if state["description"] == "Stop"]
+    time.sleep(max(0.0, started + 2 - time.monotonic()))
+    _click(kernel, stop, subshell)
+    clicked = time.monotonic()
+    reply = _reply(kernel, msg_id, timeout=40)
+    took = time.monotonic() - clicked
+    assert took < 1.0, f"the cell ended {took:.1f} s after the click"
+    assert (reply["content"]["status"], reply["content"]["ename"]) == ("error", "Cancelled")
+    assert "stopped from the panel" in reply["content"]["evalue"]
+    while not (seen[-1]["msg_type"] == "status" and seen[-1]["parent_header"].get("msg_id")
+               == msg_id and seen[-1]["content"]["execution_state"] == "idle"):
+        seen.append(kernel.get_iopub_msg(timeout=10))
+    assert ": stopped, " in _panel_text(seen, msg_id)
+
+
+#: a detached cell that goes on in the background for about a minute, unless stopped
+DETACHED = """\
+%%budget --detach --budget 500ms --steps 1000
+for tick in range(600):{note}
+    nb.current().step()
+    time.sleep(0.1)
+"""
+
+
+def _detach(kc, note: str) -> tuple[str, str, list[dict[str, Any]]]:
+    """Run DETACHED until it has answered INCOMPLETE and the kernel is idle: its request id,
+    its job and what IOPub carried."""
+    from test_magic_kernel import run
+
+    run(kc, "import time")
+    seen: list[dict[str, Any]] = []
+    msg_id = kc.execute(DETACHED.format(note=note), allow_stdin=False, stop_on_error=False)
+    assert _reply(kc, msg_id, timeout=30)["content"]["ename"] == "Incomplete"
+    while not (seen and seen[-1]["msg_type"] == "status" and seen[-1]["parent_header"].get(
+            "msg_id") == msg_id and seen[-1]["content"]["execution_state"] == "idle"):
+        seen.append(kc.get_iopub_msg(timeout=10))
+    [envelope] = [m["content"]["data"][MIME] for m in seen if m["msg_type"] == "display_data"
+                  and MIME in m["content"]["data"]]
+    return msg_id, envelope["data"]["job"], seen
+
+
+def _job_state(kc, job: str, wanted: str) -> str:
+    from test_magic_kernel import run
+
+    deadline = time.monotonic() + 10
+    while True:
+        state = run(kc, f"print(nb.jobs[{job!r}].state.value)").stdout.splitlines()[-1]
+        if state == wanted or time.monotonic() > deadline:
+            return state
+        time.sleep(0.2)
+
+
+def test_N_3_where_clicks_wait_for_the_cell_stop_says_to_interrupt(kernel):  # noqa: F811
+    if "kernel subshells" in _features(kernel):
+        pytest.skip("a kernel with subshells handles the click during the cell (see above)")
+    msg_id, job, seen = _detach(kernel, "  # on a kernel without subshells")
+    opened = {m["content"]["comm_id"]: m["content"]["data"]["state"] for m in seen
+              if m["msg_type"] == "comm_open" and m["parent_header"].get("msg_id") == msg_id
+              and m["content"]["data"]["state"].get("_model_name") == "ButtonModel"}
+    assert [(s["description"], s["disabled"]) for s in opened.values()] == [(STOP_WAITS, True)]
+    [stop] = opened
+    # once the cell is over a click is handled at once: Stop is Stop again, and stops the job
+    state = dict(opened[stop])
+    for msg in seen:
+        if msg["msg_type"] == "comm_msg" and msg["content"]["comm_id"] == stop:
+            state.update(msg["content"]["data"].get("state", {}))
+    assert (state["description"], state["disabled"]) == ("Stop", False)
+    _click(kernel, stop, None)
+    assert _job_state(kernel, job, "cancelled") == "cancelled"
+
+
+def test_N_2_a_detached_cell_stopped_later_no_longer_offers_its_result(kernel):  # noqa: F811
+    if _ipykernel(kernel) < (7, 1):
+        pytest.skip("before ipykernel 7.1 a cell's display cannot be updated after it ended")
+    msg_id, job, seen = _detach(kernel, "  # stopped after its cell")
+    [stop] = [m["content"]["comm_id"] for m in seen if m["msg_type"] == "comm_open"
+              and m["parent_header"].get("msg_id") == msg_id
+              and m["content"]["data"]["state"].get("description") == "Stop"]
+    _click(kernel, stop, None)
+    deadline = time.monotonic() + 10
+    lines = []
+    while not any("no result" in line for line in lines) and time.monotonic() < deadline:
+        with contextlib.suppress(queue.Empty):
+            msg = kernel.get_iopub_msg(timeout=0.5)
+            if msg["msg_type"] == "update_display_data" and MIME in msg["content"]["data"]:
+                assert msg["content"]["data"][MIME]["data"] == {
+                    "state": "running", "job": job, "next": (
+                        f"make the identical call again to wait for the result "
+                        f"(or nb.jobs[{job!r}].result())")}  # the envelope the call answered
+                lines.append(msg["content"]["data"]["text/plain"])
+    assert lines and lines[-1].startswith("INCOMPLETE (exit 14): running after ")
+    assert lines[-1].endswith(f"; job {job} was then stopped: there is no result to wait for")
+    assert _job_state(kernel, job, "cancelled") == "cancelled"

@@ -90,7 +90,7 @@ def _text_ms(text: str, field: str) -> Decimal:
 
 def spoken(ms: float) -> str:
     """A duration as a person says it: ``850 ms``, ``3.2 s``, ``42 s``, ``2 min 5 s``,
-    ``1 h 3 min`` (for tables and panels, not for parsing back)."""
+    ``1 min``, ``1 h 3 min``, ``2 h`` (for tables and panels, not for parsing back)."""
     seconds = max(0.0, ms / 1000)
     if seconds < 1:
         return f"{seconds * 1000:.0f} ms"
@@ -98,5 +98,6 @@ def spoken(ms: float) -> str:
         return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
     minutes, secs = divmod(round(seconds), 60)
     if minutes < 60:
-        return f"{minutes} min {secs} s"
-    return f"{minutes // 60} h {minutes % 60} min"
+        return f"{minutes} min {secs} s" if secs else f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["CompiledCell", "compile_cell", "pin_output", "pins_all_output"]
+__all__ = ["CompiledCell", "comms_sent_as", "compile_cell", "pin_output", "pins_all_output"]
 
 
 class CompiledCell:
@@ -135,6 +135,23 @@ def _pin(shell: Any, parent: dict[str, Any]) -> list[Callable[[], Any]]:
     if comms is not None:  # what widget messages (comm) are sent as part of
         undo.append(functools.partial(comms.reset, comms.set(parent)))
     return undo
+
+
+@contextlib.contextmanager
+def comms_sent_as(shell: Any, parent: dict[str, Any] | None) -> Iterator[None]:
+    """While the block runs (in this context), widget (comm) messages are sent as part of
+    *parent*; None, or a kernel that cannot tie them (before ipykernel 7.1), changes nothing.
+    The panel sends its widgets' messages so, addressed to the subshell that handles their
+    clicks (`nbbudget.jupyter.clicks`)."""
+    comms = _comm_parent(shell) if parent is not None else None
+    if comms is None:
+        yield
+        return
+    token = comms.set(parent)
+    try:
+        yield
+    finally:
+        comms.reset(token)
 
 
 def _comm_parent(shell: Any) -> contextvars.ContextVar[Any] | None:

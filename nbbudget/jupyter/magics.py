@@ -7,6 +7,7 @@ every piece of state; this layer only reads it and shows it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -40,6 +41,7 @@ from .cells import (
     pin_output,
     remove_tee,
 )
+from .clicks import Clicks
 from .panel import Panel, summary
 
 __all__ = ["BudgetMagics", "NBBudget", "load", "unload"]
@@ -201,6 +203,7 @@ class BudgetMagics(Magics):
         self.settings = config
         self.last_panel: Panel | None = None  # the panel of the last cell, if it had one
         self.last_run: Budget | None = None  # the run of the last cell
+        self.clicks = Clicks(shell)  # where the clicks on the panels are handled
         self._lines: dict[tuple[Any, ...], _Line] = {}  # cell lines read, by line and settings
 
     @magic_arguments("%budget")  # IPython adds a % for a cell magic: shown as %%budget
@@ -281,7 +284,7 @@ class BudgetMagics(Magics):
         panel = None
         if self.settings.widget and not args.no_widget:
             panel = Panel(limits, widgets=True, interval_ms=self.settings.update_interval_ms,
-                          pausable=args.resume, shell=self.shell)
+                          pausable=args.resume, shell=self.shell, route=self.clicks.route())
             if not panel.live:
                 panel = None  # no widgets here: one line of text at the end stands in
         self.last_panel = panel
@@ -342,10 +345,12 @@ class BudgetMagics(Magics):
             panel.end_cell(job=resp.job, state=_incomplete_state(resp))
         elif not (args.detach or args.resume) and resp.job is not None:
             _display_text(summary(resp.job.run.snapshot()))
-        return self._finish(resp, args)
+        return self._finish(resp, args, panel)
 
-    def _finish(self, resp: Response, args: Any) -> Any:
-        """Show the envelope, save the trace, and end the cell as the contract says."""
+    def _finish(self, resp: Response, args: Any, panel: Panel | None) -> Any:
+        """Show the envelope, save the trace, and end the cell as the contract says. The line
+        of a detached cell's envelope says so when its job is stopped later: there is no
+        result left to wait for."""
         import nbbudget
 
         nbbudget.last_response = resp
@@ -353,7 +358,10 @@ class BudgetMagics(Magics):
         if args.trace and job is not None:
             job.run.trace.save(args.trace, overwrite=True)
         if args.detach or args.resume:
-            _display_envelope(resp)
+            shown = _display_envelope(resp)
+            if panel is not None and job is not None and resp.exit_code == EXIT_INCOMPLETE \
+                    and resp.data["state"] == "running":
+                panel.when_job_ends(functools.partial(_envelope_after, shown, resp))
         if resp.ok:
             return resp.data
         if resp.exit_code == EXIT_INCOMPLETE:
@@ -564,10 +572,27 @@ def _display_text(text: str) -> None:
     print(text)
 
 
-def _display_envelope(resp: Response) -> None:
+def _display_envelope(resp: Response) -> Any:
+    """Show the envelope under the cell; its display handle."""
     from IPython.display import display
 
-    display({MIME: json.loads(resp.to_json()), "text/plain": _summary(resp)}, raw=True)
+    return display(_envelope_bundle(resp, _summary(resp)), raw=True, display_id=True)
+
+
+def _envelope_bundle(resp: Response, text: str) -> dict[str, Any]:
+    return {MIME: json.loads(resp.to_json()), "text/plain": text}
+
+
+def _envelope_after(shown: Any, resp: Response, job: Job) -> None:
+    """The envelope of a detached cell once its job has ended: the same envelope, its line
+    saying that a job stopped since (by Stop, ``%budget cancel`` or its wall clock) has no
+    result to wait for; a job that finished keeps the line, which still says how to get it."""
+    ended = job.run.outcome
+    if ended is None or ended.status.value not in ("stopped", "cancelled"):
+        return
+    then = f"job {job.id} was then {ended.status.value}: there is no result to wait for"
+    with contextlib.suppress(Exception):  # the kernel may have gone: no one to show it to
+        shown.update(_envelope_bundle(resp, _summary(resp, then=then)), raw=True)
 
 
 def _incomplete_state(resp: Response) -> str | None:
@@ -579,12 +604,14 @@ def _incomplete_state(resp: Response) -> str | None:
     return f"running in the background as job {resp.data['job']}"
 
 
-def _summary(resp: Response) -> str:
+def _summary(resp: Response, *, then: str | None = None) -> str:
+    """The envelope's line; for INCOMPLETE, *then* in place of the next step (what happened
+    since)."""
     meta = resp.meta
     budget = f", budget {meta['budget_ms']} ms" if "budget_ms" in meta else ""
     if resp.exit_code == EXIT_INCOMPLETE:
         return (f"INCOMPLETE (exit 14): {resp.data['state']} after {meta['duration_ms']} ms"
-                f"{budget}; {resp.data['next']}")
+                f"{budget}; {then or resp.data['next']}")
     state = "done" if resp.ok else f"failed ({(resp.error or {}).get('code')})"
     return f"nbbudget: {state} in {meta['duration_ms']} ms{budget} (exit {resp.exit_code})"
 

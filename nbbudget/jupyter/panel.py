@@ -4,8 +4,11 @@ Stop and a Pause button; a text summary where widgets cannot render.
 The core owns the state; the panel is a view. It is displayed once, on the main thread, then only
 its traits change, from one updater thread that reads the run's frozen `Snapshot` at most ten
 times a second and writes every change inside ``hold_sync()``. Workers never touch a widget, and
-the buttons only set events. A widget that fails to build or update never breaks the cell: the
-panel falls back to text.
+the buttons only set events: a click may be handled on a kernel subshell's thread, which is how
+it reaches the run while the cell holds the main thread (`nbbudget.jupyter.clicks`, whose route
+the panel's widget messages are sent by). Where a click would wait for the cell, Stop says to
+interrupt the kernel until then. A widget that fails to build or update never breaks the cell:
+the panel falls back to text.
 
 The state a cell ends in is drawn by the cell itself, on the main thread, before it replies: a
 program that saves the notebook (nbclient, papermill) saves what the envelope beside it says.
@@ -23,12 +26,16 @@ import html
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..agents.budget import Budget
+from ..core.duration import spoken
+from ..core.kinds import KIND_INDEX, KINDS
 from ..core.limits import Limits
 from ..core.snapshot import Snapshot
-from .cells import pin_output, pins_all_output
+from .cells import comms_sent_as, pin_output, pins_all_output
+from .clicks import OUTSIDE_A_KERNEL, Route
 
 if TYPE_CHECKING:
     from ..calls.jobs import Job
@@ -39,12 +46,15 @@ _names = itertools.count(1)
 _STYLE = {0: "info", 1: "warning", 2: "danger"}
 _OUTCOME_STYLE = {"completed": "success", "incomplete": "info", "suspended": "info"}
 NOTHING_RAN = "nbbudget: nothing ran"
+#: what Stop says while its cell holds a kernel that would handle the click only after the cell
+STOP_WAITS = "interrupt the kernel to stop now"
 
 
 def summary(snap: Snapshot, state: str | None = None) -> str:
     """The panel in one line of text (its ``text/plain``); *state* in place of the run's own
     (how an INCOMPLETE cell left it: ``running in the background as job 1a2b-3``)."""
-    axes = ", ".join(f"{a.kind} {_num(a.consumed)}/{_num(a.limit)}" for a in snap.axes)
+    axes = ", ".join(f"{_axis(a.kind)} {_amount(a.kind, a.consumed)}/{_amount(a.kind, a.limit)}"
+                     for a in snap.axes)
     if state is None:  # the snapshot's status is the outcome's, once there is one
         state = snap.status
         if snap.outcome is not None and snap.outcome.by:
@@ -58,7 +68,8 @@ class Panel:
     draws the state the cell ends in."""
 
     def __init__(self, limits: Limits, *, widgets: bool, interval_ms: int = 100,
-                 pausable: bool = False, shell: Any = None) -> None:
+                 pausable: bool = False, shell: Any = None,
+                 route: Route = OUTSIDE_A_KERNEL) -> None:
         self.limits = limits
         self.interval = max(interval_ms, 100) / 1000  # at most ten redraws a second
         self.shell = shell
@@ -74,14 +85,17 @@ class Panel:
         self._late_from = 0.0  # when a detached job's panel may send again (time.monotonic)
         self._state: str | None = None  # how the cell left a run that is not over
         self._job: Job | None = None
+        self._job_ended: Callable[[Job], None] | None = None
         self._late_sends = shell is None or pins_all_output(shell)
         self._thread: threading.Thread | None = None
         self._handle: Any = None
         self._text = "nbbudget: starting; limits " + (repr(limits) if limits else "none")
+        self._route = route  # where the widgets' clicks are handled (`clicks`)
         self._view: Any = None
         if widgets:
             try:
-                self._view = _View(limits, self, pausable)
+                with comms_sent_as(shell, route.parent):
+                    self._view = _View(limits, self, pausable, clicks_wait=not route.during_cell)
             except Exception:  # no widgets here (or broken): the text stands in
                 self._view = None
 
@@ -140,6 +154,19 @@ class Panel:
             self._show(ran.snapshot() if ran is not None else None, state)
         self._attached.set()
 
+    def when_job_ends(self, then: Callable[[Job], None]) -> None:
+        """Call *then* with the cell's detached job once the panel shows how it ended: on the
+        updater thread, as late output tied to the cell (at once if it has shown it already;
+        never where the kernel cannot tie late output to its cell)."""
+        with self._lock:
+            job = self._job
+            if not self._late_sends or job is None:
+                return
+            if not (self._done.is_set() and job.done()):
+                self._job_ended = then
+                return
+        then(job)
+
     # -- the updater thread -----------------------------------------------------------------------
     def _update_loop(self) -> None:
         self._attached.wait()
@@ -171,6 +198,8 @@ class Panel:
             if self._late_sends:
                 late = _late_result(self._job)  # waits for the job to settle
                 self._show(run.snapshot(), _settled(self._job), late)
+                if self._job_ended is not None and self._job is not None:
+                    self._job_ended(self._job)
             return False
 
     def _obey_buttons(self, run: Budget) -> None:
@@ -186,7 +215,8 @@ class Panel:
         """The widgets only (the live view): *snap* (none: nothing ran) under *text*."""
         if self._view is not None:
             try:
-                self._view.update(snap, text)
+                with comms_sent_as(self.shell, self._route.parent):
+                    self._view.update(snap, text, cell_over=self._cell_over)
             except Exception:  # a widget failure never breaks the cell
                 self._view = None
 
@@ -208,33 +238,44 @@ class Panel:
 class _View:
     """The stock ipywidgets the panel is built from."""
 
-    def __init__(self, limits: Limits, panel: Panel, pausable: bool) -> None:
+    def __init__(self, limits: Limits, panel: Panel, pausable: bool, clicks_wait: bool) -> None:
+        """*clicks_wait*: the kernel handles a click only after the cell: while the cell holds
+        it, Stop says to interrupt the kernel instead, and there is no Pause."""
         import ipywidgets as w
 
         self.bars: dict[str, Any] = {}
         self.labels: dict[str, Any] = {}
         rows = []
         for kind, limit in limits.to_dict().items():
-            bar = w.FloatProgress(value=0.0, min=0.0, max=1.0, description=kind,
+            bar = w.FloatProgress(value=0.0, min=0.0, max=1.0, description=_axis(kind),
                                   bar_style="info")
-            label = w.Label(value=f"0 / {_num(limit)}")
+            label = w.Label(value=f"{_amount(kind, 0)} / {_amount(kind, limit)}")
             self.bars[kind], self.labels[kind] = bar, label
             rows.append(w.HBox([bar, label]))
         self.status = w.HTML(value="<b>starting</b>")
-        self.stop = w.Button(description="Stop", button_style="danger", icon="stop")
-        self.stop.on_click(lambda _: panel.stop_requested.set())
+        if clicks_wait:  # a click would be handled after the cell: say what stops it now
+            self.stop = w.Button(description=STOP_WAITS, disabled=True, button_style="danger",
+                                 icon="stop", layout=w.Layout(width="auto"))
+        else:
+            self.stop = w.Button(description="Stop", button_style="danger", icon="stop")
+        self.stop.on_click(lambda _: panel.stop_requested.set())  # on any thread: only a flag
+        self.waiting = clicks_wait
         self.buttons = [self.stop]
-        if pausable:
+        if pausable and not clicks_wait:
             self.pause = w.Button(description="Pause", icon="pause")
             self.pause.on_click(lambda _: panel.pause_requested.set())
             self.buttons.append(self.pause)
         self.row = w.HBox([self.status, *self.buttons])
         self.box = w.VBox([*rows, self.row])
 
-    def update(self, snap: Snapshot | None, text: str) -> None:
+    def update(self, snap: Snapshot | None, text: str, *, cell_over: bool) -> None:
         """Show *snap* (none: nothing ran) under the text *text*; an ended run has nothing left
-        to stop or pause, so its buttons go."""
+        to stop or pause, so its buttons go. Once the cell is over, a click reaches the panel
+        on every kernel: Stop stops a run that goes on (a detached job)."""
         with self.box.hold_sync():
+            if cell_over and self.waiting:
+                self.waiting = False
+                self.stop.description, self.stop.disabled = "Stop", False
             if snap is not None:
                 self._bars(snap)
             first, *rest = text.splitlines()
@@ -254,7 +295,8 @@ class _View:
             if bar is not None:
                 bar.value = min(1.0, axis.fraction)
                 bar.bar_style = style
-                self.labels[axis.kind].value = f"{_num(axis.consumed)} / {_num(axis.limit)}"
+                self.labels[axis.kind].value = (f"{_amount(axis.kind, axis.consumed)} / "
+                                                f"{_amount(axis.kind, axis.limit)}")
 
     def mimebundle(self) -> dict[str, Any]:
         bundle = self.box._repr_mimebundle_()
@@ -284,5 +326,15 @@ def _late_result(job: Job | None) -> str:
     return f"\nresult: {text if len(text) <= 200 else text[:197] + '...'}"
 
 
-def _num(x: float) -> str:
+def _axis(kind: str) -> str:
+    """An axis as the panel names it: the run's time grant (``run_ms``) by its flag, ``time``;
+    every other by its kind."""
+    row = KINDS[KIND_INDEX[kind]]
+    return row.flag.removeprefix("--") if row.clock else kind
+
+
+def _amount(kind: str, x: float) -> str:
+    """An amount of *kind*: time as a person says it (``6.4 s``, ``1 min``), else the number."""
+    if KINDS[KIND_INDEX[kind]].clock:
+        return spoken(x)
     return f"{x:g}" if isinstance(x, float) else str(x)

@@ -1,6 +1,7 @@
 """The quickstart in JupyterLab, in a real browser: the ``%%budget`` panel renders with its bars
-and, once finished, no button; a detached cell's late output appears under that cell, and Stop
-on the panel of a running background job stops it.
+and, once finished, no button; a detached cell's late output appears under that cell; Stop on
+the panel of a cell that is running stops it at once, and Stop on the panel of a running
+background job stops it.
 
 Run with ``bash scripts/browser.sh``: JupyterLab on 127.0.0.1 (a free port, no token, a
 temporary root, workspace and settings), its kernels started as ``bash scripts/lab.sh`` starts
@@ -56,6 +57,14 @@ for tick in range(600):          # about a minute, unless stopped
     nb.current().step()
     time.sleep(0.1)
 """
+FOREGROUND_CELL = """\
+%%budget --steps 300 --time 60s
+import time
+for tick in range(300):          # thirty seconds, unless stopped
+    nb.current().step()
+    time.sleep(0.1)
+"""
+STOP_RUNS = 3  # the foreground cell is stopped this many times, each 2 s into it
 JOBS_CELL = """\
 import json
 print("jobs:", json.dumps({job.id: job.state.value for job in nb.jobs}))
@@ -127,7 +136,7 @@ def _quickstart_copy(root: Path) -> str:
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    for source in (STOP_CELL, JOBS_CELL):
+    for source in (STOP_CELL, FOREGROUND_CELL, JOBS_CELL):
         nb.cells.append(nbformat.v4.new_code_cell(source, metadata={"tags": [TAG]}))
     nbformat.write(nb, root / QUICKSTART.name)
     return QUICKSTART.name
@@ -318,7 +327,8 @@ def notebook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Notebook]:
         nb.open(f"{lab.url}/lab/tree/{name}", name)
         ready = time.monotonic() - started
         for index, cell in enumerate(nb.cells):
-            if cell["type"] == "code" and not _jobs_cell(cell["source"], cell["tags"]):
+            if cell["type"] == "code" and not _jobs_cell(cell["source"], cell["tags"]) \
+                    and not _foreground_cell(cell["source"], cell["tags"]):
                 nb.run(index)
         print(f"\nJupyterLab and its kernel ready in {ready:.1f} s; the quickstart ran in "
               f"{time.monotonic() - started - ready:.1f} s")
@@ -342,6 +352,10 @@ def notebook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Notebook]:
 
 def _stop_cell(source: str, tags: list[str]) -> bool:
     return TAG in tags and source.startswith("%%budget --detach")
+
+
+def _foreground_cell(source: str, tags: list[str]) -> bool:
+    return TAG in tags and source.startswith("%%budget --steps")
 
 
 def _jobs_cell(source: str, tags: list[str]) -> bool:
@@ -405,7 +419,32 @@ def test_stop_on_the_panel_stops_a_running_background_job(notebook: Notebook) ->
     _wait(lambda: ": stopped" in notebook.status(index), 10, "the panel showing 'stopped'")
     print(f"\nstopped {time.monotonic() - clicked:.1f} s after the click")
     assert _enabled_buttons(outputs) == []
+    _wait(lambda: envelope.filter(has_text="was then stopped: there is no result to wait for")
+          .count() == 1, 5, "the envelope's line saying there is no result to wait for")
     probe = notebook.find(_jobs_cell, "jobs cell")
     notebook.run(probe)
     states = json.loads(notebook.stdout(probe).split("jobs:", 1)[1])
     assert states[job.group(1)] == "cancelled"
+
+
+def test_stop_on_the_panel_ends_a_running_cell_within_a_second(notebook: Notebook) -> None:
+    index = notebook.find(_foreground_cell, "30 s foreground cell")
+    outputs = notebook.outputs(index)
+    latencies = []
+    for _ in range(STOP_RUNS):
+        started = time.monotonic()
+        notebook.page.evaluate(RUN_CELL, index)
+        stop = outputs.locator("button:enabled", has_text="Stop")
+        stop.wait_for(state="visible", timeout=10_000)
+        _wait(lambda: ": running" in notebook.status(index), 10, "the panel showing 'running'")
+        time.sleep(max(0.0, started + 2 - time.monotonic()))
+        clicked = time.monotonic()
+        stop.click()
+        notebook.page.wait_for_function(CELL_DONE, arg=index, timeout=CELL_SECONDS * 1000)
+        latencies.append(time.monotonic() - clicked)
+        assert ": stopped, " in notebook.status(index), notebook.status(index)
+        assert outputs.filter(has_text="Cancelled").count() >= 1  # how a stopped cell ends
+    print(f"\nfrom the click to the cell's end: "
+          f"{', '.join(f'{s * 1000:.0f} ms' for s in latencies)}")
+    notebook.screenshot("lab-stopped.png", index)
+    assert max(latencies) < 1.0, f"a cell ended {max(latencies):.2f} s after its Stop click"
