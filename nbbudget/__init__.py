@@ -13,7 +13,7 @@ from .calls.call import call, checkpoint, resume_state
 from .calls.jobs import Job, JobState
 from .calls.response import Response
 from .calls.runner import jobs
-from .calls.store import CheckpointRefused, StoreDamaged, store
+from .calls.store import CheckpointRefused, StoreBusy, StoreDamaged, store
 from .core.duration import parse_duration
 from .core.errors import (
     BudgetCut,
@@ -78,6 +78,7 @@ __all__ = [
     "RunsPerDayExceeded",
     "Snapshot",
     "Status",
+    "StoreBusy",
     "StoreDamaged",
     "ToolContext",
     "Trace",

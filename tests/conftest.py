@@ -234,11 +234,19 @@ def dask_process_client() -> Iterator[Any]:
         yield client
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--stress", action="store_true",
+                     help="also run the long stress runs (tests marked stress)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test marked ``ledgers(name, ..., reason=...)`` runs only over those ledgers; over the
     others it is skipped, with the reason. One marked ``diverges(name, ..., reason=...)`` shows
-    where those ledgers break a rule: a strict xfail over them, an ordinary test over others."""
+    where those ledgers break a rule: a strict xfail over them, an ordinary test over others.
+    One marked ``stress`` runs only with ``--stress``."""
     for item in items:
+        if item.get_closest_marker("stress") is not None and not config.getoption("--stress"):
+            item.add_marker(pytest.mark.skip(reason="a long stress run: give pytest --stress"))
         callspec = getattr(item, "callspec", None)
         if callspec is None or "ledger" not in callspec.params:
             continue

@@ -43,6 +43,7 @@ PUBLIC = [
     "RunsPerDayExceeded",
     "Snapshot",
     "Status",
+    "StoreBusy",
     "StoreDamaged",
     "ToolContext",
     "Trace",
@@ -115,7 +116,7 @@ def test_every_public_error_is_under_budget_error_or_config_error() -> None:
               if isinstance(obj, type) and issubclass(obj, BaseException)]
     assert sorted(e.__name__ for e in errors) == [
         "BudgetCut", "BudgetError", "BudgetExceeded", "Cancelled", "CheckpointRefused",
-        "ClusterUnanswered", "ConfigError", "RunsPerDayExceeded", "StoreDamaged",
+        "ClusterUnanswered", "ConfigError", "RunsPerDayExceeded", "StoreBusy", "StoreDamaged",
         "WideningError",
     ]
     assert all(issubclass(e, (nb.BudgetError, nb.ConfigError)) for e in errors)

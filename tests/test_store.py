@@ -6,6 +6,7 @@ kernels at once, lost jobs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -23,6 +24,7 @@ from stores import execute, rows
 from traitlets.config import Config
 
 import nbbudget as nb
+from nbbudget.calls import store as store_module
 from nbbudget.calls.call import _identity
 from nbbudget.calls.store import CHECKPOINT_FORMAT, SQLiteStore, home
 from nbbudget.testing import FakeClock
@@ -777,6 +779,158 @@ def test_two_stores_on_one_folder_write_concurrently(folder):
     assert first.load_checkpoint("t1-99").state == {"n": 1, "i": 99}  # written by `second`
     first.close()
     second.close()
+
+
+# -- a store another process holds -----------------------------------------------------------------
+#: another process in the middle of a write: it holds the write lock of the database argv[1]
+#: for argv[2] seconds, then commits (it writes nothing)
+HOLDS_THE_LOCK = textwrap.dedent("""
+    import sqlite3, sys, time
+    db = sqlite3.connect(sys.argv[1], isolation_level=None)
+    db.execute("BEGIN IMMEDIATE")
+    print("locked", flush=True)
+    time.sleep(float(sys.argv[2]))
+    db.execute("COMMIT")
+""")
+
+
+@contextlib.contextmanager
+def held(path, seconds: float):
+    """Another process holds the write lock of the database *path* for *seconds* (ended when
+    the block ends, if it still runs); yields that process."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDS_THE_LOCK, str(path), str(seconds)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        yield holder
+    finally:
+        holder.kill()
+        holder.stdout.close()
+        holder.wait(timeout=30)
+
+
+def holder_named(holder: subprocess.Popen[str]) -> str:
+    """How `nb.StoreBusy` names the process *holder*: its pid and its command line."""
+    command = " ".join(" ".join(holder.args).split())
+    return f"process {holder.pid} ({command[:57]}...)"
+
+
+def busy_message(folder, waited: str, holder: subprocess.Popen[str]) -> str:
+    return (f"the nbbudget store {str(folder / 'nbbudget.db')!r} stayed locked for {waited} by "
+            f"{holder_named(holder)}; nothing was written to it. Make the call again once "
+            f"that process has finished its write, or stop it if it hangs (a store on a "
+            f"network file system is not supported)")
+
+
+def _pauses_at_its_checkpoint() -> str:
+    time.sleep(0.05)  # past the budget of 10 ms
+    nb.checkpoint({"step": nb.resume_state({"step": 0})["step"] + 1})
+    return "finished"
+
+
+def test_a_new_store_opened_while_another_process_writes_it_waits_then_switches_to_wal(folder):
+    """A new store is switched to WAL, which reads the file's header and then writes it; a
+    connection that asks for that write while another process holds the write lock is answered
+    busy at once by SQLite, whatever its busy timeout. The store tries the switch again until
+    the other has finished, and the call is answered as if the store had been free."""
+    folder.mkdir(mode=0o700)
+    (folder / "nbbudget.db").touch(mode=0o600)  # as the first process to open the store makes it
+    with held(folder / "nbbudget.db", seconds=1.0):
+        resp = nb.call(_pauses_at_its_checkpoint, resume=True, key="fresh", budget="10ms")
+    assert (resp.exit_code, resp.data["state"]) == (14, "paused")
+    assert nb.store().load_checkpoint(_identity(None, (), {}, "fresh")).state == {"step": 1}
+    with contextlib.closing(sqlite3.connect(folder / "nbbudget.db")) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_a_call_on_a_store_locked_past_the_busy_timeout_answers_store_busy_and_runs_nothing(
+        folder, monkeypatch):
+    SQLiteStore(folder).close()  # a store this process has not opened since
+    monkeypatch.setattr(store_module, "BUSY_TIMEOUT_S", 0.5)
+    ran: list[int] = []
+    with held(folder / "nbbudget.db", seconds=60) as holder:
+        started = time.monotonic()
+        resp = nb.call(ran.append, 1, resume=True, key="busy", budget="5s")
+        took = time.monotonic() - started
+        assert (resp.ok, resp.exit_code, resp.error["code"]) == (False, 1, "store_busy")
+        assert resp.error["message"] == busy_message(folder, "0.5 s", holder)
+        assert type(resp.refusal) is nb.StoreBusy
+        assert resp.refusal.path == folder / "nbbudget.db"
+        assert resp.refusal.holder == holder_named(holder)
+    assert ran == []
+    assert 0.5 <= took < 0.5 + 3.0
+    assert nb.call(ran.append, 1, resume=True, key="busy", budget="5s").ok  # once it is free
+    assert ran == [1]
+
+
+WRITES = {
+    "checkpoint": lambda s: s.save_checkpoint(IDENTITY, "second", ledger=LEDGER, first_start=0.0,
+                                              label="crunch"),
+    "quota": lambda s: s.take_run(IDENTITY, "2024-06-07", 5),
+    "job record": lambda s: s.record_job("job-1", IDENTITY, "crunch", "done"),
+}
+
+
+@pytest.mark.parametrize("write", WRITES.values(), ids=WRITES.keys())
+def test_a_write_the_store_cannot_make_in_time_raises_store_busy_and_changes_nothing(
+        folder, write):
+    s = SQLiteStore(folder, busy_timeout_s=0.3)
+    s.save_checkpoint(IDENTITY, "first", ledger=LEDGER, first_start=0.0, label="crunch")
+    s.take_run(IDENTITY, "2024-06-07", 5)
+    s.record_job("job-1", IDENTITY, "crunch", "running")
+    before = (rows(s.path), s.runs_on(IDENTITY, "2024-06-07"), s.jobs())
+    with held(s.path, seconds=60) as holder:
+        with pytest.raises(nb.StoreBusy) as info:
+            write(s)
+        assert str(info.value) == busy_message(folder, "0.3 s", holder)
+        assert info.value.code == "store_busy"
+        assert isinstance(info.value, nb.ConfigError)
+        assert (rows(s.path), s.runs_on(IDENTITY, "2024-06-07"), s.jobs()) == before
+    write(s)  # the same connection writes once the lock is let go: nothing was left open
+    assert s.load_checkpoint(IDENTITY).state in ("first", "second")
+    s.close()
+
+
+def test_a_resume_cell_on_a_locked_store_ends_with_store_busy_in_one_line(shell, folder,
+                                                                        monkeypatch):
+    SQLiteStore(folder).close()
+    monkeypatch.setattr(store_module, "BUSY_TIMEOUT_S", 0.3)
+    with held(folder / "nbbudget.db", seconds=60) as holder:
+        result = shell.run_cell("%%budget --resume --budget 1s --no-widget\n"
+                                "ran_here = True\n")
+        error = result.error_in_exec
+        assert type(error) is nb.StoreBusy
+        assert error._render_traceback_() == [f"StoreBusy: {busy_message(folder, '0.3 s', holder)}"]
+    assert nb.last_response.error["code"] == "store_busy"
+    assert "ran_here" not in shell.user_ns
+
+
+#: ``nbbudget`` as its console script runs it, with the store's busy timeout at 0.3 s
+NBBUDGET_BUSY_AFTER_300MS = textwrap.dedent("""
+    import sys
+    import nbbudget.calls.store
+    nbbudget.calls.store.BUSY_TIMEOUT_S = 0.3
+    from nbbudget.cli.main import main
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def test_nbbudget_run_on_a_locked_store_exits_2_naming_it_and_its_holder(folder, tmp_path):
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell("open('ran.txt', 'a').write('ran')")]
+    nbformat.write(notebook, tmp_path / "good.ipynb")
+    SQLiteStore(folder).close()
+    with held(folder / "nbbudget.db", seconds=60) as holder:
+        for args in (["run", "good.ipynb"], ["jobs"]):
+            done = subprocess.run([sys.executable, "-c", NBBUDGET_BUSY_AFTER_300MS, *args],
+                                  cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                                  env=dict(os.environ), check=False)
+            assert (done.returncode, done.stdout) == (2, "")
+            assert done.stderr == f"nbbudget {args[0]}: {busy_message(folder, '0.3 s', holder)}\n"
+    assert not (tmp_path / "ran.txt").exists()
+    assert not list(tmp_path.glob("*.out.ipynb"))
 
 
 # -- lost jobs -------------------------------------------------------------------------------------

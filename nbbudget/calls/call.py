@@ -41,7 +41,7 @@ from .response import (
     meta,
 )
 from .runner import LOCAL, Backend, JobRunner, WallClock, current_backend, remote_call
-from .store import Checkpoint, CheckpointRefused, Store, StoreDamaged
+from .store import Checkpoint, CheckpointRefused, Store, StoreBusy, StoreDamaged
 
 __all__ = ["CALL_SPELLING", "DEFAULT_BUDGET_MS", "ENV_BUDGET", "FLAG_SPELLING", "Spelling", "call",
            "check_interruption", "checkpoint", "current_call", "resume_state"]
@@ -305,7 +305,8 @@ def _run(plan: _Plan, cluster: Any, clock: Clock, t0_ms: float, started: float,
     if job is None:
         try:
             ctx, job = _start(plan, backend, clock, started_wall)
-        except (CheckpointRefused, StoreDamaged, RunsPerDayExceeded) as exc:  # nothing started
+        except (CheckpointRefused, StoreDamaged, StoreBusy,
+                RunsPerDayExceeded) as exc:  # nothing started
             return _respond(plan, started, ok=False, exit_code=EXIT_FAILED, refusal=exc,
                             error={"code": exc.code, "message": str(exc)})
         if ctx is None:  # the wall clock had already run out before this continuation

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ..agents.budget import Deferred
 from ..core.clock import Latch
 from ..core.errors import ConfigError
+from .store import StoreBusy
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -233,7 +234,7 @@ class Job:
                                              self._state.value, self.traceback,
                                              created=self.created, ended=self.ended)
                     return
-                except sqlite3.OperationalError as exc:
+                except (StoreBusy, sqlite3.OperationalError) as exc:  # a full disk may clear
                     if attempt == _RECORD_TRIES - 1:
                         self._unrecorded(exc)
                         return

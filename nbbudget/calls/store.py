@@ -7,8 +7,15 @@ one saved and gone, is refused and left as it was (S4-5); a quota of starts is c
 whatever the threads (S4-12).
 
 The SQLite store is one database file, ``nbbudget.db``, in WAL mode so several kernels of one
-user can share it; each thread has its own connection; every write is a ``BEGIN IMMEDIATE``
-transaction with a busy timeout. Every folder made for it is 0700 and its files are 0600,
+user can share it; each thread has its own connection, whose busy timeout (`BUSY_TIMEOUT_S`) is
+set as it opens, before its first statement; every write is a ``BEGIN IMMEDIATE`` transaction,
+so a write that follows a read in it waits for the lock rather than failing at once. A new
+store is switched to WAL by whichever process gets there first (the others try the switch
+again, as SQLite's busy handler would, until it is done), and a store made by an earlier release
+is brought up to date in the transaction that opens it, so any number of processes may open,
+create or migrate one store at once. A store another connection keeps locked past the busy
+timeout answers `StoreBusy`, naming the file and, where the system tells, the process that
+holds it; nothing is written half. Every folder made for it is 0700 and its files are 0600,
 whatever the umask, and files found wider are narrowed when the store opens. Checkpoints are
 signed with HMAC-SHA256 using a secret made on first use (``secret``, 0600); nothing is
 unpickled before its signature verifies, and a checkpoint that fails a check is refused and
@@ -47,10 +54,14 @@ from typing import Any, Protocol
 
 from ..core.errors import ConfigError
 
-__all__ = ["CHECKPOINT_FORMAT", "KEEP_RUN_DAYS", "Checkpoint", "CheckpointRefused", "SQLiteStore",
-           "Store", "StoreDamaged", "home", "oldest_kept_day", "refuse_unless_last", "store"]
+__all__ = ["BUSY_TIMEOUT_S", "CHECKPOINT_FORMAT", "KEEP_RUN_DAYS", "Checkpoint",
+           "CheckpointRefused", "SQLiteStore", "Store", "StoreBusy", "StoreDamaged", "home",
+           "oldest_kept_day", "refuse_unless_last", "store"]
 
 CHECKPOINT_FORMAT = "nbbudget-ckpt-v1"
+#: how long a statement on the store waits for a lock another connection holds (SQLite's busy
+#: timeout) before the store answers `StoreBusy`, unless the store is made with another
+BUSY_TIMEOUT_S = 10.0
 KEEP_RUN_DAYS = 7  # the runs-per-day counts of older days are dropped
 _PRIVATE_FILES = ("nbbudget.db", "nbbudget.db-wal", "nbbudget.db-shm", "secret")
 _TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
@@ -128,6 +139,28 @@ class StoreDamaged(_Refused):
             f"left as it is. Restore it from a backup, or move the folder {str(path.parent)!r} "
             f"aside to start an empty store (its paused work then starts over), and restart "
             f"the kernel"
+        )
+
+
+class StoreBusy(_Refused):
+    """Another connection kept the store's database locked for longer than its busy timeout (a
+    write that hangs, a process stopped in the middle of one). Nothing was written: what was to
+    be written in that transaction was rolled back. ``path`` names the file, ``holder`` the
+    process that held the lock when the wait ended (`None` when the system does not tell), and
+    ``code`` is ``"store_busy"``."""
+
+    code = "store_busy"
+
+    def __init__(self, path: Path, waited_s: float, holder: str | None) -> None:
+        self.path = path
+        self.waited_s = waited_s
+        self.holder = holder
+        who = holder or "another connection (this system does not say which)"
+        super().__init__(
+            f"the nbbudget store {str(path)!r} stayed locked for {waited_s:g} s by {who}; "
+            f"nothing was written to it. Make the call again once that process has finished "
+            f"its write, or stop it if it hangs (a store on a network file system is not "
+            f"supported)"
         )
 
 
@@ -242,11 +275,14 @@ def store() -> SQLiteStore:
 
 class SQLiteStore:
     """The local `Store`: job records and signed checkpoints in one SQLite file under *folder*
-    (the module's docstring says how it keeps them)."""
+    (the module's docstring says how it keeps them). A statement waits at most
+    *busy_timeout_s* (default `BUSY_TIMEOUT_S`) for a lock another connection holds."""
 
-    def __init__(self, folder: str | os.PathLike[str]) -> None:
+    def __init__(self, folder: str | os.PathLike[str], *,
+                 busy_timeout_s: float | None = None) -> None:
         self.folder = Path(folder)
         self.path = self.folder / "nbbudget.db"
+        self.busy_timeout_s = BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
         self._local = threading.local()
         self._make_folder()
         try:
@@ -279,7 +315,8 @@ class SQLiteStore:
         """The secret is made once the database holds the store's tables, so beside a secret a
         database that is missing, empty or without them has lost what it held."""
         self._check_file()
-        with self._damage_named(), closing(sqlite3.connect(self.path, timeout=10.0)) as db:
+        with self._errors_named(), closing(sqlite3.connect(self.path,
+                                                           timeout=self.busy_timeout_s)) as db:
             tables = {name for (name,) in db.execute(_TABLES)}
         if "checkpoints" not in tables:
             raise StoreDamaged(self.path, "it has none of the store's tables, though the secret "
@@ -321,11 +358,13 @@ class SQLiteStore:
 
     # -- connections ------------------------------------------------------------------------------
     def _db(self) -> sqlite3.Connection:
+        """This thread's connection, made on first use: its busy timeout is set as it opens,
+        before its first statement, then the database is put in WAL mode (`_switch_to_wal`)."""
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
         if db is None:
-            db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
+            db = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
             try:
-                db.execute("PRAGMA journal_mode=WAL")
+                _switch_to_wal(db, self.busy_timeout_s)
                 db.execute("PRAGMA synchronous=FULL")
             except BaseException:
                 db.close()
@@ -346,24 +385,31 @@ class SQLiteStore:
 
     @contextmanager
     def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
-        with self._damage_named():
+        """A transaction on this thread's connection: all of it is written, or none (an error
+        in it, or a COMMIT that failed, rolls it back)."""
+        with self._errors_named():
             db = self._db()
             db.execute(begin)
             try:
                 yield db
+                db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
-            db.execute("COMMIT")
 
     @contextmanager
-    def _damage_named(self) -> Iterator[None]:
-        """SQLite's word that the file is damaged becomes `StoreDamaged`, naming it: corrupt and
-        not-a-database errors are exactly `sqlite3.DatabaseError` (a locked or busy store, a
-        full disk are `sqlite3.OperationalError`, and pass as they are)."""
+    def _errors_named(self) -> Iterator[None]:
+        """SQLite's errors about the file become the store's, naming it: its word that the file
+        is damaged (corrupt, not a database: exactly `sqlite3.DatabaseError`) `StoreDamaged`;
+        a lock held by another connection past the busy timeout `StoreBusy`, with who holds it.
+        Others (a full disk, a folder made read-only) pass as they are."""
         try:
             yield
+        except sqlite3.OperationalError as exc:
+            if not _busy(exc):
+                raise
+            raise StoreBusy(self.path, self.busy_timeout_s, _holder(self.path)) from None
         except sqlite3.DatabaseError as exc:
             if type(exc) is not sqlite3.DatabaseError:
                 raise
@@ -382,12 +428,14 @@ class SQLiteStore:
 
     def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
         """A write transaction (``BEGIN IMMEDIATE``, rolled back on an exception) on this
-        thread's connection, for modules that keep a table of their own in the store."""
+        thread's connection, for modules that keep a table of their own in the store
+        (`nbbudget.cli.run_store`); SQLite's errors are the store's (`StoreBusy`...)."""
         return self._write()
 
-    def connection(self) -> sqlite3.Connection:
-        """This thread's connection to the store's database, for reads."""
-        return self._db()
+    def read_transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        """Reads that see one moment of the store, on this thread's connection, for the same
+        modules as `transaction`."""
+        return self._read()
 
     def close(self) -> None:
         """Close this thread's connection."""
@@ -629,6 +677,84 @@ def _seed_sequences(db: sqlite3.Connection) -> None:
         with suppress(ValueError, KeyError, TypeError):
             db.execute("INSERT INTO sequences VALUES (?, ?, 1)",
                        (identity, int(json.loads(header)["seq"])))
+
+
+def _switch_to_wal(db: sqlite3.Connection, timeout_s: float) -> None:
+    """Put the database of *db* in WAL mode, which the file then keeps. The switch reads the
+    file's header and then writes it; two connections switching a new store at once would
+    each hold the read while asking for the write, and SQLite answers one of them busy at
+    once, without its busy timeout (that wait could never end). Once the other has switched
+    there is nothing left to write, so the switch is tried again, after the pauses SQLite's own
+    busy handler makes, for at most *timeout_s*."""
+    deadline = time.monotonic() + timeout_s
+    tries = 0
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            pause = _PAUSES_S[min(tries, len(_PAUSES_S) - 1)]
+            if not _busy(exc) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        tries += 1
+
+
+#: the pauses between tries of SQLite's busy handler (sqliteDefaultBusyCallback), in seconds
+_PAUSES_S = (0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.025, 0.025, 0.05, 0.05, 0.1)
+_SQLITE_BUSY = 5  # SQLite's primary result code for a lock another connection holds
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    """Whether SQLite answered *exc* because another connection holds a lock (``SQLITE_BUSY``,
+    or one of its extended codes); Python before 3.11 gives only its message."""
+    code: int | None = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF == _SQLITE_BUSY
+    return str(exc) == "database is locked"
+
+
+def _holder(db_path: Path) -> str | None:
+    """The processes that hold a write lock on the database *db_path* (on its WAL index, the
+    ``-shm`` file, where a writer takes its lock, or on the file itself), as ``process 4242
+    (python train.py)``, read from Linux's ``/proc/locks`` (nothing is opened or locked: a
+    file descriptor of the database closed here would drop this process's own SQLite locks);
+    `None` where it cannot be told (another system, a process in another PID namespace, a lock
+    let go since)."""
+    files = set()
+    for name in (db_path, db_path.with_name(db_path.name + "-shm")):
+        with suppress(OSError):
+            st = os.stat(name)
+            files.add(f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}")
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as table:
+            lines = table.read().splitlines()
+    except OSError:
+        return None
+    pids: list[int] = []
+    for line in lines:  # "1: POSIX  ADVISORY  WRITE 4242 fe:00:2163371 120 120"; waiters "->"
+        fields = line.split()
+        if (len(fields) >= 8 and fields[1] != "->" and fields[3] == "WRITE"
+                and fields[5] in files and fields[4].isdigit()):
+            pid = int(fields[4])
+            if pid > 0 and pid not in pids:
+                pids.append(pid)
+    return ", ".join(map(_process_named, pids)) or None
+
+
+def _process_named(pid: int) -> str:
+    """``process 4242 (python train.py)``: its pid and, where ``/proc`` tells, its command (on
+    one line, at most 60 characters)."""
+    if pid == os.getpid():
+        return f"this process (pid {pid}, another of its threads)"
+    try:
+        command = " ".join(Path(f"/proc/{pid}/cmdline").read_bytes().decode(
+            errors="replace").replace("\0", " ").split())
+    except OSError:
+        command = ""
+    if len(command) > 60:
+        command = command[:57] + "..."
+    return f"process {pid} ({command})" if command else f"process {pid}"
 
 
 def _make_private_folders(folder: Path) -> None:

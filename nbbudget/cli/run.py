@@ -56,10 +56,10 @@ examples:
   nbbudget run agent.ipynb --run-limits-json '{"max_steps": 100}' --manifest limits.json
   nbbudget run slow.ipynb --budget 0                 # wait for the end, however long
 
-exit codes: 0 done, 14 INCOMPLETE (run the same command again), 2 bad usage (nothing ran),
-1 failed (error.code: cell_error, a limit's code such as StepBudgetExceeded, kernel_died,
-kernel_failed, lost, RunsPerDayExceeded), 124 cancelled by --timeout, 130 stopped by
-nbbudget cancel or Ctrl-C."""
+exit codes: 0 done, 14 INCOMPLETE (run the same command again), 2 bad usage, or a store
+damaged or locked past 10 s (nothing ran), 1 failed (error.code: cell_error, a limit's code
+such as StepBudgetExceeded, kernel_died, kernel_failed, lost, RunsPerDayExceeded), 124
+cancelled by --timeout, 130 stopped by nbbudget cancel or Ctrl-C."""
 
 
 # -- the parsers ------------------------------------------------------------------------------
@@ -306,12 +306,12 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         checked = plan(args)
         runs = Runs(store())
-    except ConfigError as exc:  # bad input or settings, a damaged store: nothing runs
+        budget_end = None if not checked.budget_ms else (
+            time.time() + checked.budget_ms / 1000 - (time.monotonic() - started))
+        claim = runs.claim(checked.identity, checked.spec, budget_end, checked.timeout_ms)
+    except ConfigError as exc:  # bad input or settings, a damaged or locked store: nothing runs
         print(f"nbbudget run: {exc}", file=sys.stderr)
         return 2
-    budget_end = None if not checked.budget_ms else time.time() + checked.budget_ms / 1000 - (
-        time.monotonic() - started)
-    claim = runs.claim(checked.identity, checked.spec, budget_end, checked.timeout_ms)
     if claim.new:
         _start(runs, claim.record, checked)
     progress = Progress(sys.stderr) if _tty(sys.stderr) else None

@@ -145,7 +145,10 @@ class Runs:
 
     def _select(self, where: str, params: tuple[Any, ...],
                 db: sqlite3.Connection | None = None) -> list[RunRecord]:
-        db = db if db is not None else self.store.connection()
+        """The runs *where* says, read in the transaction of *db*, else in one of their own."""
+        if db is None:
+            with self.store.read_transaction() as db:
+                return self._select(where, params, db)
         cursor = db.execute(f"SELECT * FROM notebook_runs WHERE {where}", params)
         names = [d[0] for d in cursor.description]
         return [RunRecord.from_row(dict(zip(names, row, strict=True)))

@@ -15,7 +15,9 @@ cancelled   wall-clock   Cancelled   Cancelled  cancelled         cancelled  124
 
 A suspended run's own ``with`` block ends quietly (S3-1); a call's run has no windows and never
 suspends. A failed run's outcome code is its limit's (``StepBudgetExceeded``) or its error's
-class name, and its envelope's code is `envelope_code` of the error it ended with. A person's
+class name, and its envelope's code is `envelope_code` of the error it ended with; a call
+refused before its work started is ``failed`` too, exit 1, with the code of what refused it
+(``checkpoint_refused``, ``store_damaged``, ``store_busy``, ``RunsPerDayExceeded``). A person's
 cancel is only *requested* when it is recorded (the work observes it at its next check,
 ``cancel_observed``); the wall clock cancels a call at once (S4-7). The exit codes follow the
 shell: 124 as with ``timeout(1)``, 130 as with Ctrl-C, and 14 for INCOMPLETE (S0-12).
@@ -99,7 +101,7 @@ def outcome_of(exc: BaseException, output: Any = None) -> Outcome:
 def envelope_code(error: BaseException) -> str:
     """A failed call's ``error.code`` for the error its work ended with: a cut names what cut it
     (``budget_cut_timeout``), nbbudget's other errors carry their code (``StepBudgetExceeded``,
-    ``store_damaged``...), anything else is its class name."""
+    ``store_damaged``, ``store_busy``...), anything else is its class name."""
     if isinstance(error, BudgetCut):
         return f"budget_cut_{error.by}".replace("-", "_")
     code = getattr(error, "code", None) if isinstance(error, (BudgetError, ConfigError)) else None

@@ -1,6 +1,6 @@
 """The exceptions nbbudget raises.
 
-Every error keeps its data as attributes and builds its message from them (the two store
+Every error keeps its data as attributes and builds its message from them (the three store
 errors live with the store, in `nbbudget.calls.store`)::
 
     Exception
@@ -15,6 +15,7 @@ errors live with the store, in `nbbudget.calls.store`)::
                +-- WideningError     a later source tried to widen a limit (S4-2)
                +-- CheckpointRefused a stored checkpoint failed a check (S4-5)
                +-- StoreDamaged      the store's database is damaged or lost what it held
+               +-- StoreBusy         another connection kept the store locked too long
 
 Code inside a run that catches ``Exception`` does not swallow a stop: the run unwinds with an
 internal signal derived from ``BaseException`` and turns it into one of the errors above when it
