@@ -12,6 +12,7 @@ import functools
 import hashlib
 import os
 import pickle
+import shlex
 import threading
 import time
 from collections.abc import Callable
@@ -567,15 +568,10 @@ def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
     loaded = manifest if isinstance(manifest, Manifest) or manifest is None else Manifest.load(
         manifest)
     budget_ms = resolve_budget(budget, declares=detach or resume)
-    timeout_ms = None if timeout is None else _positive(timeout, "timeout")
+    timeout_ms = None if timeout is None else _positive(timeout, "timeout", CALL_SPELLING)
     if loaded is not None:
         budget_ms, timeout_ms = _turn_ceiling(loaded, detach or resume, budget_ms, timeout_ms)
-    if key is not None and (not isinstance(key, str) or not key):
-        raise ConfigError(f"key={key!r}: use a non-empty string that names the work")
-    if runs_per_day is not None and (isinstance(runs_per_day, bool) or not isinstance(
-            runs_per_day, int) or not 0 < runs_per_day <= 1_000_000):
-        raise ConfigError(f"runs_per_day={runs_per_day!r}: use a whole number from 1 to "
-                          f"1000000, or None for no quota")
+    _check_key_and_quota(key, runs_per_day, CALL_SPELLING)
     return _Plan(
         (fn, args, kwargs, key), _label(fn, key),
         detach, resume, budget_ms, timeout_ms,
@@ -613,12 +609,28 @@ class Spelling(NamedTuple):
     resume: str
     budget: str  #: the budget with its value, a format string
     budget_flag: str  #: the budget alone, to drop it
+    flags: bool = False  #: written as a command line's flags (``--timeout 5s``)
+
+    def field(self, name: str) -> str:
+        """The option *name* as the caller writes it: ``timeout``, or ``--timeout``."""
+        return "--" + name.replace("_", "-") if self.flags else name
+
+    def given(self, name: str, value: object) -> str:
+        """The option *name* given *value*: ``timeout=0``, or ``--timeout 0``."""
+        if self.flags:
+            return f"{self.field(name)} {shlex.quote(str(value))}"
+        return f"{name}={value!r}"
+
+    def unset(self, name: str) -> str:
+        """How the caller asks for none of the option *name*: ``use None``, or ``leave
+        --timeout out``."""
+        return f"leave {self.field(name)} out" if self.flags else "use None"
 
 
 #: `nb.call`'s keywords
 CALL_SPELLING = Spelling("detach=True", "resume=True", "budget={!r}", "budget=")
 #: ``%%budget``'s and ``nbbudget run``'s flags
-FLAG_SPELLING = Spelling("--detach", "--resume", "--budget {}", "--budget")
+FLAG_SPELLING = Spelling("--detach", "--resume", "--budget {}", "--budget", flags=True)
 
 
 def check_interruption(detach: object, resume: object, budget: object, *,
@@ -640,6 +652,28 @@ def check_interruption(detach: object, resume: object, budget: object, *,
             f"{spelling.budget.format(budget)} needs {spelling.detach} or {spelling.resume}: "
             f"only a call that can detach or pause can return before its work ends; drop "
             f"{spelling.budget_flag} or declare one of them (see: nbbudget explain S0-10)")
+
+
+def check_options(budget: object, timeout: object, key: object, runs_per_day: object, *,
+                  spelling: Spelling = CALL_SPELLING) -> None:
+    """A call's budget, wall-clock limit, key and quota of runs per day, checked as `call`
+    checks them, for ``%%budget``, which checks its flags before its cell runs: a
+    `ConfigError` names them as *spelling* writes them."""
+    if budget is not None:
+        parse_duration(budget, field=spelling.field("budget"))
+    if timeout is not None:
+        _positive(timeout, "timeout", spelling)  # type: ignore[arg-type]  # checked there
+    _check_key_and_quota(key, runs_per_day, spelling)
+
+
+def _check_key_and_quota(key: object, runs_per_day: object, spelling: Spelling) -> None:
+    if key is not None and (not isinstance(key, str) or not key):
+        raise ConfigError(f"{spelling.given('key', key)}: use a non-empty string that names the "
+                          f"work")
+    if runs_per_day is not None and (isinstance(runs_per_day, bool) or not isinstance(
+            runs_per_day, int) or not 0 < runs_per_day <= 1_000_000):
+        raise ConfigError(f"{spelling.given('runs_per_day', runs_per_day)}: use a whole number "
+                          f"from 1 to 1000000; {spelling.unset('runs_per_day')} for no quota")
 
 
 def resolve_budget(budget: int | str | None, *, declares: bool,
@@ -682,10 +716,11 @@ def set_default_cluster(provider: Callable[[], Any] | None) -> None:
     _default_cluster = provider
 
 
-def _positive(value: int | str, field: str) -> int:
-    ms = parse_duration(value, field=field)
+def _positive(value: int | str, field: str, spelling: Spelling) -> int:
+    ms = parse_duration(value, field=spelling.field(field))
     if ms == 0:
-        raise ConfigError(f"{field}=0 would cancel the work at once; use None for no limit")
+        raise ConfigError(f"{spelling.given(field, 0)} would cancel the work at once; "
+                          f"{spelling.unset(field)} for no limit")
     return ms
 
 
