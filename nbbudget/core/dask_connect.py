@@ -16,6 +16,7 @@ as for any ``Client``.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import threading
 import time
@@ -184,6 +185,15 @@ def when_connected(address: str, run: Callable[[Client | None, BaseException | N
     return True
 
 
+def _forget_after_fork() -> None:
+    """A child made by fork has none of its parent's threads: nothing of theirs to wait for."""
+    _held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def _wait_at_exit_once() -> None:
     """Make this process wait at exit for what was handed to connections (`_wait_at_exit`).
     The wait is registered where ``concurrent.futures`` and anyio finish their threads' work,
@@ -200,9 +210,11 @@ def _wait_at_exit_once() -> None:
     if register is None:  # an interpreter without it: wait in atexit, which may come too late
         import atexit
 
-        atexit.register(_wait_at_exit)
-    else:
+        register = atexit.register
+    try:
         register(_wait_at_exit)
+    except RuntimeError:  # the interpreter is exiting already: it waits for nothing more
+        return
     _exit_wait = True
 
 
