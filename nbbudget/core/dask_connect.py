@@ -138,11 +138,13 @@ def _reachable(address: str) -> None:
     ``distributed.Client`` whose start failed is left closed with its loop running)."""
     import asyncio
 
-    from distributed.comm import connect
+    from distributed.comm.core import connect
     from distributed.security import Security
 
     async def probe() -> None:
-        comm = await connect(address, **Security().get_connection_args("client"))
+        security = Security()  # type: ignore[no-untyped-call]  # distributed is untyped
+        args = security.get_connection_args("client")  # type: ignore[no-untyped-call]
+        comm = await connect(address, **args)  # type: ignore[no-untyped-call]
         await comm.close()
 
     asyncio.run(probe())

@@ -81,8 +81,9 @@ class Limits:
     @classmethod
     def from_json(cls, source: str | bytes | Mapping[str, Any]) -> Limits:
         """Limits from a JSON text or a mapping; keys are field names, bare or with ``max_``."""
-        written = isinstance(source, (str, bytes))
-        return _from_json(_limits_json(source) if written else source, source, json=written)
+        if isinstance(source, (str, bytes)):
+            return _from_json(_limits_json(source), source, json=True)
+        return _from_json(source, source, json=False)
 
     @classmethod
     def from_manifest(cls, path: str | os.PathLike[str]) -> Limits:
