@@ -662,7 +662,7 @@ def check_options(budget: object, timeout: object, key: object, runs_per_day: ob
     if budget is not None:
         parse_duration(budget, field=spelling.field("budget"))
     if timeout is not None:
-        _positive(timeout, "timeout", spelling)  # type: ignore[arg-type]  # checked there
+        _positive(timeout, "timeout", spelling)
     _check_key_and_quota(key, runs_per_day, spelling)
 
 
@@ -716,7 +716,7 @@ def set_default_cluster(provider: Callable[[], Any] | None) -> None:
     _default_cluster = provider
 
 
-def _positive(value: int | str, field: str, spelling: Spelling) -> int:
+def _positive(value: object, field: str, spelling: Spelling) -> int:
     ms = parse_duration(value, field=spelling.field(field))
     if ms == 0:
         raise ConfigError(f"{spelling.given(field, 0)} would cancel the work at once; "
@@ -929,7 +929,8 @@ def _settle_cancelled(job: Job, exc: Cancelled, returned: bool, value: Any) -> N
 
 
 # -- waiting and answering -----------------------------------------------------------------------
-def _await(job: Job, plan: _Plan | _Direct, runner: JobRunner, clock: Clock, t0_ms: float) -> None:
+def _await(job: Job, plan: _Plan | _Direct, runner: JobRunner, clock: Clock,
+           t0_ms: float) -> None:
     """Hold the caller until the work ends, or its budget runs out (then a detached call
     returns, and a resumable one waits for the pause at the next checkpoint), or the wall clock
     cancels it. The wait itself is the budget's timer: no thread is woken to end it."""
