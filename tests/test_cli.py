@@ -108,7 +108,9 @@ def test_help_describes_the_command_and_lists_inspect() -> None:
     assert (result.returncode, result.stderr) == (0, "")
     text = one_line(result.stdout)
     assert text.startswith("usage: nbbudget ")
-    assert "Budgets for Jupyter: inspect what a budgeted run consumed and refused." in text
+    assert ("Budgets for Jupyter: run a notebook under a call budget, list and stop the runs "
+            "that went on in the background, summarise a saved trace, and explain a rule of the "
+            "model.") in text
     assert "inspect summarise a saved trace: budget checks, consumptions and refusals by kind" in (
         text
     )
@@ -211,3 +213,36 @@ def test_help_lists_explain() -> None:
     text = one_line(nbbudget_cli("--help").stdout)
     assert "explain explain a rule that a message cites, with an example that runs as written" in (
         text)
+
+
+# -- a reader that goes away -----------------------------------------------------------------------
+@pytest.mark.parametrize("args", [["jobs"], ["explain", "s0-10"], ["explain"]],
+                         ids=" ".join)
+def test_a_reader_that_went_away_ends_the_command_quietly_with_1(
+        args: list[str], tmp_path: Path) -> None:
+    """As ``nbbudget jobs | head -5`` once ``head`` has read its lines: standard output is a
+    pipe whose reader is gone, so every write fails with EPIPE. The command ends as Python's
+    documentation says to (its note on SIGPIPE): no traceback, exit code 1."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the command writes anything
+    try:
+        done = subprocess.run([str(Path(sys.executable).with_name("nbbudget")), *args],
+                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=60,
+                              env={**os.environ, "NBBUDGET_HOME": str(tmp_path / "home")},
+                              check=False)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (1, "")
+
+
+def test_a_pipe_into_head_shows_the_first_lines_and_nothing_else(tmp_path: Path) -> None:
+    import os
+
+    script = Path(sys.executable).with_name("nbbudget")
+    done = subprocess.run(["sh", "-c", f"'{script}' explain s0-10 | head -3"],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "NBBUDGET_HOME": str(tmp_path / "home")})
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines()[0].startswith("S0-10: ")

@@ -452,10 +452,10 @@ import nbbudget as nb
 import jobwork
 
 address, marker, budget = sys.argv[1:4]
-while True:  # a first connection that outlasts the budget goes on, nothing run (S0-1)
+while True:  # a first connection that outlasts the budget answers starting (S0-1)
     started = time.monotonic()
     response = nb.call(jobwork.work, marker, 2.0, detach=True, budget=budget, cluster=address)
-    if (response.error or {}).get("code") != "cluster_unanswered":
+    if not isinstance(response.data, dict) or response.data.get("state") != "starting":
         break
 job = response.job
 print(json.dumps({"exit_code": response.exit_code, "data": response.data,
@@ -531,11 +531,11 @@ import nbbudget as nb
 import timedwork
 
 address, counter = sys.argv[1:3]
-while True:  # a first connection that outlasts the budget goes on, nothing run (S0-1)
+while True:  # a first connection that outlasts the budget answers starting (S0-1)
     response = nb.call(timedwork.counted, counter, 2_000, detach=True, budget="200ms",
                        timeout="1500ms", key="job-t", limits=nb.Limits(steps=10_000),
                        cluster=address)
-    if (response.error or {}).get("code") != "cluster_unanswered":
+    if response.data.get("state") != "starting":
         break
 print(json.dumps({"exit_code": response.exit_code, "data": response.data}), flush=True)
 os._exit(0)  # the kernel dies at once: its own timer goes with it

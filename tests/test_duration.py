@@ -85,10 +85,17 @@ def test_a_value_that_is_neither_an_int_nor_a_str_is_refused(value: object) -> N
 
 
 @pytest.mark.parametrize(
-    "value", ["5 sec", "", "   ", "5sec", "five", "1e3", "-5", "+5", ".5s", "1.s", "5d", "1h30m"]
+    "value", ["5 sec", "", "   ", "5sec", "five", "1e3", "- 5", "+5", ".5s", "1.s", "5d", "1h30m"]
 )
 def test_a_string_that_is_not_a_number_with_a_unit_is_refused(value: str) -> None:
     assert config_error_message(value) == NOT_A_DURATION_TEXT.format(value)
+
+
+@pytest.mark.parametrize("value", ["-5", "-1s", "-0.5m", " -250ms", "-" + "9" * 40 + "h"])
+def test_a_negative_duration_written_as_text_is_refused_as_negative(value: str) -> None:
+    assert config_error_message(value) == (
+        f"duration={value!r} is negative; a duration is 0 or more milliseconds"
+    )
 
 
 def test_a_negative_int_is_refused() -> None:

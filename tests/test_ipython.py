@@ -282,12 +282,22 @@ def test_the_configured_home_is_used_when_NBBUDGET_HOME_is_unset(shell, monkeypa
 
 @pytest.mark.parametrize("line, message", [
     ("--detach --resume", "--detach and --resume exclude each other"),
-    ("--steps 0", "steps=0 must be greater than 0"),
+    ("--steps 0", "--steps 0 must be greater than 0; leave --steps out for no limit"),
+    ("--cost inf", "--cost inf is not finite; leave --cost out for no limit"),
+    ("--run-limits-json '{\"max_steps\": 0}'",
+     "steps=0 must be greater than 0; use null for no limit"),
     ("--steps lots", "argument --steps: invalid int value: 'lots'"),
     ("--time soon", "--time='soon' is not a duration"),
     ("--run-limits-json '{\"stepz\": 1}'", "unknown run limit 'stepz'"),
     ("--manifest /nowhere.json", "cannot read manifest '/nowhere.json'"),
-    ("--runs-per-day 0", "runs_per_day=0: use a whole number from 1"),
+    ("--runs-per-day 0", "--runs-per-day 0: use a whole number from 1 to 1000000; leave "
+                         "--runs-per-day out for no quota"),
+    ("--timeout 0", "--timeout 0 would cancel the work at once; leave --timeout out for no "
+                    "limit"),
+    ("--detach --key ''", "--key '': use a non-empty string that names the work"),
+    ("--detach --budget -1s", "--budget='-1s' is negative; a duration is 0 or more milliseconds"),
+    ("--detach --budget=-1s", "--budget='-1s' is negative; a duration is 0 or more milliseconds"),
+    ("--time -1s", "--time='-1s' is negative; a duration is 0 or more milliseconds"),
     ("--budget 5s", "--budget 5s needs --detach or --resume: only a call that can detach or "
                     "pause can return before its work ends; drop --budget or declare one of "
                     "them (see: nbbudget explain S0-10)"),

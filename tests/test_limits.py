@@ -258,15 +258,18 @@ def test_from_json_refuses_invalid_json_quoting_the_text(source: str | bytes) ->
 @pytest.mark.parametrize(
     ("source", "message"),
     [
-        ('{"max_steps": 0}', "steps=0 must be greater than 0; use None for no limit"),
-        ('{"steps": NaN}', "steps=nan is not finite; use None for no limit"),
+        ('{"max_steps": 0}', "steps=0 must be greater than 0; use null for no limit"),
+        ('{"steps": NaN}', "steps=nan is not finite; use null for no limit"),
         ('{"steps": true}',
-         "steps=True is not a number; use a positive integer, or None for no limit"),
+         "steps=True is not a number; use a positive integer, or null for no limit"),
         ('{"max_steps": "5"}',
-         "steps='5' is not a number; use a positive integer, or None for no limit"),
+         "steps='5' is not a number; use a positive integer, or null for no limit"),
+        ({"max_steps": 0}, "steps=0 must be greater than 0; use None for no limit"),
     ],
 )
-def test_from_json_validates_values_naming_the_bare_field_S3_4(source: str, message: str) -> None:
+def test_from_json_validates_values_naming_the_bare_field_in_the_words_of_what_it_read_S3_4(
+        source: object, message: str) -> None:
+    """JSON text says no limit with null; a mapping from Python, with None."""
     assert config_error(nb.Limits.from_json, source) == message
 
 
@@ -569,7 +572,7 @@ def test_a_bad_run_limit_in_a_manifest_is_refused_naming_the_path_and_field_S3_4
 ) -> None:
     path = write_manifest(tmp_path, {"manifest_version": V1, "run_limits": {"max_steps": 0}})
     assert manifest_error(path) == (
-        f"manifest {str(path)!r}: steps=0 must be greater than 0; use None for no limit"
+        f"manifest {str(path)!r}: steps=0 must be greater than 0; use null for no limit"
     )
 
 

@@ -196,6 +196,37 @@ def test_an_unclosed_quote_is_a_usage_error_naming_the_line_and_nothing_runs(ker
     assert "ran" not in cell.stdout
 
 
+NEGATIVE = "--budget='-1s' is negative; a duration is 0 or more milliseconds"
+
+
+@pytest.mark.parametrize("line, message", [
+    ("--steps 0", "--steps 0 must be greater than 0; leave --steps out for no limit"),
+    ("--cost inf", "--cost inf is not finite; leave --cost out for no limit"),
+    ("--detach --timeout 0",
+     "--timeout 0 would cancel the work at once; leave --timeout out for no limit"),
+    ("--detach --runs-per-day 0",
+     "--runs-per-day 0: use a whole number from 1 to 1000000; leave --runs-per-day out for no "
+     "quota"),
+    ("--detach --budget -1s", NEGATIVE),  # read as the value, not as an option
+    ("--detach --budget=-1s", NEGATIVE),
+])
+def test_S3_4_a_bad_flag_is_named_as_written_with_what_a_flag_takes_for_none(kernel, line,
+                                                                           message):
+    cell = run(kernel, f"%%budget {line}\nprint('ran')")
+    assert cell.reply["content"]["ename"] == "UsageError"
+    assert cell.reply["content"]["evalue"] == message
+    assert "ran" not in cell.stdout
+
+
+def test_budget_with_no_command_names_its_commands(kernel):
+    cell = run(kernel, "%budget")
+    assert cell.reply["content"]["ename"] == "UsageError"
+    assert cell.reply["content"]["evalue"] == (
+        "%budget needs a command: jobs (list the background jobs), wait ID, cancel ID, status "
+        "(what the last %%budget cell used) or trace (its events), e.g. %budget jobs; %budget? "
+        "says more")
+
+
 def test_S0_10_nb_call_and_the_magic_refuse_detach_with_resume_alike(kernel):
     call = run(kernel, "nb.call(print, 'ran', detach=True, resume=True)")
     assert (call.reply["content"]["ename"], call.reply["content"]["evalue"]) == (

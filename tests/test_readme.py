@@ -1,15 +1,24 @@
-"""The README as a reader uses it: its examples run as written, and its install lines (and the
-quick start's) work before there is a release.
+"""The README as a reader uses it: every code block runs as written, on its own, and again
+(examples are re-runnable); its install lines (and the quick start's) work before there is a
+release.
 
-The Python blocks of "Usage" run one after the other in a fresh kernel, as a reader following
-the page would run them (a block after ``<!-- not run: REASON -->`` is left out, and says why);
-the blocks of "In Jupyter" run in a fresh kernel of their own, as a person at a notebook runs
-them, so they must bring everything they use.
+Each block runs alone, twice, in a folder and a store (``NBBUDGET_HOME``) of its own: a Python
+block in a fresh ``python``; a notebook block (one with IPython's ``%`` syntax) in a fresh kernel,
+as a person at a notebook runs it, after the README's own cell that loads the extension when it
+is a ``%%budget`` cell (a cell magic exists once it is loaded, as the README says); a shell block
+in ``bash -e``, with this Python's commands first on its ``PATH``. A block after
+``<!-- not run: REASON -->`` is not run, and says why (a block that installs something or opens
+JupyterLab); a block after ``<!-- given: NAME.ipynb ... (WHY) -->`` runs with a small notebook of
+each name in its folder, standing in for the reader's own.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,8 +26,42 @@ from conftest import pyproject
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text(encoding="utf-8")
-BLOCK = re.compile(r"^(<!-- not run: [^>]+ -->\n)?```(\w+)\n(.*?)^```$", re.M | re.S)
+BLOCK = re.compile(r"^(?:<!-- (not run|given): ([^>]+) -->\n)?```(\w+)\n(.*?)^```$",
+                   re.M | re.S)
 BADGE_REPO = re.compile(r"mybinder\.org/v2/gh/([\w.-]+/[\w.-]+)/")
+LOAD = "%load_ext nbbudget"
+
+
+@dataclass(frozen=True)
+class Block:
+    """A code block of the README: where it starts, how it runs, its code, and its mark."""
+
+    line: int
+    kind: str  # "python", "notebook" or "shell"
+    code: str
+    skipped: str | None = None  # why it is not run
+    given: tuple[str, ...] = ()  # the notebooks it needs in its folder
+
+    @property
+    def id(self) -> str:
+        return f"line {self.line}, {self.kind}"
+
+
+def blocks(text: str = README) -> list[Block]:
+    found = []
+    for match in BLOCK.finditer(text):
+        mark, note, language, code = match.groups()
+        kind = {"bash": "shell", "python": "python"}[language]
+        if kind == "python" and re.search(r"^%", code, re.M):
+            kind = "notebook"
+        given = tuple(re.findall(r"[\w.-]+\.ipynb", note)) if mark == "given" else ()
+        found.append(Block(text.count("\n", 0, match.start(3)), kind, code,
+                           note if mark == "not run" else None, given))
+    return found
+
+
+BLOCKS = blocks()
+RUN = [block for block in BLOCKS if block.skipped is None]
 
 
 def section(title: str, text: str = README) -> str:
@@ -31,70 +74,79 @@ def section(title: str, text: str = README) -> str:
     return rest[:end.start()] if end else rest
 
 
-def python_blocks(text: str) -> list[str]:
-    """The ``python`` blocks of *text* that are meant to run, in order."""
-    return [code for skip, language, code in BLOCK.findall(text)
-            if language == "python" and not skip]
+#: what a shell block must not do here: install something, or open JupyterLab (the scripts
+#: install into .venv first)
+NOT_HERE = re.compile(r"\bpip install\b|\bjupyter lab\b|\bscripts/\w+\.sh\b|\bapt(-get)? ")
 
 
-USAGE = section("Usage")
-JUPYTER = section("In Jupyter", USAGE)
-USAGE_BLOCKS = python_blocks(USAGE.replace(JUPYTER, ""))
-JUPYTER_BLOCKS = python_blocks(JUPYTER)
+def test_every_block_is_python_or_shell_and_one_not_run_says_why() -> None:
+    assert len(BLOCKS) == len(re.findall(r"^```\w+$", README, re.M))  # every block was read
+    assert len(RUN) >= 12
+    for block in BLOCKS:
+        if block.skipped is not None:
+            assert len(block.skipped.split()) >= 3, block.skipped
+    assert not [block.id for block in RUN if NOT_HERE.search(block.code)]
 
 
-def run_in_a_fresh_kernel(cells: list[str], tmp_path: Path, monkeypatch, interactive: str):
+def test_the_notebook_blocks_begin_with_the_cell_that_loads_the_extension() -> None:
+    notebook = [block for block in RUN if block.kind == "notebook"]
+    assert notebook[0].code == LOAD + "\n"
+    assert all(block.code.startswith("%%budget") for block in notebook[1:])
+
+
+def stand_in(path: Path) -> None:
+    """A small notebook with a cell tagged ``parameters`` (``region``), standing in for one of
+    the reader's."""
+    nbformat = pytest.importorskip("nbformat")
+    cells = [nbformat.v4.new_code_cell("region = 'us'", metadata={"tags": ["parameters"]}),
+             nbformat.v4.new_code_cell("print(f'report for {region}')")]
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), path)
+
+
+def run_in_a_fresh_kernel(cells: list[str], tmp_path: Path) -> None:
     """Execute *cells* in order in a new kernel of this Python, with a store of its own, in a
     folder of its own; nbclient raises at the first cell that ends in an error."""
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
-    monkeypatch.setenv("NBBUDGET_HOME", str(tmp_path / "store"))
-    monkeypatch.setenv("NBBUDGET_INTERACTIVE", interactive)
-    monkeypatch.delenv("AGENT_CALL_BUDGET_MS", raising=False)
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     client = nbclient.NotebookClient(notebook, timeout=120, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
-    return notebook
-
-
-def test_the_readme_has_the_sections_and_blocks_these_tests_run() -> None:
-    assert len(USAGE_BLOCKS) >= 5
-    assert len(JUPYTER_BLOCKS) == 4
-    assert "<!-- not run: " in USAGE  # and every block left out says why
-    for skip in re.findall(r"<!-- not run: ([^>]*) -->", README):
-        assert len(skip.split()) >= 3, skip
-
-
-def test_the_in_jupyter_examples_start_by_loading_nbbudget_and_defining_what_they_use() -> None:
-    first = JUPYTER_BLOCKS[0].splitlines()
-    assert first[:2] == ["%load_ext nbbudget", "import nbbudget as nb"]
-    for name in ("rows", "train", "work"):
-        assert re.search(rf"^(def )?{name}\b", JUPYTER_BLOCKS[0], re.M), name
 
 
 @pytest.mark.realclock
 @pytest.mark.slow
-def test_the_in_jupyter_examples_run_as_written_in_a_fresh_kernel(tmp_path, monkeypatch) -> None:
-    notebook = run_in_a_fresh_kernel(JUPYTER_BLOCKS, tmp_path, monkeypatch, interactive="1")
-    outputs = [o for cell in notebook.cells for o in cell.outputs]
-    assert not [o for o in outputs if o["output_type"] == "error"]
-
-
-@pytest.mark.realclock
-@pytest.mark.slow
-def test_the_usage_examples_run_as_written_one_after_the_other(tmp_path, monkeypatch) -> None:
-    notebook = run_in_a_fresh_kernel(USAGE_BLOCKS, tmp_path, monkeypatch, interactive="0")
-    printed = "".join(o.get("text", "") for cell in notebook.cells for o in cell.outputs)
-    assert "Outcome(status='completed')" in printed
-    assert '"exit_code": 14' in printed  # the call budget example pauses, as its comment says
+@pytest.mark.parametrize("block", RUN, ids=lambda block: block.id)
+def test_every_block_runs_as_written_alone_and_again(block: Block, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("NBBUDGET_HOME", str(tmp_path / "store"))
+    monkeypatch.delenv("AGENT_CALL_BUDGET_MS", raising=False)
+    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent),
+                                                os.environ.get("PATH", "")]))
+    for name in block.given:
+        stand_in(tmp_path / name)
+    if block.kind == "notebook":
+        monkeypatch.setenv("NBBUDGET_INTERACTIVE", "1")  # a person at a notebook
+        first = [LOAD] if block.code.startswith("%%budget") else []
+        run_in_a_fresh_kernel([*first, block.code, block.code], tmp_path)
+        return
+    monkeypatch.setenv("NBBUDGET_INTERACTIVE", "0")
+    if NOT_HERE.search(block.code):  # never run: it would install something, or open a lab
+        pytest.fail(f"the block at {block.id} installs something or opens JupyterLab: mark it "
+                    f"<!-- not run: WHY --> in the README")
+    command = [sys.executable, "-c"] if block.kind == "python" else ["bash", "-e", "-c"]
+    for attempt in ("first", "again"):
+        done = subprocess.run([*command, block.code], capture_output=True, text=True,
+                              timeout=180, stdin=subprocess.DEVNULL, check=False)
+        assert done.returncode == 0, f"{attempt} run of the block at {block.id}:\n{done.stderr}"
+        assert "Traceback" not in done.stderr, done.stderr
 
 
 # -- install ---------------------------------------------------------------------------------------
 def install_lines(page: str) -> list[str]:
-    blocks = [code for _, language, code in BLOCK.findall(section("Install", page))
-              if language == "bash"]
-    return [line.split("#")[0].strip() for block in blocks for line in block.splitlines()
+    shell = [block.code for block in blocks(section("Install", page)) if block.kind == "shell"]
+    return [line.split("#")[0].strip() for code in shell for line in code.splitlines()
             if line.startswith("pip install")]
 
 

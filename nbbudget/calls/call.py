@@ -12,6 +12,7 @@ import functools
 import hashlib
 import os
 import pickle
+import shlex
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from typing import Any, NamedTuple
 
 from ..agents.budget import Budget, Deferred, set_ambient
 from ..core.clock import Clock, Latch, default_clock
+from ..core.dask_connect import EXIT_WAIT_S, when_connected
 from ..core.duration import parse_duration
 from ..core.endings import ENDINGS, envelope_code
 from ..core.errors import (
@@ -40,7 +42,7 @@ from .response import (
     Response,
     meta,
 )
-from .runner import LOCAL, Backend, JobRunner, WallClock, current_backend, remote_call
+from .runner import LOCAL, Backend, JobRunner, WallClock, current_backend, jobs, remote_call
 from .store import Checkpoint, CheckpointRefused, Store, StoreBusy, StoreDamaged
 
 __all__ = ["CALL_SPELLING", "DEFAULT_BUDGET_MS", "ENV_BUDGET", "FLAG_SPELLING", "Spelling", "call",
@@ -247,8 +249,10 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     start over the quota fails with the code ``RunsPerDayExceeded`` and runs nothing (S4-12).
     ``cluster=`` (a ``distributed.Client`` or a scheduler address; in IPython,
     ``NBBudget.cluster`` when not given) runs the work as a task on that Dask cluster, where a
-    detached one survives the kernel (a first connection past the budget is refused with
-    ``cluster_unanswered``: call again); ``cluster=False`` keeps it here whatever the default.
+    detached one survives the kernel; a cluster named by its address that is not connected
+    within the budget answers INCOMPLETE, state ``starting``, and the work goes there once it
+    is (a resumable call answers ``cluster_unanswered``: call again); ``cluster=False`` keeps it
+    here whatever the default.
 
     Keyword arguments with the names above are nbbudget's (pass such arguments to *fn* with
     `functools.partial`). The work runs, and its records are kept, on the backend in force.
@@ -268,7 +272,8 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
 
 
 def _unanswered(exc: ClusterUnanswered, started: float) -> Response:
-    """The answer of a call whose cluster did not answer within its budget: nothing ran."""
+    """The answer of a resumable call whose cluster did not answer within its budget: nothing
+    ran (its checkpoints are saved by its caller, who must be there while it runs)."""
     return Response(False, None, {"code": exc.code, "message": str(exc)}, None,
                     meta(EXIT_FAILED, started, exc.budget_ms, None), refusal=exc)
 
@@ -295,10 +300,12 @@ def _run(plan: _Plan, cluster: Any, clock: Clock, t0_ms: float, started: float,
     (`_backend`); then hold the caller until it ends or its budget runs out. *t0_ms* is when
     the call began on the run's clock, *started* on the monotonic clock and *started_wall* on
     the wall clock."""
-    try:
-        backend = _backend(cluster, clock, t0_ms, plan.budget_ms)
-    except ClusterUnanswered as exc:  # nothing ran: the connection goes on (S0-1)
-        return _unanswered(exc, started)
+    if cluster is not None or _default_cluster is not None:
+        backend = _on_cluster(plan, cluster, clock, t0_ms, started, started_wall)
+        if isinstance(backend, Response):
+            return backend
+    else:
+        backend = current_backend()
     runner = backend.runner
     job = runner.reattach(plan) if plan.detach else None
     db = None
@@ -338,10 +345,10 @@ def _run_direct(call: _Direct, cluster: Any, clock: Clock, t0_ms: float,
     *cluster* says) at once; the caller waits at most its budget. Its run is made only if the
     work uses it, and its job only if something needs it (`_Direct`)."""
     if cluster is not None or _default_cluster is not None:
-        try:
-            call.backend = _backend(cluster, clock, t0_ms, call.budget_ms)
-        except ClusterUnanswered as exc:  # nothing ran: the connection goes on (S0-1)
-            return _unanswered(exc, started)
+        backend = _on_cluster(call, cluster, clock, t0_ms, started, None)
+        if isinstance(backend, Response):
+            return backend
+        call.backend = backend
     else:
         call.backend = current_backend()
     runner = call.backend.runner
@@ -367,6 +374,168 @@ def _run_direct(call: _Direct, cluster: Any, clock: Clock, t0_ms: float,
     if job.exception() is None:  # nothing to deliver: the job was never detached
         return _respond(call, started, ok=True, exit_code=EXIT_OK, data=job.result(), job=job)
     return _answer(job, call, started, runner, None)
+
+
+# -- a cluster named by its address, still connecting ---------------------------------------
+class _Placing:
+    """A call answered ``starting``: its cluster, named by its address, was not connected when
+    its budget ran out, and its start was handed to the connection (`_place`). `placed` is set
+    once that has run: the work is then on the cluster, its job kept by the cluster's runner
+    (no longer here), or it could not be put there, and its job, ended, waits here for the
+    identical call."""
+
+    __slots__ = ("job", "placed")
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.placed = Latch()
+
+
+#: the calls answered ``starting`` in this process, by identity, until their work is on the
+#: cluster or the identical call took what stopped it
+_placing: dict[str, _Placing] = {}
+_placing_lock = threading.Lock()
+
+
+def _on_cluster(work: _Plan | _Direct, cluster: Any, clock: Clock, t0_ms: float, started: float,
+                started_wall: float | None) -> Backend | Response:
+    """The backend of a call that may run on a cluster (`_backend`), or its answer when its
+    cluster, named by its address, is not connected within its budget (S0-1): a call that may
+    detach answers INCOMPLETE, state ``starting``, and its work goes to the cluster once the
+    connection is made (S0-2, `_starting`); a resumable one answers ``cluster_unanswered``, as
+    its caller must be there while it runs. The identical call answered ``starting`` in this
+    process is waited for first, within the budget."""
+    unanswered = None
+    for _ in range(3):  # again when the connection ended just after the wait for it
+        try:
+            backend = _backend(cluster, clock, t0_ms, work.budget_ms)
+        except ClusterUnanswered as exc:
+            if not work.detach:
+                return _unanswered(exc, started)
+            answer = _starting(work, exc.address, clock, started, started_wall)
+            if answer is not None:
+                return answer
+            unanswered = exc
+            continue
+        placing = _placing.get(work.identity) if _placing else None
+        if placing is None:
+            return backend
+        return _when_placed(placing, work, backend, clock, t0_ms, started)
+    assert unanswered is not None
+    return _unanswered(unanswered, started)  # connections that end as soon as they begin
+
+
+def _starting(work: _Plan | _Direct, address: str, clock: Clock, started: float,
+              started_wall: float | None) -> Response | None:
+    """The answer of a call whose cluster at *address* is still connecting: INCOMPLETE, its job
+    ``starting``, its start handed to the connection (the identical call's, if one was answered
+    so before it in this process); or, when the work could not be put on the cluster, what
+    stopped it. None when the connection ended since the wait for it: the caller uses it."""
+    identity = work.identity
+    with _placing_lock:
+        placing = _placing.get(identity)
+        made = placing is None
+        if placing is None:
+            placing = _placing[identity] = _Placing(_starting_job(work, clock))
+    job = placing.job
+    if made and not when_connected(address, functools.partial(
+            _place, work, placing, current_backend().store, clock, started_wall),
+            f"job {job.id} ({work.label})"):
+        with _placing_lock:
+            del _placing[identity]
+        return None
+    if placing.placed.is_set():  # what stopped it, or None: it is on the cluster now
+        return _taken(placing, work, started, LOCAL.runner)
+    return _respond(work, started, ok=False, exit_code=EXIT_INCOMPLETE, job=job,
+                    data={"state": "starting", "job": job.id,
+                          "next": f"make the identical call again to wait for the result: the "
+                                  f"work goes to the cluster at {address!r} as soon as this "
+                                  f"process is connected to it (a process that exits first "
+                                  f"waits for that, up to {EXIT_WAIT_S:g} s)"})
+
+
+def _starting_job(work: _Plan | _Direct, clock: Clock) -> Job:
+    """The job of a call answered ``starting``, listed in ``nb.jobs`` from now on."""
+    store = current_backend().store
+    if isinstance(work, _Direct):
+        with _MAKING:  # its work has not started: no job was made, and none is made meanwhile
+            job = work._job = Job(work.identity_of, work.label, work, store, done=work._latch,
+                                  starting=True)
+    else:
+        job = Job(lambda: work.identity, work.label, _open_run(work, None, None, clock), store,
+                  starting=True)
+    jobs.add(job)
+    return job
+
+
+def _when_placed(placing: _Placing, work: _Plan | _Direct, backend: Backend, clock: Clock,
+                 t0_ms: float, started: float) -> Backend | Response:
+    """The identical call was answered ``starting`` in this process: wait, within the budget,
+    until its work is on the cluster (then reattach to it there, on *backend*), or answer
+    ``starting`` again, or with what stopped it."""
+    budget_ms = work.budget_ms
+    if not clock.wait(placing.placed, t0_ms + budget_ms if budget_ms else None):
+        return _respond(work, started, ok=False, exit_code=EXIT_INCOMPLETE, job=placing.job,
+                        data={"state": "starting", "job": placing.job.id,
+                              "next": "make the identical call again to wait for the result: "
+                                      "the work is being sent to the cluster"})
+    answer = _taken(placing, work, started, backend.runner)
+    return backend if answer is None else answer
+
+
+def _taken(placing: _Placing, work: _Plan | _Direct, started: float,
+           runner: JobRunner) -> Response | None:
+    """The answer with what stopped the work of a call answered ``starting`` before it reached
+    the cluster (its connection failed, a quota, a cancel), given to this caller alone; None
+    when the work is on the cluster (its runner keeps its job)."""
+    with _placing_lock:
+        if _placing.get(work.identity) is not placing:
+            return None
+        del _placing[work.identity]
+    answer = _answer(placing.job, work, started, runner, None)
+    jobs.collected(placing.job)  # its end went out: listed while something holds it
+    return answer
+
+
+def _place(work: _Plan | _Direct, placing: _Placing, store: Callable[[], Store], clock: Clock,
+           started_wall: float | None, client: Any, error: BaseException | None) -> None:
+    """On the thread that connected to the cluster of a call answered ``starting``: put its work
+    there, as a job detached at once (the identical call reattaches to it, S0-11): follow the
+    work if a call of another process already put it there, else start it. What stops it (the
+    connection's *error*, a quota, a cancel asked meanwhile) ends its job, kept for the
+    identical call, and is raised again, for a process that exits to say so."""
+    from .dask_runner import runner_of
+
+    job = placing.job
+    try:
+        if job.cancel_requested is not None:
+            raise Cancelled(f"{work.label} was cancelled before it reached the cluster")
+        if error is not None:
+            raise error
+        runner = runner_of(client)
+        backend = Backend(runner, store)
+        if not runner.follow(work, job):
+            if isinstance(work, _Direct):
+                work.backend = backend
+                runner.start(work, job, functools.partial(_prepared(work, work).run, _work,
+                                                          work, work), detachable=True)
+            else:
+                assert started_wall is not None, "a planned call has its start on the wall clock"
+                if _start(work, backend, clock, started_wall, job)[0] is None:
+                    return  # its wall clock had run out: it ended cancelled, kept here
+        job.started()
+        runner.detach(work, job)
+        job.run.lowlevel.record("detached", {"job": job.id})
+        with _placing_lock:
+            del _placing[work.identity]
+    except BaseException as exc:
+        if not job.done():
+            job.settle(JobState.CANCELLED if isinstance(exc, Cancelled) else JobState.FAILED,
+                       error=exc)
+            job.notify_done()
+        raise
+    finally:
+        placing.placed.set()
 
 
 # -- planning -----------------------------------------------------------------------------------
@@ -399,15 +568,10 @@ def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
     loaded = manifest if isinstance(manifest, Manifest) or manifest is None else Manifest.load(
         manifest)
     budget_ms = resolve_budget(budget, declares=detach or resume)
-    timeout_ms = None if timeout is None else _positive(timeout, "timeout")
+    timeout_ms = None if timeout is None else _positive(timeout, "timeout", CALL_SPELLING)
     if loaded is not None:
         budget_ms, timeout_ms = _turn_ceiling(loaded, detach or resume, budget_ms, timeout_ms)
-    if key is not None and (not isinstance(key, str) or not key):
-        raise ConfigError(f"key={key!r}: use a non-empty string that names the work")
-    if runs_per_day is not None and (isinstance(runs_per_day, bool) or not isinstance(
-            runs_per_day, int) or not 0 < runs_per_day <= 1_000_000):
-        raise ConfigError(f"runs_per_day={runs_per_day!r}: use a whole number from 1 to "
-                          f"1000000, or None for no quota")
+    _check_key_and_quota(key, runs_per_day, CALL_SPELLING)
     return _Plan(
         (fn, args, kwargs, key), _label(fn, key),
         detach, resume, budget_ms, timeout_ms,
@@ -445,12 +609,28 @@ class Spelling(NamedTuple):
     resume: str
     budget: str  #: the budget with its value, a format string
     budget_flag: str  #: the budget alone, to drop it
+    flags: bool = False  #: written as a command line's flags (``--timeout 5s``)
+
+    def field(self, name: str) -> str:
+        """The option *name* as the caller writes it: ``timeout``, or ``--timeout``."""
+        return "--" + name.replace("_", "-") if self.flags else name
+
+    def given(self, name: str, value: object) -> str:
+        """The option *name* given *value*: ``timeout=0``, or ``--timeout 0``."""
+        if self.flags:
+            return f"{self.field(name)} {shlex.quote(str(value))}"
+        return f"{name}={value!r}"
+
+    def unset(self, name: str) -> str:
+        """How the caller asks for none of the option *name*: ``use None``, or ``leave
+        --timeout out``."""
+        return f"leave {self.field(name)} out" if self.flags else "use None"
 
 
 #: `nb.call`'s keywords
 CALL_SPELLING = Spelling("detach=True", "resume=True", "budget={!r}", "budget=")
 #: ``%%budget``'s and ``nbbudget run``'s flags
-FLAG_SPELLING = Spelling("--detach", "--resume", "--budget {}", "--budget")
+FLAG_SPELLING = Spelling("--detach", "--resume", "--budget {}", "--budget", flags=True)
 
 
 def check_interruption(detach: object, resume: object, budget: object, *,
@@ -472,6 +652,28 @@ def check_interruption(detach: object, resume: object, budget: object, *,
             f"{spelling.budget.format(budget)} needs {spelling.detach} or {spelling.resume}: "
             f"only a call that can detach or pause can return before its work ends; drop "
             f"{spelling.budget_flag} or declare one of them (see: nbbudget explain S0-10)")
+
+
+def check_options(budget: object, timeout: object, key: object, runs_per_day: object, *,
+                  spelling: Spelling = CALL_SPELLING) -> None:
+    """A call's budget, wall-clock limit, key and quota of runs per day, checked as `call`
+    checks them, for ``%%budget``, which checks its flags before its cell runs: a
+    `ConfigError` names them as *spelling* writes them."""
+    if budget is not None:
+        parse_duration(budget, field=spelling.field("budget"))
+    if timeout is not None:
+        _positive(timeout, "timeout", spelling)
+    _check_key_and_quota(key, runs_per_day, spelling)
+
+
+def _check_key_and_quota(key: object, runs_per_day: object, spelling: Spelling) -> None:
+    if key is not None and (not isinstance(key, str) or not key):
+        raise ConfigError(f"{spelling.given('key', key)}: use a non-empty string that names the "
+                          f"work")
+    if runs_per_day is not None and (isinstance(runs_per_day, bool) or not isinstance(
+            runs_per_day, int) or not 0 < runs_per_day <= 1_000_000):
+        raise ConfigError(f"{spelling.given('runs_per_day', runs_per_day)}: use a whole number "
+                          f"from 1 to 1000000; {spelling.unset('runs_per_day')} for no quota")
 
 
 def resolve_budget(budget: int | str | None, *, declares: bool,
@@ -514,10 +716,11 @@ def set_default_cluster(provider: Callable[[], Any] | None) -> None:
     _default_cluster = provider
 
 
-def _positive(value: int | str, field: str) -> int:
-    ms = parse_duration(value, field=field)
+def _positive(value: object, field: str, spelling: Spelling) -> int:
+    ms = parse_duration(value, field=spelling.field(field))
     if ms == 0:
-        raise ConfigError(f"{field}=0 would cancel the work at once; use None for no limit")
+        raise ConfigError(f"{spelling.given(field, 0)} would cancel the work at once; "
+                          f"{spelling.unset(field)} for no limit")
     return ms
 
 
@@ -557,16 +760,20 @@ def _code_digest(code: Any) -> bytes:
 
 
 # -- starting -----------------------------------------------------------------------------------
-def _start(plan: _Plan, backend: Backend, clock: Clock,
-           started_wall: float) -> tuple[_Call | None, Job]:
+def _start(plan: _Plan, backend: Backend, clock: Clock, started_wall: float,
+           job: Job | None = None) -> tuple[_Call | None, Job]:
+    """Start the work of *plan* on *backend* (as its *job*, when the call has made it), with
+    its checkpoint, its quota and its wall clock; None for its call when the wall clock had
+    already run out (the job ended cancelled)."""
     db = backend.store() if plan.resume else None
     loaded = db.load_checkpoint(plan.identity) if db is not None else None
     first_start = loaded.first_start if loaded is not None else started_wall
     if plan.runs_per_day is not None and loaded is None:  # a start, not a continuation
         take_run(db if db is not None else backend.store(), plan.identity, plan.label,
                  plan.runs_per_day, started_wall)
-    job = Job(lambda: plan.identity, plan.label, _open_run(plan, loaded, db, clock),
-              backend.store)
+    if job is None:
+        job = Job(lambda: plan.identity, plan.label, _open_run(plan, loaded, db, clock),
+                  backend.store)
     ctx = _Call(plan, job, db, first_start, loaded)
     left = _timeout_left(plan, first_start)
     if left is not None and left <= 0:
@@ -623,12 +830,12 @@ def _timeout_left(plan: _Plan, first_start: float) -> float | None:
     return plan.timeout_ms - (_wall() - first_start) * 1000
 
 
-def _timeout_message(plan: _Plan) -> str:
+def _timeout_message(plan: _Plan | _Direct) -> str:
     return (f"{plan.label} was cancelled: its wall-clock limit of {plan.timeout_ms} ms, counted "
             f"from its first start across every continuation, ran out")
 
 
-def _wall_clock(job: Job, plan: _Plan) -> None:
+def _wall_clock(job: Job, plan: _Plan | _Direct) -> None:
     """The wall-clock limit fired: cancel the work, across every continuation (S0-6, S4-7), and
     free its callers (a run stopped before keeps its stop, and its callers keep waiting, unless
     that stop was this limit's, kept where the work runs and heard here first)."""
@@ -722,7 +929,8 @@ def _settle_cancelled(job: Job, exc: Cancelled, returned: bool, value: Any) -> N
 
 
 # -- waiting and answering -----------------------------------------------------------------------
-def _await(job: Job, plan: _Plan, runner: JobRunner, clock: Clock, t0_ms: float) -> None:
+def _await(job: Job, plan: _Plan | _Direct, runner: JobRunner, clock: Clock,
+           t0_ms: float) -> None:
     """Hold the caller until the work ends, or its budget runs out (then a detached call
     returns, and a resumable one waits for the pause at the next checkpoint), or the wall clock
     cancels it. The wait itself is the budget's timer: no thread is woken to end it."""
@@ -755,7 +963,7 @@ def _wall_clocked(job: Job) -> bool:
     return stop is not None and stop.status is Status.CANCELLED
 
 
-def _answer(job: Job, plan: _Plan, started: float, runner: JobRunner,
+def _answer(job: Job, plan: _Plan | _Direct, started: float, runner: JobRunner,
             db: Store | None) -> Response:
     if not job.done():
         return _unfinished(job, plan, started, runner, db)
@@ -780,7 +988,7 @@ def _answer(job: Job, plan: _Plan, started: float, runner: JobRunner,
                     error={"code": envelope_code(error), "message": str(error)})
 
 
-def _stopped(plan: _Plan, started: float, status: Status, message: str,
+def _stopped(plan: _Plan | _Direct, started: float, status: Status, message: str,
              job: Job | None) -> Response:
     """A call its run's stop ended: a person's (``stopped``) or the wall clock's
     (``cancelled``), answered with its ending's state, code and exit code."""
@@ -791,7 +999,7 @@ def _stopped(plan: _Plan, started: float, status: Status, message: str,
                     error={"code": ending.envelope, "message": message})
 
 
-def _unfinished(job: Job, plan: _Plan, started: float, runner: JobRunner,
+def _unfinished(job: Job, plan: _Plan | _Direct, started: float, runner: JobRunner,
                 db: Store | None) -> Response:
     """The caller is let go before the work ended: the wall clock cancelled it, or its budget
     ran out and it goes on as a job (S0-2)."""
@@ -807,7 +1015,7 @@ def _unfinished(job: Job, plan: _Plan, started: float, runner: JobRunner,
                                   f"(or nb.jobs[{job.id!r}].result())"})
 
 
-def _deliver(job: Job, plan: _Plan, runner: JobRunner, db: Store | None) -> None:
+def _deliver(job: Job, plan: _Plan | _Direct, runner: JobRunner, db: Store | None) -> None:
     """The final result goes out: the work is complete, the next identical call starts anew."""
     runner.deliver(plan, job)
     job.cancel_timers()
@@ -815,7 +1023,7 @@ def _deliver(job: Job, plan: _Plan, runner: JobRunner, db: Store | None) -> None
         db.delete_checkpoint(plan.identity)
 
 
-def _respond(plan: _Plan, started: float, *, ok: bool, exit_code: int, data: Any = None,
+def _respond(plan: _Plan | _Direct, started: float, *, ok: bool, exit_code: int, data: Any = None,
              error: dict[str, str] | None = None, job: Job | None = None,
              refusal: BaseException | None = None) -> Response:
     return Response(ok, data, error, [],

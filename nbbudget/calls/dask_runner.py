@@ -293,7 +293,7 @@ class DaskRunner(LocalRunner):
         self._here: weakref.WeakValueDictionary[str, Job] = weakref.WeakValueDictionary()
         jobs.list_elsewhere(self.published_jobs)
 
-    def start(self, work: Work, job: Job, task: workers.Task, *, detachable: bool,
+    def start(self, work: Work, job: Job | None, task: workers.Task, *, detachable: bool,
               checkpoints: Checkpoints | None = None,
               wall_clock: WallClock | None = None) -> None:
         """Submit *work* to the cluster (the local closure *task* is not used). Its run is a
@@ -305,6 +305,7 @@ class DaskRunner(LocalRunner):
         submitted. The whole work's *wall_clock* is kept on the scheduler's clock: the run is
         opened there with the time the work has left, and stopped there when it runs out
         (cancelled, by the wall clock), which reaches the task and this kernel."""
+        assert job is not None, "the call path makes the job of work that runs elsewhere"
         fn, args, kwargs, _ = work.work
         loaded = checkpoints.loaded if checkpoints is not None else None
         if loaded is not None:
@@ -367,17 +368,35 @@ class DaskRunner(LocalRunner):
             return None
         if taken == "absent":
             return None  # another caller took the ended job: the work is complete
-        future, branch = found["future"], found["branch"]
-        job = Job(lambda: work.identity, work.label, self._joined(work, branch),
+        job = Job(lambda: work.identity, work.label, self._joined(work, found["branch"]),
                   current_backend().store)
+        self._follow(job, name, found["future"], published=taken == "running")
+        return job
+
+    def follow(self, work: Work, job: Job) -> bool:
+        """For a call answered before it could reach the cluster (its start handed to the
+        connection, `nbbudget.calls.call`): if the identical work is already published there
+        (a call of another process put it there), *job* follows it, its run the task's, and it
+        stays published, for the caller that comes for it to take (S0-11); whether it was."""
+        name = published_name(work.identity)
+        found = self.client.get_dataset(name, default=None)
+        if found is None:
+            return False
+        job.use_run(self._joined(work, found["branch"]))
+        self._follow(job, name, found["future"], published=True)
+        return True
+
+    def _follow(self, job: Job, name: str, future: Future[Any], published: bool) -> None:
+        """*job* follows *future*, found published under *name* (and still published, or
+        taken off the scheduler by this caller): what its task printed so far, then what it
+        prints, and its end."""
         feed = Feed(self.client, str(future.key), job)
         feed.listen(replaying=True)
         feed.replay()  # what it printed so far, then what it prints from now on
         self._bind(job, future, feed)
         self._here[name] = job
-        if taken == "running":
+        if published:
             self._published.add(job)
-        return job
 
     def published_jobs(self) -> list[dict[str, Any]]:
         """The jobs published on this cluster (by any kernel) that this process holds no job

@@ -37,10 +37,11 @@ __all__ = ["Job", "JobState", "Jobs"]
 
 class JobState(str, enum.Enum):
     """Where a job is, in the words every listing of jobs uses (``nb.jobs``, ``%budget jobs``,
-    ``nbbudget jobs``): ``starting`` (a notebook run whose kernel is starting), ``running``,
-    ``paused`` (a notebook run of ``--resume`` waiting at a cell boundary for the identical
-    command), then ``done``, ``failed``, ``cancelled`` (stopped by a person or by its wall-clock
-    limit) or ``lost`` (what ran it died)."""
+    ``nbbudget jobs``): ``starting`` (a notebook run whose kernel is starting, or a call whose
+    work waits for its cluster to be connected), ``running``, ``paused`` (a notebook run of
+    ``--resume`` waiting at a cell boundary for the identical command), then ``done``,
+    ``failed``, ``cancelled`` (stopped by a person or by its wall-clock limit) or ``lost`` (what
+    ran it died)."""
 
     STARTING = "starting"
     RUNNING = "running"
@@ -98,13 +99,14 @@ class Job:
     _pause_at: float | None = None
 
     def __init__(self, identity: Callable[[], str], label: str, run: Budget | Deferred,
-                 store: Callable[[], Store], *, done: Latch | None = None) -> None:
+                 store: Callable[[], Store], *, done: Latch | None = None,
+                 starting: bool = False) -> None:
         self._identity = identity
         self.label = label
         self._run = run  # a `Deferred` is made when first used
         self.created = time.time()
         self._store = store  # opened when the job is first recorded, off the caller's path
-        self._state = JobState.RUNNING
+        self._state = JobState.STARTING if starting else JobState.RUNNING
         #: set when it ends (*done*: the latch its caller already waits on); its waiters look
         #: again when it is set (and when it is nudged, `add_timer`)
         self._done = self._wake = done if done is not None else Latch()
@@ -165,6 +167,11 @@ class Job:
             self.traceback = "".join(traceback.format_exception(error))
         self._state = state
         self.ended = time.time()
+
+    def started(self) -> None:
+        """The work of a job made *starting* was handed to where it runs: it is running."""
+        if self._state is JobState.STARTING:
+            self._state = JobState.RUNNING
 
     def notify_done(self) -> None:
         """Once settled: tell the store (if the job was detached), then its waiters, that the

@@ -48,16 +48,41 @@ class Work(Protocol):
     @property
     def identity(self) -> str: ...
 
-    #: the function, its positional and keyword arguments, and the call's ``key`` (or None)
-    work: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str | None]
-    label: str  #: the work's name, as ``nb.jobs`` shows it
-    limits: Limits  #: the run's limits
-    notices: tuple[float, float] | None  #: the run's approach-notice thresholds
-    timeout_ms: int | None  #: the wall-clock limit of the whole work, across continuations
-    detach: bool  #: the work goes on as a job when its caller's budget runs out
-    resume: bool  #: the work pauses at its next checkpoint when its caller's budget runs out
-    budget_ms: int | None  #: the call's budget (None or 0: none)
-    estimate_ms: int | None  #: what the work says it needs (S0-7), or None
+    @property
+    def work(self) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str | None]:
+        """The function, its positional and keyword arguments, and the call's ``key``."""
+
+    @property
+    def label(self) -> str:
+        """The work's name, as ``nb.jobs`` shows it."""
+
+    @property
+    def limits(self) -> Limits:
+        """The run's limits."""
+
+    @property
+    def notices(self) -> tuple[float, float] | None:
+        """The run's approach-notice thresholds."""
+
+    @property
+    def timeout_ms(self) -> int | None:
+        """The wall-clock limit of the whole work, across continuations."""
+
+    @property
+    def detach(self) -> bool:
+        """The work goes on as a job when its caller's budget runs out."""
+
+    @property
+    def resume(self) -> bool:
+        """The work pauses at its next checkpoint when its caller's budget runs out."""
+
+    @property
+    def budget_ms(self) -> int | None:
+        """The call's budget (None or 0: none)."""
+
+    @property
+    def estimate_ms(self) -> int | None:
+        """What the work says it needs (S0-7), or None."""
 
 
 class Checkpoints(Protocol):

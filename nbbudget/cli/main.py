@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 
 from ..core.errors import ConfigError
+from ..core.limits import negative_values_joined
 from ..core.trace import Trace
 from .run import add_commands as add_run_commands
 
@@ -17,7 +19,9 @@ __all__ = ["main"]
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nbbudget",
-        description="Budgets for Jupyter: inspect what a budgeted run consumed and refused.",
+        description="Budgets for Jupyter: run a notebook under a call budget, list and stop "
+                    "the runs that went on in the background, summarise a saved trace, and "
+                    "explain a rule of the model.",
         epilog="example: nbbudget inspect trace.json --json",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -28,11 +32,23 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code (0 ok, 2 bad usage or unreadable input;
+    """Run the command line; returns the exit code (0 ok, 2 bad usage or unreadable input, 1
+    when the reader of standard output went away, as in ``nbbudget jobs | head -5``;
     ``nbbudget run`` has codes of its own)."""
-    args = _parser().parse_args(argv)
+    # a negative value after its flag (--budget -1s) is read as its value, and refused as such
+    words = negative_values_joined(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(words)
     handler: Callable[[argparse.Namespace], int] = args.handler
-    return handler(args)
+    try:
+        code = handler(args)
+        sys.stdout.flush()  # a reader that went away is found here, not at exit
+    except BrokenPipeError:
+        # as Python's documentation says to (the note on SIGPIPE, in the signal module): what
+        # is left to flush at exit goes nowhere, and the command ends quietly, with 1
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    return code
 
 
 def _add_inspect(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -74,7 +74,8 @@ def _shown(field: str, value: object) -> str:
 def _text_ms(text: str, field: str) -> Decimal:
     """The milliseconds a duration text says, exactly: decimal arithmetic, so that a number of
     any length is read without Python's limit on digits, and leading zeros count for nothing."""
-    match = _PATTERN.fullmatch(text.strip().lower())
+    written = text.strip().lower()
+    match = _PATTERN.fullmatch(written.removeprefix("-"))  # a negative one is read, then refused
     if match is None:
         raise ConfigError(
             f"{_shown(field, text)} is not a duration; write a number with a unit: "
@@ -82,10 +83,12 @@ def _text_ms(text: str, field: str) -> Decimal:
         )
     whole, fraction, unit = match.group(1).lstrip("0"), match.group(2) or "", match.group(3)
     if len(whole) > _MAX_DIGITS:
-        return Decimal(_MAX_MS + 1)  # too large, whatever its fraction: not worth reading
-    digits = len(whole) + len(fraction) + 8  # room for the exact product by the unit
-    exact = Context(prec=digits, Emax=digits, Emin=-digits)
-    return exact.multiply(Decimal(f"{whole or 0}.{fraction or 0}"), _UNITS[unit])
+        ms = Decimal(_MAX_MS + 1)  # too large, whatever its fraction: not worth reading
+    else:
+        digits = len(whole) + len(fraction) + 8  # room for the exact product by the unit
+        exact = Context(prec=digits, Emax=digits, Emin=-digits)
+        ms = exact.multiply(Decimal(f"{whole or 0}.{fraction or 0}"), _UNITS[unit])
+    return -ms if written.startswith("-") else ms
 
 
 def spoken(ms: float) -> str:

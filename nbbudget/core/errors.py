@@ -141,8 +141,10 @@ class RunsPerDayExceeded(BudgetError):
 
 
 class ClusterUnanswered(BudgetError):
-    """The scheduler a call named by its address (``cluster="tcp://..."``) did not answer
-    within the call's budget, so nothing ran (S0-1); the connection goes on, for the next call.
+    """The scheduler a resumable call named by its address (``cluster="tcp://..."``) did not
+    answer within the call's budget, so nothing ran (S0-1); the connection goes on, for the
+    next call. (A call that detaches answers INCOMPLETE instead, state ``starting``, and its
+    work goes to the cluster once connected.)
 
     `nb.call` answers it as a failed response with the code ``cluster_unanswered``."""
 
@@ -153,9 +155,12 @@ class ClusterUnanswered(BudgetError):
         self.budget_ms = budget_ms
         within = f"the call budget of {budget_ms} ms" if budget_ms else "the call budget"
         super().__init__(
-            f"the cluster at {address!r} did not answer within {within}, so nothing ran; the "
-            f"connection goes on: make the same call again, or connect first "
-            f"(distributed.Client({address!r})) and pass the client as cluster=")
+            f"the cluster at {address!r} did not answer within {within}, so nothing ran: a "
+            f"resumable call starts once its cluster is connected; make the same call again "
+            f"in this process (the connection goes on), give it a budget longer than "
+            f"connecting takes (a fresh process needs over a second to import Dask and "
+            f"connect), or connect first (distributed.Client({address!r})) and pass the "
+            f"client as cluster=")
 
     def __reduce__(self) -> Any:
         return (type(self), (self.address, self.budget_ms))

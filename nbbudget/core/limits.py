@@ -6,8 +6,9 @@ import dataclasses
 import json
 import math
 import os
+import re
 import reprlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -17,32 +18,37 @@ from .files import file_path, read_json
 from .kinds import KIND_INDEX, KINDS, Kind
 
 __all__ = ["MANIFEST_VERSION", "MAX_INT", "NO_LIMITS", "Limits", "Manifest", "budget_flags",
-           "limits_from_flags"]
+           "check_limit", "limits_from_flags", "negative_values_joined"]
 
 MAX_INT = 2**53 - 1
 MANIFEST_VERSION = "nbbudget-manifest-v1"
 
 
-def check_limit(field: str, value: object) -> int | float | None:
+def check_limit(field: str, value: object, *, flag: str | None = None,
+                json: bool = False) -> int | float | None:
     """Validate one limit value (S3-4, S4-1) and return it; `None` means unbounded.
 
-    Every message names the value as it was given.
+    Every message names the value as it was given, and says how to ask for no limit where it
+    was given: ``None`` in Python, ``null`` in JSON (*json*), leaving the flag out on a
+    command line (*flag*, the flag that gave it).
     """
     if value is None:
         return None
     integral = KINDS[KIND_INDEX[field]].integral
-    shown = f"{field}={_brief(value)}"
+    shown = f"{flag} {_brief(value)}" if flag is not None else f"{field}={_brief(value)}"
+    unbounded = (f"leave {flag} out" if flag is not None else "use null" if json
+                 else "use None") + " for no limit"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(
             f"{shown} is not a number; use a positive "
-            f"{'integer' if integral else 'number'}, or None for no limit"
+            f"{'integer' if integral else 'number'}, or {unbounded.removeprefix('use ')}"
         )
     if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{shown} is not finite; use None for no limit")
+        raise ConfigError(f"{shown} is not finite; {unbounded}")
     if integral and isinstance(value, float) and not value.is_integer():
         raise ConfigError(f"{shown} is not a whole number; use an integer")
     if value <= 0:
-        raise ConfigError(f"{shown} must be greater than 0; use None for no limit")
+        raise ConfigError(f"{shown} must be greater than 0; {unbounded}")
     if value > MAX_INT:
         raise ConfigError(f"{shown} is too large; the most is {MAX_INT}")
     return int(value) if integral else value
@@ -75,21 +81,9 @@ class Limits:
     @classmethod
     def from_json(cls, source: str | bytes | Mapping[str, Any]) -> Limits:
         """Limits from a JSON text or a mapping; keys are field names, bare or with ``max_``."""
-        given = source
         if isinstance(source, (str, bytes)):
-            source = _limits_json(source)
-        if not isinstance(source, Mapping):
-            raise ConfigError(
-                f"run limits must be a JSON object such as {{\"max_steps\": 100}}, "
-                f"not {_json_kind(source)}: {_brief(given)}"
-            )
-        values: dict[str, Any] = {}
-        for key, value in source.items():
-            name = _field_name(key)
-            if name in values:
-                raise ConfigError(f"run limits set {name} twice ({key!r}); keep one of them")
-            values[name] = value
-        return cls(**values)
+            return _from_json(_limits_json(source), source, json=True)
+        return _from_json(source, source, json=False)
 
     @classmethod
     def from_manifest(cls, path: str | os.PathLike[str]) -> Limits:
@@ -137,6 +131,23 @@ class Limits:
 
 
 _FIELDS = fields(Limits)
+
+
+def _from_json(source: object, given: object, json: bool) -> Limits:
+    """Limits from *source*, the mapping of run limits read from *given* (a JSON text, when
+    *json*: a bad value is then named with JSON's words)."""
+    if not isinstance(source, Mapping):
+        raise ConfigError(
+            f"run limits must be a JSON object such as {{\"max_steps\": 100}}, "
+            f"not {_json_kind(source)}: {_brief(given)}"
+        )
+    values: dict[str, Any] = {}
+    for key, value in source.items():
+        name = _field_name(key)
+        if name in values:
+            raise ConfigError(f"run limits set {name} twice ({key!r}); keep one of them")
+        values[name] = check_limit(name, value, json=json)
+    return Limits(**values)
 
 
 def _check_fields() -> None:
@@ -253,7 +264,8 @@ class Manifest:
         unknown = set(data) - {"manifest_version", "run_limits", "turn", "transport", "bindings"}
         if unknown:
             raise ConfigError(f"unknown manifest entries {_brief(sorted(unknown, key=str))}")
-        limits = Limits.from_json(data.get("run_limits", {}))
+        run_limits = data.get("run_limits", {})
+        limits = _from_json(run_limits, run_limits, json=True)
         turn, transport = data.get("turn"), data.get("transport")
         if (turn is None) != (transport is None):
             missing = "transport.envelopeBytes" if transport is None else "turn.wallClock"
@@ -345,10 +357,33 @@ def limits_from_flags(args: Any, defaults: Limits = NO_LIMITS) -> Limits:
 
 
 def _flag_value(kind: Kind, value: Any) -> Any:
-    """The limit a flag's value gives: time read as a duration (``--time 30s``), not zero."""
+    """The limit a flag's value gives, checked, a bad one named as the flag that gave it: time
+    read as a duration (``--time 30s``), not zero."""
     if not kind.clock:
-        return value
+        return check_limit(kind.name, value, flag=kind.flag)
     ms = parse_duration(value, field=kind.flag)
     if ms == 0:
         raise ConfigError(f"{kind.flag} 0 is not a time grant; leave {kind.flag} out for none")
     return ms
+
+
+#: a word that argparse would take for an option, but is a negative value (``-1s``, ``-2``,
+#: ``-.5``), a duration or a number
+_NEGATIVE = re.compile(r"-\.?[0-9]")
+
+
+def negative_values_joined(words: Sequence[str]) -> list[str]:
+    """The words of a command line with a negative value given after its long option (as in
+    ``--budget -1s``) joined to it (``--budget=-1s``): argparse would read ``-1s`` as an option
+    and say the flag expected an argument; joined, the value is read and checked as any other,
+    and refused with the message its own check gives. ``%%budget`` and ``nbbudget`` read their
+    words through it."""
+    out: list[str] = []
+    for at, word in enumerate(words):
+        if word == "--":  # what follows is positional, as argparse reads it
+            return out + list(words[at:])
+        if out and _NEGATIVE.match(word) and out[-1].startswith("--") and "=" not in out[-1]:
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    return out

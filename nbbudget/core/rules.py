@@ -375,8 +375,9 @@ _S0 = (
         """
         Every call answers with the same envelope, `nb.Response`: `{"ok", "data", "error",
         "warnings", "meta"}`. An INCOMPLETE response has `ok` false, `meta.exit_code` 14,
-        `data.state` `running` (detach) or `paused` (resume), `data.job` or `data.checkpoint`, and
-        a one-line `data.next` that tells the caller how to continue. `meta` also holds
+        `data.state` `running` (detach; `starting` while the cluster it names by its address is
+        still being connected to) or `paused` (resume), `data.job` or `data.checkpoint`, and a
+        one-line `data.next` that tells the caller how to continue. `meta` also holds
         `duration_ms`, `budget_ms` and, when a wall-clock limit is set, `timeout_ms`. A failure
         has `error` set to `{"code": ..., "message": ...}`.
         """,

@@ -32,7 +32,13 @@ from ..core.endings import ENDINGS
 from ..core.errors import ConfigError, show
 from ..core.files import check_target
 from ..core.limits import NO_LIMITS as _NO_LIMITS
-from ..core.limits import Limits, Manifest, budget_flags, limits_from_flags
+from ..core.limits import (
+    Limits,
+    Manifest,
+    budget_flags,
+    limits_from_flags,
+    negative_values_joined,
+)
 from .cells import (
     CompiledCell,
     compile_cell,
@@ -391,7 +397,12 @@ class BudgetMagics(Magics):
             %budget status
             %budget trace
         """
-        args = self.budget.parser.parse_args(_shell_words("%budget", line))
+        words = _shell_words("%budget", line)
+        if not words:
+            raise UsageError("%budget needs a command: jobs (list the background jobs), wait ID, "
+                             "cancel ID, status (what the last %%budget cell used) or trace "
+                             "(its events), e.g. %budget jobs; %budget? says more")
+        args = self.budget.parser.parse_args(words)
         if args.command == "jobs":
             from ..calls.jobs_frame import jobs_table  # pandas, only when asked
 
@@ -444,6 +455,8 @@ def _read_flags(line: str, defaults: Limits) -> tuple[Any, Limits]:
     try:
         _call.check_interruption(args.detach, args.resume, args.budget,
                                  spelling=_call.FLAG_SPELLING)
+        _call.check_options(args.budget, args.timeout, args.key, args.runs_per_day,
+                            spelling=_call.FLAG_SPELLING)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     if args.trace is not None:
@@ -471,8 +484,10 @@ def _notices_key(settings: NBBudget) -> tuple[float, ...] | None:
 @functools.lru_cache(maxsize=64)
 def _parse_cell_line(line: str) -> Any:
     """The flags of a cell line, its words read as a shell reads them (a value quoted in single
-    or double quotes is read without them); the same line is parsed once."""
-    return BudgetMagics.budget_cell.parser.parse_args(_shell_words("%%budget", line))
+    or double quotes is read without them, a negative one after its flag read as its value);
+    the same line is parsed once."""
+    return BudgetMagics.budget_cell.parser.parse_args(
+        negative_values_joined(_shell_words("%%budget", line)))
 
 
 def _shell_words(magic: str, line: str) -> list[str]:
