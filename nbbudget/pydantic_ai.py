@@ -40,6 +40,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
+from .agents.budget import Budget, current
+from .agents.providers import clamp, spend_usage, usage_of
+from .core.errors import BudgetCut, BudgetExceeded, ConfigError
+from .core.lowlevel import Unwind
+
 #: The first pydantic-ai release with a hook before every attempt at a model request
 #: (``prepare_model_request``), where a ``provider_calls`` permit is taken and ``max_tokens``
 #: clamped; it needs Python 3.11 or newer.
@@ -64,11 +69,6 @@ if not hasattr(AbstractCapability, "prepare_model_request"):
         f"Upgrade it (pip install 'pydantic-ai-slim>={PYDANTIC_AI_NEEDED}', Python 3.11 or "
         f"newer)"
     )
-
-from .agents.budget import Budget, current
-from .agents.providers import clamp, spend_usage, usage_of
-from .core.errors import BudgetCut, BudgetExceeded, ConfigError
-from .core.lowlevel import Unwind
 
 __all__ = ["Budgeted", "UsageLimitCut", "UsageLimitRefused"]
 
