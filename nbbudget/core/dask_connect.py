@@ -53,7 +53,8 @@ class _Handed:
 
     def __init__(self, run: Callable[[Client | None, BaseException | None], None],
                  what: str) -> None:
-        self.run, self.what = run, what
+        self.run = run
+        self.what = what
         self.outcome: str | None = None
 
 
