@@ -640,6 +640,9 @@ BAD_INPUT = [
     (["tagged.ipynb", "-p", "two words", "1"], "nbbudget run: -p 'two words': a parameter's"),
     (["good.ipynb", "--steps", "0"],
      "nbbudget run: --steps 0 must be greater than 0; leave --steps out for no limit"),
+    (["good.ipynb", "--runs-per-day", "0"],
+     "nbbudget run: --runs-per-day 0: use a whole number from 1 to 1000000; leave --runs-per-day "
+     "out for no quota"),
     (["good.ipynb", "--steps", "None"],
      "nbbudget run: error: argument --steps: invalid int value: 'None'"),
     (["good.ipynb", "--budget", "-1s"],

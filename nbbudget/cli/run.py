@@ -224,7 +224,8 @@ def _timeout(value: str | None) -> int | None:
 
 def _runs_per_day(value: int | None) -> int | None:
     if value is not None and not 0 < value <= 1_000_000:
-        raise ConfigError(f"--runs-per-day {value}: use a whole number from 1 to 1000000")
+        raise ConfigError(f"--runs-per-day {value}: use a whole number from 1 to 1000000; leave "
+                          f"--runs-per-day out for no quota")
     return value
 
 
