@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from IPython.core.error import UsageError
 
@@ -256,9 +256,16 @@ def _argparse_keeps_an_explicit_double_dash() -> bool:
 
 @fuzz
 @given(text_values, st.integers(0, 1))
+@example("", 0)
 def test_a_quoted_value_reads_as_the_value(magic_lines: Any, value: str, how: int) -> None:
     assume(value != "--" or _argparse_keeps_an_explicit_double_dash())
-    args, _ = magic_lines._read_flags(f"--key={quoted(value, how)}", nb.Limits())
+    line = f"--key={quoted(value, how)}"
+    if value == "":  # read as the value, an empty key is refused as it is read: it names no work
+        with pytest.raises(UsageError) as refused:
+            magic_lines._read_flags(line, nb.Limits())
+        assert str(refused.value) == "--key '': use a non-empty string that names the work"
+        return
+    args, _ = magic_lines._read_flags(line, nb.Limits())
     assert args.key == value
 
 
