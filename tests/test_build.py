@@ -6,16 +6,16 @@ environment, where ``import nbbudget`` and the ``nbbudget`` command work.
 The slow test builds for real (``python -m build``, as the script does) and runs the checker on
 what it built, then on a wheel that lacks a module, which the checker must refuse.
 
-CI installs the lower bound of each requirement of the core and of the test, frames, run and
-plot extras (``scripts/versions.sh``, its "lowest" entry, from the constraints
-``scripts/lower_bounds.py`` writes) and runs the tests there, so a bound is a release the tests
-pass with.
+Every requirement has a lower bound, and CI installs each one (``scripts/versions.sh``, its
+"lowest" entry, from the constraints ``scripts/lower_bounds.py`` writes) and runs the tests
+there, so a bound is a release the tests pass with.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -52,6 +52,26 @@ def test_the_release_extra_brings_build_and_twine() -> None:
     extras = pyproject()["project"]["optional-dependencies"]
     names = [req.split(">")[0].split("=")[0] for req in extras["release"]]
     assert names == ["build", "twine"]
+
+
+def test_every_requirement_has_a_lower_bound() -> None:
+    project = pyproject()["project"]
+    unbounded = [
+        (where, line)
+        for where, lines in [("dependencies", project["dependencies"]),
+                             *project["optional-dependencies"].items()]
+        for line in lines
+        if Requirement(line).name != "nbbudget"
+        and not any(spec.operator in (">=", "==") for spec in Requirement(line).specifier)
+    ]
+    assert unbounded == []
+
+
+def test_the_dev_extra_pins_ruff_and_mypy() -> None:
+    dev = pyproject()["project"]["optional-dependencies"]["dev"]
+    pinned = {Requirement(line).name: str(Requirement(line).specifier) for line in dev}
+    assert re.fullmatch(r"==\d+\.\d+\.\d+", pinned["ruff"])
+    assert re.fullmatch(r"==\d+\.\d+\.\d+", pinned["mypy"])
 
 
 def test_ci_runs_the_tests_on_the_oldest_releases_allowed() -> None:
