@@ -5,11 +5,17 @@ environment, where ``import nbbudget`` and the ``nbbudget`` command work.
 
 The slow test builds for real (``python -m build``, as the script does) and runs the checker on
 what it built, then on a wheel that lacks a module, which the checker must refuse.
+
+Every requirement has a lower bound, and CI installs each one (``scripts/versions.sh``, its
+"lowest" entry, from the constraints ``scripts/lower_bounds.py`` writes) and runs the tests
+there, so a bound is a release the tests pass with.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +24,8 @@ from pathlib import Path
 
 import pytest
 from conftest import pyproject
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 import nbbudget as nb
 
@@ -44,6 +52,91 @@ def test_the_release_extra_brings_build_and_twine() -> None:
     extras = pyproject()["project"]["optional-dependencies"]
     names = [req.split(">")[0].split("=")[0] for req in extras["release"]]
     assert names == ["build", "twine"]
+
+
+def test_every_requirement_has_a_lower_bound() -> None:
+    project = pyproject()["project"]
+    unbounded = [
+        (where, line)
+        for where, lines in [("dependencies", project["dependencies"]),
+                             *project["optional-dependencies"].items()]
+        for line in lines
+        if Requirement(line).name != "nbbudget"
+        and not any(spec.operator in (">=", "==") for spec in Requirement(line).specifier)
+    ]
+    assert unbounded == []
+
+
+def test_the_dev_extra_pins_ruff_and_mypy() -> None:
+    dev = pyproject()["project"]["optional-dependencies"]["dev"]
+    pinned = {Requirement(line).name: str(Requirement(line).specifier) for line in dev}
+    assert re.fullmatch(r"==\d+\.\d+\.\d+", pinned["ruff"])
+    assert re.fullmatch(r"==\d+\.\d+\.\d+", pinned["mypy"])
+
+
+def test_ci_runs_the_tests_on_the_oldest_releases_allowed() -> None:
+    steps = [line.split(None, 1)[1] for line in (REPO / ".ci/run").read_text().splitlines()
+             if line.startswith("step ")]
+    assert "bash scripts/versions.sh" in steps
+    script = (REPO / "scripts/versions.sh").read_text()
+    assert 'for entry in ${PYTHONS:-3.10 3.12 3.13 lowest}; do' in script
+    assert '"$venv/bin/python" scripts/lower_bounds.py "$lowest_extras" > "$venv/constraints.txt"' \
+        in script
+    assert '"${pip[@]}" -c "$venv/constraints.txt" -e ".[$lowest_extras]"' in script
+
+
+def load_lower_bounds() -> object:
+    """``scripts/lower_bounds.py`` as a module."""
+    spec = importlib.util.spec_from_file_location("lower_bounds", REPO / "scripts/lower_bounds.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PROJECT = {
+    "name": "nbbudget",
+    "dependencies": ["ipython>=8.12", "traitlets>=5.9"],
+    "optional-dependencies": {
+        "test": ["pytest>=8.2,<10", "nbbudget[dask]", "IPython>=8.20",
+                 "tomli>=2; python_version < '3'", "papermill==2.5.0"],
+        "dask": ["distributed>=2026.8.0"],
+        "docs": ["sphinx>=9.0.4"],
+        "dev": ["nbbudget[test]", "ruff"],
+    },
+}
+
+
+def test_the_constraints_pin_each_requirement_that_applies_here_to_its_lower_bound() -> None:
+    lower_bounds = load_lower_bounds().lower_bounds  # type: ignore[attr-defined]
+    # the extras asked for and those they ask for (nbbudget[dask]), not the others (docs);
+    # a package asked for twice at its higher bound; a marker that does not hold, left out
+    assert lower_bounds(PROJECT, ["test"]) == {
+        "ipython": Version("8.20"), "traitlets": Version("5.9"), "pytest": Version("8.2"),
+        "papermill": Version("2.5.0"), "distributed": Version("2026.8.0")}
+    assert lower_bounds(PROJECT, []) == {"ipython": Version("8.12"), "traitlets": Version("5.9")}
+
+
+def test_a_requirement_without_a_lower_bound_is_refused_naming_it() -> None:
+    module = load_lower_bounds()
+    with pytest.raises(module.Refused) as refused:  # type: ignore[attr-defined]
+        module.lower_bounds(PROJECT, ["dev"])  # type: ignore[attr-defined]
+    assert str(refused.value) == ("'ruff' in dev has no lower bound; give it the oldest release "
+                                  "the tests pass with, as '>=VERSION'")
+    with pytest.raises(module.Refused) as refused:  # type: ignore[attr-defined]
+        module.lower_bounds(PROJECT, ["lab"])  # type: ignore[attr-defined]
+    assert str(refused.value) == ("pyproject.toml has no extra 'lab'; the extras are dask, dev, "
+                                  "docs, test")
+
+
+def test_the_script_prints_a_constraints_file_of_the_repositorys_bounds() -> None:
+    done = subprocess.run([sys.executable, str(REPO / "scripts/lower_bounds.py"), "test,frames"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert (done.returncode, done.stderr) == (0, "")
+    pins = dict(line.split("==") for line in done.stdout.splitlines())
+    frames = Requirement(pyproject()["project"]["optional-dependencies"]["frames"][0])
+    assert pins["pandas"] == next(spec.version for spec in frames.specifier)
+    assert {"ipython", "traitlets", "ipywidgets", "ipykernel", "pytest", "distributed"} <= set(pins)
 
 
 @pytest.fixture(scope="module")
