@@ -243,10 +243,13 @@ def test_S0_1_a_resumable_notebook_pauses_at_the_first_boundary_past_2s_and_cont
     notebook = write_notebook(tmp_path / "slow.ipynb", "import time\ncount = 0",
                               *(logged(i, 0.6) for i in range(8)), "print('count', count)")
     env["AGENT_CALL_BUDGET_MS"] = "2000"
-    began = time.time()
-    first = nbbudget(env, "run", notebook.name, "--resume", cwd=tmp_path)
-    assert first.code == 14, first.stderr
-    data = first.envelope["data"]
+    for _ in range(5):  # a kernel slower to start than 2 s (a busy machine) answers "starting":
+        began = time.time()  # the identical command takes the turn over, with a budget of its own
+        first = nbbudget(env, "run", notebook.name, "--resume", cwd=tmp_path)
+        assert first.code == 14, first.stderr
+        data = first.envelope["data"]
+        if data["state"] != "starting":
+            break
     assert data["state"] == "paused"
     assert 2.0 <= first.envelope["meta"]["duration_ms"] / 1000 < 6.0
     assert data["next"] == "nbbudget run slow.ipynb --resume"
