@@ -10,8 +10,8 @@ for the Python that runs the script: run it with the interpreter of the environm
 for. Each package gets one line, ``name==version``, where the version is that of its ``>=`` or
 ``==`` (the highest, where the package is asked for more than once).
 
-A requirement without a lower bound is refused: one line on stderr, exit status 1. Needs
-``packaging`` and, before Python 3.11, ``tomli``.
+A requirement without a lower bound, or an extra pyproject.toml does not have, is refused: one
+line on stderr, exit status 1. Needs ``packaging`` and, before Python 3.11, ``tomli``.
 """
 
 from __future__ import annotations
