@@ -15,8 +15,8 @@ __all__ = ["atomic_write", "check_target", "file_path", "read_json"]
 def atomic_write(path: str | os.PathLike[str], data: bytes, *, overwrite: bool = False,
                  mode: int = 0o600) -> None:
     """Write *data* to *path* through a temporary file, fsync and `os.replace`, with *mode* less
-    the umask, as ``open()`` makes a file: 0600 (the owner's only) unless told, 0o666 for a
-    file that is the user's own, as any program would write it.
+    the umask, as ``open()`` makes a file: 0600 (the owner's only) unless told, 0666 for a
+    file that is the user's own (an executed notebook), as any program would write it.
 
     Refuses to replace an existing file unless *overwrite* is true, so nothing is silently
     rewritten. An `OSError` names *path*, never the temporary file beside it.
