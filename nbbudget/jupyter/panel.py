@@ -249,7 +249,7 @@ class _View:
         for kind, limit in limits.to_dict().items():
             bar = w.FloatProgress(value=0.0, min=0.0, max=1.0, description=_axis(kind),
                                   bar_style="info")
-            label = w.Label(value=f"{_amount(kind, 0)} / {_amount(kind, limit)}")
+            label = w.Label(value=_used_of(kind, 0, limit))
             self.bars[kind], self.labels[kind] = bar, label
             rows.append(w.HBox([bar, label]))
         self.status = w.HTML(value="<b>starting</b>")
@@ -275,7 +275,8 @@ class _View:
         with self.box.hold_sync():
             if cell_over and self.waiting:
                 self.waiting = False
-                self.stop.description, self.stop.disabled = "Stop", False
+                self.stop.description = "Stop"
+                self.stop.disabled = False
             if snap is not None:
                 self._bars(snap)
             first, *rest = text.splitlines()
@@ -295,8 +296,7 @@ class _View:
             if bar is not None:
                 bar.value = min(1.0, axis.fraction)
                 bar.bar_style = style
-                self.labels[axis.kind].value = (f"{_amount(axis.kind, axis.consumed)} / "
-                                                f"{_amount(axis.kind, axis.limit)}")
+                self.labels[axis.kind].value = _used_of(axis.kind, axis.consumed, axis.limit)
 
     def mimebundle(self) -> dict[str, Any]:
         bundle = self.box._repr_mimebundle_()
@@ -331,6 +331,11 @@ def _axis(kind: str) -> str:
     every other by its kind."""
     row = KINDS[KIND_INDEX[kind]]
     return row.flag.removeprefix("--") if row.clock else kind
+
+
+def _used_of(kind: str, consumed: float, limit: float) -> str:
+    """An axis's label on the panel: ``6.4 s / 1 min``, ``3 / 10``."""
+    return f"{_amount(kind, consumed)} / {_amount(kind, limit)}"
 
 
 def _amount(kind: str, x: float) -> str:
