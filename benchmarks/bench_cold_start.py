@@ -46,7 +46,7 @@ import distributed
 mark("import distributed")
 client = distributed.Client(address, set_as_default=False)
 mark("connect")
-from nbbudget.core.dask_ledger import on_cluster
+from nbbudget.backends.dask.ledger import on_cluster
 on_cluster(client)
 mark("install the ledger")
 def stamp():

@@ -21,7 +21,7 @@ import cloudpickle
 from distributed import Client, LocalCluster, Semaphore
 
 import nbbudget as nb
-from nbbudget.core.dask_scheduler import Channel, install
+from nbbudget.backends.dask.scheduler import Channel, install
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

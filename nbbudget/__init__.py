@@ -7,8 +7,8 @@ pauses at a checkpoint (`call`, `checkpoint`, `jobs`). In IPython, ``%load_ext n
 
 from __future__ import annotations
 
-from .agents.budget import Budget, Grant, Snapshot, budget, current
-from .agents.tools import ToolContext
+from .run.budget import Budget, Grant, Snapshot, budget, current
+from .run.tools import ToolContext
 from .calls.call import call, checkpoint, resume_state
 from .calls.jobs import Job, JobState
 from .calls.response import Response

@@ -1,6 +1,6 @@
 """nbbudget on a Dask cluster (``pip install 'nbbudget[dask]'``).
 
-The ledger of every run on a cluster lives on its scheduler (`nbbudget.core.dask_scheduler`).
+The ledger of every run on a cluster lives on its scheduler (`nbbudget.backends.dask.scheduler`).
 It is installed on first use, idempotently, or ahead of time when the scheduler starts::
 
     dask scheduler --preload nbbudget.dask
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .core.dask_scheduler import LedgerExtension, install
+from .backends.dask.scheduler import LedgerExtension, install
 
 if TYPE_CHECKING:
     from distributed import Scheduler

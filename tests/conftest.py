@@ -22,7 +22,7 @@ from nbbudget.core.ledger import LocalLedger
 
 
 class SessionDaskLedger:
-    """The Dask ledger (`nbbudget.core.dask_ledger`) on an in-process cluster started at its
+    """The Dask ledger (`nbbudget.backends.dask.ledger`) on an in-process cluster started at its
     first use and closed at the end of the session: a ledger factory like `LocalLedger`."""
 
     __name__ = "DaskLedger"
@@ -33,7 +33,7 @@ class SessionDaskLedger:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.factory is None:
-            from nbbudget.core.dask_ledger import OnCluster
+            from nbbudget.backends.dask.ledger import OnCluster
 
             self.factory = OnCluster(self.stack.enter_context(dask_cluster(processes=False)))
         return self.factory(*args, **kwargs)

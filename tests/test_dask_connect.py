@@ -27,8 +27,8 @@ from conftest import dask_cluster, wait_for
 pytest.importorskip("distributed")
 
 import nbbudget as nb
-from nbbudget.core.dask_connect import EXIT_WAIT_S
-from nbbudget.core.dask_ledger import on_cluster
+from nbbudget.backends.dask.connect import EXIT_WAIT_S
+from nbbudget.backends.dask.ledger import on_cluster
 
 pytestmark = pytest.mark.realclock
 

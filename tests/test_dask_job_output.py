@@ -1,7 +1,7 @@
 """What a call's task on a cluster prints, and its heartbeat, reach the kernel's job: while the
 task runs, all of it by the time its result is answered, only its own thread's writes, and, in
 a kernel that reattaches to it from the scheduler, what it printed before, then what comes
-later, each once (N-2, for calls; `nbbudget.calls.dask_output`).
+later, each once (N-2, for calls; `nbbudget.backends.dask.output`).
 
 In-process clusters here, and worker processes for a task run again after its worker was
 killed; the real-process test of ``test_dask_jobs.py`` checks the same across two kernel
@@ -24,7 +24,7 @@ from conftest import wait_for
 from test_dask_jobs import in_kernel  # noqa: F401  (a fixture)
 
 import nbbudget as nb
-from nbbudget.calls.dask_runner import DaskRunner
+from nbbudget.backends.dask.runner import DaskRunner
 from nbbudget.calls.jobs import Jobs
 from nbbudget.calls.runner import Backend, use_backend
 

@@ -31,7 +31,7 @@ import pandas as pd
 from conftest import wait_for
 
 import nbbudget as nb
-from nbbudget.calls.dask_runner import PREFIX, DaskRunner
+from nbbudget.backends.dask.runner import PREFIX, DaskRunner
 from nbbudget.calls.jobs import Jobs
 from nbbudget.calls.runner import Backend, use_backend
 
@@ -548,7 +548,7 @@ os._exit(0)  # the kernel dies at once: its own timer goes with it
 
 def runs_on_the_ledger(dask_scheduler: Any) -> list[str]:
     """Runs on the scheduler: the keys of the runs its ledger holds."""
-    from nbbudget.core.dask_scheduler import LEDGER_NAME
+    from nbbudget.backends.dask.scheduler import LEDGER_NAME
 
     return list(dask_scheduler.plugins[LEDGER_NAME].books)
 
@@ -559,7 +559,7 @@ def test_a_job_whose_kernel_died_is_cancelled_at_its_timeout_by_the_scheduler(
 
     from conftest import dask_cluster
 
-    from nbbudget.core.dask_scheduler import Channel
+    from nbbudget.backends.dask.scheduler import Channel
 
     (tmp_path / "timedwork.py").write_text(TIMED_WORK)
     monkeypatch.syspath_prepend(str(tmp_path))  # the worker processes import the work too

@@ -1,4 +1,4 @@
-"""A run on a cluster (``nb.budget(..., cluster=client)``, `nbbudget.core.dask_ledger`): its
+"""A run on a cluster (``nb.budget(..., cluster=client)``, `nbbudget.backends.dask.ledger`): its
 pool is a lease from the scheduler, refilled by one round trip, so a step costs what a local one
 does; a stop made elsewhere reaches it; what cannot be kept there is refused with a fix.
 
@@ -17,8 +17,8 @@ import pytest
 pytest.importorskip("distributed")
 
 import nbbudget as nb
-from nbbudget.core.dask_ledger import DaskLedger, on_cluster
-from nbbudget.core.dask_scheduler import Channel
+from nbbudget.backends.dask.ledger import DaskLedger, on_cluster
+from nbbudget.backends.dask.scheduler import Channel
 from nbbudget.core.kinds import STEPS
 
 

@@ -1,4 +1,4 @@
-"""The ledger on a Dask scheduler (`nbbudget.core.dask_scheduler`): exactly the limit is ever
+"""The ledger on a Dask scheduler (`nbbudget.backends.dask.scheduler`): exactly the limit is ever
 granted however many tasks reserve at once, over a run and its grants, all or nothing (S4-3);
 a message sent twice charges once; a refusal names its scope, limit and consumption (S4-8);
 spending after the fact passes a limit and says which (S4-10); a stop reaches the workers that
@@ -24,7 +24,7 @@ import cloudpickle
 from conftest import dask_cluster
 from distributed import get_worker
 
-from nbbudget.core.dask_scheduler import LISTENER_NAME, Channel, install
+from nbbudget.backends.dask.scheduler import LISTENER_NAME, Channel, install
 from nbbudget.dask import dask_setup
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # worker processes import no tests

@@ -1,4 +1,4 @@
-"""A run made on first use (`nbbudget.agents.budget.Deferred`): the run of a call whose work
+"""A run made on first use (`nbbudget.run.budget.Deferred`): the run of a call whose work
 never uses it costs nothing, and is the same run as an entered one would be once anything
 reads it."""
 
@@ -9,7 +9,7 @@ import threading
 import pytest
 
 import nbbudget as nb
-from nbbudget.agents.budget import Deferred
+from nbbudget.run.budget import Deferred
 from nbbudget.core.clock import default_clock
 from nbbudget.testing import FakeClock
 

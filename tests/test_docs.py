@@ -194,8 +194,8 @@ def test_the_architecture_page_draws_every_module_in_its_layer() -> None:
     text = page("architecture")
     diagram = text[text.index("```text"):text.index("```", text.index("```text") + 3)]
     package = Path(nb.__file__).resolve().parent
-    for folder in sorted(p for p in package.iterdir() if (p / "__init__.py").exists()):
-        start = diagram.index(f"nbbudget/{folder.name}/")
+    for folder in sorted(p.parent for p in package.rglob("__init__.py") if p.parent != package):
+        start = diagram.index(f"nbbudget/{folder.relative_to(package).as_posix()}/ ")
         stop = diagram.find("───", start)
         lines = diagram[start:stop]
         names = {m.stem for m in folder.glob("*.py") if m.stem != "__init__"}

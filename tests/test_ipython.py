@@ -339,7 +339,7 @@ def test_a_configured_cluster_keeps_a_cells_counters_and_runs_its_branches(shell
     pytest.importorskip("distributed")
     from conftest import dask_cluster
 
-    from nbbudget.core.dask_ledger import DaskLedger, on_cluster
+    from nbbudget.backends.dask.ledger import DaskLedger, on_cluster
 
     with dask_cluster(processes=False) as client:
         address = client.scheduler.address
@@ -361,7 +361,7 @@ def test_a_configured_cluster_is_where_nb_call_runs_its_work(shell):
     pytest.importorskip("distributed")
     from conftest import dask_cluster
 
-    from nbbudget.core.dask_ledger import on_cluster
+    from nbbudget.backends.dask.ledger import on_cluster
 
     def where() -> str:
         from distributed import get_worker
@@ -385,7 +385,7 @@ def test_a_detached_cells_body_stays_in_the_kernel_when_a_cluster_is_configured(
     pytest.importorskip("distributed")
     from conftest import dask_cluster
 
-    from nbbudget.core.dask_ledger import on_cluster
+    from nbbudget.backends.dask.ledger import on_cluster
 
     with dask_cluster(processes=False) as client:
         address = client.scheduler.address
@@ -484,7 +484,7 @@ def test_budget_jobs_on_a_damaged_store_is_a_usage_error_naming_it(shell, tmp_pa
 def test_S2_1_a_budget_cell_inside_an_active_run_runs_as_a_grant_of_it(shell):
     """Under ``nbbudget run`` every cell runs inside the notebook's run: a %%budget cell there
     is a grant of it, its steps counted on the run too, its deadline within the run's."""
-    from nbbudget.agents.budget import activate
+    from nbbudget.run.budget import activate
     from nbbudget.testing import FakeClock
 
     run = nb.budget(steps=3, time="1h", name="notebook", clock=FakeClock())
@@ -509,7 +509,7 @@ def test_a_stop_that_reaches_the_top_of_a_cell_shows_its_public_error_in_one_lin
     """A run made current outside a ``with`` block (a notebook's under ``nbbudget run``): when
     its time grant is spent, the next check raises at the top of a cell, and IPython shows the
     error a ``with`` block would have raised, in one line."""
-    from nbbudget.agents.budget import activate
+    from nbbudget.run.budget import activate
     from nbbudget.testing import FakeClock
 
     clock = FakeClock()

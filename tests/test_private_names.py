@@ -2,10 +2,11 @@
 private names or reads another's private attributes, and the modules import each other in no
 circle, lazy imports included. The layers above the core use `nbbudget.core.lowlevel`.
 
-The layers (``docs/architecture.md``) only look down: `nbbudget.core`, then `nbbudget.agents`,
-then `nbbudget.calls`, then `nbbudget.jupyter` and `nbbudget.cli`, then the public modules
-(`nbbudget`, `nbbudget.testing`, `nbbudget.pydantic_ai`, `nbbudget.demo`). No module imports
-one of a higher layer, lazily or not."""
+The layers (``docs/architecture.md``) only look down: `nbbudget.core`, then `nbbudget.run`,
+then `nbbudget.calls`, then `nbbudget.integrations` and `nbbudget.backends` (a backend is loaded
+by name, `nbbudget.core.backends.load`, never imported from below), then `nbbudget.jupyter` and
+`nbbudget.cli`, then the public modules (`nbbudget`, `nbbudget.testing`, `nbbudget.pydantic_ai`,
+`nbbudget.dask`, `nbbudget.demo`). No module imports one of a higher layer, lazily or not."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "nbbudget"
 
 #: each folder's layer; the modules at the top of the package are the public layer
-LAYERS = {"core": 0, "agents": 1, "calls": 2, "jupyter": 3, "cli": 3}
-PUBLIC_LAYER = 4
+LAYERS = {"core": 0, "run": 1, "calls": 2, "integrations": 3, "backends": 3, "jupyter": 4, "cli": 4}
+PUBLIC_LAYER = 5
 
 
 def module_name(path: Path) -> str:
@@ -128,9 +129,9 @@ def test_the_layer_check_finds_an_upward_import(monkeypatch) -> None:
 def test_the_reach_check_finds_a_private_import_and_a_private_read(monkeypatch) -> None:
     tree = ast.parse("from ._budget import _current\nrun._core.charge(0, 1, None)\n")
     monkeypatch.setitem(globals(), "modules", lambda: {
-        "nbbudget.agents.budget": ast.parse("_current = 1\nclass B:\n    _core = 2\n"),
-        "nbbudget.agents.tools": tree})
-    assert reaches() == [("nbbudget.agents.tools", "_core"), ("nbbudget.agents.tools", "_current")]
+        "nbbudget.run.budget": ast.parse("_current = 1\nclass B:\n    _core = 2\n"),
+        "nbbudget.run.tools": tree})
+    assert reaches() == [("nbbudget.run.tools", "_core"), ("nbbudget.run.tools", "_current")]
 
 
 PACKAGES = {name for name in modules() if is_package(name)}

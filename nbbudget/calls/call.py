@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ..agents.budget import Budget, Deferred, set_ambient
+from ..run.budget import Budget, Deferred, set_ambient
+from ..core.backends import load
 from ..core.clock import Clock, Latch, default_clock
-from ..core.dask_connect import EXIT_WAIT_S, when_connected
 from ..core.duration import parse_duration
 from ..core.endings import ENDINGS, envelope_code
 from ..core.errors import (
@@ -288,10 +288,8 @@ def _backend(cluster: Any, clock: Clock, t0_ms: float, budget_ms: int | None) ->
         cluster = _default_cluster()
     if cluster is None or cluster is False:
         return current_backend()
-    from .dask_runner import on_cluster_backend
-
     within_s = (t0_ms + budget_ms - clock.now_ms()) / 1000 if budget_ms else None
-    return on_cluster_backend(cluster, within_s, budget_ms)
+    return load("dask", "runner").on_cluster_backend(cluster, within_s, budget_ms)  # type: ignore[no-any-return]
 
 
 def _run(plan: _Plan, cluster: Any, clock: Clock, t0_ms: float, started: float,
@@ -438,7 +436,8 @@ def _starting(work: _Plan | _Direct, address: str, clock: Clock, started: float,
         if placing is None:
             placing = _placing[identity] = _Placing(_starting_job(work, clock))
     job = placing.job
-    if made and not when_connected(address, functools.partial(
+    connect = load("dask", "connect")
+    if made and not connect.when_connected(address, functools.partial(
             _place, work, placing, current_backend().store, clock, started_wall),
             f"job {job.id} ({work.label})"):
         with _placing_lock:
@@ -451,7 +450,7 @@ def _starting(work: _Plan | _Direct, address: str, clock: Clock, started: float,
                           "next": f"make the identical call again to wait for the result: the "
                                   f"work goes to the cluster at {address!r} as soon as this "
                                   f"process is connected to it (a process that exits first "
-                                  f"waits for that, up to {EXIT_WAIT_S:g} s)"})
+                                  f"waits for that, up to {connect.EXIT_WAIT_S:g} s)"})
 
 
 def _starting_job(work: _Plan | _Direct, clock: Clock) -> Job:
@@ -504,15 +503,13 @@ def _place(work: _Plan | _Direct, placing: _Placing, store: Callable[[], Store],
     work if a call of another process already put it there, else start it. What stops it (the
     connection's *error*, a quota, a cancel asked meanwhile) ends its job, kept for the
     identical call, and is raised again, for a process that exits to say so."""
-    from .dask_runner import runner_of
-
     job = placing.job
     try:
         if job.cancel_requested is not None:
             raise Cancelled(f"{work.label} was cancelled before it reached the cluster")
         if error is not None:
             raise error
-        runner = runner_of(client)
+        runner = load("dask", "runner").runner_of(client)
         backend = Backend(runner, store)
         if not runner.follow(work, job):
             if isinstance(work, _Direct):
@@ -1043,7 +1040,7 @@ def checkpoint(state: Any) -> None:
     returns INCOMPLETE (``paused``) and the identical call continues from this state (S0-2).
 
     In work that declared only ``detach`` it does nothing: that work never pauses. In a task
-    on a cluster the state goes to the kernel, which saves it (`nbbudget.calls.dask_runner`).
+    on a cluster the state goes to the kernel, which saves it (`nbbudget.backends.dask.runner`).
     """
     ctx = _current_call.get()
     if ctx is None:

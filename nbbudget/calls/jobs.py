@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..agents.budget import Deferred
+from ..run.budget import Deferred
 from ..core.clock import Latch
 from ..core.errors import ConfigError
 from .store import StoreBusy
@@ -28,7 +28,7 @@ from .store import StoreBusy
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ..agents.budget import Budget
+    from ..run.budget import Budget
     from ..core.clock import Clock, Scheduled
     from .store import Store
 

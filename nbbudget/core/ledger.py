@@ -24,6 +24,7 @@ import math
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .clock import Clock
@@ -89,6 +90,20 @@ class Account:
     def figures(self, i: int) -> tuple[float, float]:
         """The limit of kind *i* in force (this slice's), and what this slice consumed."""
         return plain(self.thr[i] - self.base[i]), plain(self.used(i))
+
+
+@dataclass(frozen=True)
+class Branch:
+    """What a branch sent to a worker needs of its run: the run's key on the scheduler and the
+    scope it charges (the run's, or a grant's), its name and limits, the time it has left
+    (never a deadline: monotonic clocks do not compare across hosts) and its notices."""
+
+    key: str
+    home: str
+    name: str
+    limits: dict[str, float]
+    remaining_ms: float | None
+    notices: tuple[float, float] | None
 
 
 class Ledger(Protocol):

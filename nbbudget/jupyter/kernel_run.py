@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..agents.budget import Budget, activate, stop_error
+from ..run.budget import Budget, activate, stop_error
 from ..core.endings import ENDINGS
 from ..core.errors import BudgetError
 from ..core.limits import Limits

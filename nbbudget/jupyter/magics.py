@@ -20,7 +20,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from traitlets import Bool, Dict, Int, List, Unicode
 from traitlets.config import Configurable
 
-from ..agents.budget import Budget, Grant, check_notices, current
+from ..run.budget import Budget, Grant, check_notices, current
 from ..calls import call as _call
 from ..calls import interactive as _interactive
 from ..calls import store as _store

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..agents.budget import Budget
+from ..run.budget import Budget
 from ..core.duration import spoken
 from ..core.kinds import KIND_INDEX, KINDS
 from ..core.limits import Limits

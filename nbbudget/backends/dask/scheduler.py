@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from distributed.utils import sync
 
-from .ledger import plain
+from ...core.ledger import plain
 
 if TYPE_CHECKING:
     from distributed import Client, Scheduler, Worker

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar, overload
 
+from ..core.backends import load
 from ..core.clock import Clock, default_clock
 from ..core.duration import parse_duration
 from ..core.endings import outcome_of
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from distributed import Client
 
-    from ..core.dask_ledger import Branch
+    from ..core.ledger import Branch
 
 __all__ = ["STATE_VERSION", "Budget", "Deferred", "Grant", "Snapshot", "activate", "budget",
            "check_notices", "current", "set_ambient", "stop_error"]
@@ -732,11 +733,10 @@ def _recipe(name: str | None, limits: Limits, clock: Clock | None, trace: str, s
 def join(branch: Branch) -> Budget:
     """The run of a branch sent to a worker (see `Budget.parallel`): the same counters on the
     cluster's scheduler, the time the run had left, and the run's stop."""
-    from ..core.dask_ledger import joining
-
     left = branch.remaining_ms
     return Budget(Limits.from_json(branch.limits), name=branch.name, notices=branch.notices,
-                  time=None if left is None else max(1, math.ceil(left)), ledger=joining(branch))
+                  time=None if left is None else max(1, math.ceil(left)),
+                  ledger=load("dask", "ledger").joining(branch))
 
 
 def budget(limits: Limits | None = None, **kwargs: Any) -> Budget:
@@ -772,9 +772,7 @@ def _on_cluster(cluster: Any, ledger: LedgerFactory) -> tuple[LedgerFactory, Cli
         return ledger, None
     if ledger is not LocalLedger:
         raise ConfigError("give cluster= or ledger=, not both: cluster= chooses the ledger")
-    from ..core.dask_ledger import on_cluster
-
-    factory = on_cluster(cluster)
+    factory = load("dask", "ledger").on_cluster(cluster)
     return factory, factory.client
 
 

@@ -15,7 +15,7 @@ when its kernel dies. The job is kept by identity in this process too, and liste
 scheduler (from a restarted kernel); a job that has already ended there goes to exactly one
 caller: the name is taken off the scheduler in one step of the scheduler's own (S0-11). The
 future is published with its run's place on the ledger (its `Branch`), so the job a restarted
-kernel finds has the task's run, joined from there (`nbbudget.core.dask_ledger.watching`): its
+kernel finds has the task's run, joined from there (`nbbudget.backends.dask.ledger.watching`): its
 counters show there, and cancelling it reaches the task. Each runner lists in its
 ``nb.jobs.to_frame()`` the jobs published on its cluster that this process holds no job of
 (`DaskRunner.published_jobs`): a restarted kernel sees the jobs its predecessor left running.
@@ -23,7 +23,7 @@ counters show there, and cancelling it reaches the task. Each runner lists in it
 anew.
 
 What the task's thread prints, its heartbeat and its checkpoints go to the kernel as events of
-the scheduler (`nbbudget.calls.dask_output`): the kernel listens from before it submits the
+the scheduler (`nbbudget.backends.dask.output`): the kernel listens from before it submits the
 task, and a kernel that reattaches replays what the scheduler kept first, so ``job.output``
 holds everything the task printed, and ``job.last_heartbeat`` when it was last heard from.
 
@@ -31,7 +31,7 @@ A resumable call (``resume=True``) runs as a task too (`TaskCall` is its call on
 Its run continues from the loaded checkpoint's counters (S4-4); its task carries the
 checkpoint's state (``nb.resume_state()`` there) and the caller's budget as a duration
 (`Shipped`). ``nb.checkpoint(state)`` on the worker ships the state with the counters the task
-took; the kernel saves it in its store, signed, as it arrives (`nbbudget.calls.dask_output.Saver`).
+took; the kernel saves it in its store, signed, as it arrives (`nbbudget.backends.dask.output.Saver`).
 Once the budget has run out, the task ends at its next checkpoint with a `PausedAt` as its
 value, and the kernel answers with the checkpoint it saved there (S0-2). Its caller never
 detaches: it is there while the task runs.
@@ -62,14 +62,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..agents.budget import Budget, join
-from ..core.errors import Cancelled
-from ..core.limits import Limits
-from ..core.lowlevel import Incomplete, Stop
-from ..core.outcome import Status
-from .dask_output import Feed, Saver, TaskOutput, beat_topic, forget, output_topic
-from .jobs import Job, JobState, Jobs
-from .runner import (
+from ...run.budget import Budget, join
+from ...core.errors import Cancelled
+from ...core.limits import Limits
+from ...core.lowlevel import Incomplete, Stop
+from ...core.outcome import Status
+from .output import Feed, Saver, TaskOutput, beat_topic, forget, output_topic
+from ...calls.jobs import Job, JobState, Jobs
+from ...calls.runner import (
     Backend,
     Checkpoints,
     LocalRunner,
@@ -83,9 +83,9 @@ from .runner import (
 if TYPE_CHECKING:
     from distributed import Client, Future
 
-    from ..core.dask_ledger import Branch
+    from .ledger import Branch
 
-    from ..core import workers
+    from ...core import workers
 
 __all__ = ["PREFIX", "DaskRunner", "PausedAt", "Shipped", "TaskCall", "on_cluster_backend",
            "published_name", "published_states", "run_work", "runner_of", "take_published"]
@@ -188,9 +188,9 @@ def _named(module: str, qualname: str) -> Any:
 def run_work(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
              branch: Branch, shipped: Shipped) -> Any:
     """Runs on a worker: ``fn(*args, **kwargs)`` inside the call's run joined there
-    (`nbbudget.agents.budget.join`): its limits and counters on the scheduler, the time it had
+    (`nbbudget.run.budget.join`): its limits and counters on the scheduler, the time it had
     left, and its stop, pushed to the worker when the kernel cancels the job. What its thread
-    prints goes to the kernel, with a heartbeat (`nbbudget.calls.dask_output.TaskOutput`), all
+    prints goes to the kernel, with a heartbeat (`nbbudget.backends.dask.output.TaskOutput`), all
     of it before the task ends. Its value is the task's (a `PausedAt` when it paused at a
     checkpoint); its error is raised there, and the future keeps it."""
     from distributed import get_worker
@@ -258,7 +258,7 @@ def on_cluster_backend(cluster: object, within_s: float | None = None,
     address, resolved as ``nb.budget(cluster=...)`` resolves it, a first connection waited
     for at most *within_s*, the rest of the call budget *budget_ms*): its work runs on that
     cluster, its records stay in the store in force."""
-    from ..core.dask_ledger import on_cluster
+    from .ledger import on_cluster
 
     return Backend(runner_of(on_cluster(cluster, within_s, budget_ms).client),
                    current_backend().store)
@@ -316,7 +316,7 @@ class DaskRunner(LocalRunner):
         core.scope.start()
         job.use_run(run)
         if wall_clock is not None:
-            from ..core.dask_ledger import stop_after
+            from .ledger import stop_after
 
             stop_after(core.ledger, wall_clock.left_ms, Stop.of(
                 Status.CANCELLED, wall_clock.message, core.scope, by="wall-clock"))
@@ -428,7 +428,7 @@ class DaskRunner(LocalRunner):
         when the job was published without its run)."""
         if branch is None:
             return Budget(work.limits, name=work.label, notices=work.notices)
-        from ..core.dask_ledger import watching
+        from .ledger import watching
 
         return Budget(Limits.from_json(branch.limits), name=branch.name, notices=branch.notices,
                       ledger=watching(self.client, branch))

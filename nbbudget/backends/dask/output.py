@@ -20,7 +20,7 @@ scheduler keeps at most ``distributed.admin.low-level-log-length`` events per to
 default) until the job's result is delivered (`forget`): a kernel that reattaches after more
 batches than that gets a line saying how many were dropped, then the rest.
 
-`distributed` is imported by the module that imports this one (`nbbudget.calls.dask_runner`),
+`distributed` is imported by the module that imports this one (`nbbudget.backends.dask.runner`),
 only when a call is given a cluster.
 """
 
@@ -36,16 +36,16 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..core import workers
-from ..core.errors import Cancelled
+from ...core import workers
+from ...core.errors import Cancelled
 
 if TYPE_CHECKING:
     from distributed import Client
 
-    from ..agents.budget import Budget
-    from .jobs import Job
-    from .runner import Checkpoints
-    from .store import Checkpoint
+    from ...run.budget import Budget
+    from ...calls.jobs import Job
+    from ...calls.runner import Checkpoints
+    from ...calls.store import Checkpoint
 
 __all__ = ["FLUSH_S", "HEARTBEAT_S", "Feed", "Saver", "TaskOutput", "beat_topic", "forget",
            "history", "output_topic"]
@@ -283,7 +283,7 @@ class Feed:
 
     def listen(self, replaying: bool = False) -> None:
         """Hear the task's messages from now on; *replaying*: hold them until `replay`."""
-        from ..core.dask_scheduler import hear
+        from .scheduler import hear
 
         if replaying:
             self._held = []

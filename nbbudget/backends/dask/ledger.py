@@ -1,5 +1,5 @@
 """The client half of the Dask ledger: a run whose counters live on a cluster's scheduler
-(`nbbudget.core.dask_scheduler`), from the kernel or from a task on a worker.
+(`nbbudget.backends.dask.scheduler`), from the kernel or from a task on a worker.
 
 `DaskLedger` is a `Ledger`. It keeps the local ledger's pools, so ``step()`` and ``charge(kind)``
 stay a lock-free ``list.pop()``: the pool *is* this holder's lease. When a pool runs dry, one
@@ -30,20 +30,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .clock import Clock
-from .errors import BudgetExceeded, ConfigError
-from .kinds import KIND_INDEX, KINDS, POOLED, RUN_MS, STEPS, kind_index
-from .ledger import Account, Items, LedgerFactory, LocalLedger
-from .limits import Limits
-from .outcome import Status
-from .scope import Scope, Stop
-from .snapshot import AxisUsage
-from .trace import Recorder
+from ...core.clock import Clock
+from ...core.errors import BudgetExceeded, ConfigError
+from ...core.kinds import KIND_INDEX, KINDS, POOLED, RUN_MS, STEPS, kind_index
+from ...core.ledger import Account, Branch, Items, LedgerFactory, LocalLedger
+from ...core.limits import Limits
+from ...core.outcome import Status
+from ...core.scope import Scope, Stop
+from ...core.snapshot import AxisUsage
+from ...core.trace import Recorder
 
 if TYPE_CHECKING:
     from distributed import Client
 
-    from .dask_scheduler import Channel, Reply
+    from .scheduler import Channel, Reply
 
 __all__ = ["FAST_S", "RETRIED_ONCE", "SLOW_S", "WAIT_S", "Branch", "DaskAccount", "DaskLedger",
            "OnCluster", "how_of", "joining", "on_cluster", "standing_stop", "stop_after",
@@ -63,26 +63,12 @@ _factories: weakref.WeakKeyDictionary[Client, OnCluster] = weakref.WeakKeyDictio
 _factories_lock = threading.Lock()  # the connection thread makes one too (`dask_connect`)
 
 
-@dataclass(frozen=True)
-class Branch:
-    """What a branch sent to a worker needs of its run: the run's key on the scheduler and the
-    scope it charges (the run's, or a grant's), its name and limits, the time it has left
-    (never a deadline: monotonic clocks do not compare across hosts) and its notices."""
-
-    key: str
-    home: str
-    name: str
-    limits: dict[str, float]
-    remaining_ms: float | None
-    notices: tuple[float, float] | None
-
-
 def joining(branch: Branch) -> LedgerFactory:
     """The ledger factory of a branch's run, in a task on a worker: it charges the scheduler's
     scope of *branch*, with ids that follow the task and its attempt."""
     from distributed import get_worker
 
-    from .dask_scheduler import Channel
+    from .scheduler import Channel
 
     channel, task = Channel.here(), get_worker().get_current_task()
     attempt = int(channel.call("nbb_attempt", key=task)["attempt"]) if task is not None else 0
@@ -98,7 +84,7 @@ def watching(client: Client, branch: Branch) -> LedgerFactory:
     """The ledger factory of a run that a kernel joins through *client* (a kernel that found a
     job's task on the scheduler): it reads the counters of *branch*'s run, and its stop stops
     that run there, which is pushed to the task; it never opens or closes the run."""
-    from .dask_scheduler import Channel
+    from .scheduler import Channel
 
     channel = Channel.of(client)
 
@@ -502,7 +488,7 @@ def on_cluster(cluster: object, within_s: float | None = None,
     """The ledger factory of *cluster*: a ``distributed.Client``, or a scheduler address (one
     client per address, kept for this process; a first connection waits at most *within_s*,
     what is left of a call budget of *budget_ms*: `client_of`)."""
-    from .dask_connect import client_class, client_of
+    from .connect import client_class, client_of
 
     if isinstance(cluster, str):  # connected (Dask imported) on a thread of its own
         cluster = client_of(cluster, _factory, within_s, budget_ms)
@@ -528,7 +514,7 @@ class OnCluster:
     __name__ = "DaskLedger"
 
     def __init__(self, client: Client) -> None:
-        from .dask_scheduler import Channel, install
+        from .scheduler import Channel, install
 
         install(client)
         self.client = client

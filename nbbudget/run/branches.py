@@ -19,13 +19,14 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..core.backends import load
 from ..core.errors import ConfigError
 from ..core.kinds import KIND_INDEX
 
 if TYPE_CHECKING:
     from distributed import Client
 
-    from ..core.dask_ledger import Branch
+    from ..core.ledger import Branch
     from ..core.lowlevel import Run
 
 __all__ = ["agent", "parallel", "parallel_on", "run_branch"]
@@ -71,10 +72,8 @@ def parallel_on(client: Client, run: Run, join: Callable[[Branch], AbstractConte
     results in order."""
     from distributed import as_completed
 
-    from ..core.dask_ledger import DaskLedger
-
     core = run.lowlevel
-    assert isinstance(core.ledger, DaskLedger)
+    assert isinstance(core.ledger, load("dask", "ledger").DaskLedger)
     branch = core.ledger.branch(core.account, run.name, core.scope.remaining_ms())
     items = _checked(branches, max_concurrency, max_items)
     group, todo = f"nbb-branch-{next(_groups)}-{id(branch):x}", list(enumerate(items))

@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .clock import Latch
-from .errors import ClusterUnanswered, ConfigError
+from ...core.clock import Latch
+from ...core.errors import ClusterUnanswered, ConfigError
 
 if TYPE_CHECKING:
     from distributed import Client

@@ -1,0 +1,217 @@
+"""Budgets around pydantic-ai agents (the ``pydantic-ai`` extra).
+
+Install with ``pip install 'nbbudget[pydantic-ai]'``. `Budgeted` is a pydantic-ai capability:
+give it to an agent run and the run's model requests and tool calls go through an nbbudget
+run, with no change to the agent, its tools or its prompts::
+
+    import nbbudget as nb
+    from nbbudget.pydantic_ai import Budgeted
+
+    with nb.budget(tool_calls=3, provider_calls=10, tokens=20_000) as run:
+        result = agent.run_sync("Plan the trip", capabilities=[Budgeted(run)])
+
+(In a notebook, ``await agent.run(...)``: a cell already runs an event loop.) What it does:
+
+- **Model requests.** Each attempt at a model request reserves a ``provider_calls`` permit before
+  it is sent, retries included (S4-6), and is never refunded. Each request step counts one
+  ``turns``. The request's ``max_tokens`` setting is clamped to what remains of the
+  ``output_tokens`` grant (S2-9); an exhausted grant refuses the request. What the response used
+  (its ``usage``: input and output tokens, and cost from ``prices=`` per 1,000 tokens or a
+  ``price=`` function) is charged after the fact, so spending past a limit is recorded and the
+  run fails ``budget-cut`` by the first limit passed, in the order tokens > cost (S3-3).
+- **Tool calls.** Each call reserves a ``tool_calls`` permit before it runs (S4-3); a refused call
+  never runs. The run's time and cancellation are checked before every dispatch.
+- **Errors.** A refusal ends the agent run with pydantic-ai's own error, `UsageLimitExceeded`,
+  as its `UsageLimits` would: here the subclass `UsageLimitRefused`, which is also an
+  `nbbudget.BudgetExceeded` (``kind``, ``limit``, ``consumed``, ``target``) and carries the run's
+  ``outcome`` once the run has ended. A limit passed after the fact is `UsageLimitCut`, also an
+  `nbbudget.BudgetCut`. Both appear in the run's trace (``dispatch_refused_budget_exceeded``,
+  ``outcome``). A stop of the run itself (``run.cancel()``, the panel's Stop button, its time
+  running out) unwinds the agent run like any other nbbudget stop.
+
+``Budgeted()`` with no run uses `nbbudget.current()` when the agent run starts, so inside a
+``%%budget`` cell ``capabilities=[Budgeted()]`` bounds the agent by the cell's limits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import KW_ONLY, dataclass
+from typing import Any
+
+from ..run.budget import Budget, current
+from ..run.providers import clamp, spend_usage, usage_of
+from ..core.errors import BudgetCut, BudgetExceeded, ConfigError
+from ..core.lowlevel import Unwind
+
+#: The first pydantic-ai release with a hook before every attempt at a model request
+#: (``prepare_model_request``), where a ``provider_calls`` permit is taken and ``max_tokens``
+#: clamped; it needs Python 3.11 or newer.
+PYDANTIC_AI_NEEDED = "2.64"
+
+try:
+    from pydantic_ai.capabilities import AbstractCapability
+    from pydantic_ai.exceptions import UsageLimitExceeded
+except ImportError as exc:
+    raise ImportError(
+        f"nbbudget.pydantic_ai needs pydantic-ai {PYDANTIC_AI_NEEDED} or newer (on Python 3.11 "
+        f"or newer): pip install 'nbbudget[pydantic-ai]'"
+    ) from exc
+
+if not hasattr(AbstractCapability, "prepare_model_request"):
+    from importlib.metadata import version as _version
+
+    raise ImportError(
+        f"nbbudget.pydantic_ai needs pydantic-ai {PYDANTIC_AI_NEEDED} or newer, and "
+        f"pydantic-ai-slim {_version('pydantic-ai-slim')} is installed: it has no hook before "
+        f"each model request, so the budget could not bound provider_calls or max_tokens. "
+        f"Upgrade it (pip install 'pydantic-ai-slim>={PYDANTIC_AI_NEEDED}', Python 3.11 or "
+        f"newer)"
+    )
+
+__all__ = ["Budgeted", "UsageLimitCut", "UsageLimitRefused"]
+
+
+class UsageLimitRefused(UsageLimitExceeded, BudgetExceeded):
+    """A model request or tool call the budget refused before it was sent (S4-3, S4-6).
+
+    pydantic-ai's `UsageLimitExceeded` and nbbudget's `BudgetExceeded` at once: ``except``
+    either. ``outcome`` is the run's `nbbudget.Outcome` once the run's ``with`` block has ended.
+    """
+
+    def __init__(self, kind: str, limit: float, consumed: float, requested: float = 1,
+                 target: str | None = None, code: str = "", scope: str = "run") -> None:
+        BudgetExceeded.__init__(self, kind, limit, consumed, requested, target, code, scope)
+        self.message = f"{BudgetExceeded.__str__(self)}. {UsageLimitExceeded._HINT}"
+
+
+class UsageLimitCut(UsageLimitExceeded, BudgetCut):
+    """A limit passed by what a model response had already used: the run failed ``budget-cut``.
+
+    pydantic-ai's `UsageLimitExceeded` and nbbudget's `BudgetCut` (``by`` is the limit's kind).
+    """
+
+    _stop: Any = None
+
+    def __init__(self, by: str, message: str) -> None:
+        BudgetCut.__init__(self, by, message)
+        self.message = message
+
+
+def _refused(err: BudgetExceeded) -> UsageLimitRefused:
+    """The refusal, in pydantic-ai's shape (a spent window never gets here: it suspends)."""
+    return UsageLimitRefused(*err.args)
+
+
+@dataclass
+class Budgeted(AbstractCapability[Any]):
+    """Put an nbbudget run around a pydantic-ai agent run (see the module's documentation).
+
+    ``run``: the `nbbudget.Budget` to charge; `None` takes `nbbudget.current()` when the agent
+    run starts. ``prices``: ``{"input": usd, "output": usd}`` per 1,000 tokens, or ``price``: a
+    function of the usage mapping returning dollars, when the responses carry no cost.
+    ``steer=True`` tells the model about approach notices (S3-5): when the run passes a notice
+    threshold, the next request carries a line such as ``Budget notice: start converging
+    (tool_calls at 80% of its limit).``; the loop itself can read ``run.notice_level``.
+    """
+
+    run: Budget | None = None
+    _: KW_ONLY
+    prices: Mapping[str, float] | None = None
+    price: Callable[[Mapping[str, float]], float] | None = None
+    steer: bool = False
+    id: str | None = "nbbudget"
+    _told: int = dataclasses.field(default=0, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.run is not None and not isinstance(self.run, Budget):
+            raise ConfigError(f"Budgeted(run={self.run!r}): give an nbbudget run "
+                              f"(nb.budget(...)) or None for the current one")
+        if self.prices is not None and self.price is not None:
+            raise ConfigError("give prices= (per 1,000 tokens) or price= (a function), not both")
+
+    async def for_run(self, ctx: Any) -> Budgeted:
+        """A copy for one agent run, bound to its nbbudget run."""
+        run = self.run if self.run is not None else current()
+        if run is None:
+            raise ConfigError("Budgeted() found no active run: call the agent inside "
+                              "`with nb.budget(...)` or a %%budget cell, or pass the run: "
+                              "Budgeted(run)")
+        return dataclasses.replace(self, run=run)
+
+    def _run(self) -> Budget:
+        run = self.run
+        if run is None:  # for_run() binds it before any hook runs
+            raise ConfigError("Budgeted() is not bound to a run")
+        return run
+
+    async def before_model_request(self, ctx: Any, request_context: Any) -> Any:
+        """One request step of the agent loop: one ``turns``."""
+        run = self._run()
+        try:
+            run.check()
+            run.charge("turns", target="agent:turn")
+        except BudgetExceeded as err:
+            raise _refused(err) from None
+        if self.steer and run.notice_level > self._told:
+            self._told = run.notice_level
+            ctx.enqueue(_notice_text(run))
+        return request_context
+
+    async def prepare_model_request(self, ctx: Any, request_context: Any) -> Any:
+        """Every attempt: a ``provider_calls`` permit before dispatch, ``max_tokens`` clamped."""
+        run = self._run()
+        label = _model_name(request_context.model)
+        settings = dict(request_context.model_settings or {})
+        try:
+            run.charge("provider_calls", target=f"provider:{label}")
+            asked = settings.get("max_tokens")
+            clamped = clamp(run, asked, f"provider:{label}")
+        except BudgetExceeded as err:
+            raise _refused(err) from None
+        if clamped != asked:
+            settings["max_tokens"] = clamped
+            request_context = dataclasses.replace(request_context, model_settings=settings)
+        return request_context
+
+    async def after_model_request(self, ctx: Any, *, request_context: Any,
+                                  response: Any) -> Any:
+        """Charge what the response used; past a limit the run fails ``budget-cut`` (S3-3)."""
+        run = self._run()
+        usage = usage_of(response)
+        try:
+            spend_usage(run, usage, self.prices, self.price, _model_name(request_context.model))
+        except Unwind as signal:
+            cut = signal.stop  # the run, or the run it draws on, failed budget-cut
+            err = UsageLimitCut(cut.by or "budget", cut.message)
+            err.reports = cut  # so the run's `with` block raises this error, not a new one
+            raise err from None
+        return response
+
+    async def wrap_tool_execute(self, ctx: Any, *, call: Any, tool_def: Any, args: Any,
+                                handler: Any) -> Any:
+        """Every tool call: a ``tool_calls`` permit before it runs; a refused call never runs."""
+        run = self._run()
+        try:
+            run.check()
+            run.charge("tool_calls", target=f"tool:{call.tool_name}")
+        except BudgetExceeded as err:
+            raise _refused(err) from None
+        return await handler(args)
+
+
+def _notice_text(run: Budget) -> str:
+    """The line for the model: the advice of the run's notice level, and which limit is how
+    near from the latest notice of its trace (a run resumed from a checkpoint may have none)."""
+    advice = "start converging" if run.notice_level == 1 else "deliver now"
+    event = run.trace.latest("approach_notice")
+    if event is not None:
+        return (f"Budget notice: {advice} ({event.payload['budget_kind']} at "
+                f"{event.payload['ratio']:.0%} of its limit).")
+    return f"Budget notice: {advice}."
+
+
+def _model_name(model: Any) -> str:
+    name = getattr(model, "model_name", None)
+    return str(name) if name else type(model).__name__
