@@ -189,6 +189,11 @@ def harness(tmp_path: Path, address: str, marker: Path, budget: str, seconds: fl
     return answer, end, done.stderr, took
 
 
+#: CPython 3.12.0 to 3.12.2 refuse to start a thread once the interpreter begins to exit
+#: (gh-113964, fixed in 3.12.3), so a start whose connection is made after that fails
+EXITING_REFUSES_THREADS = (3, 12, 0) <= sys.version_info[:3] < (3, 12, 3)
+
+
 def started(marker: Path) -> int:
     return marker.read_text().count("started") if marker.exists() else 0
 
@@ -208,6 +213,14 @@ def test_S0_1_a_fresh_process_with_a_short_budget_answers_starting_and_its_work_
         assert first["exit_code"] == 14 and first["data"]["state"] == "starting", first
         assert first["ms"] < 100 + 400
         assert end["left"] == []  # its connection ended before the process did
+        if EXITING_REFUSES_THREADS and stderr:
+            # the connection was made after the process began to exit, and a Client starts a
+            # thread: refused there (docs/scaling-out.md), and said on standard error
+            assert "can't create new thread at interpreter shutdown" in stderr, stderr
+            assert "make the identical call again to start it" in stderr, stderr
+            assert started(marker) == 0
+            pytest.skip("Python 3.12.0 to 3.12.2 start no thread once the interpreter exits "
+                        "(CPython gh-113964): the start failed as documented")
         assert stderr == ""  # nothing to report: the work reached the cluster
         assert wait_for(lambda: started(marker) == 1, 30)  # the work runs on the cluster
         # the identical call from another fresh process, still short: starting again, and the
