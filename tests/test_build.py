@@ -172,20 +172,25 @@ def test_the_built_sdist_and_wheel_pass_the_checks(dist: Path) -> None:
         f"sdist nbbudget-{version}.tar.gz: the package, README.md, LICENSE and pyproject.toml",
         f"wheel nbbudget-{version}-py3-none-any.whl: every module, py.typed and the nbbudget "
         f"command",
-        f"wheel installed in a fresh virtual environment: import nbbudget {version} and "
-        f"nbbudget explain S0-10 work",
+        f"wheel installed in a fresh virtual environment: import nbbudget {version}, "
+        f"nbbudget explain lists the 46 rules and explains S0-1",
     ]
+    with zipfile.ZipFile(next(dist.glob("*.whl"))) as wheel:
+        shipped = sorted(n for n in wheel.namelist() if n.startswith("nbbudget/rules/"))
+    assert shipped == [f"nbbudget/rules/{group}.md" for group in ("N", "S0", "S2", "S3", "S4")]
 
 
 @pytest.mark.slow
-def test_a_wheel_without_a_module_is_refused_naming_it(dist: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("left_out", ["nbbudget/core/rules.py", "nbbudget/rules/S2.md"])
+def test_a_wheel_without_a_module_or_a_rules_file_is_refused_naming_it(
+        dist: Path, tmp_path: Path, left_out: str) -> None:
     shutil.copy(next(dist.glob("*.tar.gz")), tmp_path)
     wheel = next(dist.glob("*.whl"))
     with zipfile.ZipFile(wheel) as full, zipfile.ZipFile(tmp_path / wheel.name, "w") as cut:
         for item in full.infolist():
-            if item.filename != "nbbudget/core/rules.py":
+            if item.filename != left_out:
                 cut.writestr(item, full.read(item))
     result = check_dist(tmp_path)
     assert result.returncode == 1
-    assert result.stderr == (f"check_dist.py: {wheel.name} lacks nbbudget/core/rules.py; "
+    assert result.stderr == (f"check_dist.py: {wheel.name} lacks {left_out}; "
                              f"check [tool.setuptools] in pyproject.toml\n")
