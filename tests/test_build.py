@@ -39,6 +39,28 @@ def test_ci_runs_the_tests_first_and_builds_the_release_files() -> None:
     assert "bash scripts/build.sh" in steps
 
 
+def test_ci_runs_ruff_and_mypy_after_the_tests_at_the_pinned_releases() -> None:
+    steps = [line.split(None, 1)[1] for line in (REPO / ".ci/run").read_text().splitlines()
+             if line.startswith("step ")]
+    assert steps[:2] == ["bash scripts/test.sh", "bash scripts/checks.sh"]
+    script = (REPO / "scripts/checks.sh").read_text()
+    assert "\nbash scripts/setup.sh dev\n" in script  # the extra that pins them
+    assert "\n.venv/bin/ruff check || status=1\n" in script
+    assert "\n.venv/bin/mypy --strict nbbudget || status=1\n" in script
+    assert script.endswith('\nexit "$status"\n')
+
+
+def test_the_pre_commit_hooks_run_the_same_checks_from_the_same_environment() -> None:
+    yaml = pytest.importorskip("yaml")
+    config = yaml.safe_load((REPO / ".pre-commit-config.yaml").read_text())
+    assert [repo["repo"] for repo in config["repos"]] == ["local"]
+    hooks = {hook["id"]: hook for repo in config["repos"] for hook in repo["hooks"]}
+    assert hooks["ruff"]["entry"] == ".venv/bin/ruff check --force-exclude"
+    assert hooks["mypy"]["entry"] == ".venv/bin/mypy --strict nbbudget"
+    assert hooks["mypy"]["pass_filenames"] is False  # the whole package, as CI checks it
+    assert {hook["language"] for hook in hooks.values()} == {"system"}
+
+
 def test_the_build_script_builds_into_dist_and_checks_what_it_built() -> None:
     script = (REPO / "scripts/build.sh").read_text()
     assert "bash scripts/setup.sh release" in script
@@ -67,11 +89,12 @@ def test_every_requirement_has_a_lower_bound() -> None:
     assert unbounded == []
 
 
-def test_the_dev_extra_pins_ruff_and_mypy() -> None:
+def test_the_dev_extra_pins_ruff_and_mypy_and_brings_pre_commit() -> None:
     dev = pyproject()["project"]["optional-dependencies"]["dev"]
     pinned = {Requirement(line).name: str(Requirement(line).specifier) for line in dev}
     assert re.fullmatch(r"==\d+\.\d+\.\d+", pinned["ruff"])
     assert re.fullmatch(r"==\d+\.\d+\.\d+", pinned["mypy"])
+    assert "pre-commit" in pinned
 
 
 def test_ci_runs_the_tests_on_the_oldest_releases_allowed() -> None:
