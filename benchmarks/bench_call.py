@@ -47,8 +47,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import nbbudget as nb
-from nbbudget.core import workers
 from nbbudget.calls.store import SQLiteStore
+from nbbudget.core import workers
 
 pc = time.perf_counter
 
@@ -277,7 +277,7 @@ def lateness(calls: int, rows: list[tuple[str, str, str]],
     budget_s = 0.05
     cpu_work = lambda: busy(budget_s * 4)  # noqa: E731 - a value for both runners
     try:
-        import stopit  # noqa: F401
+        import stopit
     except ImportError:
         stopit = None
     ours: list[float] = []

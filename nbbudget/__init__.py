@@ -7,8 +7,6 @@ pauses at a checkpoint (`call`, `checkpoint`, `jobs`). In IPython, ``%load_ext n
 
 from __future__ import annotations
 
-from .run.budget import Budget, Grant, Snapshot, budget, current
-from .run.tools import ToolContext
 from .calls.call import call, checkpoint, resume_state
 from .calls.jobs import Job, JobState
 from .calls.response import Response
@@ -28,6 +26,8 @@ from .core.errors import (
 from .core.limits import Limits, Manifest
 from .core.outcome import Outcome, Status
 from .core.trace import Event, Replay, Trace
+from .run.budget import Budget, Grant, Snapshot, budget, current
+from .run.tools import ToolContext
 
 __version__ = "0.1.0"
 

@@ -4,11 +4,12 @@
 
 - the sdist holds every file of the package, README.md, LICENSE and pyproject.toml, and no
   tests (they read the repository's docs and notebooks, which it does not carry);
-- the wheel holds every file of the package (``py.typed`` included) and the ``nbbudget``
-  command;
+- the wheel holds every file of the package (``py.typed`` and the rules' Markdown files,
+  ``nbbudget/rules/*.md``, included) and the ``nbbudget`` command;
 - the wheel installs in a fresh virtual environment (without its dependencies: the core is the
-  standard library), where ``import nbbudget`` gives the built version and ``nbbudget explain
-  S0-10`` prints the rule.
+  standard library), where ``import nbbudget`` gives the built version, ``nbbudget explain``
+  lists every rule of the repository's Markdown files and ``nbbudget explain S0-1`` prints the
+  first.
 
 One line per check on stdout; the first failure is one line on stderr, and the exit status 1.
 """
@@ -100,12 +101,19 @@ def check_install(wheel: Path) -> None:
         if found != version or not Path(where).is_relative_to(venv):
             raise Refused(f"the fresh environment imported nbbudget {found} from {where}, not "
                           f"{version} from the wheel; rebuild into an empty folder")
-        rule = run([str(venv / "bin/nbbudget"), "explain", "S0-10"], tmp)
-        if not rule.startswith("S0-10: "):
-            raise Refused(f"nbbudget explain S0-10 printed {rule[:80]!r}; the rules table is "
-                          f"missing from the wheel")
-    print(f"wheel installed in a fresh virtual environment: import nbbudget {version} and "
-          f"nbbudget explain S0-10 work")
+        listed = run([str(venv / "bin/nbbudget"), "explain"], tmp).splitlines()[1:]
+        rules = sorted((REPO / "nbbudget/rules").glob("*.md"))
+        headings = sum(path.read_text(encoding="utf-8").count("\n## ") for path in rules)
+        if len(listed) != headings:
+            raise Refused(f"nbbudget explain lists {len(listed)} rules, where nbbudget/rules/ "
+                          f"has {headings}; check [tool.setuptools.package-data] in "
+                          f"pyproject.toml")
+        rule = run([str(venv / "bin/nbbudget"), "explain", "S0-1"], tmp)
+        if not rule.startswith("S0-1: "):
+            raise Refused(f"nbbudget explain S0-1 printed {rule[:80]!r}; check "
+                          f"[tool.setuptools.package-data] in pyproject.toml")
+    print(f"wheel installed in a fresh virtual environment: import nbbudget {version}, "
+          f"nbbudget explain lists the {headings} rules and explains S0-1")
 
 
 def run(command: list[str], cwd: str) -> str:

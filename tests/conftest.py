@@ -11,6 +11,7 @@ import importlib.util
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -232,6 +233,16 @@ def dask_process_client() -> Iterator[Any]:
     """A client of a cluster of 2 worker processes (2 threads each) for a test module."""
     with dask_cluster(processes=True) as client:
         yield client
+
+
+@pytest.fixture
+def in_kernel() -> Iterator[None]:
+    """Calls on an in-process cluster warn that their detached jobs die with the kernel; the
+    tests that take this fixture are about the rest."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "the job .* was detached to a Dask cluster",
+                                RuntimeWarning)
+        yield
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

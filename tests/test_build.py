@@ -39,6 +39,28 @@ def test_ci_runs_the_tests_first_and_builds_the_release_files() -> None:
     assert "bash scripts/build.sh" in steps
 
 
+def test_ci_runs_ruff_and_mypy_after_the_tests_at_the_pinned_releases() -> None:
+    steps = [line.split(None, 1)[1] for line in (REPO / ".ci/run").read_text().splitlines()
+             if line.startswith("step ")]
+    assert steps[:2] == ["bash scripts/test.sh", "bash scripts/checks.sh"]
+    script = (REPO / "scripts/checks.sh").read_text()
+    assert "\nbash scripts/setup.sh dev\n" in script  # the extra that pins them
+    assert "\n.venv/bin/ruff check || status=1\n" in script
+    assert "\n.venv/bin/mypy --strict nbbudget || status=1\n" in script
+    assert script.endswith('\nexit "$status"\n')
+
+
+def test_the_pre_commit_hooks_run_the_same_checks_from_the_same_environment() -> None:
+    yaml = pytest.importorskip("yaml")
+    config = yaml.safe_load((REPO / ".pre-commit-config.yaml").read_text())
+    assert [repo["repo"] for repo in config["repos"]] == ["local"]
+    hooks = {hook["id"]: hook for repo in config["repos"] for hook in repo["hooks"]}
+    assert hooks["ruff"]["entry"] == ".venv/bin/ruff check --force-exclude"
+    assert hooks["mypy"]["entry"] == ".venv/bin/mypy --strict nbbudget"
+    assert hooks["mypy"]["pass_filenames"] is False  # the whole package, as CI checks it
+    assert {hook["language"] for hook in hooks.values()} == {"system"}
+
+
 def test_the_build_script_builds_into_dist_and_checks_what_it_built() -> None:
     script = (REPO / "scripts/build.sh").read_text()
     assert "bash scripts/setup.sh release" in script
@@ -67,11 +89,12 @@ def test_every_requirement_has_a_lower_bound() -> None:
     assert unbounded == []
 
 
-def test_the_dev_extra_pins_ruff_and_mypy() -> None:
+def test_the_dev_extra_pins_ruff_and_mypy_and_brings_pre_commit() -> None:
     dev = pyproject()["project"]["optional-dependencies"]["dev"]
     pinned = {Requirement(line).name: str(Requirement(line).specifier) for line in dev}
     assert re.fullmatch(r"==\d+\.\d+\.\d+", pinned["ruff"])
     assert re.fullmatch(r"==\d+\.\d+\.\d+", pinned["mypy"])
+    assert "pre-commit" in pinned
 
 
 def test_ci_runs_the_tests_on_the_oldest_releases_allowed() -> None:
@@ -172,20 +195,25 @@ def test_the_built_sdist_and_wheel_pass_the_checks(dist: Path) -> None:
         f"sdist nbbudget-{version}.tar.gz: the package, README.md, LICENSE and pyproject.toml",
         f"wheel nbbudget-{version}-py3-none-any.whl: every module, py.typed and the nbbudget "
         f"command",
-        f"wheel installed in a fresh virtual environment: import nbbudget {version} and "
-        f"nbbudget explain S0-10 work",
+        f"wheel installed in a fresh virtual environment: import nbbudget {version}, "
+        f"nbbudget explain lists the 46 rules and explains S0-1",
     ]
+    with zipfile.ZipFile(next(dist.glob("*.whl"))) as wheel:
+        shipped = sorted(n for n in wheel.namelist() if n.startswith("nbbudget/rules/"))
+    assert shipped == [f"nbbudget/rules/{group}.md" for group in ("N", "S0", "S2", "S3", "S4")]
 
 
 @pytest.mark.slow
-def test_a_wheel_without_a_module_is_refused_naming_it(dist: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("left_out", ["nbbudget/core/rules.py", "nbbudget/rules/S2.md"])
+def test_a_wheel_without_a_module_or_a_rules_file_is_refused_naming_it(
+        dist: Path, tmp_path: Path, left_out: str) -> None:
     shutil.copy(next(dist.glob("*.tar.gz")), tmp_path)
     wheel = next(dist.glob("*.whl"))
     with zipfile.ZipFile(wheel) as full, zipfile.ZipFile(tmp_path / wheel.name, "w") as cut:
         for item in full.infolist():
-            if item.filename != "nbbudget/core/rules.py":
+            if item.filename != left_out:
                 cut.writestr(item, full.read(item))
     result = check_dist(tmp_path)
     assert result.returncode == 1
-    assert result.stderr == (f"check_dist.py: {wheel.name} lacks nbbudget/core/rules.py; "
+    assert result.stderr == (f"check_dist.py: {wheel.name} lacks {left_out}; "
                              f"check [tool.setuptools] in pyproject.toml\n")

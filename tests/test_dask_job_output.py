@@ -21,7 +21,6 @@ pytest.importorskip("distributed")
 
 import cloudpickle
 from conftest import wait_for
-from test_dask_jobs import in_kernel  # noqa: F401  (a fixture)
 
 import nbbudget as nb
 from nbbudget.backends.dask.runner import DaskRunner

@@ -17,8 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,16 +59,6 @@ def fails(seconds: float) -> None:
 
 def published(client: Any) -> list[str]:
     return [name for name in client.list_datasets() if str(name).startswith(PREFIX)]
-
-
-@pytest.fixture
-def in_kernel() -> Any:
-    """Calls on an in-process cluster warn that their detached jobs die with the kernel;
-    these tests are about the rest."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "the job .* was detached to a Dask cluster",
-                                RuntimeWarning)
-        yield
 
 
 def test_a_call_within_its_budget_runs_on_the_cluster_and_answers_its_result(
@@ -177,7 +166,7 @@ class SameWork:
 
     identity: str
     label: str = "same"
-    limits: nb.Limits = nb.Limits()
+    limits: nb.Limits = field(default_factory=nb.Limits)
     notices: tuple[float, float] | None = (0.8, 0.95)
     timeout_ms: int | None = None
     detach: bool = True

@@ -9,8 +9,8 @@ import threading
 import pytest
 
 import nbbudget as nb
-from nbbudget.run.budget import Deferred
 from nbbudget.core.clock import default_clock
+from nbbudget.run.budget import Deferred
 from nbbudget.testing import FakeClock
 
 
@@ -81,16 +81,15 @@ def test_a_run_whose_time_is_limited_is_made_at_once_and_its_clock_runs_from_its
 def test_a_run_read_from_another_thread_while_the_work_ends_is_made_once_and_ends_once():
     """The race of `Deferred.end` (the work's thread) and `Deferred.run` (the caller's, say on
     an interrupt), over many rounds: whichever comes first, one run, completed once."""
+    def reader(d: Deferred, go: threading.Barrier, seen: list[nb.Budget]) -> None:
+        go.wait()
+        seen.append(d.run)
+
     for _ in range(300):
         d = Deferred(nb.Limits(steps=10), clock=default_clock(), name="race")
         go = threading.Barrier(2)
         seen: list[nb.Budget] = []
-
-        def reader() -> None:
-            go.wait()
-            seen.append(d.run)
-
-        t = threading.Thread(target=reader, name="deferred-reader")
+        t = threading.Thread(target=reader, args=(d, go, seen), name="deferred-reader")
         t.start()
         d.begin()
         go.wait()

@@ -194,7 +194,7 @@ def test_N_2_a_panels_later_updates_are_tied_to_its_own_cell(kernel):  # noqa: F
     while time.monotonic() < deadline:  # whatever is still to come
         try:
             seen.append(kernel.get_iopub_msg(timeout=0.5))
-        except Exception:  # queue.Empty: quiet
+        except queue.Empty:  # quiet
             break
     owner: dict[str, str] = {}  # a widget's comm or a display id -> the cell that made it
     for msg in seen:

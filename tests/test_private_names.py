@@ -6,7 +6,15 @@ The layers (``docs/architecture.md``) only look down: `nbbudget.core`, then `nbb
 then `nbbudget.calls`, then `nbbudget.integrations` and `nbbudget.backends` (a backend is loaded
 by name, `nbbudget.core.backends.load`, never imported from below), then `nbbudget.jupyter` and
 `nbbudget.cli`, then the public modules (`nbbudget`, `nbbudget.testing`, `nbbudget.pydantic_ai`,
-`nbbudget.dask`, `nbbudget.demo`). No module imports one of a higher layer, lazily or not."""
+`nbbudget.dask`, `nbbudget.demo`). No module imports one of a higher layer, lazily or not.
+
+A public name of an internal module (one of the layers' folders) that another module of the
+package imports, or reads through the module (``from ..calls import store as _store``, then
+``_store.home``), earns its place with a docstring: a function's or a class's own
+(`ast.get_docstring`); for any other name (a constant, a table, an alias), a ``#:`` comment on
+the line or lines right above its assignment or after it on its last line, the forms Sphinx's
+autodoc reads. A name a module
+takes from another and passes on is held to the docstring where it is defined."""
 
 from __future__ import annotations
 
@@ -148,3 +156,120 @@ def test_no_module_imports_itself_through_others_lazily_or_not(start: str) -> No
         seen.add(name)
         todo += graph[name]
     assert start not in seen, f"{start} imports itself through {sorted(seen)}"
+
+
+# -- public internal names have a docstring --------------------------------------------------------
+def source_lines(module: str) -> list[str]:
+    """The lines of *module*'s file (the comments the syntax tree leaves out)."""
+    path = PACKAGE.joinpath(*module.split(".")[1:])
+    path = path / "__init__.py" if is_package(module) else path.with_suffix(".py")
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def documented_names(module: str) -> dict[str, bool]:
+    """The public names *module* defines at its top level, each with whether it is documented:
+    a function or a class by its docstring, any other name by ``#:`` on the line above."""
+    lines = source_lines(module)
+    found: dict[str, bool] = {}
+    for node in modules()[module].body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found[node.name] = ast.get_docstring(node) is not None
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            above = lines[node.lineno - 2].strip() if node.lineno >= 2 else ""
+            told = above.startswith("#:") or "  #: " in lines[node.end_lineno - 1]
+            for target in targets:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        found.setdefault(name.id, told)
+    return {name: ok for name, ok in found.items() if not name.startswith("_")}
+
+
+def taken_from() -> dict[str, dict[str, tuple[str, str]]]:
+    """Per module, each name it imports from a module of the package: (that module, its name
+    there)."""
+    found: dict[str, dict[str, tuple[str, str]]] = {}
+    for name, tree in modules().items():
+        mine = found.setdefault(name, {})
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                source = imported(name, node)
+                for alias in node.names:
+                    if source in modules() and f"{source}.{alias.name}" not in modules():
+                        mine.setdefault(alias.asname or alias.name, (source, alias.name))
+    return found
+
+
+def used_across() -> set[tuple[str, str]]:
+    """Every (module, name) of an internal module that another module imports or reads through
+    the module, followed to the module that defines it."""
+    mods, taken = modules(), taken_from()
+    used: set[tuple[str, str]] = set()
+    for name, tree in mods.items():
+        aliases = {}  # a module imported as a name: from ..calls import store as _store
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                source = imported(name, node)
+                used |= {(source, a.name) for a in node.names
+                         if source in mods and f"{source}.{a.name}" not in mods}
+                aliases |= {a.asname or a.name: f"{source}.{a.name}" for a in node.names
+                            if f"{source}.{a.name}" in mods}
+            elif isinstance(node, ast.Import):
+                aliases |= {a.asname: a.name for a in node.names if a.asname and a.name in mods}
+        used |= {(aliases[node.value.id], node.attr) for node in ast.walk(tree)
+                 if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                 and node.value.id in aliases}
+    defined = set()
+    for module, name in used:
+        seen = set()
+        while name in taken.get(module, {}) and (module, name) not in seen:
+            seen.add((module, name))
+            module, name = taken[module][name]  # passed on: held where it is defined
+        defined.add((module, name))
+    return {(module, name) for module, name in defined
+            if layer(module) < PUBLIC_LAYER and not name.startswith("_")}
+
+
+def undocumented() -> list[str]:
+    docs = {module: documented_names(module) for module in modules()}
+    return sorted(f"{module}.{name}" for module, name in used_across()
+                  if docs[module].get(name) is False)
+
+
+#: names still without a docstring, in modules rebuilt at the same time as this test was written;
+#: each leaves this list as its docstring lands (the test fails while the list says more or less
+#: than what is missing), and the list ends empty
+NOT_YET_DOCUMENTED = [
+    "nbbudget.backends.dask.scheduler.Reply",
+    "nbbudget.core.ledger.STATE_VERSION",
+    "nbbudget.core.ledger.check_totals",
+    "nbbudget.jupyter.cells.compile_cell",
+    "nbbudget.run.budget.check_notices",
+    "nbbudget.run.providers.make_provider",
+    "nbbudget.run.tools.make_tool",
+]
+
+
+def test_every_public_name_another_module_uses_has_a_docstring() -> None:
+    assert undocumented() == NOT_YET_DOCUMENTED, (
+        "say in a docstring (or a #: comment) who uses it and why; a name documented since "
+        "leaves NOT_YET_DOCUMENTED")
+
+
+def test_the_docstring_check_finds_a_public_name_used_elsewhere_without_one(monkeypatch) -> None:
+    source = ('def told():\n    """Used by b."""\n\ndef bare():\n    pass\n\n'
+              'class Shape:\n    x = 1\n\n#: the limit b reads\nLIMIT = 3\nTABLE = {}\n'
+              'ROWS = (  # what b reads\n    1,\n)\nCOLS = (\n    2,\n)  #: what b reads\n\n'
+              'def unused():\n    pass\n')
+    fake = {
+        "nbbudget.core.a": source,
+        "nbbudget.core.relay": "from .a import bare as passed\n",
+        "nbbudget.run.b": ("from ..core.a import told, LIMIT, ROWS, COLS\n"
+                           "from ..core import a\n\na.TABLE\n"
+                           "from ..core.relay import passed\n\n"
+                           "def f():\n    from ..core.a import Shape\n"),
+    }
+    monkeypatch.setitem(globals(), "modules", lambda: {m: ast.parse(s) for m, s in fake.items()})
+    monkeypatch.setitem(globals(), "source_lines", lambda module: fake[module].splitlines())
+    assert undocumented() == ["nbbudget.core.a.ROWS", "nbbudget.core.a.Shape",
+                              "nbbudget.core.a.TABLE", "nbbudget.core.a.bare"]

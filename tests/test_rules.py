@@ -1,6 +1,8 @@
-"""The rules table shipped in the package (``nbbudget/core/rules.py``): one entry per rule of the
-model, in order, each with a title, its text, and an example that runs as written; and the
-package's messages cite a rule as ``(see: nbbudget explain ID)``, an id from the table.
+"""The rules shipped in the package as Markdown (``nbbudget/rules/S0.md`` ..., one file per group,
+read by ``nbbudget/core/rules.py``): one entry per rule of the model, in order, each with a title,
+its text, and an example that runs as written; a file that breaks the form is refused, naming the
+file and the line; and the package's messages cite a rule as ``(see: nbbudget explain ID)``, an
+id from the table.
 
 Every Python example runs in a fresh ``python`` process of its own (its own store, no settings in
 the environment, stdin not a terminal) and must print exactly the output the table shows; every
@@ -20,7 +22,7 @@ import pytest
 from rules import ALL_RULE_IDS, RULE_ID
 
 import nbbudget
-from nbbudget.core.rules import RULES, find, see
+from nbbudget.core.rules import GROUPS, RULES, find, read_group, see
 
 PYTHON_RULES = [rule for rule in RULES if rule.language == "python"]
 CELL_RULES = [rule for rule in RULES if rule.language == "ipython"]
@@ -45,6 +47,70 @@ def test_a_python_example_imports_what_it_uses_and_shows_what_it_prints() -> Non
         assert rule.output, rule.id
     for rule in CELL_RULES:
         assert rule.example.startswith("%%budget "), rule.id
+
+
+def test_each_group_is_a_markdown_file_of_the_package_with_its_rules_in_order() -> None:
+    folder = Path(nbbudget.__file__).parent / "rules"
+    assert sorted(path.name for path in folder.iterdir()) == sorted(f"{g}.md" for g in GROUPS)
+    for group in GROUPS:
+        text = (folder / f"{group}.md").read_text(encoding="utf-8")
+        headings = re.findall(r"^## (\S+): ", text, re.MULTILINE)
+        assert headings == [rule.id for rule in RULES if rule.group == group]
+
+
+SECTION = """\
+# Task limits (S3)
+
+## S3-1: one rule
+
+Its text, in two
+lines.
+
+```python
+import nbbudget as nb
+print(  1)
+```
+
+It prints:
+
+```text
+   1
+```
+
+## S3-2: a cell
+
+A cell's text.
+
+```ipython
+%%budget --steps 1
+```
+"""
+
+
+def test_a_group_file_is_read_into_rules_with_their_text_example_output_and_language() -> None:
+    first, second = read_group("S3", SECTION)
+    assert first == RULES[0].__class__("S3-1", "one rule", "Its text, in two\nlines.",
+                                       "import nbbudget as nb\nprint(  1)", "   1", "python")
+    assert (second.id, second.text, second.example, second.output, second.language) == (
+        "S3-2", "A cell's text.", "%%budget --steps 1", "", "ipython")
+
+
+@pytest.mark.parametrize(("broken", "line"), [
+    (SECTION.replace("```python", "```py"), 3),  # an example block of no language it knows
+    (SECTION.replace("It prints:", "It shows:"), 3),  # words the form does not have
+    (SECTION.replace("lines.\n", "lines.\n```text\nx\n```\n"), 3),  # a block in the text
+    (SECTION.replace("## S3-2: a cell", "## S4-2: a cell"), 19),  # a rule of another group
+    (SECTION.replace("## S3-2: a cell", "## S3-2 a cell"), 19),  # a heading without its colon
+    (SECTION.rstrip("\n").removesuffix("```"), 19),  # a block never closed
+])
+def test_a_group_file_that_breaks_the_form_is_refused_naming_the_file_and_the_line(
+        broken, line) -> None:
+    with pytest.raises(ValueError) as err:
+        read_group("S3", broken)
+    assert str(err.value) == (
+        f"nbbudget/rules/S3.md:{line}: a rule of group S3 is '## S3-N: title', its text, its "
+        f"example in a ```python or ```ipython block, and what it prints in a ```text block "
+        f"after 'It prints:'")
 
 
 def test_find_takes_an_id_in_any_case() -> None:
@@ -110,12 +176,9 @@ CITED = re.compile(r"\(see: nbbudget explain (\w+-\d+)\)|^example: nbbudget expl
 
 
 def message_strings() -> list[tuple[str, str]]:
-    """Every string in the package's code that is not a docstring (the rules table aside), with
-    ``file:line``."""
+    """Every string in the package's code that is not a docstring, with ``file:line``."""
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path == PACKAGE / "core" / "rules.py":
-            continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         docstrings = {id(node.body[0].value) for node in ast.walk(tree)
                       if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,

@@ -182,7 +182,8 @@ def test_the_timer_thread_never_runs_a_callback_before_its_time_while_python_hol
         whens = [clock.now_ms() + 10 * k for k in range(1, 9)]
         done = threading.Event()
         for i, when in enumerate(whens):
-            clock.call_at(when, lambda when=when, last=i == len(whens) - 1: (
+            last = i == len(whens) - 1
+            clock.call_at(when, lambda when=when, last=last: (
                 fired.append((when, clock.now_ms())), last and done.set()))
         assert done.wait(10)
     finally:

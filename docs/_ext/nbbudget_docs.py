@@ -21,8 +21,9 @@ One directive is written in Markdown and goes straight into a MyST page, outside
 ```{nbbudget-rules} S0
 ```
 ````
-    The rules of one group (``S0``, ``S2``, ``S3``, ``S4`` or ``N``) from ``nbbudget.core.rules``,
-    the table ``nbbudget explain`` prints from: one heading and target (``(s0-10)=``) per rule,
+    The rules of one group (``S0``, ``S2``, ``S3``, ``S4`` or ``N``) from its Markdown file,
+    ``nbbudget/rules/S0.md``, which ``nbbudget explain`` prints from too (read by
+    ``nbbudget.core.rules``): one heading and target (``(s0-10)=``) per rule,
     its text, its example and what the example prints.
 
 ````
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, ClassVar
 
 from docutils import nodes
@@ -110,12 +112,13 @@ class RulesDirective(SphinxDirective):
     required_arguments = 1
 
     def run(self) -> list[nodes.Node]:
-        import nbbudget.core.rules
+        import nbbudget
 
-        self.env.note_dependency(nbbudget.core.rules.__file__)
+        source = Path(nbbudget.__file__).parent / "rules" / f"{self.arguments[0]}.md"
+        self.env.note_dependency(str(source))
         holder = nodes.section()
         holder.document = self.state.document
-        lines = StringList(rules_lines(self.arguments[0]), source="nbbudget/core/rules.py")
+        lines = StringList(rules_lines(self.arguments[0]), source=f"nbbudget/rules/{source.name}")
         nested_parse_with_titles(self.state, lines, holder)
         return holder.children
 

@@ -1,7 +1,7 @@
 """Reference text generated from the code: an IPython magic, an argparse command line and the
 configurable traits of a traitlets class, each as lines of reStructuredText; the rules of the
-model, from the table in ``nbbudget.core.rules``, and the kinds of limits, from the table in
-``nbbudget.core.kinds``, as lines of Markdown (MyST).
+model, from their Markdown files read by ``nbbudget.core.rules``, and the kinds of limits, from
+the table in ``nbbudget.core.kinds``, as lines of Markdown (MyST).
 
 This module needs neither Sphinx nor docutils, so the test suite can check what the
 documentation will say; ``nbbudget_docs`` wraps it in Sphinx directives.

@@ -74,8 +74,8 @@ class MemoryStore:
         if held is None:
             return None
         saved, payload = held  # the ledger goes out as a copy, as the SQLite store reads it
-        return dataclasses.replace(saved, state=pickle.loads(payload),
-                                   ledger=json.loads(json.dumps(saved.ledger)))
+        state = pickle.loads(payload)  # noqa: S301  (what this store pickled, in this process)
+        return dataclasses.replace(saved, state=state, ledger=json.loads(json.dumps(saved.ledger)))
 
     def delete_checkpoint(self, identity: str) -> bool:
         """Remove the checkpoint of *identity*; whether there was one. Its number is kept, so

@@ -90,18 +90,18 @@ class Response:
 
 
 def _read_job(self: Response) -> Any:
-    job = self._job  # type: ignore[attr-defined]
+    job = self._job
     if callable(job):  # what makes the job of a call that made none: made once, when read
-        job = self._job = job()  # type: ignore[attr-defined]
+        job = self._job = job()
     return job
 
 
 def _write_job(self: Response, job: Any) -> None:
-    self._job = job  # type: ignore[attr-defined]
+    self._job = job
 
 
 # ``job`` is a field (given to ``__init__``, listed by `dataclasses.fields`) read through this
-Response.job = property(_read_job, _write_job,  # type: ignore[assignment]
+Response.job = property(_read_job, _write_job,
                         doc="The `nb.Job` that ran the work, when there was one.")
 
 

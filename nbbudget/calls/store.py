@@ -487,7 +487,7 @@ class SQLiteStore:
             return None
         header = self._verified_header(identity, row)
         refuse_unless_last(identity, self.location, header["seq"], last)
-        state = pickle.loads(row[2])  # only after the signature verified
+        state = pickle.loads(row[2])  # noqa: S301  (only after the signature verified)
         return Checkpoint(identity, header["seq"], state, header["ledger"],
                           header["first_start"], header["created"], header["label"])
 

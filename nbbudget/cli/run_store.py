@@ -61,6 +61,8 @@ _UPGRADE = ("ALTER TABLE notebook_runs ADD COLUMN warnings TEXT",
 _LIVE = "('starting', 'running', 'paused')"  # the states of a run that has not ended
 _KEEP_DAYS = 7  # delivered runs are forgotten after a week
 _SPAWN_GRACE_S = 60.0  # a run claimed this long ago whose runner never started is lost
+#: the module ``nbbudget run`` starts its runner process as (``python -m``, `nbbudget.cli.run`),
+#: and that this module looks for in a process's command line to tell whether a run's runner lives
 RUNNER_MODULE = "nbbudget.cli.runner"
 
 

@@ -132,7 +132,7 @@ class Runner:
         """Execute the notebook and record how it ended, whatever happens."""
         try:
             end = await _ending(self._execute())
-        except Exception as exc:  # a bug or an environment problem: reported, never silent
+        except Exception as exc:  # noqa: BLE001  (a bug or the environment: reported, never silent)
             traceback.print_exc()
             end = _End(Status.FAILED, _error(
                 "runner_error", f"the runner of {self.id} failed: {type(exc).__name__}: {exc}; "
@@ -166,7 +166,7 @@ class Runner:
         try:
             extra = ["--HistoryManager.hist_file=:memory:"] if km.ipykernel else []
             await km.start_kernel(cwd=self.spec["cwd"], extra_arguments=extra)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  (whatever stops the kernel: the run's error)
             raise _End(Status.FAILED, _error(
                 "kernel_failed", f"the kernel {self.spec['kernel']!r} did not start: "
                                  f"{type(exc).__name__}: {exc}")) from None

@@ -33,11 +33,13 @@ from .outcome import Outcome, Status
 __all__ = ["ENDINGS", "EXIT_CANCELLED", "EXIT_FAILED", "EXIT_INCOMPLETE", "EXIT_OK",
            "EXIT_STOPPED", "Ending", "Incomplete", "envelope_code", "outcome_of"]
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_INCOMPLETE = 14
-EXIT_CANCELLED = 124  # the wall-clock limit fired, as with timeout(1)
-EXIT_STOPPED = 130  # a person stopped the work, as with Ctrl-C
+# The exit codes of an envelope (``meta.exit_code``), re-exported by `nbbudget.calls.response`
+# for `Response` and read by the table below, the magic and ``nbbudget run``.
+EXIT_OK = 0  #: the work is done
+EXIT_FAILED = 1  #: the work failed, or a limit or a refusal ended it
+EXIT_INCOMPLETE = 14  #: the work goes on in the background or is paused (S0-12)
+EXIT_CANCELLED = 124  #: the wall-clock limit fired, as with timeout(1)
+EXIT_STOPPED = 130  #: a person stopped the work, as with Ctrl-C
 
 
 class Ending(NamedTuple):
@@ -63,6 +65,8 @@ class Ending(NamedTuple):
         return Outcome(self.status, cause or self.cause, by, code or self.code, message, output)
 
 
+#: the table itself, one `Ending` per status: the scope makes its stops from it, the call
+#: layer, the magic and ``nbbudget run``'s runner read their codes and exit codes from it
 ENDINGS: dict[Status, Ending] = {e.status: e for e in (
     Ending(Status.COMPLETED, None, None, None, None, None, EXIT_OK),
     Ending(Status.INCOMPLETE, "call-budget", "Incomplete", None, None, None, EXIT_INCOMPLETE),

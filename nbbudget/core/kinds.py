@@ -49,6 +49,8 @@ class Kind(NamedTuple):
         return self.integral and not self.clock
 
 
+#: every kind, in the attribution order: `Limits`, the ledgers, the trace, the frames and the
+#: panel each go through it, and the docs render their table of kinds from it
 KINDS: tuple[Kind, ...] = (
     Kind("tokens", "TokenBudgetExceeded", 0, True, "tokens", "--tokens", "limit on tokens",
          "the tokens of model replies, input and output (`run.provider`)", window=True),
@@ -72,10 +74,14 @@ KINDS: tuple[Kind, ...] = (
          "the run's active time, paused time not counted: its time grant",
          window=True, clock=True),
 )
+#: a kind's name to its index in `KINDS`, the index every per-kind tuple of the ledgers, the
+#: trace and the run's counters is kept by
 KIND_INDEX: dict[str, int] = {k.name: i for i, k in enumerate(KINDS)}
 #: the one kind the run's clock spends (its time grant)
 (RUN_MS,) = (i for i, k in enumerate(KINDS) if k.clock)
+#: the index of ``steps``, which ``run.step()`` and a Dask branch's lease charge without a look-up
 STEPS = KIND_INDEX["steps"]
+#: the index of ``tool_calls``, which a tool call charges without a look-up (`nbbudget.run.tools`)
 TOOL_CALLS = KIND_INDEX["tool_calls"]
 #: the kinds a run charges through ``charge()``; time is spent by the clock, not charged.
 CHARGEABLE = tuple(k.name for k in KINDS if not k.clock)
@@ -85,6 +91,7 @@ WINDOWS = frozenset(i for i, k in enumerate(KINDS) if k.window)
 POOLED = tuple(k.pooled for k in KINDS)
 
 
+#: `KIND_INDEX` of the chargeable kinds only: ``run.charge()`` refuses time through it
 CHARGE_INDEX: dict[str, int] = {name: KIND_INDEX[name] for name in CHARGEABLE}
 
 

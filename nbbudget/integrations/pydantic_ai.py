@@ -40,10 +40,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
-from ..run.budget import Budget, current
-from ..run.providers import clamp, spend_usage, usage_of
 from ..core.errors import BudgetCut, BudgetExceeded, ConfigError
 from ..core.lowlevel import Unwind
+from ..run.budget import Budget, current
+from ..run.providers import clamp, spend_usage, usage_of
 
 #: The first pydantic-ai release with a hook before every attempt at a model request
 #: (``prepare_model_request``), where a ``provider_calls`` permit is taken and ``max_tokens``

@@ -87,7 +87,7 @@ class Clicks:
             try:
                 pair.from_socket.send_json({"type": "create"})
                 reply = pair.from_socket.recv_json()
-            except Exception:  # no subshell: the panels say that a click waits for the cell
+            except Exception:  # noqa: BLE001  (no subshell: the panels say a click waits)
                 reply = {}
             with self._lock:
                 if reply.get("status") == "ok":
@@ -108,6 +108,6 @@ def _has_subshells(kernel: Any) -> bool:
     """Whether the kernel says it supports subshells (its ``kernel_info`` features)."""
     try:
         features = kernel.kernel_info.get("supported_features") or []
-    except Exception:  # a kernel without the property: no subshells
+    except Exception:  # noqa: BLE001  (a kernel without the property: no subshells)
         return False
     return "kernel subshells" in features

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..run.budget import Budget, activate, stop_error
 from ..core.endings import ENDINGS
 from ..core.errors import BudgetError
 from ..core.limits import Limits
 from ..core.outcome import Status
+from ..run.budget import Budget, activate, stop_error
 
 __all__ = ["begin", "pause", "status", "unpause"]
 

@@ -20,7 +20,6 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from traitlets import Bool, Dict, Int, List, Unicode
 from traitlets.config import Configurable
 
-from ..run.budget import Budget, Grant, check_notices, current
 from ..calls import call as _call
 from ..calls import interactive as _interactive
 from ..calls import store as _store
@@ -39,6 +38,7 @@ from ..core.limits import (
     limits_from_flags,
     negative_values_joined,
 )
+from ..run.budget import Budget, Grant, check_notices, current
 from .cells import (
     CompiledCell,
     compile_cell,
@@ -126,7 +126,7 @@ def _kernel_request(shell: Any) -> dict[str, Any] | None:
         return None
     try:
         parent = get_parent()
-    except Exception:  # an older kernel without a current request: no opinion
+    except Exception:  # noqa: BLE001  (an older kernel without a current request: no opinion)
         return None
     return parent if isinstance(parent, dict) and parent else None
 

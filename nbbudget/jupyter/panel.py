@@ -29,11 +29,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..run.budget import Budget
 from ..core.duration import spoken
 from ..core.kinds import KIND_INDEX, KINDS
 from ..core.limits import Limits
 from ..core.snapshot import Snapshot
+from ..run.budget import Budget
 from .cells import comms_sent_as, pin_output, pins_all_output
 from .clicks import OUTSIDE_A_KERNEL, Route
 
@@ -96,7 +96,7 @@ class Panel:
             try:
                 with comms_sent_as(shell, route.parent):
                     self._view = _View(limits, self, pausable, clicks_wait=not route.during_cell)
-            except Exception:  # no widgets here (or broken): the text stands in
+            except Exception:  # noqa: BLE001  (no widgets here, or broken: the text stands in)
                 self._view = None
 
     @property
@@ -217,7 +217,7 @@ class Panel:
             try:
                 with comms_sent_as(self.shell, self._route.parent):
                     self._view.update(snap, text, cell_over=self._cell_over)
-            except Exception:  # a widget failure never breaks the cell
+            except Exception:  # noqa: BLE001  (a widget failure never breaks the cell)
                 self._view = None
 
     def _show(self, snap: Snapshot | None, state: str | None, late: str = "") -> None:
