@@ -199,7 +199,7 @@ class DaskLedger:
 
     @property
     def notice_level(self) -> int:
-        """The approach notices given so far (S3-5), as the scheduler last said."""
+        """The approach notices given so far (S3-5), each given here as the scheduler reaches it."""
         return self.figures.notice_level
 
     def traced_pools(self, started: Any) -> None:
