@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ..run.budget import Budget, Deferred, set_ambient
-from ..core.backends import load
 from ..core.clock import Clock, Latch, default_clock
 from ..core.duration import parse_duration
 from ..core.endings import ENDINGS, envelope_code
@@ -33,6 +32,7 @@ from ..core.limits import NO_LIMITS as _NO_LIMITS
 from ..core.limits import Limits, Manifest
 from ..core.lowlevel import Incomplete, Stop
 from ..core.outcome import Status
+from .clusters import load_calls
 from .interactive import is_interactive
 from .jobs import Job, JobState
 from .response import (
@@ -289,7 +289,7 @@ def _backend(cluster: Any, clock: Clock, t0_ms: float, budget_ms: int | None) ->
     if cluster is None or cluster is False:
         return current_backend()
     within_s = (t0_ms + budget_ms - clock.now_ms()) / 1000 if budget_ms else None
-    return load("dask", "runner").on_cluster_backend(cluster, within_s, budget_ms)  # type: ignore[no-any-return]
+    return load_calls("dask").backend(cluster, within_s, budget_ms)
 
 
 def _run(plan: _Plan, cluster: Any, clock: Clock, t0_ms: float, started: float,
@@ -436,8 +436,8 @@ def _starting(work: _Plan | _Direct, address: str, clock: Clock, started: float,
         if placing is None:
             placing = _placing[identity] = _Placing(_starting_job(work, clock))
     job = placing.job
-    connect = load("dask", "connect")
-    if made and not connect.when_connected(address, functools.partial(
+    on_cluster = load_calls("dask")
+    if made and not on_cluster.when_connected(address, functools.partial(
             _place, work, placing, current_backend().store, clock, started_wall),
             f"job {job.id} ({work.label})"):
         with _placing_lock:
@@ -450,7 +450,7 @@ def _starting(work: _Plan | _Direct, address: str, clock: Clock, started: float,
                           "next": f"make the identical call again to wait for the result: the "
                                   f"work goes to the cluster at {address!r} as soon as this "
                                   f"process is connected to it (a process that exits first "
-                                  f"waits for that, up to {connect.EXIT_WAIT_S:g} s)"})
+                                  f"waits for that, up to {on_cluster.exit_wait_s:g} s)"})
 
 
 def _starting_job(work: _Plan | _Direct, clock: Clock) -> Job:
@@ -509,7 +509,7 @@ def _place(work: _Plan | _Direct, placing: _Placing, store: Callable[[], Store],
             raise Cancelled(f"{work.label} was cancelled before it reached the cluster")
         if error is not None:
             raise error
-        runner = load("dask", "runner").runner_of(client)
+        runner = load_calls("dask").runner(client)
         backend = Backend(runner, store)
         if not runner.follow(work, job):
             if isinstance(work, _Direct):

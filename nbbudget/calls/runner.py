@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from ..core.limits import Limits
     from .store import Checkpoint
 
-__all__ = ["LOCAL", "Backend", "Checkpoints", "JobRunner", "LocalRunner", "RemoteCall",
-           "WallClock", "Work", "current_backend", "jobs", "kind_of", "remote_call",
+__all__ = ["LOCAL", "Backend", "Checkpoints", "DetachedJobs", "JobRunner", "LocalRunner",
+           "RemoteCall", "WallClock", "Work", "current_backend", "jobs", "kind_of", "remote_call",
            "use_backend"]
 
 
@@ -156,17 +156,14 @@ class JobRunner(Protocol):
     def deliver(self, work: Work, job: Job) -> None: ...
 
 
-class LocalRunner:
-    """The local `JobRunner`: work runs on this process's worker threads, and detached jobs are
-    kept by identity in memory until their result is delivered (lost with the process, as the
-    threads are). Every caller waiting on a job when it ends gets its result; once it has
-    ended, exactly one identical call takes it, and the next one starts anew. A job whose
-    result was taken through ``nb.jobs[id]`` waits for that call only while something still
-    holds it (the response, a variable): nothing keeps it alive for a call that never comes."""
-
-    #: the work runs in this process: a call that nothing can end early runs it in place, in
-    #: its caller's thread (a runner whose work runs elsewhere says False)
-    runs_here = True
+class DetachedJobs:
+    """The detached jobs of a runner, kept by identity in this process for the identical call
+    until their result is delivered (S0-2, S0-11). Every caller waiting on a job when it ends
+    gets its result; once it has ended, exactly one identical call takes it, and the next one
+    starts anew. A job whose result was taken through ``nb.jobs[id]`` waits for that call only
+    while something still holds it (the response, a variable): nothing keeps it alive for a
+    call that never comes. `LocalRunner` holds one; so does a runner on a cluster (a backend's,
+    `nbbudget.backends`), which keeps its jobs on the scheduler too."""
 
     def __init__(self, jobs: Jobs) -> None:
         self.jobs = jobs
@@ -178,15 +175,11 @@ class LocalRunner:
         self._kinds: dict[object, int] = {}
         self._kind_of: dict[str, object] = {}
 
-    def start(self, work: Work, job: Job | None, task: workers.Task, *, detachable: bool,
-              checkpoints: Checkpoints | None = None,
-              wall_clock: WallClock | None = None) -> None:
-        # one worker for the work, and one idle to write the job record if it detaches
-        workers.submit(task, spare=1 if detachable else 0)
-
-    def detach(self, work: Work, job: Job) -> None:
-        """The work goes on as a background job (S0-2); its record is written off the caller's
-        path, so a busy store never delays the caller."""
+    def keep(self, work: Work, job: Job, taken_out: Callable[[str, Job], None]) -> None:
+        """*job* goes on as a background job (S0-2): listed in ``jobs`` and kept by *work*'s
+        identity. Its record is written off the caller's path, so a busy store never delays
+        the caller. *taken_out* (the runner's) is called when its result is taken through
+        ``nb.jobs[id]``."""
         job.detached = True
         self.jobs.add(job)
         # written by a worker, handed the job from the clock's timer thread a moment later:
@@ -201,9 +194,11 @@ class LocalRunner:
             if identity not in self._kind_of:
                 kind = self._kind_of[identity] = kind_of(work)
                 self._kinds[kind] = self._kinds.get(kind, 0) + 1
-        job.on_collect(lambda: self.taken_out(identity, job))
+        job.on_collect(lambda: taken_out(identity, job))
 
-    def reattach(self, work: Work) -> Job | None:
+    def find(self, work: Work) -> Job | None:
+        """The job kept for *work*'s identity, if any; an ended one goes to this caller alone
+        (it is forgotten here)."""
         if not self._attached and not self._taken:  # no need to work out the identity
             return None
         kind = kind_of(work)
@@ -218,22 +213,22 @@ class LocalRunner:
                 self._drop(identity, job)
             return job
 
-    def deliver(self, work: Work, job: Job) -> None:
+    def delivered(self, work: Work, job: Job) -> None:
+        """*job*'s result went out to its caller: a detached one is forgotten."""
         if job.detached:
             job.on_collect(None)
             with self._lock:
                 self._drop(work.identity, job)
             self.jobs.collected(job)
 
-    def attached(self) -> int:
+    def count(self) -> int:
         """How many detached jobs are kept by identity for the identical call."""
         with self._lock:
             return len(self._attached) + len(self._taken)
 
     def taken_out(self, identity: str, job: Job) -> None:
         """*job*'s result was taken through ``nb.jobs[id]``: from now on it is kept for the
-        identical call only while something else holds it. (A runner that also keeps the job
-        elsewhere forgets it there too, then calls this.)"""
+        identical call only while something else holds it."""
         with self._lock:
             if self._attached.get(identity) is job:
                 self._attached.pop(identity, None)
@@ -269,6 +264,48 @@ class LocalRunner:
             self._kinds[kind] = left
         else:
             del self._kinds[kind]
+
+
+class LocalRunner:
+    """The local `JobRunner`: work runs on this process's worker threads, and detached jobs are
+    kept by identity in memory until their result is delivered (its `DetachedJobs`: lost with
+    the process, as the threads are)."""
+
+    #: the work runs in this process: a call that nothing can end early runs it in place, in
+    #: its caller's thread (a runner whose work runs elsewhere says False)
+    runs_here = True
+
+    def __init__(self, jobs: Jobs) -> None:
+        self.jobs = jobs
+        self.detached = DetachedJobs(jobs)
+
+    def start(self, work: Work, job: Job | None, task: workers.Task, *, detachable: bool,
+              checkpoints: Checkpoints | None = None,
+              wall_clock: WallClock | None = None) -> None:
+        """Run *task* on a worker thread (one idle kept to write the job record if it
+        detaches)."""
+        workers.submit(task, spare=1 if detachable else 0)
+
+    def detach(self, work: Work, job: Job) -> None:
+        """The work goes on as a background job (S0-2), kept by its identity."""
+        self.detached.keep(work, job, self.taken_out)
+
+    def reattach(self, work: Work) -> Job | None:
+        """The detached job of the identical work, if one is kept (S0-11)."""
+        return self.detached.find(work)
+
+    def deliver(self, work: Work, job: Job) -> None:
+        """*job*'s result went out: a detached one is forgotten."""
+        self.detached.delivered(work, job)
+
+    def attached(self) -> int:
+        """How many detached jobs are kept by identity for the identical call."""
+        return self.detached.count()
+
+    def taken_out(self, identity: str, job: Job) -> None:
+        """*job*'s result was taken through ``nb.jobs[id]``: from now on it is kept for the
+        identical call only while something else holds it."""
+        self.detached.taken_out(identity, job)
 
 
 _NOT_KEPT = object()

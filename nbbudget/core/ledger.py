@@ -1,11 +1,16 @@
 """The ledger: what a run and its grants may spend and have spent (S2-2, S2-9, S3-1, S3-3,
 S3-5, S4-3, S4-4, S4-8).
 
-`Ledger` is the interface; `LocalLedger` keeps the counters in this process. A run's ledger is
-made by a `LedgerFactory`, chosen with ``nb.Budget(..., ledger=...)`` (`LocalLedger` by default,
-and itself a factory); a ledger kept elsewhere comes from a factory bound to the place it lives
-(its class with a cluster's client, say). A ledger holds one `Account` per run or grant: the
-run's account has the run-wide counters, a grant's has its own allowances beside them (S2-2).
+`Ledger` is the interface; `LocalLedger` keeps the counters in this process. What a ledger
+kept on a cluster does besides (send a branch to a worker, keep the whole work's timeout on the
+scheduler's clock) is `ClusterLedger`, reached through `Ledger.cluster` (None for a ledger kept
+here): the run asks for it by capability, never by class. What every ledger reads of its
+accounts against its limits (thresholds, approach notices, refusals, figures) is `Figures`,
+which each ledger holds. A run's ledger is made by a `LedgerFactory`, chosen with
+``nb.Budget(..., ledger=...)`` (`LocalLedger` by default, and itself a factory); a ledger kept
+elsewhere comes from a factory bound to the place it lives (its class with a cluster's client,
+say). A ledger holds one `Account` per run or grant: the run's account has the run-wide
+counters, a grant's has its own allowances beside them (S2-2).
 Check-and-reserve covers an account and its run's together, all or nothing (S4-3); a refusal
 leaves every counter as it was and is recorded (S4-8). Spending that already happened is
 counted even past a limit, and the first limit it passed is reported (S4-10, S3-3).
@@ -35,10 +40,10 @@ from .snapshot import AxisUsage
 from .trace import Recorder
 
 if TYPE_CHECKING:
-    from .scope import Scope
+    from .scope import Scope, Stop
 
-__all__ = ["STATE_VERSION", "Account", "Ledger", "LedgerFactory", "LocalLedger", "check_totals",
-           "plain", "read_state"]
+__all__ = ["STATE_VERSION", "Account", "Branch", "ClusterLedger", "Figures", "Ledger",
+           "LedgerFactory", "LocalLedger", "check_totals", "plain", "read_state"]
 
 STATE_VERSION = "nbbudget-ledger-v1"
 _INF = math.inf
@@ -109,13 +114,35 @@ class Branch:
 class Ledger(Protocol):
     """What a run needs of the place its counters are kept. Amounts are ``(kind index,
     amount)`` pairs; an account is what `open` returned. The lock is held around `reserve`,
-    `spend`, `check` and `drain` by the run, so a stop and a reservation never interleave."""
+    `spend`, `check` and `drain` by the run, so a stop and a reservation never interleave.
+    `LocalLedger` implements it here, a backend on a cluster's scheduler (`nbbudget.backends`);
+    the run (`nbbudget.core.lowlevel.Core`) is its only caller."""
 
-    lock: threading.Lock
-    root: Account
-    suspend: bool  # windows suspend the run (S3-1)
-    totals: Limits  # whole-run totals over windows
-    notice_level: int  # approach notices given so far (S3-5)
+    @property
+    def lock(self) -> threading.Lock:
+        """The run's lock, the one its scope holds."""
+
+    @property
+    def root(self) -> Account:
+        """The run's account (a grant's is opened under it)."""
+
+    @property
+    def suspend(self) -> bool:
+        """Windows suspend the run (S3-1)."""
+
+    @property
+    def totals(self) -> Limits:
+        """The whole-run totals over windows (S3-1)."""
+
+    @property
+    def notice_level(self) -> int:
+        """The approach notices given so far (S3-5)."""
+
+    @property
+    def cluster(self) -> ClusterLedger | None:
+        """What this ledger does on a cluster besides (`ClusterLedger`), or None for a ledger
+        kept in this process: a run that sends a branch to a worker, or keeps a timeout on the
+        scheduler, asks for it here."""
 
     def traced_pools(self, started: Any) -> None: ...
 
@@ -157,11 +184,31 @@ class Ledger(Protocol):
 
     def bind(self, scope: Scope) -> None:
         """The run's scope, when the run is made: a ledger kept elsewhere stops it when the run
-        is stopped there (by default nothing: no stop comes from elsewhere)."""
+        is stopped there (`LocalLedger` does nothing: no stop comes from elsewhere)."""
 
     def end(self, account: Account) -> None:
         """*account*'s run or grant ended (lock held): a ledger kept elsewhere gives back what
-        it holds there (by default nothing)."""
+        it holds there (`LocalLedger` does nothing)."""
+
+
+class ClusterLedger(Protocol):
+    """What only a ledger kept on a cluster does: send a branch of the run to a worker, and
+    keep the whole work's timeout on the scheduler's clock. A ledger that can gives it as
+    `Ledger.cluster` (the Dask backend's ledger gives itself); a branch sent by a run on a
+    cluster (`nbbudget.run.branches.parallel_on`) and a call's job on a cluster (the backend's
+    runner) ask for it there."""
+
+    def branch(self, account: Account, name: str, remaining_ms: float | None) -> Branch:
+        """What a branch of *account* (the run or one of its grants) needs on a worker: the
+        run opened on the scheduler, its place there, its limits and the time it has left."""
+
+    def stop_after(self, ms: float, stop: Stop) -> None:
+        """Have the scheduler stop the run with *stop* once *ms* have passed on its clock (a
+        duration: clocks differ between machines), with or without this process (S0-6)."""
+
+    def standing_stop(self) -> Mapping[str, Any] | None:
+        """The stop the scheduler already has for the run, if any (a kernel that joins a run
+        made elsewhere takes it)."""
 
 
 class LedgerFactory(Protocol):
@@ -175,36 +222,41 @@ class LedgerFactory(Protocol):
                  full: bool) -> Ledger: ...
 
 
-class LocalLedger(Ledger):
-    """The counters of one run and its grants, in this process, under one lock."""
+class Figures:
+    """What a run's accounts read against its limits, whichever ledger keeps their counts: the
+    thresholds each kind may reach and the pool caps (`arm`), the approach notices (S3-5),
+    the refusals with their figures (S4-8), and every figure a run reads (what is left, what
+    was consumed, its axes, its statistics, its checkpoint state). `LocalLedger` holds one over
+    the counts it keeps; a ledger on a cluster (`nbbudget.backends`) holds one over the counts
+    it reads from the scheduler, and gives *refresh*, which brings them up to date before a figure
+    is read (None: the counts are all here)."""
 
-    def __init__(self, name: str, limits: Limits, recorder: Recorder, *, clock: Clock,
-                 lock: threading.Lock, suspend: bool, totals: Limits,
-                 notices: tuple[float, float] | None, elapsed: Callable[[], float],
-                 full: bool) -> None:
+    def __init__(self, root: Account, *, clock: Clock, lock: threading.Lock, suspend: bool,
+                 totals: Limits, notices: tuple[float, float] | None,
+                 elapsed: Callable[[], float], full: bool,
+                 refresh: Callable[[], None] | None = None) -> None:
+        self.root = root
+        self.refresh = refresh
         self.lock = lock
         self.suspend = suspend
         self.totals = totals
         self.notices = notices
-        self.notice_level = 0
-        self.full = full
-        self._elapsed = elapsed
-        self.root = root = Account(self, name, limits, recorder, None)
-        totals_set = totals.to_dict()
+        self.notice_level = 0  # approach notices given so far
+        self.full = full  # each charge is traced
+        self.clock = clock
+        self.elapsed = elapsed
+        self.totals_set = totals_set = totals.to_dict()
         root.total = [totals_set.get(k.name) for k in KINDS]
-        self._totals_set = totals_set
-        self._clock = clock
-        self.arm()
 
     def traced_pools(self, started: Any) -> None:
         """With ``trace="full"``: the run's pools record each permit they hand out."""
         root = self.root
-        root.pools = [root.recorder.pool(i, self._clock, started) for i in range(_K)]
+        root.pools = [root.recorder.pool(i, self.clock, started) for i in range(_K)]
 
     # -- thresholds ------------------------------------------------------------------------------
     def arm(self) -> None:
         """Recompute the run's thresholds, notice points and pool caps per kind."""
-        root, totals = self.root, self._totals_set
+        root, totals = self.root, self.totals_set
         thr, watch, cap = [_INF] * _K, [_INF] * _K, list(_ROOT_CAP)
         for name in root.limits_set.keys() | totals.keys():
             i = KIND_INDEX[name]
@@ -220,112 +272,11 @@ class LocalLedger(Ledger):
     def _notice_armed(self, i: int) -> bool:
         return self.notice_level < 2 and not (self.suspend and i in WINDOWS)
 
-    def open(self, name: str, limits: Limits, recorder: Recorder,
-             parent: Account) -> Account:
-        """A grant's account under *parent* (lock held): its own allowances (S2-2)."""
-        account = Account(self, name, limits, recorder, parent)
-        for kind, value in account.limits_set.items():
-            account.thr[KIND_INDEX[kind]] = value
-        return account
-
-    # -- check and reserve (lock held) -------------------------------------------------------------
-    def reserve(self, account: Account, items: Items, target: str | None,
-                t_ms: float) -> BudgetExceeded | None:
-        """Reserve every item on *account* and its run's counters, all or nothing (S4-3)."""
-        root = self.root
-        if account is not root:
-            for i, n in items:
-                if account.counts[i] + n > account.thr[i]:
-                    return self.refuse(account, account, i, n, target, t_ms)
-        short = self._take_all(items)
-        if short is not None:
-            return self.refuse(account, root, *short, target, t_ms)
-        for i, n in items:
-            if account is not root:
-                account.counts[i] += n
-            self._after_take(account, i, n, target, t_ms)
-        return None
-
-    def _take_all(self, items: Items) -> tuple[int, float] | None:
-        """Reserve every item on the run, or none: the first that cannot be had, else None.
-        Dollars get back their exact figures; pooled kinds give back by count."""
-        root = self.root
-        before = [(root.counts[i], root.bulk[i]) for i, _ in items]
-        for k, (i, n) in enumerate(items):
-            if not self._take(i, n):
-                for (j, m), (count, bulk) in zip(items[:k], before, strict=False):
-                    if POOLED[j]:
-                        root.counts[j] -= m
-                        root.bulk[j] -= m - 1
-                    else:
-                        root.counts[j], root.bulk[j] = count, bulk
-                return i, n
-        return None
-
-    def _take(self, i: int, n: float) -> bool:
-        """Reserve *n* of kind *i*: from what is not yet reserved, then from the pool."""
-        root = self.root
-        counts, pool, thr = root.counts, root.pools[i], root.thr[i]
-        short = counts[i] + n - thr
-        taken = 0
-        while taken < short:  # only whole-number kinds have pools; for others this fails at once
-            try:
-                list.pop(pool)  # not a charge of its own: a traced pool must not record it
-            except IndexError:
-                counts[i] -= taken  # what was taken from the pool is free again
-                if POOLED[i] and not pool and thr - counts[i] < 1:
-                    root.exhausted[i] = True
-                return False
-            taken += 1
-        counts[i] += n - taken
-        root.bulk[i] += n - 1
-        return True
-
-    def _after_take(self, account: Account, i: int, n: float, target: str | None,
-                    t_ms: float) -> None:
-        """What follows a reservation: a full-trace event, a notice, a refill of the lease."""
-        root = self.root
-        if self.full:
-            account.recorder.charge(i, n, t_ms, target)
-        if root.used(i) >= root.watch[i]:
-            self.notice(t_ms)
-        pool = root.pools[i]
-        room = root.cap[i] - root.counts[i]
-        if room >= 1 and not pool and not root.closed:  # refill an empty pool only
-            k = int(min(root.block[i], room))
-            root.block[i] = min(2 * root.block[i], _MAX_BLOCK)
-            root.counts[i] += k
-            pool.extend(_PERMITS[:k])
-
-    def drain(self, account: Account) -> None:
-        """Give back the permits waiting in *account*'s pools and never refill them (a stop:
-        lock held; pops may race, each is one)."""
-        account.closed = True
-        for i, pool in enumerate(account.pools):
-            while True:
-                try:
-                    list.pop(pool)  # not a charge: a traced pool records nothing here
-                except IndexError:
-                    break
-                account.counts[i] -= 1
-
-    # -- after the fact and without reserving (lock held) ---------------------------------------
-    def spend(self, account: Account, items: Items, target: str | None,
-              t_ms: float) -> list[tuple[Account, int]]:
-        """Record spending that already happened, even past a limit (S4-10); for *account*, then
-        its run, the first kind whose limit it passed there, in the attribution order (S2-9,
-        S3-3): a reply can pass its grant's allowance and its run's limit at once."""
-        root = self.root
-        for i, n in items:
-            if account is not root:
-                account.counts[i] += n
-            root.counts[i] += n
-            root.bulk[i] += n - 1
-            self._after_take(account, i, n, target, t_ms)
-        holders = (account,) if account is root else (account, root)
-        return [(holder, passed[0]) for holder in holders
-                if (passed := [i for i, _ in items if holder.thr[i] != _INF
-                               and holder.used(i) + holder.base[i] > holder.thr[i]])]
+    def restart(self, notice_level: int) -> None:
+        """A run restored from a checkpoint (S4-4): the notices it had given, and its
+        thresholds armed again over the counts its ledger took back."""
+        self.notice_level = notice_level
+        self.arm()
 
     def window(self, holder: Account, i: int) -> bool:
         """Whether *holder* passing kind *i* spends a window that suspends the run (S3-1): a
@@ -339,6 +290,8 @@ class LocalLedger(Ledger):
               t_ms: float) -> BudgetExceeded | None:
         """The refusal of *n* of kind *i* by the first of *account* and its run that has not
         that much left, else None; nothing is reserved (a clamp before dispatch)."""
+        if self.refresh is not None:
+            self.refresh()
         for holder in (account,) if account is self.root else (account, self.root):
             if holder.used(i) + holder.base[i] + n > holder.thr[i]:
                 return self.refuse(account, holder, i, n, target, t_ms)
@@ -386,7 +339,7 @@ class LocalLedger(Ledger):
             i = KIND_INDEX[kind]
             if self.suspend and i in WINDOWS:
                 continue
-            used = self._elapsed() if i == RUN_MS else self.root.used(i)
+            used = self.elapsed() if i == RUN_MS else self.root.used(i)
             if used / limit > best_ratio:
                 best, best_ratio = kind, used / limit
         return best, best_ratio
@@ -402,11 +355,15 @@ class LocalLedger(Ledger):
     # -- reading --------------------------------------------------------------------------------
     def remaining(self, account: Account, i: int) -> float:
         """What is left of kind *i*: the smaller of *account*'s own and the run's (lock held)."""
+        if self.refresh is not None:
+            self.refresh()
         left = _left(account, i)
         return left if account is self.root else min(left, _left(self.root, i))
 
     def totals_used(self, account: Account) -> list[float]:
         """Every kind's use across windows (lock held)."""
+        if self.refresh is not None:
+            self.refresh()
         return [account.used(i) + account.base[i] for i in range(_K)]
 
     def consumed(self, account: Account) -> dict[str, float]:
@@ -418,6 +375,8 @@ class LocalLedger(Ledger):
     def axes(self, account: Account, elapsed_ms: float,
              remaining_ms: float | None) -> tuple[AxisUsage, ...]:
         """Each armed axis of *account* now; time figures in whole milliseconds."""
+        if self.refresh is not None:
+            self.refresh()
         axes = []
         for kind, limit in account.limits_set.items():
             i = KIND_INDEX[kind]
@@ -463,6 +422,196 @@ class LocalLedger(Ledger):
                 "notices": list(self.notices) if self.notices else None,
             }
 
+
+class LocalLedger:
+    """The counters of one run and its grants, in this process, under one lock: a `Ledger`
+    (and, as its class, a `LedgerFactory`). It keeps the counts and the leases; what they read
+    against the limits is its `Figures`."""
+
+    #: kept in this process: nothing only a cluster does
+    cluster: ClusterLedger | None = None
+
+    def __init__(self, name: str, limits: Limits, recorder: Recorder, *, clock: Clock,
+                 lock: threading.Lock, suspend: bool, totals: Limits,
+                 notices: tuple[float, float] | None, elapsed: Callable[[], float],
+                 full: bool) -> None:
+        self.lock = lock
+        self.suspend = suspend
+        self.totals = totals
+        self.root = root = Account(self, name, limits, recorder, None)
+        self.figures = Figures(root, clock=clock, lock=lock, suspend=suspend, totals=totals,
+                               notices=notices, elapsed=elapsed, full=full)
+        self.figures.arm()
+
+    @property
+    def notice_level(self) -> int:
+        """The approach notices given so far (S3-5)."""
+        return self.figures.notice_level
+
+    def traced_pools(self, started: Any) -> None:
+        """With ``trace="full"``: the run's pools record each permit they hand out."""
+        self.figures.traced_pools(started)
+
+    def open(self, name: str, limits: Limits, recorder: Recorder,
+             parent: Account) -> Account:
+        """A grant's account under *parent* (lock held): its own allowances (S2-2)."""
+        account = Account(self, name, limits, recorder, parent)
+        for kind, value in account.limits_set.items():
+            account.thr[KIND_INDEX[kind]] = value
+        return account
+
+    def bind(self, scope: Scope) -> None:
+        """Nothing: no stop of this run comes from elsewhere."""
+
+    def end(self, account: Account) -> None:
+        """Nothing: this ledger holds nothing elsewhere."""
+
+    # -- check and reserve (lock held) -------------------------------------------------------------
+    def reserve(self, account: Account, items: Items, target: str | None,
+                t_ms: float) -> BudgetExceeded | None:
+        """Reserve every item on *account* and its run's counters, all or nothing (S4-3)."""
+        root, figures = self.root, self.figures
+        if account is not root:
+            for i, n in items:
+                if account.counts[i] + n > account.thr[i]:
+                    return figures.refuse(account, account, i, n, target, t_ms)
+        short = self._take_all(items)
+        if short is not None:
+            return figures.refuse(account, root, *short, target, t_ms)
+        for i, n in items:
+            if account is not root:
+                account.counts[i] += n
+            self._after_take(account, i, n, target, t_ms)
+        return None
+
+    def _take_all(self, items: Items) -> tuple[int, float] | None:
+        """Reserve every item on the run, or none: the first that cannot be had, else None.
+        Dollars get back their exact figures; pooled kinds give back by count."""
+        root = self.root
+        before = [(root.counts[i], root.bulk[i]) for i, _ in items]
+        for k, (i, n) in enumerate(items):
+            if not self._take(i, n):
+                for (j, m), (count, bulk) in zip(items[:k], before, strict=False):
+                    if POOLED[j]:
+                        root.counts[j] -= m
+                        root.bulk[j] -= m - 1
+                    else:
+                        root.counts[j], root.bulk[j] = count, bulk
+                return i, n
+        return None
+
+    def _take(self, i: int, n: float) -> bool:
+        """Reserve *n* of kind *i*: from what is not yet reserved, then from the pool."""
+        root = self.root
+        counts, pool, thr = root.counts, root.pools[i], root.thr[i]
+        short = counts[i] + n - thr
+        taken = 0
+        while taken < short:  # only whole-number kinds have pools; for others this fails at once
+            try:
+                list.pop(pool)  # not a charge of its own: a traced pool must not record it
+            except IndexError:
+                counts[i] -= taken  # what was taken from the pool is free again
+                if POOLED[i] and not pool and thr - counts[i] < 1:
+                    root.exhausted[i] = True
+                return False
+            taken += 1
+        counts[i] += n - taken
+        root.bulk[i] += n - 1
+        return True
+
+    def _after_take(self, account: Account, i: int, n: float, target: str | None,
+                    t_ms: float) -> None:
+        """What follows a reservation: a full-trace event, a notice, a refill of the lease."""
+        root = self.root
+        if self.figures.full:
+            account.recorder.charge(i, n, t_ms, target)
+        if root.used(i) >= root.watch[i]:
+            self.figures.notice(t_ms)
+        pool = root.pools[i]
+        room = root.cap[i] - root.counts[i]
+        if room >= 1 and not pool and not root.closed:  # refill an empty pool only
+            k = int(min(root.block[i], room))
+            root.block[i] = min(2 * root.block[i], _MAX_BLOCK)
+            root.counts[i] += k
+            pool.extend(_PERMITS[:k])
+
+    def drain(self, account: Account) -> None:
+        """Give back the permits waiting in *account*'s pools and never refill them (a stop:
+        lock held; pops may race, each is one)."""
+        account.closed = True
+        for i, pool in enumerate(account.pools):
+            while True:
+                try:
+                    list.pop(pool)  # not a charge: a traced pool records nothing here
+                except IndexError:
+                    break
+                account.counts[i] -= 1
+
+    # -- after the fact and without reserving (lock held) ---------------------------------------
+    def spend(self, account: Account, items: Items, target: str | None,
+              t_ms: float) -> list[tuple[Account, int]]:
+        """Record spending that already happened, even past a limit (S4-10); for *account*, then
+        its run, the first kind whose limit it passed there, in the attribution order (S2-9,
+        S3-3): a reply can pass its grant's allowance and its run's limit at once."""
+        root = self.root
+        for i, n in items:
+            if account is not root:
+                account.counts[i] += n
+            root.counts[i] += n
+            root.bulk[i] += n - 1
+            self._after_take(account, i, n, target, t_ms)
+        holders = (account,) if account is root else (account, root)
+        return [(holder, passed[0]) for holder in holders
+                if (passed := [i for i, _ in items if holder.thr[i] != _INF
+                               and holder.used(i) + holder.base[i] > holder.thr[i]])]
+
+    def window(self, holder: Account, i: int) -> bool:
+        """Whether *holder* passing kind *i* spends a window that suspends the run (S3-1)."""
+        return self.figures.window(holder, i)
+
+    def check(self, account: Account, i: int, n: float, target: str | None,
+              t_ms: float) -> BudgetExceeded | None:
+        """The refusal of *n* of kind *i* by *account* or its run, else None (nothing is
+        reserved: a clamp before dispatch)."""
+        return self.figures.check(account, i, n, target, t_ms)
+
+    def refuse(self, account: Account, holder: Account, i: int, n: float, target: str | None,
+               t_ms: float) -> BudgetExceeded:
+        """Record a refusal of *n* of kind *i* against *holder* and return the error (S4-8)."""
+        return self.figures.refuse(account, holder, i, n, target, t_ms)
+
+    # -- notices (S3-5) ---------------------------------------------------------------------------
+    def notice(self, t_ms: float) -> None:
+        """Give the approach notices now due (lock held)."""
+        self.figures.notice(t_ms)
+
+    def time_notices(self) -> list[float]:
+        """The active ms at which a time notice is still to come."""
+        return self.figures.time_notices()
+
+    # -- reading --------------------------------------------------------------------------------
+    def remaining(self, account: Account, i: int) -> float:
+        """What is left of kind *i*: the smaller of *account*'s own and the run's (lock held)."""
+        return self.figures.remaining(account, i)
+
+    def consumed(self, account: Account) -> dict[str, float]:
+        """What *account* has used of each charged kind, across windows."""
+        return self.figures.consumed(account)
+
+    def axes(self, account: Account, elapsed_ms: float,
+             remaining_ms: float | None) -> tuple[AxisUsage, ...]:
+        """Each armed axis of *account* now; time figures in whole milliseconds."""
+        return self.figures.axes(account, elapsed_ms, remaining_ms)
+
+    def stats(self, refused: Counter[str]) -> dict[str, dict[str, float]]:
+        """The run's checks, consumptions, amounts consumed and refusals, by kind (S4-9)."""
+        return self.figures.stats(refused)
+
+    # -- state (S3-1, S4-4, S4-5) -----------------------------------------------------------------
+    def state(self, active_ms: float) -> dict[str, Any]:
+        """The counters a checkpoint must hold, with the limits, totals and notices."""
+        return self.figures.state(active_ms)
+
     def restore(self, state: Mapping[str, Any]) -> None:
         """Take back the counters of *state* (read with `read_state`); with suspend, the
         windows start fresh and the totals stay (S3-1)."""
@@ -470,11 +619,10 @@ class LocalLedger(Ledger):
         for kind, value in state["counts"].items():
             root.counts[kind_index(kind, chargeable=True)] = value
         root.bulk = list(root.counts)  # what earlier slices consumed is not this run's work
-        self.notice_level = int(state["notice_level"])
         if self.suspend:
             root.base = [root.counts[i] if i in WINDOWS else 0 for i in range(_K)]
             root.base[RUN_MS] = float(state["active_ms"])  # a fresh time window (S3-1)
-        self.arm()
+        self.figures.restart(int(state["notice_level"]))
 
 
 def _left(account: Account, i: int) -> float:

@@ -3,11 +3,14 @@
 Every branch and every sub-agent draws on the run's counters: a permit is checked and reserved
 atomically before dispatch, so two branches never get the same last one.
 
-A run on a cluster (``nb.budget(..., cluster=client)``) sends its branches to the cluster's
-workers as tasks (`parallel_on`): in each, ``nb.current()`` is a run that charges the same
-counters on the scheduler, with the time the run had left when the branch was sent, and stops
-when the run stops. A branch's function must be one that Dask can ship (cloudpickle); inside it,
-reach the run with ``nb.current()``.
+A run on a cluster (``nb.budget(..., cluster=client)``) sends its branches to the cluster
+(`parallel_on`), which runs them where it runs work (`nbbudget.core.backends.Cluster`; Dask: as
+tasks on its workers): in each, ``nb.current()`` is a run that charges the same counters on the
+cluster, with the time the run had left when the branch was sent, and stops when the run stops.
+What the branch needs of its run there comes from the run's ledger, asked for what only a
+ledger on a cluster does (`nbbudget.core.ledger.ClusterLedger`, through ``Ledger.cluster``). A
+branch's function must be one the cluster can ship (for Dask, cloudpickle); inside it, reach the
+run with ``nb.current()``.
 """
 
 from __future__ import annotations
@@ -19,17 +22,15 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..core.backends import load
 from ..core.errors import ConfigError
 from ..core.kinds import KIND_INDEX
 
 if TYPE_CHECKING:
-    from distributed import Client
-
+    from ..core.backends import Cluster
     from ..core.ledger import Branch
     from ..core.lowlevel import Run
 
-__all__ = ["agent", "parallel", "parallel_on", "run_branch"]
+__all__ = ["agent", "parallel", "parallel_on"]
 
 _T = TypeVar("_T")
 _AGENTS = KIND_INDEX["agent_invocations"]
@@ -64,46 +65,22 @@ def parallel(branches: Iterable[Callable[[], _T]], *,
     return _results(outcomes, return_exceptions)
 
 
-def parallel_on(client: Client, run: Run, join: Callable[[Branch], AbstractContextManager[Any]],
+def parallel_on(cluster: Cluster, run: Run,
+                join: Callable[[Branch], AbstractContextManager[Any]],
                 branches: Iterable[Callable[[], _T]], *, max_concurrency: int | None,
                 max_items: int | None, return_exceptions: bool) -> list[Any]:
-    """Run *branches* of *run* (a run on *client*'s cluster) as tasks on its workers, at most
-    *max_concurrency* at a time; in each, ``join(branch)`` is the run the branch charges. Their
-    results in order."""
-    from distributed import as_completed
-
+    """Run *branches* of *run* (a run given *cluster*) on the cluster, at most
+    *max_concurrency* at a time; in each, ``join(branch)`` is the run the branch charges,
+    *branch* what the run's ledger on the cluster says of it. Their results in order."""
     core = run.lowlevel
-    assert isinstance(core.ledger, load("dask", "ledger").DaskLedger)
-    branch = core.ledger.branch(core.account, run.name, core.scope.remaining_ms())
+    on_cluster = core.ledger.cluster
+    if on_cluster is None:
+        raise ConfigError(f"{run.name} keeps its counters in this process: its branches cannot "
+                          f"run on a cluster; make the run with cluster=")
+    branch = on_cluster.branch(core.account, run.name, core.scope.remaining_ms())
     items = _checked(branches, max_concurrency, max_items)
-    group, todo = f"nbb-branch-{next(_groups)}-{id(branch):x}", list(enumerate(items))
-    futures: dict[Any, int] = {}
-    running = as_completed()  # type: ignore[no-untyped-call]  # untyped in Dask
-    for _ in range(min(len(todo), max_concurrency or len(todo))):
-        _submit(client, join, branch, group, todo.pop(0), futures, running)
-    outcomes: list[Any] = [None] * len(items)
-    for future in running:
-        error = future.exception()
-        outcomes[futures[future]] = error if error is not None else future.result()
-        if todo:
-            _submit(client, join, branch, group, todo.pop(0), futures, running)
+    outcomes = cluster.parallel(join, branch, items, max_concurrency)
     return _results(outcomes, return_exceptions)
-
-
-def _submit(client: Client, join: Callable[[Branch], AbstractContextManager[Any]],
-            branch: Branch, group: str, item: tuple[int, Callable[[], Any]],
-            futures: dict[Any, int], running: Any) -> None:
-    index, fn = item
-    future = client.submit(run_branch, join, branch, fn, key=f"{group}-{index}", pure=False)
-    futures[future] = index
-    running.add(future)
-
-
-def run_branch(join: Callable[[Branch], AbstractContextManager[Any]], branch: Branch,
-               fn: Callable[[], _T]) -> _T:
-    """A branch, in a task on a worker: *fn* inside the run that ``join(branch)`` makes."""
-    with join(branch):
-        return fn()
 
 
 def _checked(branches: Iterable[Callable[[], _T]], max_concurrency: int | None,

@@ -53,8 +53,8 @@ from .tools import make_tool
 
 if TYPE_CHECKING:
     import pandas as pd
-    from distributed import Client
 
+    from ..core.backends import Cluster
     from ..core.ledger import Branch
 
 __all__ = ["STATE_VERSION", "Budget", "Deferred", "Grant", "Snapshot", "activate", "budget",
@@ -150,7 +150,7 @@ class _Parts:
     _trace: _Part[Trace] = _Part()
     _pools: Sequence[list[None]]
     _lazy: _Recipe | None
-    _cluster: Client | None
+    _cluster: Cluster | None
     name: str
     _root: Budget
     _outcome: Outcome | None
@@ -736,7 +736,7 @@ def join(branch: Branch) -> Budget:
     left = branch.remaining_ms
     return Budget(Limits.from_json(branch.limits), name=branch.name, notices=branch.notices,
                   time=None if left is None else max(1, math.ceil(left)),
-                  ledger=load("dask", "ledger").joining(branch))
+                  ledger=load("dask").joining(branch))
 
 
 def budget(limits: Limits | None = None, **kwargs: Any) -> Budget:
@@ -766,14 +766,15 @@ def _combine(limits: Limits | None, time: int | str | None, fields: dict[str, An
     return out
 
 
-def _on_cluster(cluster: Any, ledger: LedgerFactory) -> tuple[LedgerFactory, Client | None]:
-    """The ledger factory of a run, and the client of the cluster its branches go to."""
+def _on_cluster(cluster: Any, ledger: LedgerFactory) -> tuple[LedgerFactory, Cluster | None]:
+    """The ledger factory of a run, and the cluster its branches go to (None: this process's
+    threads), from the run's ``cluster=`` (made ready by the backend that serves it)."""
     if cluster is None:
         return ledger, None
     if ledger is not LocalLedger:
         raise ConfigError("give cluster= or ledger=, not both: cluster= chooses the ledger")
-    factory = load("dask", "ledger").on_cluster(cluster)
-    return factory, factory.client
+    on = load("dask").cluster(cluster)
+    return on.ledger, on
 
 
 def _amount(kind: str, n: object) -> float:

@@ -1,7 +1,9 @@
 """The client half of the Dask ledger: a run whose counters live on a cluster's scheduler
 (`nbbudget.backends.dask.scheduler`), from the kernel or from a task on a worker.
 
-`DaskLedger` is a `Ledger`. It keeps the local ledger's pools, so ``step()`` and ``charge(kind)``
+`DaskLedger` is a `Ledger` and a `ClusterLedger` (`nbbudget.core.ledger`): it holds the run's
+`Figures` (thresholds, notices, refusals, figures), as `LocalLedger` does, over counts read from
+the scheduler. It keeps the local ledger's pools, so ``step()`` and ``charge(kind)``
 stay a lock-free ``list.pop()``: the pool *is* this holder's lease. When a pool runs dry, one
 round trip settles the lease it held (its unused permits go back) and takes the next one, sized
 by time: the block doubles while a lease lasts under `FAST_S` and halves when one lasts over
@@ -26,14 +28,22 @@ import threading
 import time
 import uuid
 import weakref
+from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ...core.clock import Clock
 from ...core.errors import BudgetExceeded, ConfigError
 from ...core.kinds import KIND_INDEX, KINDS, POOLED, RUN_MS, STEPS, kind_index
-from ...core.ledger import Account, Branch, Items, LedgerFactory, LocalLedger
+from ...core.ledger import (
+    Account,
+    Branch,
+    ClusterLedger,
+    Figures,
+    Items,
+    Ledger,
+    LedgerFactory,
+)
 from ...core.limits import Limits
 from ...core.outcome import Status
 from ...core.scope import Scope, Stop
@@ -46,8 +56,7 @@ if TYPE_CHECKING:
     from .scheduler import Channel, Reply
 
 __all__ = ["FAST_S", "RETRIED_ONCE", "SLOW_S", "WAIT_S", "Branch", "DaskAccount", "DaskLedger",
-           "OnCluster", "how_of", "joining", "on_cluster", "standing_stop", "stop_after",
-           "watching"]
+           "OnCluster", "how_of", "joining", "on_cluster", "told_stop", "watching"]
 
 _K = len(KINDS)
 #: the kinds a retried task is charged once for (see `DaskLedger.rid`)
@@ -145,8 +154,13 @@ class DaskAccount(Account):
         return [lease, unused]
 
 
-class DaskLedger(LocalLedger):
-    """The counters of one run and its grants, on a cluster's scheduler; see the module."""
+class DaskLedger:
+    """The counters of one run and its grants, on a cluster's scheduler; see the module. A
+    `Ledger`, and its own `cluster` (a `ClusterLedger`): it sends branches to workers and keeps
+    the whole work's timeout on the scheduler."""
+
+    #: windows that suspend the run are not kept on a cluster (the constructor refuses them)
+    suspend = False
 
     def __init__(self, name: str, limits: Limits, recorder: Recorder, *, clock: Clock,
                  lock: threading.Lock, suspend: bool, totals: Limits,
@@ -156,13 +170,15 @@ class DaskLedger(LocalLedger):
         if suspend:
             raise ConfigError("suspend=True is not kept on a cluster's ledger; run it without "
                               "cluster=, or without suspend")
-        super().__init__(name, limits, recorder, clock=clock, lock=lock, suspend=False,
-                         totals=totals, notices=notices, elapsed=elapsed, full=full)
+        self.lock = lock
+        self.totals = totals
         self.channel = channel
         self.key = branch.key if branch is not None else f"nbb-run-{uuid.uuid4().hex}"
         self.holder = f"{channel.address}#{task or uuid.uuid4().hex[:12]}:{attempt}"
         home = branch.home if branch is not None else self.key
         self.root = self.home = DaskAccount(self, name, limits, recorder, None, home)
+        self.figures = Figures(self.home, clock=clock, lock=lock, suspend=False, totals=totals,
+                               notices=notices, elapsed=elapsed, full=full, refresh=self.refresh)
         self.home.total = [None] * _K
         self.accounts: dict[str, DaskAccount] = {home: self.home}
         self.restored: dict[str, float] = {}
@@ -174,7 +190,29 @@ class DaskLedger(LocalLedger):
         self.task, self.attempt = task, attempt
         self.timer: dict[str, Any] = {}  # the timer the run is opened with (`stop_after`)
         self._rids = [itertools.count(1) for _ in range(_K)]
-        self.arm()
+        self.figures.arm()
+
+    @property
+    def cluster(self) -> ClusterLedger:
+        """This ledger: it does what only a cluster does (`ClusterLedger`)."""
+        return self
+
+    @property
+    def notice_level(self) -> int:
+        """The approach notices given so far (S3-5), each given here as the scheduler reaches it."""
+        return self.figures.notice_level
+
+    def traced_pools(self, started: Any) -> None:
+        """With ``trace="full"``: the run's pools record each permit they hand out."""
+        self.figures.traced_pools(started)
+
+    def time_notices(self) -> list[float]:
+        """The active ms at which a time notice is still to come."""
+        return self.figures.time_notices()
+
+    def notice(self, t_ms: float) -> None:
+        """Give the approach notices now due (lock held)."""
+        self.figures.notice(t_ms)
 
     # -- the link to the scheduler -------------------------------------------------------------
     def ensure_open(self) -> None:
@@ -184,7 +222,8 @@ class DaskLedger(LocalLedger):
         root = self.home
         limits = {k: v for k, v in root.limits_set.items() if k != KINDS[RUN_MS].name}
         self.call("nbb_open", scope=self.key, limits=limits, counts=self.restored or None,
-                  notices=list(self.notices) if self.notices else None, **self.timer)
+                  notices=list(notices) if (notices := self.figures.notices) else None,
+                  **self.timer)
         self.opened = True
 
     def call(self, op: str, **kwargs: Any) -> Reply:
@@ -206,14 +245,14 @@ class DaskLedger(LocalLedger):
         assert isinstance(account, DaskAccount)
         self.ensure_open()
         limits = {k: v for k, v in account.limits_set.items() if k != KINDS[RUN_MS].name}
-        return Branch(self.key, account.key, name, limits, remaining_ms, self.notices)
+        return Branch(self.key, account.key, name, limits, remaining_ms, self.figures.notices)
 
     def bind(self, scope: Scope) -> None:
         """Stop *scope* (the run's) when the scheduler says the run stopped; a kernel joining
         a run made elsewhere (`watching`) takes the stop it had already, too."""
         self.scope = scope
         self.unwatch = self.channel.on_stop(self.key, self.heard_stop)
-        stopped = standing_stop(self) if not self.owner and self.task is None else None
+        stopped = self.standing_stop() if not self.owner and self.task is None else None
         if stopped is not None:
             scope.halt(self.stop_of(scope, stopped))
 
@@ -304,7 +343,7 @@ class DaskLedger(LocalLedger):
             return self.refusal(account, reply, items, target, t_ms)
         for i, n in items:
             account.taken(i, n, n - 1)
-            if self.full:
+            if self.figures.full:
                 account.recorder.charge(i, n, t_ms, target)
         self.heard_level(reply, t_ms)
         return None
@@ -329,7 +368,7 @@ class DaskLedger(LocalLedger):
         root.lease[i] = f"{rid}/{name}"
         root.taken(i, granted, 0)
         root.pools[i].extend([None] * (granted - 1))
-        if self.full:
+        if self.figures.full:
             root.recorder.charge(i, 1, t_ms, target)
         self.heard_level(reply, t_ms)
         return None
@@ -362,9 +401,9 @@ class DaskLedger(LocalLedger):
 
     def heard_level(self, reply: Reply, t_ms: float) -> None:
         """Give the approach notices the scheduler reached (S3-5), with fresh figures."""
-        if reply.get("notice_level", 0) > self.notice_level:
+        if reply.get("notice_level", 0) > self.figures.notice_level:
             self.refresh()
-            self.notice(t_ms)
+            self.figures.notice(t_ms)
 
     def drain(self, account: Account) -> None:
         """A stop (lock held): the pools empty and never refill, the leases go back, and the
@@ -388,7 +427,7 @@ class DaskLedger(LocalLedger):
                           items=[[KINDS[i].name, n] for i, n in items])
         for i, n in items:
             account.taken(i, n, n - 1)
-            if self.full:
+            if self.figures.full:
                 account.recorder.charge(i, n, t_ms, target)
         passed: list[tuple[Account, int]] = []
         for key, kind, _limit, consumed in reply["passed"]:
@@ -398,15 +437,25 @@ class DaskLedger(LocalLedger):
         self.heard_level(reply, t_ms)
         return passed
 
+    def window(self, holder: Account, i: int) -> bool:
+        """Never: windows that suspend a run are not kept on a cluster (S3-1)."""
+        return self.figures.window(holder, i)
+
     def check(self, account: Account, i: int, n: float, target: str | None,
               t_ms: float) -> BudgetExceeded | None:
-        self.refresh()
-        return super().check(account, i, n, target, t_ms)
+        """The refusal of *n* of kind *i* by *account* or its run, by the scheduler's counts
+        read now, else None (nothing is reserved: a clamp before dispatch)."""
+        return self.figures.check(account, i, n, target, t_ms)
+
+    def refuse(self, account: Account, holder: Account, i: int, n: float, target: str | None,
+               t_ms: float) -> BudgetExceeded:
+        """Record a refusal of *n* of kind *i* against *holder* and return the error (S4-8)."""
+        return self.figures.refuse(account, holder, i, n, target, t_ms)
 
     # -- reading ----------------------------------------------------------------------------------
     def refresh(self) -> None:
         """Read every account's counts from the scheduler (after the run ended here, its last
-        figures stay)."""
+        figures stay). Its `Figures` call it before a figure is read."""
         if not self.opened or self.ended:
             return
         reply = self.call("nbb_snapshot")
@@ -421,19 +470,28 @@ class DaskLedger(LocalLedger):
             account.bulk = [figures["bulk"].get(k.name, 0) for k in KINDS]
 
     def remaining(self, account: Account, i: int) -> float:
-        self.refresh()
-        return super().remaining(account, i)
+        """What is left of kind *i* on the scheduler: *account*'s own or the run's, the
+        smaller (lock held)."""
+        return self.figures.remaining(account, i)
+
+    def consumed(self, account: Account) -> dict[str, float]:
+        """What *account* has used of each charged kind, by every holder, on the scheduler."""
+        return self.figures.consumed(account)
 
     def axes(self, account: Account, elapsed_ms: float,
              remaining_ms: float | None) -> tuple[AxisUsage, ...]:
-        self.refresh()
-        return super().axes(account, elapsed_ms, remaining_ms)
+        """Each armed axis of *account* now, by the scheduler's counts."""
+        return self.figures.axes(account, elapsed_ms, remaining_ms)
 
-    def totals_used(self, account: Account) -> list[float]:
-        self.refresh()
-        return super().totals_used(account)
+    def stats(self, refused: Counter[str]) -> dict[str, dict[str, float]]:
+        """The run's checks, consumptions, amounts consumed and refusals, by kind (S4-9)."""
+        return self.figures.stats(refused)
 
     # -- state (S4-4) -----------------------------------------------------------------------------
+    def state(self, active_ms: float) -> dict[str, Any]:
+        """The counters a checkpoint must hold, as the scheduler has them now."""
+        return self.figures.state(active_ms)
+
     def restore(self, state: Mapping[str, Any]) -> None:
         """Take back the counters of *state*: the run opens on the scheduler with them."""
         if self.opened:
@@ -443,24 +501,25 @@ class DaskLedger(LocalLedger):
         for kind, value in self.restored.items():
             self.home.remote[KIND_INDEX[kind]] = value
         self.home.bulk = list(self.home.remote)
-        self.notice_level = int(state["notice_level"])
-        self.arm()
+        self.figures.restart(int(state["notice_level"]))
 
+    # -- what only a cluster does (`ClusterLedger`) ---------------------------------------------
+    def stop_after(self, ms: float, stop: Stop) -> None:
+        """Have the scheduler stop this run with *stop* once *ms* have passed on its clock (a
+        duration: clocks differ between machines), with or without this process: the whole
+        work's wall-clock limit (S0-6), kept by a call's job on a cluster
+        (`nbbudget.backends.dask.runner.DaskRunner.start`). Sent with the run's opening, or
+        now if it is open."""
+        self.timer = {"timeout_ms": ms, "how": how_of(stop)}
+        if self.opened:  # (opening again only arms the timer, if the run has none yet)
+            self.call("nbb_open", scope=self.key, limits={}, **self.timer)
 
-def stop_after(ledger: DaskLedger, ms: float, stop: Stop) -> None:
-    """Have the scheduler stop *ledger*'s run with *stop* once *ms* have passed on its clock (a
-    duration: clocks differ between machines), with or without this process: the whole work's
-    wall-clock limit (S0-6). Sent with the run's opening, or now if it is open."""
-    ledger.timer = {"timeout_ms": ms, "how": how_of(stop)}
-    if ledger.opened:  # (opening again only arms the timer, if the run has none yet)
-        ledger.call("nbb_open", scope=ledger.key, limits={}, **ledger.timer)
-
-
-def standing_stop(ledger: DaskLedger) -> Mapping[str, Any] | None:
-    """The stop the scheduler already has for *ledger*'s run, if any."""
-    reply = ledger.call("nbb_snapshot")
-    figures = reply["scopes"].get(ledger.home.key) if reply["ok"] else None
-    return figures["stopped"] if figures is not None else None
+    def standing_stop(self) -> Mapping[str, Any] | None:
+        """The stop the scheduler already has for this run, if any: a kernel that joins a run
+        made elsewhere (`watching`) takes it when it binds its scope."""
+        reply = self.call("nbb_snapshot")
+        figures = reply["scopes"].get(self.home.key) if reply["ok"] else None
+        return figures["stopped"] if figures is not None else None
 
 
 def how_of(stop: Stop) -> dict[str, Any]:
@@ -527,3 +586,10 @@ class OnCluster:
         return DaskLedger(name, limits, recorder, clock=clock, lock=lock, suspend=suspend,
                           totals=totals, notices=notices, elapsed=elapsed, full=full,
                           channel=self.channel)
+
+
+if TYPE_CHECKING:  # checked by mypy --strict: a DaskLedger is a Ledger and a ClusterLedger,
+    # and OnCluster (like the factories of `joining` and `watching`) a LedgerFactory
+    _LEDGER: type[Ledger] = DaskLedger
+    _CLUSTER_LEDGER: type[ClusterLedger] = DaskLedger
+    _FACTORY: type[LedgerFactory] = OnCluster

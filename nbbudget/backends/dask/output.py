@@ -42,10 +42,10 @@ from ...core.errors import Cancelled
 if TYPE_CHECKING:
     from distributed import Client
 
-    from ...run.budget import Budget
     from ...calls.jobs import Job
     from ...calls.runner import Checkpoints
     from ...calls.store import Checkpoint
+    from ...run.budget import Budget
 
 __all__ = ["FLUSH_S", "HEARTBEAT_S", "Feed", "Saver", "TaskOutput", "beat_topic", "forget",
            "history", "output_topic"]

@@ -31,10 +31,10 @@ A resumable call (``resume=True``) runs as a task too (`TaskCall` is its call on
 Its run continues from the loaded checkpoint's counters (S4-4); its task carries the
 checkpoint's state (``nb.resume_state()`` there) and the caller's budget as a duration
 (`Shipped`). ``nb.checkpoint(state)`` on the worker ships the state with the counters the task
-took; the kernel saves it in its store, signed, as it arrives (`nbbudget.backends.dask.output.Saver`).
-Once the budget has run out, the task ends at its next checkpoint with a `PausedAt` as its
-value, and the kernel answers with the checkpoint it saved there (S0-2). Its caller never
-detaches: it is there while the task runs.
+took; the kernel saves it in its store, signed, as it arrives
+(`nbbudget.backends.dask.output.Saver`). Once the budget has run out, the task ends at its
+next checkpoint with a `PausedAt` as its value, and the kernel answers with the checkpoint it
+saved there (S0-2). Its caller never detaches: it is there while the task runs.
 
 The whole work's ``timeout=`` (S0-6) is kept on the scheduler's clock: `DaskRunner.start` opens
 the run there with the time the work has left (a `WallClock`: a duration, counted from its
@@ -50,6 +50,7 @@ later takes the stop from the scheduler, and answers as the call would have.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import io
 import os
@@ -62,33 +63,33 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ...run.budget import Budget, join
-from ...core.errors import Cancelled
-from ...core.limits import Limits
-from ...core.lowlevel import Incomplete, Stop
-from ...core.outcome import Status
-from .output import Feed, Saver, TaskOutput, beat_topic, forget, output_topic
-from ...calls.jobs import Job, JobState, Jobs
+from ...calls.jobs import Job, Jobs, JobState
 from ...calls.runner import (
-    Backend,
     Checkpoints,
-    LocalRunner,
+    DetachedJobs,
     WallClock,
     Work,
     current_backend,
     jobs,
     remote_call,
 )
+from ...core.errors import Cancelled, ConfigError
+from ...core.limits import Limits
+from ...core.lowlevel import Incomplete, Stop
+from ...core.outcome import Status
+from ...run.budget import Budget, join
+from .output import Feed, Saver, TaskOutput, beat_topic, forget, output_topic
 
 if TYPE_CHECKING:
     from distributed import Client, Future
 
-    from .ledger import Branch
-
+    from ...calls.clusters import ClusterRunner
+    from ...calls.runner import JobRunner
     from ...core import workers
+    from ...core.ledger import Branch
 
-__all__ = ["PREFIX", "DaskRunner", "PausedAt", "Shipped", "TaskCall", "on_cluster_backend",
-           "published_name", "published_states", "run_work", "runner_of", "take_published"]
+__all__ = ["PREFIX", "DaskRunner", "PausedAt", "Shipped", "TaskCall", "published_name",
+           "published_states", "run_work", "runner_of", "take_published"]
 
 #: the prefix of the names detached jobs are published under on the scheduler
 PREFIX = "nbbudget-job-"
@@ -218,7 +219,9 @@ def take_published(name: str, ended_only: bool = False, client: str | None = Non
     published); ``"absent"`` if it is not published. The one caller that takes an ended job
     delivers it (S0-11); *client* (that caller's id) keeps its result alive once unpublished."""
     ext = dask_scheduler.extensions.get("publish") if dask_scheduler is not None else None
-    out = ext.datasets.get(name) if ext is not None else None
+    if ext is None:
+        return "absent"
+    out = ext.datasets.get(name)
     if out is None:
         return "absent"
     tasks = dask_scheduler.tasks
@@ -252,18 +255,6 @@ def published_states(prefix: str, dask_scheduler: Any = None) -> dict[str, tuple
     return out
 
 
-def on_cluster_backend(cluster: object, within_s: float | None = None,
-                       budget_ms: int | None = None) -> Backend:
-    """The backend of a call given ``cluster=`` (a ``distributed.Client`` or a scheduler
-    address, resolved as ``nb.budget(cluster=...)`` resolves it, a first connection waited
-    for at most *within_s*, the rest of the call budget *budget_ms*): its work runs on that
-    cluster, its records stay in the store in force."""
-    from .ledger import on_cluster
-
-    return Backend(runner_of(on_cluster(cluster, within_s, budget_ms).client),
-                   current_backend().store)
-
-
 def runner_of(client: Client) -> DaskRunner:
     """The runner of the calls on *client*'s cluster (one per client, for this process)."""
     with _runners_lock:
@@ -273,19 +264,23 @@ def runner_of(client: Client) -> DaskRunner:
         return found
 
 
-class DaskRunner(LocalRunner):
-    """A `JobRunner` whose work runs as tasks on the cluster of *client*; its detached jobs
-    are published futures, kept by identity in this process too (as `LocalRunner` keeps
-    them), and found on the scheduler from another kernel."""
+class DaskRunner:
+    """A `JobRunner` (a `nbbudget.calls.clusters.ClusterRunner`) whose work runs as tasks on
+    the cluster of *client*; its detached jobs are published futures, kept by identity in this
+    process too (its `DetachedJobs`, as `LocalRunner` holds one), and found on the scheduler
+    from another kernel. Made per client by `runner_of`, or by a test with a `Jobs` of its
+    own."""
 
     #: the work does not run in this process: the call never runs it in place
     runs_here = False
 
     def __init__(self, client: Client, jobs: Jobs) -> None:
-        super().__init__(jobs)
+        self.jobs = jobs
+        self.detached = DetachedJobs(jobs)
         self.client = client
         self.in_kernel = _scheduler_here(client)
-        self._futures: weakref.WeakKeyDictionary[Job, Future] = weakref.WeakKeyDictionary()
+        self._futures: weakref.WeakKeyDictionary[Job, Future[Any]] = (
+            weakref.WeakKeyDictionary())
         self._published: weakref.WeakSet[Job] = weakref.WeakSet()  # its name is on the scheduler
         self._feeds: weakref.WeakKeyDictionary[Job, Feed] = weakref.WeakKeyDictionary()
         self._branches: weakref.WeakKeyDictionary[Job, Branch] = weakref.WeakKeyDictionary()
@@ -315,12 +310,14 @@ class DaskRunner(LocalRunner):
         core = run.lowlevel
         core.scope.start()
         job.use_run(run)
+        cluster = core.ledger.cluster  # what its ledger does on the cluster
+        if cluster is None:
+            raise ConfigError(f"{run.name} keeps its counters in this process, not on the "
+                              f"cluster its task runs on")
         if wall_clock is not None:
-            from .ledger import stop_after
-
-            stop_after(core.ledger, wall_clock.left_ms, Stop.of(
+            cluster.stop_after(wall_clock.left_ms, Stop.of(
                 Status.CANCELLED, wall_clock.message, core.scope, by="wall-clock"))
-        branch = core.ledger.branch(core.account, run.name, core.scope.remaining_ms())
+        branch = cluster.branch(core.account, run.name, core.scope.remaining_ms())
         key = f"nbbudget-call-{uuid.uuid4().hex}"
         shipped = Shipped(key) if checkpoints is None else Shipped(
             key, True, () if loaded is None else (loaded.state,), _pause_after(work))
@@ -351,11 +348,11 @@ class DaskRunner(LocalRunner):
                           f"scheduler runs in this kernel: it dies with the kernel. Give "
                           f"cluster= an external scheduler (dask scheduler, dask-gateway, "
                           f"Coiled) for a job that outlives it", RuntimeWarning, stacklevel=6)
-        super().detach(work, job)
+        self.detached.keep(work, job, self.taken_out)
 
     def reattach(self, work: Work) -> Job | None:
         """This process's job of *work* first; else its published future on the scheduler."""
-        job = super().reattach(work)
+        job = self.detached.find(work)
         if job is not None:
             return job
         name = published_name(work.identity)
@@ -363,8 +360,9 @@ class DaskRunner(LocalRunner):
             found = self.client.get_dataset(name, default=None)
             if found is None:
                 return None
-            taken = self.client.run_on_scheduler(take_published, name, True, self.client.id)
-        except Exception:  # noqa: BLE001  (a scheduler that cannot answer: start anew)
+            taken = self.client.run_on_scheduler(  # type: ignore[no-untyped-call]  # untyped
+                take_published, name, True, self.client.id)
+        except Exception:  # a scheduler that cannot answer: start anew
             return None
         if taken == "absent":
             return None  # another caller took the ended job: the work is complete
@@ -405,8 +403,9 @@ class DaskRunner(LocalRunner):
         if self.client.status != "running":
             return []
         try:
-            states = self.client.run_on_scheduler(published_states, PREFIX)
-        except Exception:  # noqa: BLE001  (a scheduler that cannot answer lists nothing)
+            states = self.client.run_on_scheduler(  # type: ignore[no-untyped-call]  # untyped
+                published_states, PREFIX)
+        except Exception:  # a scheduler that cannot answer lists nothing
             return []
         out, now = [], time.time()
         for name, (state, age) in sorted(states.items()):
@@ -414,7 +413,7 @@ class DaskRunner(LocalRunner):
                 continue
             try:
                 found = self.client.get_dataset(name, default=None)
-            except Exception:  # noqa: BLE001,S112  (taken meanwhile, or unreadable here)
+            except Exception:  # taken meanwhile, or unreadable here
                 continue
             listed = found.get("job") if isinstance(found, dict) else None
             if listed is not None:
@@ -434,7 +433,9 @@ class DaskRunner(LocalRunner):
                       ledger=watching(self.client, branch))
 
     def deliver(self, work: Work, job: Job) -> None:
-        super().deliver(work, job)
+        """*job*'s result went out: it is forgotten here, and on the scheduler (what its task
+        sent, its published name), so the next identical call starts anew."""
+        self.detached.delivered(work, job)
         self._futures.pop(job, None)
         self._forget_output(job)
         self._unpublish(work.identity, job)
@@ -444,16 +445,17 @@ class DaskRunner(LocalRunner):
         so no kernel takes it again (S0-11)."""
         self._forget_output(job)
         self._unpublish(identity, job)
-        super().taken_out(identity, job)
+        self.detached.taken_out(identity, job)
 
     def _unpublish(self, identity: str, job: Job) -> None:
         if job in self._published:
             self._published.discard(job)
-            try:  # one step on the scheduler (``unpublish_dataset`` first waits ~10 ms for
-                # this client's batched messages, which nothing here needs)
-                self.client.run_on_scheduler(take_published, published_name(identity))
-            except Exception:  # noqa: BLE001  (the scheduler went away: nothing to unpublish)
-                pass
+            # one step on the scheduler (``unpublish_dataset`` first waits ~10 ms for this
+            # client's batched messages, which nothing here needs); a scheduler that went away
+            # has nothing to unpublish
+            with contextlib.suppress(Exception):
+                self.client.run_on_scheduler(  # type: ignore[no-untyped-call]  # untyped
+                    take_published, published_name(identity))
 
     def _forget_output(self, job: Job) -> None:
         """The job's result went out: the scheduler no longer keeps what its task sent."""
@@ -461,20 +463,19 @@ class DaskRunner(LocalRunner):
         if feed is not None:
             _forget(feed)
 
-    def _bind(self, job: Job, future: Future, feed: Feed) -> None:
+    def _bind(self, job: Job, future: Future[Any], feed: Feed) -> None:
         """Settle *job* when *future* ends (once *feed* has heard all its task sent)."""
         self._futures[job] = future
         self._feeds[job] = feed
         job_ref = weakref.ref(job)
-        future.add_done_callback(lambda done: _settle(job_ref, done, feed))
+        future.add_done_callback(  # type: ignore[no-untyped-call]  # untyped in Dask
+            lambda done: _settle(job_ref, done, feed))
 
 
 def _forget(feed: Feed) -> None:
     """Drop what the scheduler keeps of what *feed*'s task sent."""
-    try:
-        feed.client.run_on_scheduler(forget, feed.topics)
-    except Exception:  # noqa: BLE001,S110  (the scheduler went away: it keeps nothing)
-        pass
+    with contextlib.suppress(Exception):  # a scheduler that went away keeps nothing
+        feed.client.run_on_scheduler(forget, feed.topics)  # type: ignore[no-untyped-call]
 
 
 def _pause_after(work: Work) -> float | None:
@@ -486,7 +487,7 @@ def _pause_after(work: Work) -> float | None:
     return 0.0 if work.estimate_ms is not None and work.estimate_ms > budget else float(budget)
 
 
-def _settle(job_ref: weakref.ref[Job], future: Future, feed: Feed) -> None:
+def _settle(job_ref: weakref.ref[Job], future: Future[Any], feed: Feed) -> None:
     """The task ended: keep how on the kernel's side, then tell the job's waiters. What the
     task sent arrived before its end did: the feed stops listening."""
     feed.close()
@@ -497,7 +498,7 @@ def _settle(job_ref: weakref.ref[Job], future: Future, feed: Feed) -> None:
     if status == "finished":
         _finished(job, future, feed)
     elif status == "error":
-        error = future.exception()
+        error = future.exception()  # type: ignore[no-untyped-call]  # untyped in Dask
         if isinstance(error, Cancelled):  # the task stopped at a check: a cancel was honoured
             job.settle(JobState.CANCELLED, error=error,
                        honoured=True if job.cancel_requested is not None else None)
@@ -513,7 +514,7 @@ def _settle(job_ref: weakref.ref[Job], future: Future, feed: Feed) -> None:
     job.notify_done()
 
 
-def _finished(job: Job, future: Future, feed: Feed) -> None:
+def _finished(job: Job, future: Future[Any], feed: Feed) -> None:
     """Keep the value of a task that returned: its result, or the checkpoint it paused at."""
     try:
         value = future.result()
@@ -522,7 +523,7 @@ def _finished(job: Job, future: Future, feed: Feed) -> None:
             value = feed.saver.saved(value.attempt, value.number)
             job.paused = True
         job.settle(JobState.DONE, value=value)
-    except BaseException as exc:  # noqa: BLE001  (its value could not be fetched, or saved)
+    except BaseException as exc:  # its value could not be fetched, or saved
         job.paused = False  # (not saved: the run stopped first)
         job.settle(JobState.CANCELLED if isinstance(exc, Cancelled) else JobState.FAILED,
                    error=exc)
@@ -539,11 +540,9 @@ def _end_run(job: Job) -> None:
     error: BaseException | None = job.exception()
     if job.paused:
         error = Incomplete("paused at a checkpoint")
-    try:
+    with contextlib.suppress(BaseException):  # the task's error: the job keeps it
         run.__exit__(type(error) if error is not None else None, error,
                      error.__traceback__ if error is not None else None)
-    except BaseException:  # noqa: BLE001,S110  (the task's error: the job keeps it)
-        pass
 
 
 def _scheduler_here(client: Client) -> bool:
@@ -558,3 +557,8 @@ def _scheduler_here(client: Client) -> bool:
     schedulers = getattr(Scheduler, "_instances", ())
     return any(s.address == address for s in list(schedulers)
                if s.status.name not in ("closed", "closing"))
+
+
+if TYPE_CHECKING:  # checked by mypy --strict: a DaskRunner is a JobRunner, one on a cluster
+    _RUNNER: type[JobRunner] = DaskRunner
+    _ON_CLUSTER: type[ClusterRunner] = DaskRunner
