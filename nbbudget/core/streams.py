@@ -51,6 +51,8 @@ _diverted: dict[int, Sink] = {}  # by thread ident: the sink that takes what it 
 _installed = False  # `install` holds the router until `uninstall`
 _holders = 0  # _installed + len(_diverted) + `copied` blocks open; the router is on while > 0
 
+_get_ident = threading.get_ident
+
 _copied: contextvars.ContextVar[Sink | None] = contextvars.ContextVar("nbbudget_copied",
                                                                       default=None)
 
@@ -72,15 +74,14 @@ class Router:
         # the hot path of every print(): one dict test while no thread is diverted, one
         # ContextVar.get; what the stream answers is answered unchanged
         if _diverted:
-            sink = _diverted.get(threading.get_ident())
+            sink = _diverted.get(_get_ident())
             if sink is not None:
                 return sink(text)
         copy = _copied.get()
         if copy is not None:
             copy(text)
-        if self.stream is None:
-            return len(text)
-        return self.stream.write(text)
+        stream = self.stream
+        return len(text) if stream is None else stream.write(text)
 
     def writelines(self, lines: Iterable[str]) -> None:
         for line in lines:
@@ -89,7 +90,7 @@ class Router:
     def flush(self) -> None:
         """Flush the stream; a diverted thread's sink sends on its own schedule, so its flush
         does nothing."""
-        if _diverted and threading.get_ident() in _diverted:
+        if _diverted and _get_ident() in _diverted:
             return
         if self.stream is not None:
             self.stream.flush()
