@@ -71,8 +71,11 @@ class Router:
         self.stream = stream
 
     def write(self, text: str) -> Any:
+        """What ``print`` and every writer to ``sys.stdout``/``sys.stderr`` call: *text* to
+        the thread's sink (its answer answered), or to the context's sink and the stream, or
+        to the stream (the stream's answer answered unchanged)."""
         # the hot path of every print(): one dict test while no thread is diverted, one
-        # ContextVar.get; what the stream answers is answered unchanged
+        # ContextVar.get
         if _diverted:
             sink = _diverted.get(_get_ident())
             if sink is not None:
@@ -84,6 +87,7 @@ class Router:
         return len(text) if stream is None else stream.write(text)
 
     def writelines(self, lines: Iterable[str]) -> None:
+        """Each of *lines* through `write`, as a stream's ``writelines`` does."""
         for line in lines:
             self.write(line)
 
