@@ -15,6 +15,13 @@
    and what the panel adds on top.
 3. The panel's updater: the CPU it uses while a cell calls ``step()`` a million times, as a share
    of one core (goal: under 5%).
+4. A cell that prints in a loop, through the same kernel: the CPU per printed line inside the
+   cell (``time.process_time``, the kernel's every thread, its output thread included) and the
+   round trip per cell, plain, under ``%%budget --no-widget`` (what it prints passes through
+   nbbudget's router to the kernel's stream) and under ``%%budget --no-widget --timeout 60s``
+   (its work runs on a worker, and its job keeps a copy of what it prints); interleaved, the
+   order rotated every rep; medians with the spread (goal: the printing cells under ``%%budget``
+   at most 1.1x the plain one's CPU per line).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import argparse
 import contextlib
 import gc
 import io
+import json
 import os
 import statistics
 import sys
@@ -124,6 +132,44 @@ def in_process(n: int, reps: int) -> float:
     return statistics.median(ratios)
 
 
+def printing(kc, reps: int, cells: int, lines: int) -> dict[str, float]:
+    """Section 4: a cell printing *lines* lines, plain and under the magic; the median ratio of
+    each magic case's CPU per line to the plain cell's."""
+    loop = (f"import time as _t\n_c = _t.process_time()\nfor _i in range({lines}):\n"
+            f"    print('line', _i)\n"
+            f"_printing.setdefault(CASE, []).append((_t.process_time() - _c) / {lines} * 1e6)")
+    cases = {"plain": "", "budget": "%%budget --no-widget\n",
+             "copied": "%%budget --no-widget --timeout 60s\n"}
+    execute(kc, "_printing = {}")
+    for magic in cases.values():  # warm up
+        execute(kc, magic + loop.replace("CASE", repr("warm")))
+    wall: dict[str, list[float]] = {k: [] for k in cases}
+    names = list(cases)
+    for rep in range(reps):
+        k = rep % len(names)
+        for name in names[k:] + names[:k]:
+            code = cases[name] + loop.replace("CASE", repr(name))
+            wall[name].append(per_cell_ms(kc, code, cells))
+    got = json.loads(value(kc, "__import__('json').dumps(_printing)"))
+    # per_cell_ms runs 5 cells to warm up, then the timed ones: a rep's figure is the median of
+    # its timed cells
+    per_rep = {k: [statistics.median(got[k][i + 5:i + 5 + cells])
+                   for i in range(0, len(got[k]), cells + 5)] for k in cases}
+    print(f"\na cell printing {lines} lines through the kernel: {reps} reps x {cells} cells "
+          f"per case")
+    labels = {"plain": "plain", "budget": "%%budget --no-widget",
+              "copied": "%%budget --no-widget --timeout 60s"}
+    for name in cases:
+        print(f"  {labels[name]:<36} {spread(per_rep[name], 2):>22} us CPU/line "
+              f"{spread(wall[name], 1):>22} ms/cell")
+    ratios = {}
+    for name in ("budget", "copied"):
+        each = [m / p for m, p in zip(per_rep[name], per_rep["plain"], strict=True)]
+        ratios[name] = statistics.median(each)
+        print(f"  {labels[name]:<36} {spread(each, 2):>22} x the plain cell's CPU/line")
+    return ratios
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -169,6 +215,7 @@ def main() -> int:
         share = cpu / wall
         print(f"  a cell stepping 10**6 times for {wall:.2f} s: the panel's updater thread used "
               f"{cpu * 1000:.1f} ms of CPU, {share * 100:.1f}% of one core")
+        printed = printing(kc, reps, 3 if args.quick else 6, 500 if args.quick else 3000)
         difference = abs(budget_over - time_over)
         print("\ngoals" + (" (quick mode: indicative only)" if args.quick else ""))
         print(f"  {'PASS' if ratio_in_process <= 1.0 else 'MISS'}  %%budget --no-widget adds "
@@ -178,6 +225,9 @@ def main() -> int:
               f"{noise * 1000:.0f} us")
         print(f"  {'PASS' if share < 0.05 else 'MISS'}  panel updater < 5% of one core"
               f"{share * 100:17.1f}%")
+        worst = max(printed.values())
+        print(f"  {'PASS' if worst <= 1.1 else 'MISS'}  a printing cell under %%budget <= 1.1x "
+              f"the plain one's CPU per line {worst:5.2f}")
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)

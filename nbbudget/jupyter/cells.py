@@ -18,12 +18,17 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["CompiledCell", "comms_sent_as", "compile_cell", "pin_output", "pins_all_output"]
+from ..core import streams
+
+__all__ = ["CompiledCell", "comms_sent_as", "compile_cell", "keep_output", "pin_output",
+           "pins_all_output"]
 
 
 class CompiledCell:
     """A cell compiled like ``%%time`` compiles it: its body, and its last expression apart so
-    that its value becomes ``Out[n]``."""
+    that its value becomes ``Out[n]``. The magic (`nbbudget.jupyter.magics`) compiles each
+    ``%%budget`` cell so on the main thread, then runs it (`run`) where its budget says: in
+    place, or as the work of a call on a worker thread."""
 
     def __init__(self, shell: Any, source: str) -> None:
         self.shell = shell
@@ -41,7 +46,8 @@ class CompiledCell:
         self.transformed = transformed
 
     def run(self) -> Any:
-        """Execute the cell in the user's namespace; the value of its last expression."""
+        """Execute the cell in the user's namespace; the value of its last expression (the
+        magic's work, on whichever thread runs it)."""
         __tracebackhide__ = True
         ns = self.shell.user_ns
         _settle(eval(self.body, ns))
@@ -49,7 +55,8 @@ class CompiledCell:
 
     def identity(self, flags: str) -> str:
         """The work a cell does: its transformed source and its flags, ``--budget`` and
-        ``--timeout`` aside (S0-11)."""
+        ``--timeout`` aside (S0-11). The magic keys the cell's call with it, so that running
+        the same cell again finds its job."""
         digest = hashlib.sha256(self.transformed.encode())
         digest.update(b"\0" + flags.encode())
         return f"cell:{digest.hexdigest()}"
@@ -81,6 +88,8 @@ def _settle(value: Any) -> Any:
 
 
 def compile_cell(shell: Any, source: str) -> CompiledCell:
+    """*source* compiled in *shell* (`CompiledCell`): what the magic runs, and what the
+    magic's benchmark runs plain to tell what the magic adds."""
     return CompiledCell(shell, source)
 
 
@@ -88,7 +97,8 @@ def pin_output(shell: Any, fn: Callable[[], Any]) -> Callable[[], Any]:
     """*fn*, whose output goes to the cell executing now even when it runs on another thread
     and after that cell has ended (N-2): ``set_thread_parent`` on ipykernel 7.4+, the private
     context variables of the streams and display publishers on 6.29-7.3, and the kernel's own
-    context variable for widget messages on 7.1+; a plain shell (no kernel) needs nothing."""
+    context variable for widget messages on 7.1+; a plain shell (no kernel) needs nothing.
+    The magic wraps a cell's work so, and the panel its updater thread."""
     get_parent = getattr(shell, "get_parent", None)
     parent = get_parent() if get_parent is not None else None
 
@@ -107,7 +117,8 @@ def pin_output(shell: Any, fn: Callable[[], Any]) -> Callable[[], Any]:
 
 def pins_all_output(shell: Any) -> bool:
     """Whether `pin_output` ties displays and widget messages to their cell, not only printed
-    text: outside a kernel there are no cells to mix up; in one it takes ipykernel 7.1+."""
+    text: outside a kernel there are no cells to mix up; in one it takes ipykernel 7.1+. The
+    panel asks, to know whether it may still send updates after its cell has ended."""
     if getattr(shell, "get_parent", None) is None:
         return True
     displays = hasattr(shell, "set_thread_parent") or isinstance(
@@ -161,55 +172,11 @@ def _comm_parent(shell: Any) -> contextvars.ContextVar[Any] | None:
     return var if isinstance(var, contextvars.ContextVar) else None
 
 
-#: where the current work's printed text is kept, besides being shown (a job's output)
-_capture: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
-    "nbbudget_capture", default=None)
-
-
-class _Tee:
-    """``sys.stdout``/``sys.stderr`` as they were, plus a copy of what the work of a job writes
-    into that job's output (set per context, so other threads and cells are untouched). Every
-    other attribute is read from the stream; one set on the tee (IPython wraps ``write`` to keep
-    output history) stays on the tee, so such wrappers keep calling the tee's own ``write``."""
-
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
-
-    def write(self, text: str) -> Any:
-        kept = _capture.get()
-        if kept is not None:
-            kept.append(text)
-        return self._stream.write(text)
-
-    def writelines(self, lines: Any) -> None:
-        for line in lines:
-            self.write(line)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
-
-
-def install_tee() -> None:
-    """Keep a copy of job output from now on (``%load_ext``)."""
-    for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
-        if stream is not None and not isinstance(stream, _Tee):
-            setattr(sys, name, _Tee(stream))
-
-
-def remove_tee() -> None:
-    """Put the streams back as they were (``%unload_ext``), if nobody replaced them since."""
-    for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
-        if isinstance(stream, _Tee):
-            setattr(sys, name, stream._stream)
-
-
 @contextlib.contextmanager
 def keep_output(into: list[str]) -> Iterator[None]:
-    """While the block runs (in this context), what is printed is also kept in *into*."""
-    token = _capture.set(into)
-    try:
+    """While the block runs (in this context), what is printed is also kept in *into*, besides
+    being shown. The magic runs a cell's work so, with its job's output as *into* (N-2: a driver
+    that drops output arriving after the cell's end loses nothing, the job keeps it); the router
+    (`nbbudget.core.streams`) is on the streams from ``%load_ext nbbudget``."""
+    with streams.copied(into.append):
         yield
-    finally:
-        _capture.reset(token)

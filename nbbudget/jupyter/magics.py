@@ -26,6 +26,7 @@ from ..calls import store as _store
 from ..calls.jobs import Job
 from ..calls.response import EXIT_INCOMPLETE, Response
 from ..calls.runner import jobs
+from ..core import streams
 from ..core.duration import spoken
 from ..core.endings import ENDINGS
 from ..core.errors import ConfigError, show
@@ -42,10 +43,8 @@ from ..run.budget import Budget, Grant, check_notices, current
 from .cells import (
     CompiledCell,
     compile_cell,
-    install_tee,
     keep_output,
     pin_output,
-    remove_tee,
 )
 from .clicks import Clicks
 from .panel import Panel, summary
@@ -664,7 +663,7 @@ def load(shell: Any) -> None:
     ended = _EndedJobs()
     ended.told.update(job.id for job in jobs if job.done())
     shell.events.register("pre_run_cell", ended)
-    install_tee()
+    streams.install()  # a job keeps a copy of what its work prints (N-2)
     _LOADED[id(shell)] = (config, magics, ended)
 
 
@@ -675,7 +674,7 @@ def unload(shell: Any) -> None:
         return
     config, magics, ended = loaded
     shell.events.unregister("pre_run_cell", ended)
-    remove_tee()
+    streams.uninstall()
     for kind, method in (("line", magics.budget), ("cell", magics.budget_cell)):
         registered = shell.magics_manager.magics[kind]
         if registered.get("budget") == method:

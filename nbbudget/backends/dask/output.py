@@ -2,15 +2,15 @@
 kernel as events of the scheduler (``log_event`` on the worker, ``subscribe_topic`` in the
 kernel), on two topics per task: ``nbbudget-output-<task key>`` and ``nbbudget-beat-<task key>``.
 
-On the worker, `TaskOutput` routes what the task's own thread writes to ``sys.stdout`` and
-``sys.stderr`` into a buffer (a worker runs several tasks on threads at once: what other
-threads write goes to the streams as before). Its thread, ``nbbudget-output-<task key>``, sends
-the buffer at most every `FLUSH_S` seconds, and the task sends what is left when it ends,
-before its value is returned, so nothing it printed is lost: the worker sends both on the one
-ordered stream it has to the scheduler, and the scheduler tells the kernel in that order. With
-nothing sent for `HEARTBEAT_S`, the thread sends a heartbeat. Each message on the output topic
-carries its attempt (a task run again after its worker died is another attempt) and a sequence
-number.
+On the worker, `TaskOutput` has what the task's own thread writes to ``sys.stdout`` and
+``sys.stderr`` routed into a buffer (`nbbudget.core.streams.diverted`: a worker runs several
+tasks on threads at once, and what other threads write goes to the streams as before). Its
+thread, ``nbbudget-output-<task key>``, sends the buffer at most every `FLUSH_S` seconds, and
+the task sends what is left when it ends, before its value is returned, so nothing it printed
+is lost: the worker sends both on the one ordered stream it has to the scheduler, and the
+scheduler tells the kernel in that order. With nothing sent for `HEARTBEAT_S`, the thread
+sends a heartbeat. Each message on the output topic carries its attempt (a task run again after
+its worker died is another attempt) and a sequence number.
 
 In the kernel, `Feed` listens from before the task is submitted: output into ``job.output``,
 the time of the last message into ``job.last_heartbeat``, checkpoints to the call's store
@@ -27,16 +27,16 @@ only when a call is given a cluster.
 from __future__ import annotations
 
 import collections
+import contextlib
 import pickle
-import sys
 import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ...core import workers
+from ...core import streams, workers
 from ...core.errors import Cancelled
 
 if TYPE_CHECKING:
@@ -50,83 +50,36 @@ if TYPE_CHECKING:
 __all__ = ["FLUSH_S", "HEARTBEAT_S", "Feed", "Saver", "TaskOutput", "beat_topic", "forget",
            "history", "output_topic"]
 
-#: how often at most a task's output is sent to the kernel (seconds)
+#: how often at most a task's output is sent to the kernel (seconds; `TaskOutput`'s default)
 FLUSH_S = 0.15
-#: how often a task that sends nothing else says it is alive (seconds)
+#: how often a task that sends nothing else says it is alive (seconds; `TaskOutput`'s default)
 HEARTBEAT_S = 1.0
 
+#: how `TaskOutput` sends a message on a topic (the worker's ``log_event``)
 Send = Callable[[str, dict[str, Any]], None]
 
 
 def output_topic(key: str) -> str:
-    """The topic of the output (and checkpoints) of the task *key*."""
+    """The topic of the output (and checkpoints) of the task *key*: `TaskOutput` sends on it,
+    `Feed` hears it, and the runner reads when it was last sent to
+    (`nbbudget.backends.dask.runner.published_states`)."""
     return f"nbbudget-output-{key}"
 
 
 def beat_topic(key: str) -> str:
-    """The topic of the heartbeats of the task *key*."""
+    """The topic of the heartbeats of the task *key*, between the same three as
+    `output_topic`."""
     return f"nbbudget-beat-{key}"
 
 
 # -- on the worker --------------------------------------------------------------------------
-_routes: dict[int, TaskOutput] = {}  # by thread: the task output its writes go to
-_routes_lock = threading.Lock()
-
-
-class _Router:
-    """A worker's ``sys.stdout`` or ``sys.stderr`` while tasks route their output: a write from
-    a task's thread goes to that task's output, any other to the stream as before."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-
-    def write(self, text: str) -> int:
-        out = _routes.get(threading.get_ident())
-        if out is not None:
-            return out.write(text)
-        if self.stream is None:  # no stream (print() then writes nothing either)
-            return len(text)
-        return int(self.stream.write(text) or 0)
-
-    def writelines(self, lines: Iterable[str]) -> None:
-        for line in lines:
-            self.write(line)
-
-    def flush(self) -> None:
-        if threading.get_ident() not in _routes and self.stream is not None:
-            self.stream.flush()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.stream, name)
-
-
-def _route(ident: int, out: TaskOutput) -> None:
-    with _routes_lock:
-        _routes[ident] = out
-        for name in ("stdout", "stderr"):
-            stream = getattr(sys, name)
-            if not isinstance(stream, _Router):
-                setattr(sys, name, _Router(stream))
-
-
-def _unroute(ident: int) -> None:
-    """The task on thread *ident* ended; the last one puts the streams back (if nothing
-    replaced them meanwhile)."""
-    with _routes_lock:
-        _routes.pop(ident, None)
-        if _routes:
-            return
-        for name in ("stdout", "stderr"):
-            stream = getattr(sys, name)
-            if isinstance(stream, _Router):
-                setattr(sys, name, stream.stream)
-
-
 class TaskOutput:
     """On a worker, around a task (``with TaskOutput(key, worker.log_event) as out:``): what
     its thread prints, sent in batches on its output topic, and its heartbeat; `send` sends a
     message of its own there (a checkpoint), after what was printed before it. Its thread ends
-    with the block, which sends what is left before it returns."""
+    with the block, which sends what is left before it returns. The task's run on the worker
+    (`nbbudget.backends.dask.runner.run_work`) is its one user; what its thread writes reaches
+    `write` through the router (`nbbudget.core.streams.diverted`)."""
 
     def __init__(self, key: str, send: Send, *, flush_s: float = FLUSH_S,
                  heartbeat_s: float = HEARTBEAT_S) -> None:
@@ -141,9 +94,11 @@ class TaskOutput:
         self._ended = threading.Event()
         self._thread = threading.Thread(target=self._pace, name=f"nbbudget-output-{key}",
                                         daemon=True)
-        self._ident: int | None = None
+        self._routing = contextlib.ExitStack()
 
     def write(self, text: str) -> int:
+        """Keep *text* for the next batch (the router calls it with what the task's thread
+        writes to ``sys.stdout`` or ``sys.stderr``)."""
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
         with self._lock:
@@ -151,19 +106,20 @@ class TaskOutput:
         return len(text)
 
     def send(self, body: dict[str, Any]) -> None:
-        """Send *body* on the output topic, numbered, after what was printed before it."""
+        """Send *body* on the output topic, numbered, after what was printed before it (the
+        task's call sends its checkpoints so, `nbbudget.backends.dask.runner.TaskCall`)."""
         with self._lock:
             self._flush_locked()
             self._emit(body)
 
     def flush(self) -> bool:
-        """Send what was printed since the last batch; whether there was anything."""
+        """Send what was printed since the last batch; whether there was anything (its own
+        thread, at most every *flush_s*, and the block's end)."""
         with self._lock:
             return self._flush_locked()
 
     def __enter__(self) -> TaskOutput:
-        self._ident = threading.get_ident()
-        _route(self._ident, self)
+        self._routing.enter_context(streams.diverted(self.write))
         self._beat()  # it started: the kernel hears it at once
         self._thread.start()
         return self
@@ -171,8 +127,7 @@ class TaskOutput:
     def __exit__(self, *exc: object) -> None:
         self._ended.set()
         self._thread.join()
-        if self._ident is not None:
-            _unroute(self._ident)
+        self._routing.close()
         self.flush()
 
     def _flush_locked(self) -> bool:
@@ -205,7 +160,8 @@ class Saver:
     client's event loop, with the state of the job's *run* (its limits, active time and
     notices, read here) and the counters the task counted at the checkpoint: the scheduler's
     counters less the permits the task still held unused in its leases, which the scheduler
-    counts as spent until they come back."""
+    counts as spent until they come back. The runner gives one to the `Feed` of a call that may
+    pause at checkpoints (`nbbudget.backends.dask.runner.DaskRunner`)."""
 
     def __init__(self, checkpoints: Checkpoints, run: Budget) -> None:
         self.checkpoints = checkpoints
@@ -216,14 +172,16 @@ class Saver:
         self._saving = threading.Lock()
 
     def arrived(self, attempt: str, number: int, msg: dict[str, Any]) -> None:
-        """A checkpoint arrived (on the event loop): it is saved on a worker thread."""
+        """A checkpoint arrived (the `Feed`, on the client's event loop): it is saved on a
+        worker thread."""
         self._pending.append(((attempt, number), msg))
-        workers.submit(self._drain_task)
+        workers.submit(self._drain)
 
     def saved(self, attempt: str, number: int) -> Checkpoint:
         """The checkpoint *number* of *attempt*, saved (now, if it has not been yet); its
-        error if it could not be saved."""
-        self.drain()
+        error if it could not be saved. The runner asks for it when the task answers that it
+        paused there."""
+        self._drain()
         found = self._saved.get((attempt, number))
         if found is None:
             raise RuntimeError(f"checkpoint {number} of the task never reached the kernel; "
@@ -233,7 +191,8 @@ class Saver:
             raise found
         return found
 
-    def drain(self) -> None:
+    def _drain(self) -> None:
+        """Save the checkpoints that arrived, in order."""
         with self._saving:
             while self._pending:
                 which, msg = self._pending.popleft()
@@ -248,17 +207,14 @@ class Saver:
                     ledger["counts"] = dict(msg["counts"])
                     ledger["notice_level"] = max(ledger["notice_level"], msg["notice_level"])
                     self._saved[which] = self.checkpoints.save(_state(msg, which[1]), ledger)
-                except Exception as exc:  # noqa: BLE001  (kept: the pause at it raises it)
+                except Exception as exc:  # kept: the pause at it raises it
                     self._saved[which] = exc
-
-    def _drain_task(self) -> None:
-        self.drain()
 
 
 def _state(msg: dict[str, Any], number: int) -> Any:
     """The state of the checkpoint *msg*, read here."""
     try:
-        return pickle.loads(msg["checkpoint"])  # noqa: S301  (the task's own state)
+        return pickle.loads(msg["checkpoint"])  # the task's own state
     except Exception as exc:
         raise TypeError(f"the state of checkpoint {number} could not be read in the kernel "
                         f"({exc}): a checkpoint's state must be made of classes the kernel has "
@@ -269,7 +225,8 @@ class Feed:
     """In the kernel, a task's messages into its `Job`: output into ``job.output``, the time
     of the last message into ``job.last_heartbeat``, checkpoints to *saver*. `listen` before
     the task is submitted; `replay` the scheduler's history after `listen` when reattaching;
-    `close` once the task ended."""
+    `close` once the task ended. The runner makes one for each job it submits or reattaches to
+    (`nbbudget.backends.dask.runner.DaskRunner`)."""
 
     def __init__(self, client: Client, key: str, job: Job, saver: Saver | None = None) -> None:
         self.client = client
@@ -294,8 +251,9 @@ class Feed:
         """Take what the scheduler kept of the task's messages, then what was heard meanwhile,
         each once and in order."""
         try:
-            out, beats, now = self.client.run_on_scheduler(history, self.topics)
-        except Exception:  # noqa: BLE001  (no history: what is heard from now on still comes)
+            out, beats, now = self.client.run_on_scheduler(  # type: ignore[no-untyped-call]
+                history, self.topics)  # (distributed is untyped)
+        except Exception:  # no history: what is heard from now on still comes
             out, beats, now = [], [], 0.0
         job = self._job()
         last = max((t for t, _ in [*out, *beats]), default=None)
@@ -312,10 +270,8 @@ class Feed:
         """Stop listening (the task ended: all it sent has been heard)."""
         unheard, self._unheard = self._unheard, []
         for each in unheard:
-            try:
+            with contextlib.suppress(Exception):  # a closed client hears nothing anyway
                 each()
-            except Exception:  # noqa: BLE001,S110  (a closed client hears nothing anyway)
-                pass
 
     def _heard(self, event: tuple[float, dict[str, Any]]) -> None:
         self._alive()
@@ -354,14 +310,15 @@ class Feed:
 
 def history(topics: tuple[str, str], dask_scheduler: Any = None) -> tuple[Any, Any, float]:
     """Runs on the scheduler: the events it keeps of *topics* (output, heartbeats) and its
-    clock now (to tell their age)."""
+    clock now (to tell their age). `Feed.replay` asks for it."""
     return (list(dask_scheduler.get_events(topics[0])), list(dask_scheduler.get_events(topics[1])),
             time.time())
 
 
 def forget(topics: tuple[str, ...], dask_scheduler: Any = None) -> None:
     """Runs on the scheduler: drop what it keeps of *topics* (the job was delivered). Dask has
-    no public call for it; without its broker, nothing is dropped."""
+    no public call for it; without its broker, nothing is dropped. The runner asks for it once
+    a job's result went out."""
     broker = getattr(dask_scheduler, "_broker", None)
     kept = getattr(broker, "_topics", None)
     if isinstance(kept, dict):
