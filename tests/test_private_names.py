@@ -243,7 +243,6 @@ NOT_YET_DOCUMENTED = [
     "nbbudget.backends.dask.scheduler.Reply",
     "nbbudget.core.ledger.STATE_VERSION",
     "nbbudget.core.ledger.check_totals",
-    "nbbudget.jupyter.cells.compile_cell",
     "nbbudget.run.budget.check_notices",
     "nbbudget.run.providers.make_provider",
     "nbbudget.run.tools.make_tool",
