@@ -132,6 +132,7 @@ class _Recording:
 
     def __init__(self) -> None:
         self.timeouts: list[float] = []
+        self.woken_ms: list[float] = []  # when each sleep ended, on the monotonic clock
 
     def is_set(self) -> bool:
         return False
@@ -140,6 +141,7 @@ class _Recording:
         assert timeout is not None
         self.timeouts.append(timeout)
         time.sleep(timeout)
+        self.woken_ms.append(time.monotonic_ns() / 1e6)
         return False
 
 
@@ -163,7 +165,8 @@ def test_a_real_wait_wakes_one_switch_interval_early_and_never_answers_before_it
     assert back >= until
     first = event.timeouts[0]
     assert 0.060 - interval - 0.010 < first <= 0.060 - interval  # an interval early
-    assert len(event.timeouts) >= 2  # and then the rest
+    # and then the rest, unless the first sleep overslept past the deadline (a loaded machine)
+    assert len(event.timeouts) >= 2 or event.woken_ms[0] >= until, event.timeouts
 
 
 @pytest.mark.realclock
