@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 __all__ = ["STATE_VERSION", "Account", "Branch", "ClusterLedger", "Figures", "Ledger",
            "LedgerFactory", "LocalLedger", "check_totals", "plain", "read_state"]
 
+#: the version a run's saved state (`Budget.state`) carries, which `read_state` checks before a
+#: run is resumed from it; `nbbudget.run.budget` offers it beside `Budget.resume`
 STATE_VERSION = "nbbudget-ledger-v1"
 _INF = math.inf
 _K = len(KINDS)

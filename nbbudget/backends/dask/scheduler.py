@@ -58,6 +58,8 @@ _INF = math.inf
 
 #: ``[[kind name, amount], ...]`` as sent over the wire, in the attribution order
 Wire = Sequence[Sequence[Any]]
+#: what the scheduler's extension answers an operation, by field (the ledger of
+#: `nbbudget.backends.dask.ledger` reads the counts, the stop and the level in it)
 Reply = dict[str, Any]
 
 
