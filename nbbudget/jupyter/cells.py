@@ -76,7 +76,7 @@ def _settle(value: Any) -> Any:
     def helper() -> None:
         try:
             box["value"] = asyncio.run(value)
-        except BaseException as exc:  # re-raised in the cell's thread
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the cell's thread
             box["error"] = exc
 
     thread = threading.Thread(target=helper, name="nbbudget-await", daemon=True)

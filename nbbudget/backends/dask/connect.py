@@ -85,7 +85,7 @@ class _Connection:
             _reachable(self.address)
             client = make(self.address, set_as_default=False)
             self._prepare(client)
-        except BaseException as exc:  # kept: raised to whoever waits for it
+        except BaseException as exc:  # noqa: BLE001 - kept: raised to whoever waits for it
             self.error = exc
         with _lock:
             if client is not None and self.error is None:
@@ -98,7 +98,7 @@ class _Connection:
         for start in handed:
             try:
                 start.run(self.client, self.error)
-            except BaseException as exc:  # its caller has it (and it is said at exit)
+            except BaseException as exc:  # noqa: BLE001 - its caller has it (and it is said at exit)
                 start.outcome = f"{type(exc).__name__}: {exc}"
             else:
                 start.outcome = ""

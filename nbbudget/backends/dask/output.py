@@ -207,14 +207,14 @@ class Saver:
                     ledger["counts"] = dict(msg["counts"])
                     ledger["notice_level"] = max(ledger["notice_level"], msg["notice_level"])
                     self._saved[which] = self.checkpoints.save(_state(msg, which[1]), ledger)
-                except Exception as exc:  # kept: the pause at it raises it
+                except Exception as exc:  # noqa: BLE001 - kept: the pause at it raises it
                     self._saved[which] = exc
 
 
 def _state(msg: dict[str, Any], number: int) -> Any:
     """The state of the checkpoint *msg*, read here."""
     try:
-        return pickle.loads(msg["checkpoint"])  # the task's own state
+        return pickle.loads(msg["checkpoint"])  # noqa: S301 - the task's own state
     except Exception as exc:
         raise TypeError(f"the state of checkpoint {number} could not be read in the kernel "
                         f"({exc}): a checkpoint's state must be made of classes the kernel has "
@@ -253,7 +253,7 @@ class Feed:
         try:
             out, beats, now = self.client.run_on_scheduler(  # type: ignore[no-untyped-call]
                 history, self.topics)  # (distributed is untyped)
-        except Exception:  # no history: what is heard from now on still comes
+        except Exception:  # noqa: BLE001 - no history: what is heard from now on still comes
             out, beats, now = [], [], 0.0
         job = self._job()
         last = max((t for t, _ in [*out, *beats]), default=None)

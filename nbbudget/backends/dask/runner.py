@@ -362,7 +362,7 @@ class DaskRunner:
                 return None
             taken = self.client.run_on_scheduler(  # type: ignore[no-untyped-call]  # untyped
                 take_published, name, True, self.client.id)
-        except Exception:  # a scheduler that cannot answer: start anew
+        except Exception:  # noqa: BLE001 - a scheduler that cannot answer: start anew
             return None
         if taken == "absent":
             return None  # another caller took the ended job: the work is complete
@@ -405,7 +405,7 @@ class DaskRunner:
         try:
             states = self.client.run_on_scheduler(  # type: ignore[no-untyped-call]  # untyped
                 published_states, PREFIX)
-        except Exception:  # a scheduler that cannot answer lists nothing
+        except Exception:  # noqa: BLE001 - a scheduler that cannot answer lists nothing
             return []
         out, now = [], time.time()
         for name, (state, age) in sorted(states.items()):
@@ -413,7 +413,7 @@ class DaskRunner:
                 continue
             try:
                 found = self.client.get_dataset(name, default=None)
-            except Exception:  # taken meanwhile, or unreadable here
+            except Exception:  # noqa: BLE001, S112 - taken meanwhile, or unreadable here
                 continue
             listed = found.get("job") if isinstance(found, dict) else None
             if listed is not None:
@@ -523,7 +523,7 @@ def _finished(job: Job, future: Future[Any], feed: Feed) -> None:
             value = feed.saver.saved(value.attempt, value.number)
             job.paused = True
         job.settle(JobState.DONE, value=value)
-    except BaseException as exc:  # its value could not be fetched, or saved
+    except BaseException as exc:  # noqa: BLE001 - its value could not be fetched, or saved
         job.paused = False  # (not saved: the run stopped first)
         job.settle(JobState.CANCELLED if isinstance(exc, Cancelled) else JobState.FAILED,
                    error=exc)
