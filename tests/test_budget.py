@@ -612,6 +612,11 @@ class _YieldingClock(FakeClock):
         return super().now_ms()
 
 
+def _build_when(go: threading.Barrier, run: nb.Budget) -> None:
+    go.wait()
+    assert run.lowlevel is not None  # reading it builds the run's parts
+
+
 @pytest.mark.parametrize("leaving", [False, True])
 def test_a_run_built_by_another_thread_while_it_is_entered_or_left_keeps_its_times(leaving):
     """Entering and leaving a run not built write their times without a lock while another
@@ -621,7 +626,7 @@ def test_a_run_built_by_another_thread_while_it_is_entered_or_left_keeps_its_tim
         clock = _YieldingClock()
         run = nb.budget(steps=5, clock=clock)
         go = threading.Barrier(2)
-        thread = threading.Thread(target=lambda: (go.wait(), run.lowlevel), name="builder")
+        thread = threading.Thread(target=_build_when, args=(go, run), name="builder")
         thread.start()
         if not leaving:
             go.wait()  # the builder races the entry
