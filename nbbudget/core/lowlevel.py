@@ -66,6 +66,9 @@ class Core:
     __slots__ = ("account", "clock", "degraded", "ledger", "name", "recorder", "scope")
 
     def __init__(self, name: str, ledger: Ledger, account: Account, scope: Scope) -> None:
+        """Tie *account* (in *ledger*) and *scope*, neither started yet, together: the scope is
+        given its time grant and what its stop and its deadline mean for the account; a run's
+        (the ledger's root account) also its time notices (S3-5)."""
         self.name = name
         self.ledger = ledger
         self.account = account
@@ -73,9 +76,11 @@ class Core:
         self.recorder: Recorder = scope.recorder
         self.clock: Clock = scope.clock
         self.degraded: dict[str, str] | None = None  # S3-7: set once, when it degrades
-        scope.on_halt = self._on_halt
-        scope.on_expire = self.expired
-        scope.limit_ms = account.thr[RUN_MS]
+        if account is ledger.root:
+            scope.attach(account.thr[RUN_MS], on_halt=self._on_halt, on_expire=self.expired,
+                         notice_times=ledger.time_notices, on_notice=self._on_time_notice)
+        else:
+            scope.attach(account.thr[RUN_MS], on_halt=self._on_halt, on_expire=self.expired)
 
     @classmethod
     def run(cls, name: str, limits: Limits, clock: Clock, *, full: bool, suspend: bool,
@@ -94,8 +99,6 @@ class Core:
                       totals=totals, notices=notices, elapsed=scope.elapsed_ms, full=full)
         if full:
             made.traced_pools(scope)
-        scope.notice_times = made.time_notices
-        scope.on_notice = lambda: made.notice(scope.t_ms())
         made.bind(scope)
         core = cls(name, made, made.root, scope)
         log.follow(core.stats)
@@ -111,7 +114,7 @@ class Core:
         account = self.ledger.open(name, limits, recorder, self.account)
         left = scope.remaining_ms()
         if left is not None:
-            account.thr[RUN_MS] = min(account.thr[RUN_MS], left)
+            account.limit_time(left)
         core = Core(name, self.ledger, account, child)
         scope.adopt(child)
         time_ms = account.thr[RUN_MS]
@@ -120,14 +123,19 @@ class Core:
         return core
 
     def _on_halt(self) -> None:
+        """The scope stopped (lock held): every later charge takes the locked path, and
+        raises."""
         self.ledger.drain(self.account)
+
+    def _on_time_notice(self) -> None:
+        """A time notice of the run may be due (lock held, S3-5)."""
+        self.ledger.notice(self.scope.t_ms())
 
     def restore(self, saved: Mapping[str, Any]) -> None:
         """Continue from a checkpoint's ledger state (read with `ledger.read_state`): its
         counters, notices and active time (S4-4)."""
         self.ledger.restore(saved)
-        self.scope.active_before_ms = float(saved["active_ms"])
-        self.scope.limit_ms = self.account.thr[RUN_MS]
+        self.scope.resume_from(float(saved["active_ms"]), self.account.thr[RUN_MS])
         self.record("resumed", {"counts": dict(saved["counts"]),
                                 "active_ms": saved["active_ms"]})
 
