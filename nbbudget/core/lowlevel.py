@@ -61,7 +61,9 @@ class Run(Protocol):
 
 class Core:
     """One run's or grant's ledger account, scope and recorder, and the paths through them:
-    reserve, require, spend, refuse and cut."""
+    reserve, require, spend, refuse and cut. A run (``nbbudget.run.budget``) builds one with
+    `Core.run` and a grant with `Core.grant`; tools, providers, branches, calls and the
+    pydantic-ai adapter reach it as ``run.lowlevel``."""
 
     __slots__ = ("account", "clock", "degraded", "ledger", "name", "recorder", "scope")
 
@@ -91,8 +93,7 @@ class Core:
         if not callable(ledger):
             raise ConfigError(f"ledger must be a ledger factory such as LocalLedger, not "
                               f"{type(ledger).__name__}")
-        log = Trace(full=full, name=name)
-        log.limits, log.notices = limits.to_dict(), list(notices or ())
+        log = Trace(full=full, name=name, limits=limits.to_dict(), notices=list(notices or ()))
         lock, recorder = threading.Lock(), Recorder(log, name)
         scope = Scope(name, recorder, clock, lock=lock)
         made = ledger(name, limits, recorder, clock=clock, lock=lock, suspend=suspend,
@@ -146,7 +147,7 @@ class Core:
         self.scope.end_time()
         self.ledger.end(self.account)
         if self.scope.parent is None:
-            self.recorder.trace.outcome = dict(ended)
+            self.recorder.trace.ended(ended)
 
     def end_at(self, ended: dict[str, Any], now_ms: float) -> None:
         """The run ended with the outcome *ended* at *now_ms* on its clock, before these
@@ -157,7 +158,7 @@ class Core:
         scope.end_time(now_ms)
         self.ledger.end(self.account)
         if scope.parent is None:
-            self.recorder.trace.outcome = dict(ended)
+            self.recorder.trace.ended(ended)
 
     # -- reading --------------------------------------------------------------------------------
     def consumed(self) -> dict[str, float]:
@@ -290,7 +291,8 @@ class Core:
 
 def cut(scope: Scope, i: int, figures: tuple[float, float], by: str, message: str) -> Stop:
     """A cut of *scope* by kind *i*: ``failed``, cause ``budget-cut``, with the limit and what
-    was consumed in its trace event (S2-4, S4-8)."""
+    was consumed in its trace event (S2-4, S4-8). `Core` makes its cuts by a limit or by
+    time with it."""
     kind = KINDS[i]
     return Stop.of(Status.FAILED, message, scope, by=by, code=kind.code,
                    figures=(kind.name, *figures))

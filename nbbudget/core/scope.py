@@ -85,6 +85,8 @@ class Stop:
         return Cancelled(self.message, self.reason)
 
     def outcome(self, scope: Scope, output: Any) -> Outcome:
+        """How a block run in *scope* ended by this stop (the output kept when it failed,
+        S3-2; the origin named when the stop came from elsewhere)."""
         origin = self.origin.name if self.origin is not scope else None
         return Outcome(self.status, self.cause, self.by, self.code, self.message,
                        output if self.status is Status.FAILED else None, origin)
@@ -210,6 +212,8 @@ class Scope:
             fn(stop)
 
     def remove_listener(self, fn: Callable[[Stop], None]) -> None:
+        """Stop calling *fn* (given to `add_listener`) when this scope stops: a tool's call
+        (``nbbudget.run.tools``) listens only while it waits for its worker."""
         with self.lock:
             if fn in self._listeners:
                 self._listeners.remove(fn)
@@ -238,7 +242,7 @@ class Scope:
         if isinstance(exc, Unwind) and exc.stop.origin is not self and (
                 stop is None or stop is exc.stop):
             outcome = exc.stop.outcome(self, output)
-            return outcome, None if self.has_ancestor(exc.stop.origin) else exc.stop.error()
+            return outcome, None if self._has_ancestor(exc.stop.origin) else exc.stop.error()
         if stop is None:
             return None
         reports = isinstance(exc, BudgetError) and exc.reports is stop  # raised for it already
@@ -252,15 +256,13 @@ class Scope:
         self._children.append(child)
 
     def forget(self, child: Scope) -> None:
+        """*child* has ended: a later stop of this scope no longer reaches it. A grant's run
+        (``nbbudget.run.budget``) calls it when the grant settles."""
         with self.lock:
             if child in self._children:
                 self._children.remove(child)
 
-    def open_children(self) -> list[Scope]:
-        with self.lock:
-            return list(self._children)
-
-    def has_ancestor(self, scope: Scope) -> bool:
+    def _has_ancestor(self, scope: Scope) -> bool:
         parent = self.parent
         while parent is not None:
             if parent is scope:
@@ -270,6 +272,8 @@ class Scope:
 
     # -- time ----------------------------------------------------------------------------------
     def start(self) -> None:
+        """Start this scope's time now, unless it has started: a run starts it when it is
+        entered, a grant when it is made."""
         if self.started_ms is None:
             self.start_at(self.clock.now_ms())
 

@@ -2,11 +2,14 @@
 
 Rules: S2-1..S2-4, S3-1..S3-5, S4-3, S4-4.
 
-A run (`Budget`) is a small facade: what it may spend and has spent is its account in a
-ledger (`nbbudget.core.ledger`; a `LocalLedger` unless ``ledger=`` chooses), its stop, deadline
-and pause are its `Scope` (`nbbudget.core.scope`), and its events go through its `Recorder`
-(`nbbudget.core.trace`); `Core` (`nbbudget.core.lowlevel`) ties them together for the layers
-above. A grant is the same facade over a child account and a child scope of its run.
+A run (`Budget`) is a small facade over one state: `_Unbuilt` until something needs its parts
+(it answers from its recipe and the times it was entered and left), then `_Built`, switched
+once by `Budget._build`. A built run's parts: what it may spend and has spent is its account in
+a ledger (`nbbudget.core.ledger`; a `LocalLedger` unless ``ledger=`` chooses), its stop,
+deadline and pause are its `Scope` (`nbbudget.core.scope`), and its events go through its
+`Recorder` (`nbbudget.core.trace`); `Core` (`nbbudget.core.lowlevel`) ties them together for
+the layers above. A grant is the same facade, always built, over a child account and a child
+scope of its run.
 ``step()`` and ``charge(kind)`` take a permit from the account's pool with ``list.pop()``, which
 is atomic: no lock, no clock.
 """
@@ -93,7 +96,8 @@ _ambient: Callable[[], Budget | None] | None = None
 def set_ambient(find: Callable[[], Budget | None] | None) -> None:
     """Install (or remove) where `current` finds the run of a context in which none was
     entered: a host whose work runs in a run it has not entered there (a call's work, whose
-    run is made only if it is used) gives its own lookup."""
+    run is made only if it is used) gives its own lookup. ``nbbudget.calls.call`` installs
+    the lookup of the call running on this thread."""
     global _ambient
     _ambient = find
 
@@ -101,7 +105,8 @@ def set_ambient(find: Callable[[], Budget | None] | None) -> None:
 def activate(run: Budget) -> None:
     """Make *run* what `current` returns in this context, its clock started, without a ``with``
     block: for a host that runs the parts of one long run each in a context of its own (the
-    kernel runs each cell of a notebook in its own). The run is not settled this way."""
+    kernel runs each cell of a notebook in its own). The run is not settled this way.
+    ``nbbudget.jupyter.kernel_run`` activates a notebook's run at the start of each cell."""
     run.lowlevel.scope.start()
     _current.set(run)
 
@@ -109,7 +114,8 @@ def activate(run: Budget) -> None:
 def stop_error(error: BaseException) -> BaseException:
     """*error* as a ``with run:`` block raises it when it leaves: a stop unwinding through user
     code becomes the public `BudgetError` it stands for; anything else is itself. For hosts
-    that run a run's parts outside a ``with`` block (see `activate`)."""
+    that run a run's parts outside a ``with`` block (see `activate`):
+    ``nbbudget.jupyter.kernel_run`` reads the budget error that ended a cell with it."""
     return error.stop.error() if isinstance(error, Unwind) else error
 
 
@@ -166,7 +172,7 @@ class _Unbuilt:
         if self.began is None:
             self.began = self.recipe.clock.now_ms()
         if run._state is not self:  # built meanwhile: its builder may not have seen the start
-            self.built(run).take_over(self)
+            self.built(run).take_over(run, self)
 
     def leave(self, run: Budget, exc: BaseException | None) -> bool | None:
         """A run left without an error completes with no parts built; an error needs them,
@@ -185,7 +191,7 @@ class _Unbuilt:
         self.ended = ended
         self.outcome = _COMPLETED  # written last: what a builder reads
         if run._state is not self:  # built meanwhile: its builder may not have seen the end
-            self.built(run).take_over(self)
+            self.built(run).take_over(run, self)
 
     def elapsed_ms(self) -> float:
         began, ended = self.began, self.ended
@@ -278,9 +284,9 @@ class _Built:
                 self.outcome = _COMPLETED
                 self.core.end_at(_COMPLETED.to_dict(), ended)
 
-    def take_over(self, unbuilt: _Unbuilt) -> None:
-        """Take what the run kept before its parts were built: started when it was entered,
-        and ended (traced once) when it was left. Called by the builder, and by a thread that
+    def take_over(self, run: Budget, unbuilt: _Unbuilt) -> None:
+        """Take what *run* kept while it was *unbuilt*: started when it was entered, and
+        completed (traced once) when it was left. Called by the builder, and by a thread that
         entered or left while it built."""
         began = unbuilt.began
         if began is not None:
@@ -292,10 +298,8 @@ class _Built:
         except IndexError:
             return
         ended = unbuilt.ended
-        assert ended is not None
-        with self.scope.lock:
-            self.outcome = unbuilt.outcome
-            self.core.end_at(unbuilt.outcome.to_dict(), ended)
+        assert ended is not None  # written before the outcome
+        self.complete(run, ended)
 
     def consumed(self) -> dict[str, float]:
         return self.core.consumed()
@@ -353,13 +357,7 @@ class Budget:
         self._grants: list[Grant] = []  # grants made from this one and still open
         self._output: Any = None  # the work's output so far, for a failed outcome (S3-2)
         self._tokens: list[contextvars.Token[Budget | Deferred | None]] = []  # one per entry
-        # what the run is now: `_Unbuilt` until something needs its parts, then `_Built`.
-        # Switched once, by `_build`, under `_BUILDING`.
-        self._state: _State = state
-        # the hot path's copies of the state's pools and trace mode, so that ``step()`` reads
-        # one attribute of the run: a run not built has only empty pools, and its first charge
-        # takes the locked path, which builds it. Always those of `_state` (see `_switch`).
-        self._pools, self._step_pool, self._full = state.pools, state.pools[STEPS], state.full
+        self._switch(state)
 
     def _build(self, unbuilt: _Unbuilt) -> _Built:
         """Switch this run from *unbuilt* to built, once, whichever thread asks first: the
@@ -372,11 +370,17 @@ class Budget:
                 return state.built(self)
             built = _Built(unbuilt.recipe.build())
             self._switch(built)
-            built.take_over(unbuilt)
+            built.take_over(self, unbuilt)
         return built
 
-    def _switch(self, state: _Built) -> None:
+    def _switch(self, state: _State) -> None:
+        """Make *state* what this run is (when it is made, and once more by `_build`)."""
+        # what the run is now: `_Unbuilt` until something needs its parts, then `_Built`
         self._state = state
+        # the hot path's copies of the state's pools and trace mode, so that ``step()`` reads
+        # one attribute of the run: a run not built has only empty pools, and its first charge
+        # takes the locked path, which builds it. Written after `_state`: a thread that finds
+        # a pool empty finds the state it will be refilled from.
         self._pools, self._step_pool, self._full = state.pools, state.pools[STEPS], state.full
 
     def _parts(self) -> _Built:
@@ -867,6 +871,10 @@ def _amount(kind: str, n: object) -> float:
 
 
 def check_notices(notices: object) -> tuple[float, float] | None:
+    """*notices* as the two approach-notice thresholds (S3-5) a run takes, or None for none;
+    else a `ConfigError` that says what to give. A run and a `Deferred` check their
+    ``notices=`` with it; the ``%%budget`` magic (``nbbudget.jupyter.magics``) checks its
+    ``--notices`` option with it before it makes the run."""
     if notices is None or notices is False:
         return None
     if notices == _DEFAULT_NOTICES:
