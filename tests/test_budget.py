@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 
 import pytest
 
@@ -594,3 +595,46 @@ def test_threads_that_first_use_a_run_at_once_share_its_one_set_of_parts():
             t.join(5)
     assert len({id(core) for core in seen}) == 1
     assert run.consumed == {"steps": 8000}
+
+
+class _YieldingClock(FakeClock):
+    """A fake clock that, read by the thread that made it, first gives the other threads 1 ms:
+    a run entered or left reads its clock before it writes the time, so another thread runs
+    exactly there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._owner = threading.current_thread()
+
+    def now_ms(self) -> float:
+        if threading.current_thread() is self._owner:
+            time.sleep(0.001)
+        return super().now_ms()
+
+
+def _build_when(go: threading.Barrier, run: nb.Budget) -> None:
+    go.wait()
+    assert run.lowlevel is not None  # reading it builds the run's parts
+
+
+@pytest.mark.parametrize("leaving", [False, True])
+def test_a_run_built_by_another_thread_while_it_is_entered_or_left_keeps_its_times(leaving):
+    """Entering and leaving a run not built write their times without a lock while another
+    thread builds its parts (here: while the entering or leaving thread reads the clock). The
+    run started when it was entered, and ended (traced once) when it was left."""
+    for _ in range(20):
+        clock = _YieldingClock()
+        run = nb.budget(steps=5, clock=clock)
+        go = threading.Barrier(2)
+        thread = threading.Thread(target=_build_when, args=(go, run), name="builder")
+        thread.start()
+        if not leaving:
+            go.wait()  # the builder races the entry
+        with run:
+            clock.advance(30)
+            if leaving:
+                go.wait()  # the builder races the exit
+        thread.join(5)
+        assert run.outcome == nb.Outcome(nb.Status.COMPLETED)
+        assert [e.t_ms for e in run.trace.events if e.kind == "outcome"] == [30]
+        assert run.snapshot().elapsed_ms == 30

@@ -236,21 +236,8 @@ def undocumented() -> list[str]:
                   if docs[module].get(name) is False)
 
 
-#: names still without a docstring, in modules rebuilt at the same time as this test was written;
-#: each leaves this list as its docstring lands (the test fails while the list says more or less
-#: than what is missing), and the list ends empty
-NOT_YET_DOCUMENTED = [
-    "nbbudget.core.ledger.check_totals",
-    "nbbudget.run.budget.check_notices",
-    "nbbudget.run.providers.make_provider",
-    "nbbudget.run.tools.make_tool",
-]
-
-
 def test_every_public_name_another_module_uses_has_a_docstring() -> None:
-    assert undocumented() == NOT_YET_DOCUMENTED, (
-        "say in a docstring (or a #: comment) who uses it and why; a name documented since "
-        "leaves NOT_YET_DOCUMENTED")
+    assert undocumented() == [], "say in a docstring (or a #: comment) who uses it and why"
 
 
 def test_the_docstring_check_finds_a_public_name_used_elsewhere_without_one(monkeypatch) -> None:

@@ -67,7 +67,13 @@ Items = Sequence[tuple[int, float]]
 
 class Account:
     """What one run or grant may spend and has spent. A grant's pools stay empty: it always
-    charges through the lock, on its own allowances and on its run's."""
+    charges through the lock, on its own allowances and on its run's.
+
+    The lists are indexed by kind (`nbbudget.core.kinds.KINDS`). They are the working state of
+    the ledger that opened the account, which alone writes them, under its lock (a permit
+    popped from a pool is the one write made without it); `limit_time` is the one change made
+    from outside, when a grant is made. Nothing else writes an account.
+    """
 
     def __init__(self, ledger: Ledger, name: str, limits: Limits, recorder: Recorder,
                  parent: Account | None) -> None:
@@ -76,19 +82,32 @@ class Account:
         self.limits = limits
         self.limits_set = limits.to_dict()
         self.recorder = recorder
-        self.parent = parent
+        self.parent = parent  # the run's account, for a grant's; None for the run's own
         self.scope = "run" if parent is None else "grant"
+        # reserved so far, permits waiting in the pool included: used = counts - pool - base
         self.counts: list[float] = [0] * _K
         self.bulk: list[float] = [0] * _K  # amounts beyond one per charge: ops = used - bulk
         self.base: list[float] = [0] * _K  # what earlier windows used (S3-1)
-        self.total: list[float | None] = [None] * _K
+        self.total: list[float | None] = [None] * _K  # a run's whole-run totals over windows
+        # True once no unit can be had: a charge refuses without the lock. Never reset.
         self.exhausted = [False] * _K
+        # permits reserved ahead, taken with list.pop(): never past thr, nor the next notice
         self.pools: list[list[None]] = [[] for _ in range(_K)]
-        self.thr = [_INF] * _K  # the count that may be reached
+        # the count that may be reached, base included: a grant's own allowances from the
+        # start; a run's set by its ledger (`LocalLedger.arm`) from its limits and totals
+        self.thr = [_INF] * _K
+        if parent is not None:
+            for kind, value in self.limits_set.items():
+                self.thr[KIND_INDEX[kind]] = value
         self.watch = [_INF] * _K  # the use at which the next notice is due
         self.cap = list(_NO_CAP)  # how far the pool may reserve ahead
         self.block = [_BLOCK] * _K  # how many permits the pool's next refill reserves
         self.closed = False  # stopped: its pools stay empty, so no lock-free take succeeds
+
+    def limit_time(self, left_ms: float) -> None:
+        """Cap this grant's time at *left_ms*, what its parent has left when it is made: a
+        grant never outlives its run (S2-1). `Core.grant` calls it, lock held."""
+        self.thr[RUN_MS] = min(self.thr[RUN_MS], left_ms)
 
     def used(self, i: int) -> float:
         """What kind *i* has consumed in this slice (reserved, less what waits in the pool)."""
@@ -457,10 +476,7 @@ class LocalLedger:
     def open(self, name: str, limits: Limits, recorder: Recorder,
              parent: Account) -> Account:
         """A grant's account under *parent* (lock held): its own allowances (S2-2)."""
-        account = Account(self, name, limits, recorder, parent)
-        for kind, value in account.limits_set.items():
-            account.thr[KIND_INDEX[kind]] = value
-        return account
+        return Account(self, name, limits, recorder, parent)
 
     def bind(self, scope: Scope) -> None:
         """Nothing: no stop of this run comes from elsewhere."""
@@ -647,6 +663,9 @@ def read_state(state: object) -> Mapping[str, Any]:
 
 
 def check_totals(totals: Limits | None, suspend: bool) -> Limits:
+    """*totals* (whole-run totals over windows, S3-1) if they may be given with *suspend*,
+    else a `ConfigError`. `nbbudget.run.budget` checks a run's ``totals=`` with it before the
+    run's ledger is made."""
     if totals is None:
         return NO_LIMITS
     if not isinstance(totals, Limits):

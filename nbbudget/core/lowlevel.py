@@ -61,11 +61,16 @@ class Run(Protocol):
 
 class Core:
     """One run's or grant's ledger account, scope and recorder, and the paths through them:
-    reserve, require, spend, refuse and cut."""
+    reserve, require, spend, refuse and cut. A run (``nbbudget.run.budget``) builds one with
+    `Core.run` and a grant with `Core.grant`; tools, providers, branches, calls and the
+    pydantic-ai adapter reach it as ``run.lowlevel``."""
 
     __slots__ = ("account", "clock", "degraded", "ledger", "name", "recorder", "scope")
 
     def __init__(self, name: str, ledger: Ledger, account: Account, scope: Scope) -> None:
+        """Tie *account* (in *ledger*) and *scope*, neither started yet, together: the scope is
+        given its time grant and what its stop and its deadline mean for the account; a run's
+        (the ledger's root account) also its time notices (S3-5)."""
         self.name = name
         self.ledger = ledger
         self.account = account
@@ -73,9 +78,11 @@ class Core:
         self.recorder: Recorder = scope.recorder
         self.clock: Clock = scope.clock
         self.degraded: dict[str, str] | None = None  # S3-7: set once, when it degrades
-        scope.on_halt = self._on_halt
-        scope.on_expire = self.expired
-        scope.limit_ms = account.thr[RUN_MS]
+        if account is ledger.root:
+            scope.attach(account.thr[RUN_MS], on_halt=self._on_halt, on_expire=self.expired,
+                         notice_times=ledger.time_notices, on_notice=self._on_time_notice)
+        else:
+            scope.attach(account.thr[RUN_MS], on_halt=self._on_halt, on_expire=self.expired)
 
     @classmethod
     def run(cls, name: str, limits: Limits, clock: Clock, *, full: bool, suspend: bool,
@@ -86,16 +93,13 @@ class Core:
         if not callable(ledger):
             raise ConfigError(f"ledger must be a ledger factory such as LocalLedger, not "
                               f"{type(ledger).__name__}")
-        log = Trace(full=full, name=name)
-        log.limits, log.notices = limits.to_dict(), list(notices or ())
+        log = Trace(full=full, name=name, limits=limits.to_dict(), notices=list(notices or ()))
         lock, recorder = threading.Lock(), Recorder(log, name)
         scope = Scope(name, recorder, clock, lock=lock)
         made = ledger(name, limits, recorder, clock=clock, lock=lock, suspend=suspend,
                       totals=totals, notices=notices, elapsed=scope.elapsed_ms, full=full)
         if full:
             made.traced_pools(scope)
-        scope.notice_times = made.time_notices
-        scope.on_notice = lambda: made.notice(scope.t_ms())
         made.bind(scope)
         core = cls(name, made, made.root, scope)
         log.follow(core.stats)
@@ -111,7 +115,7 @@ class Core:
         account = self.ledger.open(name, limits, recorder, self.account)
         left = scope.remaining_ms()
         if left is not None:
-            account.thr[RUN_MS] = min(account.thr[RUN_MS], left)
+            account.limit_time(left)
         core = Core(name, self.ledger, account, child)
         scope.adopt(child)
         time_ms = account.thr[RUN_MS]
@@ -120,14 +124,19 @@ class Core:
         return core
 
     def _on_halt(self) -> None:
+        """The scope stopped (lock held): every later charge takes the locked path, and
+        raises."""
         self.ledger.drain(self.account)
+
+    def _on_time_notice(self) -> None:
+        """A time notice of the run may be due (lock held, S3-5)."""
+        self.ledger.notice(self.scope.t_ms())
 
     def restore(self, saved: Mapping[str, Any]) -> None:
         """Continue from a checkpoint's ledger state (read with `ledger.read_state`): its
         counters, notices and active time (S4-4)."""
         self.ledger.restore(saved)
-        self.scope.active_before_ms = float(saved["active_ms"])
-        self.scope.limit_ms = self.account.thr[RUN_MS]
+        self.scope.resume_from(float(saved["active_ms"]), self.account.thr[RUN_MS])
         self.record("resumed", {"counts": dict(saved["counts"]),
                                 "active_ms": saved["active_ms"]})
 
@@ -138,7 +147,7 @@ class Core:
         self.scope.end_time()
         self.ledger.end(self.account)
         if self.scope.parent is None:
-            self.recorder.trace.outcome = dict(ended)
+            self.recorder.trace.ended(ended)
 
     def end_at(self, ended: dict[str, Any], now_ms: float) -> None:
         """The run ended with the outcome *ended* at *now_ms* on its clock, before these
@@ -149,7 +158,7 @@ class Core:
         scope.end_time(now_ms)
         self.ledger.end(self.account)
         if scope.parent is None:
-            self.recorder.trace.outcome = dict(ended)
+            self.recorder.trace.ended(ended)
 
     # -- reading --------------------------------------------------------------------------------
     def consumed(self) -> dict[str, float]:
@@ -282,7 +291,8 @@ class Core:
 
 def cut(scope: Scope, i: int, figures: tuple[float, float], by: str, message: str) -> Stop:
     """A cut of *scope* by kind *i*: ``failed``, cause ``budget-cut``, with the limit and what
-    was consumed in its trace event (S2-4, S4-8)."""
+    was consumed in its trace event (S2-4, S4-8). `Core` makes its cuts by a limit or by
+    time with it."""
     kind = KINDS[i]
     return Stop.of(Status.FAILED, message, scope, by=by, code=kind.code,
                    figures=(kind.name, *figures))

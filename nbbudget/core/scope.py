@@ -7,8 +7,9 @@ waiting for its worker, a call waiting for its job) hear of it outside the lock.
 becomes an absolute deadline when the scope starts: a callback on the clock, not a clock read
 per check. Paused time is not counted.
 
-What a stop means for the counters is the owner's business: the scope calls ``on_halt`` (lock
-held) when it stops, and asks ``on_expire`` for the stop to make when its deadline passes.
+What a stop means for the counters is its owner's business (the run's or grant's `Core`), given
+to the scope once with `Scope.attach`: the scope calls ``on_halt`` (lock held) when it stops, and
+asks ``on_expire`` for the stop to make when its deadline passes.
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ class Stop:
         return Cancelled(self.message, self.reason)
 
     def outcome(self, scope: Scope, output: Any) -> Outcome:
+        """How a block run in *scope* ended by this stop (the output kept when it failed,
+        S3-2; the origin named when the stop came from elsewhere)."""
         origin = self.origin.name if self.origin is not scope else None
         return Outcome(self.status, self.cause, self.by, self.code, self.message,
                        output if self.status is Status.FAILED else None, origin)
@@ -108,26 +111,54 @@ class Scope:
 
     def __init__(self, name: str, recorder: Recorder, clock: Clock, *,
                  parent: Scope | None = None, lock: threading.Lock | None = None) -> None:
+        """A scope, a child of *parent* if given (made with its lock held: the child starts
+        with its stop, S2-3, and the parent's `adopt` makes it a descendant)."""
         self.name = name
         self.recorder = recorder
         self.clock = clock
         self.parent = parent
         self.root: Scope = parent.root if parent is not None else self
         self.lock = lock if lock is not None else threading.Lock()
-        self.stop: Stop | None = None
-        self.limit_ms = _INF  # the time grant in force (S2-1: never past the parent's)
+        # why it stopped: None while it runs; set once (first stop wins), lock held
+        self.stop: Stop | None = parent.stop if parent is not None else None
+        # the time grant in force, in active ms: never past the parent's remaining time (S2-1)
+        self.limit_ms = _INF
+        # when its time (re)started on its clock: None before it starts and after it ends
         self.started_ms: float | None = None
+        # when it was paused on its clock: None while its time runs
         self.paused_at: float | None = None
+        # active ms counted before started_ms: earlier slices of a resumed run, time paused out
         self.active_before_ms = 0.0
-        #: the active ms at which an approach notice may be due, asked when the clock is armed
-        self.notice_times: Callable[[], list[float]] = list
-        self.on_notice: Callable[[], None] = _nothing  # a time notice may be due (lock held)
-        self.on_halt: Callable[[], None] = _nothing  # the scope stops (lock held)
-        self.on_expire: Callable[[], Stop] = self._timed_out  # the stop of a spent time grant
+        # what its owner decides (see `attach`): the active ms at which an approach notice may
+        # be due, asked when the clock is armed; a time notice may be due (lock held); the
+        # scope stops (lock held); the stop of a spent time grant
+        self._notice_times: Callable[[], list[float]] = list
+        self._on_notice: Callable[[], None] = _nothing
+        self._on_halt: Callable[[], None] = _nothing
+        self._on_expire: Callable[[], Stop] = self._timed_out
         self._timers: list[Scheduled] = []
         self._children: list[Scope] = []
         self._listeners: list[Callable[[Stop], None]] = []
         self._unobserved: list[None] = [None]  # emptied when the work first observes a cancel
+
+    def attach(self, limit_ms: float, *, on_halt: Callable[[], None],
+               on_expire: Callable[[], Stop],
+               notice_times: Callable[[], list[float]] = list,
+               on_notice: Callable[[], None] = _nothing) -> None:
+        """Take what this scope's owner decides, once, when the owner (the run's or grant's
+        `Core`) is made, before the scope starts: its time grant *limit_ms* (``inf``: none),
+        *on_halt* (called, lock held, when it stops), *on_expire* (the stop to make when its
+        time grant is spent), and for a run's time notices (S3-5) *notice_times* (the active ms
+        at which one may be due) and *on_notice* (called, lock held, at those times)."""
+        self.limit_ms = limit_ms
+        self._on_halt, self._on_expire = on_halt, on_expire
+        self._notice_times, self._on_notice = notice_times, on_notice
+
+    def resume_from(self, active_ms: float, limit_ms: float) -> None:
+        """Continue a run's time from a checkpoint (S4-4): *active_ms* were spent before, and
+        the time grant in force is now *limit_ms*. Called before the scope starts."""
+        self.active_before_ms = active_ms
+        self.limit_ms = limit_ms
 
     # -- stopping ------------------------------------------------------------------------------
     def halt(self, stop: Stop) -> bool:
@@ -140,10 +171,14 @@ class Scope:
         return first
 
     def halt_locked(self, stop: Stop) -> bool:
+        """`halt` with the lock held by the caller: the stop is set and traced, and listeners
+        and descendants are not told. `halt` calls it; so does a ledger kept elsewhere that
+        learns under the lock that its run was stopped there (the Dask ledger), and then
+        raises the stop at once."""
         if self.stop is not None:
             return False
         self.stop = stop
-        self.on_halt()  # every later charge takes the locked path, and raises
+        self._on_halt()  # every later charge takes the locked path, and raises
         if stop.origin is self:
             event = ENDINGS[stop.status].event
             assert event is not None, f"a run does not stop {stop.status}"
@@ -177,6 +212,8 @@ class Scope:
             fn(stop)
 
     def remove_listener(self, fn: Callable[[Stop], None]) -> None:
+        """Stop calling *fn* (given to `add_listener`) when this scope stops: a tool's call
+        (``nbbudget.run.tools``) listens only while it waits for its worker."""
         with self.lock:
             if fn in self._listeners:
                 self._listeners.remove(fn)
@@ -205,7 +242,7 @@ class Scope:
         if isinstance(exc, Unwind) and exc.stop.origin is not self and (
                 stop is None or stop is exc.stop):
             outcome = exc.stop.outcome(self, output)
-            return outcome, None if self.has_ancestor(exc.stop.origin) else exc.stop.error()
+            return outcome, None if self._has_ancestor(exc.stop.origin) else exc.stop.error()
         if stop is None:
             return None
         reports = isinstance(exc, BudgetError) and exc.reports is stop  # raised for it already
@@ -214,20 +251,18 @@ class Scope:
 
     # -- the tree ------------------------------------------------------------------------------
     def adopt(self, child: Scope) -> None:
-        """Make *child* a descendant (lock held): it inherits this scope's stop (S2-3)."""
+        """Make *child*, made with this scope as its parent, a descendant (lock held): a later
+        stop of this scope stops it too (S2-3)."""
         self._children.append(child)
-        child.stop = self.stop
 
     def forget(self, child: Scope) -> None:
+        """*child* has ended: a later stop of this scope no longer reaches it. A grant's run
+        (``nbbudget.run.budget``) calls it when the grant settles."""
         with self.lock:
             if child in self._children:
                 self._children.remove(child)
 
-    def open_children(self) -> list[Scope]:
-        with self.lock:
-            return list(self._children)
-
-    def has_ancestor(self, scope: Scope) -> bool:
+    def _has_ancestor(self, scope: Scope) -> bool:
         parent = self.parent
         while parent is not None:
             if parent is scope:
@@ -237,6 +272,8 @@ class Scope:
 
     # -- time ----------------------------------------------------------------------------------
     def start(self) -> None:
+        """Start this scope's time now, unless it has started: a run starts it when it is
+        entered, a grant when it is made."""
         if self.started_ms is None:
             self.start_at(self.clock.now_ms())
 
@@ -258,14 +295,14 @@ class Scope:
         if deadline is not None and self.paused_at is None:
             self._timers.append(self.clock.call_at(deadline, self._on_deadline))
         if self.started_ms is not None:
-            for at in self.notice_times():
+            for at in self._notice_times():
                 self._timers.append(self.clock.call_at(
                     self.started_ms + at - self.active_before_ms, self._on_time_notice))
 
     def _on_time_notice(self) -> None:
         with self.lock:
             if self.stop is None and self.paused_at is None:
-                self.on_notice()
+                self._on_notice()
 
     def poll(self) -> None:
         """Stop now if the deadline has passed (a callback may not have run yet)."""
@@ -275,7 +312,7 @@ class Scope:
 
     def _on_deadline(self) -> None:
         if self.paused_at is None:
-            self.halt(self.on_expire())
+            self.halt(self._on_expire())
 
     def _timed_out(self) -> Stop:
         return Stop.of(Status.FAILED, f"{self.name} ran out of time", self, by="timeout",

@@ -134,7 +134,9 @@ class Trace:
     were saved. Appends happen under the run's lock.
     """
 
-    def __init__(self, *, full: bool = False, name: str | None = None) -> None:
+    def __init__(self, *, full: bool = False, name: str | None = None,
+                 limits: dict[str, float] | None = None,
+                 notices: list[float] | None = None) -> None:
         self.full = full
         self.name = name
         self._rows = array("d")  # t_ms, amount, ref, code + 256 * run; four per event
@@ -145,9 +147,14 @@ class Trace:
         self._runs: list[str] = []
         self._stats_source: Any = None
         self._saved_stats: dict[str, dict[str, float]] | None = None
-        self.limits: dict[str, float] = {}
-        self.notices: list[float] = []  # the approach-notice thresholds, fractions of a limit
+        self.limits: dict[str, float] = dict(limits or {})
+        self.notices: list[float] = list(notices or [])  # approach-notice thresholds (fractions)
         self.outcome: dict[str, Any] | None = None
+
+    def ended(self, outcome: dict[str, Any]) -> None:
+        """The run ended with *outcome* (its payload): kept for `to_dict` and the saved trace.
+        The run's `Core` tells it, when the run (not a grant) ends."""
+        self.outcome = dict(outcome)
 
     def follow(self, stats: Callable[[], dict[str, dict[str, float]]]) -> None:
         """Read the live statistics of `summary()` from *stats* (the run's counters)."""

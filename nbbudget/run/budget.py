@@ -2,11 +2,14 @@
 
 Rules: S2-1..S2-4, S3-1..S3-5, S4-3, S4-4.
 
-A run (`Budget`) is a small facade: what it may spend and has spent is its account in a
-ledger (`nbbudget.core.ledger`; a `LocalLedger` unless ``ledger=`` chooses), its stop, deadline
-and pause are its `Scope` (`nbbudget.core.scope`), and its events go through its `Recorder`
-(`nbbudget.core.trace`); `Core` (`nbbudget.core.lowlevel`) ties them together for the layers
-above. A grant is the same facade over a child account and a child scope of its run.
+A run (`Budget`) is a small facade over one state: `_Unbuilt` until something needs its parts
+(it answers from its recipe and the times it was entered and left), then `_Built`, switched
+once by `Budget._build`. A built run's parts: what it may spend and has spent is its account in
+a ledger (`nbbudget.core.ledger`; a `LocalLedger` unless ``ledger=`` chooses), its stop,
+deadline and pause are its `Scope` (`nbbudget.core.scope`), and its events go through its
+`Recorder` (`nbbudget.core.trace`); `Core` (`nbbudget.core.lowlevel`) ties them together for
+the layers above. A grant is the same facade, always built, over a child account and a child
+scope of its run.
 ``step()`` and ``charge(kind)`` take a permit from the account's pool with ``list.pop()``, which
 is atomic: no lock, no clock.
 """
@@ -20,7 +23,7 @@ import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar, overload
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, overload
 
 from ..core.backends import load
 from ..core.clock import Clock, default_clock
@@ -63,33 +66,9 @@ __all__ = ["STATE_VERSION", "Budget", "Deferred", "Grant", "Snapshot", "activate
 _R = TypeVar("_R")
 _INF = math.inf
 _DEFAULT_NOTICES = (0.8, 0.95)
-#: the attributes of a run that its parts provide (built on first use)
 _NO_POOL: list[None] = []  # the pools of a run not built yet: always empty, never filled
 _NO_POOLS: Sequence[list[None]] = (_NO_POOL,) * len(KINDS)
-_P = TypeVar("_P")
-
-
-class _Part(Generic[_P]):
-    """A part of a run (its core, ledger, scope, account or trace), built the first time it is
-    read: a run used for nothing costs almost nothing. Once built, the run's own attribute is
-    read instead (no ``__getattr__``, which would slow every attribute of every run)."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    @overload
-    def __get__(self, run: None, owner: type) -> _Part[_P]: ...
-
-    @overload
-    def __get__(self, run: _Parts, owner: type) -> _P: ...
-
-    def __get__(self, run: _Parts | None, owner: type) -> _P | _Part[_P]:
-        if run is None:
-            return self
-        run._build_parts()  # its attributes now shadow this descriptor
-        part: _P = object.__getattribute__(run, self.name)  # run.__dict__ would slow the run
-        return part
-_BUILDING = threading.Lock()  # a run's parts are built once, by one thread
+_BUILDING = threading.Lock()  # held while a run switches from unbuilt to built: once, by one thread
 _COMPLETED = Outcome(Status.COMPLETED)
 _TIME = KINDS[RUN_MS].name  # the kind the run's clock spends
 
@@ -117,7 +96,8 @@ _ambient: Callable[[], Budget | None] | None = None
 def set_ambient(find: Callable[[], Budget | None] | None) -> None:
     """Install (or remove) where `current` finds the run of a context in which none was
     entered: a host whose work runs in a run it has not entered there (a call's work, whose
-    run is made only if it is used) gives its own lookup."""
+    run is made only if it is used) gives its own lookup. ``nbbudget.calls.call`` installs
+    the lookup of the call running on this thread."""
     global _ambient
     _ambient = find
 
@@ -125,7 +105,8 @@ def set_ambient(find: Callable[[], Budget | None] | None) -> None:
 def activate(run: Budget) -> None:
     """Make *run* what `current` returns in this context, its clock started, without a ``with``
     block: for a host that runs the parts of one long run each in a context of its own (the
-    kernel runs each cell of a notebook in its own). The run is not settled this way."""
+    kernel runs each cell of a notebook in its own). The run is not settled this way.
+    ``nbbudget.jupyter.kernel_run`` activates a notebook's run at the start of each cell."""
     run.lowlevel.scope.start()
     _current.set(run)
 
@@ -133,143 +114,213 @@ def activate(run: Budget) -> None:
 def stop_error(error: BaseException) -> BaseException:
     """*error* as a ``with run:`` block raises it when it leaves: a stop unwinding through user
     code becomes the public `BudgetError` it stands for; anything else is itself. For hosts
-    that run a run's parts outside a ``with`` block (see `activate`)."""
+    that run a run's parts outside a ``with`` block (see `activate`):
+    ``nbbudget.jupyter.kernel_run`` reads the budget error that ended a cell with it."""
     return error.stop.error() if isinstance(error, Unwind) else error
 
 
-class _Parts:
-    """What a run or grant holds, and the parts it is a facade over (its core, ledger, scope,
-    account and trace), built the first time one is needed when nothing about the run is timed:
-    a run used for nothing costs almost nothing (entering and leaving it only keep its times and
-    its outcome). `Budget` is the facade; this is how it comes by its parts."""
+class _Unbuilt:
+    """The state of a run whose parts are not built: nothing about it is timed (no time grant,
+    no full trace) and its counters would be kept in this process, so until something needs
+    the parts (a charge, a stop, a grant, its trace) it answers from its recipe and the times it
+    was entered and left. It has spent nothing but time; nothing can have stopped it.
 
-    _core: _Part[Core] = _Part()
-    _ledger: _Part[Ledger] = _Part()
-    _scope: _Part[Scope] = _Part()
-    _account: _Part[Account] = _Part()
-    _trace: _Part[Trace] = _Part()
-    _pools: Sequence[list[None]]
-    _lazy: _Recipe | None
-    _cluster: Cluster | None
-    name: str
-    _root: Budget
-    _outcome: Outcome | None
-    _began: float | None
-    _ended: float | None
-    _end_once: list[None]
-    _now: Callable[[], float]
+    Entering and leaving write their times here without a lock, while another thread may be
+    building the parts (`Budget._build`, under `_BUILDING`). The builder switches the run's
+    state first and then reads these times; the entering or leaving thread writes its time
+    first and then looks whether the state was switched, and if so hands the time over itself
+    (`_Built.take_over`). One of the two sees the other's write.
+    """
 
-    def _open(self, name: str, root: Budget, parent: Budget | None, full: bool,
-              now: Callable[[], float]) -> None:
-        """What a run or grant holds of its own, beside its parts. Every run sets the same
-        attributes in the same order, its parts last, so that they all share one layout of
-        keys (a run whose keys came in another order would read each attribute slower)."""
-        self.name = name
-        self._root = root
-        self._parent = parent
-        self._cluster = None  # a run's on a cluster: where its branches go
-        self._grants: list[Grant] = []
-        self._outcome: Outcome | None = None
-        self._output: Any = None
-        self._tokens: list[contextvars.Token[Budget | None]] = []
-        self._began: float | None = None  # when a run not yet built was entered, and left
-        self._ended: float | None = None
-        self._end_once: list[None] = _NO_POOL  # emptied by whichever thread traces its end
-        self._lazy = None  # what builds the parts, until they are built
-        self._now = now
-        self._full = full
-        self._pools, self._step_pool = _NO_POOLS, _NO_POOL  # until it is built
+    __slots__ = ("began", "end_once", "ended", "outcome", "recipe")
 
-    def _take(self, recipe: _Recipe) -> None:
-        """Build a run's parts now, or, when nothing about it is timed, on first use."""
-        if recipe.lazy():
-            self._lazy = recipe  # nothing is timed: build on first use (a charge, say)
-        else:
-            self._attach(recipe.build())
+    full = False  # a run traced in full is built at once
+    pools = _NO_POOLS  # every charge misses the pool and takes the path that builds the parts
 
-    def _attach(self, core: Core) -> None:
-        """Take *core* (an account, a scope, a recorder) as this run's or grant's parts."""
-        self._core, self._ledger = core, core.ledger
-        self._scope, self._account, self._trace = core.scope, core.account, core.recorder.trace
-        self._pools = core.account.pools
-        self._step_pool = self._pools[STEPS]
-        self._full = self._trace.full
+    def __init__(self, recipe: _Recipe, began: float | None) -> None:
+        self.recipe = recipe  # what builds the parts: checked, lazy() is True
+        # when the run was entered, on its clock; None until then. Set once.
+        self.began = began
+        # when it was left, on its clock; None until then. Written before `outcome`.
+        self.ended: float | None = None
+        # how it ended: None until it is left; then COMPLETED, for a run that needed no parts
+        # could neither be stopped nor fail. Written last when it is left: what a builder reads.
+        self.outcome: Outcome | None = None
+        # holds one item from when the run is left until its end is traced in its built parts;
+        # whichever of the builder and the leaving thread pops it (atomic) traces the end
+        self.end_once: list[None] = _NO_POOL
 
-    def _unbuilt(self) -> bool:
-        return self._lazy is not None
+    @property
+    def limits(self) -> Limits:
+        return self.recipe.limits
 
-    def _build_parts(self) -> None:
-        """Build this run's parts now (once, whichever thread asks first), started and ended
-        as the run was. A thread entering or leaving the run meanwhile, without the lock,
-        looks again once it has written its time: one of the two sees the other's write."""
-        with _BUILDING:
-            recipe = self._lazy
-            if recipe is None:
-                return
-            core = recipe.build()
-            self._attach(core)
-            self._lazy = None  # from now on, entering and leaving use the parts
-            began = self._began
-            if began is not None:
-                core.scope.start_at(began)
-            if self._outcome is not None:
-                self._end_built()
+    def built(self, run: Budget) -> _Built:
+        """The run's built state: its parts are built now."""
+        return run._build(self)
 
-    def _end_built(self) -> None:
-        """Trace the end of a run that was left before its parts were built (once)."""
-        try:
-            self._end_once.pop()  # atomic: one of the builder and the leaving thread
-        except IndexError:
+    def check(self) -> None:
+        return None  # no time grant, and nothing stopped it
+
+    def cancelled(self) -> bool:
+        return False
+
+    def remaining_ms(self) -> float | None:
+        return None
+
+    def enter(self, run: Budget) -> None:
+        """Only the run's start is kept."""
+        if self.began is None:
+            self.began = self.recipe.clock.now_ms()
+        if run._state is not self:  # built meanwhile: its builder may not have seen the start
+            self.built(run).take_over(run, self)
+
+    def leave(self, run: Budget, exc: BaseException | None) -> bool | None:
+        """A run left without an error completes with no parts built; an error needs them,
+        to settle as a built run does."""
+        if exc is not None:
+            return self.built(run).leave(run, exc)
+        self.complete(run, self.recipe.clock.now_ms())
+        return None
+
+    def complete(self, run: Budget, ended: float) -> None:
+        """The run's work completed at *ended*: its end and outcome are kept here, and traced
+        if its parts are ever built."""
+        if self.outcome is not None:
             return
-        outcome, ended = self._outcome, self._ended
-        assert outcome is not None and ended is not None
-        with self._scope.lock:
-            self._core.end_at(outcome.to_dict(), ended)
+        self.end_once = [None]
+        self.ended = ended
+        self.outcome = _COMPLETED  # written last: what a builder reads
+        if run._state is not self:  # built meanwhile: its builder may not have seen the end
+            self.built(run).take_over(run, self)
 
-    def _enter_unbuilt(self) -> None:
-        """Enter a run whose parts are not built: only its start is kept."""
-        if self._began is None:
-            self._began = self._now()
-        if self._lazy is None:  # built meanwhile: its builder may not have seen it
-            self._scope.start_at(self._began)
-
-    def _leave_unbuilt(self, ended: float | None = None) -> None:
-        """Complete a run whose parts were never needed (nothing charged, stopped or granted),
-        now or at *ended*: its end and outcome are kept, and traced if its parts are ever
-        built."""
-        if self._outcome is not None:
-            return
-        self._end_once = [None]
-        self._ended = self._now() if ended is None else ended
-        self._outcome = _COMPLETED  # written last: what a builder reads
-        if self._lazy is None:  # built meanwhile: its builder may not have seen the end
-            self._end_built()
-
-    def _unbuilt_snapshot(self) -> Snapshot:
-        """The view of a run whose parts are not built: it has spent nothing but time, and
-        each armed axis stands at 0."""
-        recipe = self._lazy
-        assert recipe is not None
-        axes = tuple(AxisUsage(kind, limit, 0, limit, 0.0)
-                     for kind, limit in recipe.limits.to_dict().items())
-        outcome = self._outcome
-        status = outcome.status.value if outcome else (
-            "running" if self._began is not None else "ready")
-        return Snapshot(self.name, status, self._unbuilt_elapsed(), None, axes,
-                        self._unbuilt_consumed(), 0, outcome)
-
-    def _unbuilt_elapsed(self) -> float:
-        began, ended = self._began, self._ended
+    def elapsed_ms(self) -> float:
+        began, ended = self.began, self.ended
         if began is None:
             return 0.0
-        return (ended if ended is not None else self._now()) - began
+        return (ended if ended is not None else self.recipe.clock.now_ms()) - began
 
-    def _unbuilt_consumed(self) -> dict[str, float]:
-        elapsed = self._unbuilt_elapsed()
+    def consumed(self) -> dict[str, float]:
+        elapsed = self.elapsed_ms()
         return {_TIME: round(elapsed)} if elapsed else {}
 
+    def snapshot(self, run: Budget) -> Snapshot:
+        """Each armed axis stands at 0: only time was spent."""
+        axes = tuple(AxisUsage(kind, limit, 0, limit, 0.0)
+                     for kind, limit in self.recipe.limits.to_dict().items())
+        outcome = self.outcome
+        status = outcome.status.value if outcome else (
+            "running" if self.began is not None else "ready")
+        return Snapshot(run.name, status, self.elapsed_ms(), None, axes, self.consumed(), 0,
+                        outcome)
 
-class Budget(_Parts):
+
+class _Built:
+    """The state of a run or grant whose parts are built: its `Core` (what ties them together),
+    its ledger and account (what it may spend and has spent), its scope (stop, deadline,
+    pause) and its trace. It answers from its parts."""
+
+    __slots__ = ("account", "core", "full", "ledger", "outcome", "pools", "scope", "trace")
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.ledger: Ledger = core.ledger
+        self.account: Account = core.account
+        self.scope: Scope = core.scope
+        self.trace: Trace = core.recorder.trace
+        self.full = self.trace.full  # a full trace keeps each charge's target
+        self.pools: Sequence[list[None]] = core.account.pools  # a grant's stay empty
+        # how the run ended; None while it is active. Written once, under the scope's lock.
+        self.outcome: Outcome | None = None
+
+    @property
+    def limits(self) -> Limits:
+        return self.account.limits
+
+    def built(self, run: Budget) -> _Built:
+        return self
+
+    def check(self) -> None:
+        self.scope.check()
+
+    def cancelled(self) -> bool:
+        return self.scope.stop is not None
+
+    def remaining_ms(self) -> float | None:
+        return self.scope.remaining_ms()
+
+    def enter(self, run: Budget) -> None:
+        self.scope.start()
+
+    def leave(self, run: Budget, exc: BaseException | None) -> bool | None:
+        """Settle the run (and its open grants) as its scope says the block ended, and raise
+        the public error of a stop that came from it."""
+        outcome, error = self.scope.ending(exc, run._output) or (
+            _COMPLETED if exc is None else outcome_of(exc, run._output), None)
+        run._settle(outcome)
+        if error is not None:
+            error.outcome = outcome
+            raise error from (exc if not isinstance(exc, Unwind) else None)
+        if isinstance(exc, BudgetError) and exc.outcome is None:
+            exc.outcome = outcome
+        if isinstance(exc, Unwind) and exc.stop.origin is self.scope:
+            return True  # a suspended run: the block was left at a resumable point
+        return None
+
+    def end(self, outcome: Outcome, degraded: dict[str, str] | None) -> bool:
+        """Keep *outcome* (with how the run degraded, S3-7) and trace it, lock held; False when
+        the run has ended already."""
+        if self.outcome is not None:
+            return False
+        if degraded is not None and outcome.degraded is None:
+            outcome = dataclasses.replace(outcome, degraded=dict(degraded))
+        self.outcome = outcome
+        self.core.end(outcome.to_dict())
+        return True
+
+    def complete(self, run: Budget, ended: float) -> None:
+        """The run's work completed at *ended*, a time before now: traced at that time."""
+        with self.scope.lock:
+            if self.outcome is None:
+                self.outcome = _COMPLETED
+                self.core.end_at(_COMPLETED.to_dict(), ended)
+
+    def take_over(self, run: Budget, unbuilt: _Unbuilt) -> None:
+        """Take what *run* kept while it was *unbuilt*: started when it was entered, and
+        completed (traced once) when it was left. Called by the builder, and by a thread that
+        entered or left while it built."""
+        began = unbuilt.began
+        if began is not None:
+            self.scope.start_at(began)
+        if unbuilt.outcome is None:
+            return
+        try:
+            unbuilt.end_once.pop()  # atomic: one of the builder and the leaving thread
+        except IndexError:
+            return
+        ended = unbuilt.ended
+        assert ended is not None  # written before the outcome
+        self.complete(run, ended)
+
+    def consumed(self) -> dict[str, float]:
+        return self.core.consumed()
+
+    def snapshot(self, run: Budget) -> Snapshot:
+        scope = self.scope
+        remaining_ms = scope.remaining_ms()
+        axes = self.ledger.axes(self.account, scope.elapsed_ms(), remaining_ms)
+        outcome = self.outcome
+        status = outcome.status.value if outcome else (
+            "stopping" if scope.stop is not None else
+            "running" if scope.started_ms is not None else "ready")
+        return Snapshot(run.name, status, scope.elapsed_ms(), remaining_ms, axes,
+                        self.core.consumed(), self.ledger.notice_level, outcome)
+
+
+#: what a run is now: its parts not built yet, or built
+_State = _Unbuilt | _Built
+
+
+class Budget:
     """A run: bounded work with limits, a time grant, a cancel signal and a trace.
 
     Use it as a context manager; its clock starts when it is entered::
@@ -289,18 +340,58 @@ class Budget(_Parts):
                  totals: Limits | None = None, notices: tuple[float, float] | None = (0.8, 0.95),
                  trace: str = "counts", ledger: LedgerFactory = LocalLedger, cluster: Any = None,
                  **limit_fields: Any) -> None:
-        ledger, client = _on_cluster(cluster, ledger)
+        ledger, on = _on_cluster(cluster, ledger)
         recipe = _recipe(name, _combine(limits, time, limit_fields), clock, trace, suspend,
                          totals, notices, ledger)
-        self._open(recipe.name, self, None, recipe.full, recipe.clock.now_ms)
-        self._cluster = client
-        self._take(recipe)
+        self._open(recipe.name, self, None, recipe.state(None), on)
+
+    def _open(self, name: str, root: Budget, parent: Budget | None, state: _State,
+              cluster: Cluster | None = None) -> None:
+        """What every run and grant holds, set in the same order each time so that they all
+        share one layout of keys (a run whose keys came in another order would read each
+        attribute slower)."""
+        self.name = name
+        self._root = root  # the run at the top; itself for a run
+        self._parent = parent  # the run or grant a grant was made from; None for a run
+        self._cluster = cluster  # a run's on a cluster: where its branches go
+        self._grants: list[Grant] = []  # grants made from this one and still open
+        self._output: Any = None  # the work's output so far, for a failed outcome (S3-2)
+        self._tokens: list[contextvars.Token[Budget | Deferred | None]] = []  # one per entry
+        self._switch(state)
+
+    def _build(self, unbuilt: _Unbuilt) -> _Built:
+        """Switch this run from *unbuilt* to built, once, whichever thread asks first: the
+        only place a run's state changes. What it kept before (when it was entered, and left)
+        is taken over after the switch; a thread entering or leaving meanwhile, without the
+        lock, looks again once it has written its time (see `_Unbuilt`)."""
+        with _BUILDING:
+            state = self._state
+            if state is not unbuilt:  # another thread built it first
+                return state.built(self)
+            built = _Built(unbuilt.recipe.build())
+            self._switch(built)
+            built.take_over(self, unbuilt)
+        return built
+
+    def _switch(self, state: _State) -> None:
+        """Make *state* what this run is (when it is made, and once more by `_build`)."""
+        # what the run is now: `_Unbuilt` until something needs its parts, then `_Built`
+        self._state = state
+        # the hot path's copies of the state's pools and trace mode, so that ``step()`` reads
+        # one attribute of the run: a run not built has only empty pools, and its first charge
+        # takes the locked path, which builds it. Written after `_state`: a thread that finds
+        # a pool empty finds the state it will be refilled from.
+        self._pools, self._step_pool, self._full = state.pools, state.pools[STEPS], state.full
+
+    def _parts(self) -> _Built:
+        """This run's built state, its parts built now if they were not."""
+        return self._state.built(self)
 
     @property
     def lowlevel(self) -> Core:
         """This run's parts (ledger account, scope, recorder), for the layers built on it: see
         `nbbudget.core.lowlevel`. Users need none of it."""
-        return self._core
+        return self._state.built(self).core
 
     # -- charging -----------------------------------------------------------------------------
     def charge(self, kind: str, n: float = 1, *, target: str | None = None) -> None:
@@ -309,6 +400,8 @@ class Budget(_Parts):
         A refusal raises `BudgetExceeded`, records ``dispatch_refused_budget_exceeded`` (S4-8)
         and leaves every counter as it was.
         """
+        # the hot path, kept in this one function: a permit from the pool with list.pop()
+        # (atomic: no lock, no clock); anything else takes the locked path in the run's core
         i = _CHARGE_INDEX.get(kind) if type(kind) is str else None
         if i is None or type(n) is not int or n < 0:
             i, n = kind_index(kind, chargeable=True), _amount(kind, n)
@@ -318,14 +411,14 @@ class Budget(_Parts):
                 return
             except IndexError:
                 pass
-        self._core.charge(i, n, target)
+        self._state.built(self).core.charge(i, n, target)
 
     def step(self) -> None:
         """Charge one step: ``charge("steps")``."""
         try:
             self._step_pool.pop()
         except IndexError:
-            self._core.charge(STEPS, 1, None)
+            self._state.built(self).core.charge(STEPS, 1, None)
 
     def charge_many(self, amounts: Mapping[str, float], *, target: str | None = None) -> None:
         """Reserve several kinds at once, all or nothing (for a model reply's tokens and cost).
@@ -334,7 +427,8 @@ class Budget(_Parts):
         order tokens > cost > turns > calls and steps > time (S3-3).
         """
         pairs = ((kind_index(k, chargeable=True), _amount(k, n)) for k, n in amounts.items())
-        self._core.reserve(tuple(sorted(pairs, key=lambda item: KINDS[item[0]].rank)), target)
+        self._parts().core.reserve(tuple(sorted(pairs, key=lambda item: KINDS[item[0]].rank)),
+                                   target)
 
     # -- stopping and time --------------------------------------------------------------------
     def cancel(self, reason: Any = None) -> None:
@@ -343,73 +437,61 @@ class Budget(_Parts):
         The run settles as ``stopped``; every later check in it raises again.
         """
         message = f"{self.name} was stopped" + (f": {reason}" if reason is not None else "")
-        self._scope.halt(Stop.of(Status.STOPPED, message, self._scope, reason=reason))
+        scope = self._parts().scope
+        scope.halt(Stop.of(Status.STOPPED, message, scope, reason=reason))
 
     def check(self) -> None:
         """Raise if this run is stopped, cut or out of time; otherwise do nothing."""
-        if self._lazy is None:  # a run not built yet has no time grant and no stop
-            self._scope.check()
+        self._state.check()
 
     @property
     def cancelled(self) -> bool:
         """Whether the run has been stopped, cut or suspended."""
-        return self._lazy is None and self._scope.stop is not None
+        return self._state.cancelled()
 
     @property
     def remaining_ms(self) -> float | None:
         """Milliseconds of time grant left (`None` when no time grant applies)."""
-        return None if self._lazy is not None else self._scope.remaining_ms()
+        return self._state.remaining_ms()
 
     @contextmanager
     def paused(self) -> Iterator[None]:
         """Stop this run's clock while the block runs (waiting for a person, say): time spent
         paused is not counted in ``run_ms`` (S4-4). Only a run, not a grant, pauses."""
-        self._scope.set_paused(True)
+        scope = self._parts().scope
+        scope.set_paused(True)
         try:
             yield
         finally:
-            self._scope.set_paused(False)
+            scope.set_paused(False)
 
     # -- entering and leaving --------------------------------------------------------------
     def __enter__(self) -> Budget:
-        if self._outcome is not None:
-            raise ConfigError(f"{self.name} has already ended ({self._outcome.status}); "
+        state = self._state
+        if state.outcome is not None:
+            raise ConfigError(f"{self.name} has already ended ({state.outcome.status}); "
                               f"make a new budget for new work")
-        if self._lazy is None:
-            self._scope.start()
-        else:
-            self._enter_unbuilt()
+        state.enter(self)
         self._tokens.append(_current.set(self))
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool | None:
         if self._tokens:
             _current.reset(self._tokens.pop())
-        if exc is None and self._lazy is not None:
-            self._leave_unbuilt()
-            return None
-        outcome, error = self._scope.ending(exc, self._output) or (
-            Outcome(Status.COMPLETED) if exc is None else outcome_of(exc, self._output), None)
-        self._settle(outcome)
-        if error is not None:
-            error.outcome = outcome
-            raise error from (exc if not isinstance(exc, Unwind) else None)
-        if isinstance(exc, BudgetError) and exc.outcome is None:
-            exc.outcome = outcome
-        if isinstance(exc, Unwind) and exc.stop.origin is self._scope:
-            return True  # a suspended run: the block was left at a resumable point
-        return None
+        return self._state.leave(self, exc)
+
+    def _completed_at(self, ended: float) -> None:
+        """The work of this run completed at *ended* on its clock (a run made after its work
+        ended, see `Deferred`): kept as leaving its block then would have."""
+        self._state.complete(self, ended)
 
     def _settle(self, outcome: Outcome) -> None:
-        scope = self._scope
-        with scope.lock:
-            if self._outcome is not None:
+        """End this run or grant with *outcome* (once), and the grants still open with it."""
+        parts = self._parts()
+        with parts.scope.lock:
+            degraded = parts.core.degraded or self._root._parts().core.degraded
+            if not parts.end(outcome, degraded):
                 return
-            degraded = self._core.degraded or self._root._core.degraded
-            if degraded is not None and outcome.degraded is None:
-                outcome = dataclasses.replace(outcome, degraded=dict(degraded))
-            self._outcome = outcome
-            self._core.end(outcome.to_dict())
             open_grants = list(self._grants)
         for child in open_grants:  # grants still open end with their parent
             child._settle(dataclasses.replace(outcome, origin=outcome.origin or self.name))
@@ -421,7 +503,7 @@ class Budget(_Parts):
     @property
     def outcome(self) -> Outcome | None:
         """How the run ended, or `None` while it is active."""
-        return self._outcome
+        return self._state.outcome
 
     # -- grants and the helpers built on the run ------------------------------------------------
     def grant(self, *, time: int | str | None = None, name: str | None = None,
@@ -429,6 +511,18 @@ class Budget(_Parts):
         """A child grant: its own step and call allowances (S2-2) and a deadline that never
         outlives this run's remaining time (S2-1). Its clock starts now."""
         return Grant(self, _combine(None, time, limit_fields), name)
+
+    def _adopt(self, grant: Grant) -> None:
+        """*grant* was made from this run or grant (its scope's lock held): it ends with it."""
+        self._grants.append(grant)
+
+    def _forget(self, grant: Grant) -> None:
+        """*grant* has ended: it no longer ends with this run or grant."""
+        parts = self._parts()
+        with parts.scope.lock:
+            if grant in self._grants:
+                self._grants.remove(grant)
+        parts.scope.forget(grant._parts().scope)
 
     @overload
     def tool(self, fn: Callable[..., _R], *, name: str | None = None,
@@ -500,41 +594,31 @@ class Budget(_Parts):
     @property
     def limits(self) -> Limits:
         """The limits in force for this run (for a grant: its own allowances)."""
-        return self._account.limits
+        return self._state.limits
 
     @property
     def trace(self) -> Trace:
         """The trace of the whole run, grants included."""
-        return self._trace
+        return self._parts().trace
 
     @property
     def consumed(self) -> dict[str, float]:
         """What was spent, by kind: on a run the run-wide totals, on a grant its own charges."""
-        if self._lazy is not None:
-            return self._unbuilt_consumed()
-        return self._core.consumed()
+        return self._state.consumed()
 
     def remaining(self, kind: str) -> float:
         """What is left of *kind*: the smaller of this grant's own and the run's (``inf`` when
         nothing bounds it)."""
-        return self._core.remaining(kind_index(kind))
+        return self._parts().core.remaining(kind_index(kind))
 
     @property
     def notice_level(self) -> int:
         """0 before any approach notice, 1 after "start converging", 2 after "deliver now"."""
-        return self._ledger.notice_level
+        return self._parts().ledger.notice_level
 
     def snapshot(self) -> Snapshot:
         """A frozen view of this run now."""
-        if self._lazy is not None:
-            return self._unbuilt_snapshot()
-        scope = self._scope
-        axes = self._ledger.axes(self._account, scope.elapsed_ms(), self.remaining_ms)
-        status = self._outcome.status.value if self._outcome else (
-            "stopping" if scope.stop is not None else
-            "running" if scope.started_ms is not None else "ready")
-        return Snapshot(self.name, status, scope.elapsed_ms(), self.remaining_ms, axes,
-                        self.consumed, self.notice_level, self._outcome)
+        return self._state.snapshot(self)
 
     def usage(self) -> pd.DataFrame:
         """A pandas DataFrame, one row per armed axis: ``limit``, ``consumed``, ``remaining``,
@@ -547,7 +631,8 @@ class Budget(_Parts):
     def state(self) -> dict[str, Any]:
         """The ledger state a checkpoint must hold: counters, active time, effective limits,
         totals and notices. JSON-serialisable; `Budget.resume` takes it back."""
-        return self._ledger.state(self._scope.elapsed_ms())
+        parts = self._parts()
+        return parts.ledger.state(parts.scope.elapsed_ms())
 
     @classmethod
     def resume(cls, state: Mapping[str, Any], limits: Limits | None = None, *,
@@ -562,7 +647,7 @@ class Budget(_Parts):
                   totals=Limits.from_json(saved["totals"]) if saved["suspend"] else None,
                   notices=tuple(saved["notices"]) if saved["notices"] else None,
                   trace=trace, ledger=ledger, cluster=cluster)
-        run._core.restore(saved)
+        run._parts().core.restore(saved)
         return run
 
     def __repr__(self) -> str:
@@ -576,13 +661,13 @@ class Grant(Budget):
     counters, a deadline no later than its parent's, and its parent's cancellation."""
 
     def __init__(self, parent: Budget, limits: Limits, name: str | None) -> None:
-        with parent._scope.lock:
-            core = parent._core.grant(name, limits)
-            self._open(core.name, parent._root, parent, core.recorder.trace.full,
-                       core.clock.now_ms)
-            self._attach(core)
-            parent._grants.append(self)
-        self._scope.start()
+        parts = parent._parts()
+        with parts.scope.lock:
+            core = parts.core.grant(name, limits)
+            state = _Built(core)
+            self._open(core.name, parent._root, parent, state)
+            parent._adopt(self)
+        state.scope.start()
 
     def paused(self) -> Any:
         raise ConfigError(f"{self.name} is a grant; pause the run it belongs to")
@@ -594,10 +679,7 @@ class Grant(Budget):
         super()._settle(outcome)
         parent = self._parent
         assert parent is not None
-        with self._scope.lock:
-            if self in parent._grants:
-                parent._grants.remove(self)
-        parent._scope.forget(self._scope)
+        parent._forget(self)
 
 
 class Deferred:
@@ -668,7 +750,7 @@ class Deferred:
             if made is None:  # nothing made it meanwhile: its maker will see the end
                 return None
             with _BUILDING:  # made meanwhile: once its maker is done, did it see the end?
-                if made._outcome is not None:
+                if made.outcome is not None:
                     return None
         run = made if made is not None else self.run
         return run.__exit__(type(exc) if exc is not None else None, exc,
@@ -682,15 +764,13 @@ class Deferred:
             run = Budget.__new__(Budget)
             recipe = _recipe(self._name, self._limits, self._clock, "counts", False, None,
                              self._notices, LocalLedger)
-            run._open(recipe.name, run, None, False, recipe.clock.now_ms)
-            run._take(recipe)
             # made late only when nothing about it is timed: its parts wait, as an entered
             # run's do, and it began (and ended) when its work did
-            run._began = self._began
+            run._open(recipe.name, run, None, recipe.state(self._began))
             self._made = run  # before reading the end: `end` looks again after writing it
             ended = self._ended
             if ended is not None:
-                run._leave_unbuilt(ended)
+                run._completed_at(ended)
         return run
 
 
@@ -712,7 +792,13 @@ class _Recipe(NamedTuple):
         return (self.ledger is LocalLedger and not self.full and self.limits.run_ms is None
                 and self.totals.run_ms is None)
 
+    def state(self, began: float | None) -> _State:
+        """The state a new run of this recipe starts in: unbuilt (begun at *began*, if given)
+        when it may wait for first use, else built now."""
+        return _Unbuilt(self, began) if self.lazy() else _Built(self.build())
+
     def build(self) -> Core:
+        """The parts of a run of this recipe, new."""
         return Core.run(self.name, self.limits, self.clock, full=self.full,
                         suspend=self.suspend, totals=self.totals, notices=self.notices,
                         ledger=self.ledger)
@@ -786,6 +872,10 @@ def _amount(kind: str, n: object) -> float:
 
 
 def check_notices(notices: object) -> tuple[float, float] | None:
+    """*notices* as the two approach-notice thresholds (S3-5) a run takes, or None for none;
+    else a `ConfigError` that says what to give. A run and a `Deferred` check their
+    ``notices=`` with it; the ``%%budget`` magic (``nbbudget.jupyter.magics``) checks its
+    ``--notices`` option with it before it makes the run."""
     if notices is None or notices is False:
         return None
     if notices == _DEFAULT_NOTICES:

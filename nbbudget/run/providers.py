@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Usage", "clamp", "make_provider", "spend_usage", "usage_of"]
 
-GUARDRAIL_MS = 3_600_000
+_GUARDRAIL_MS = 3_600_000  # a call that does not answer is cut after 1 h (S3-8)
 
 
 _USAGE_KEYS = ("input_tokens", "output_tokens", "cost_usd")
@@ -36,11 +36,14 @@ _TOKENS, _OUTPUT_TOKENS, _COST = (KIND_INDEX[k] for k in ("tokens", "output_toke
 
 
 class Usage(dict[str, float]):
-    """What one reply used: ``input_tokens``, ``output_tokens``, ``cost_usd``."""
+    """What one reply used: ``input_tokens``, ``output_tokens``, ``cost_usd``. `usage_of` makes
+    it and `spend_usage` charges it, here and in the pydantic-ai adapter."""
 
 
 def usage_of(reply: Any) -> Usage:
-    """Read a reply's usage: ``reply.usage`` (object or mapping) or the reply itself."""
+    """Read a reply's usage: ``reply.usage`` (object or mapping) or the reply itself. A
+    provider reads each reply with it; the pydantic-ai adapter
+    (``nbbudget.integrations.pydantic_ai``) reads a model response's usage with it too."""
     source = reply.get("usage", reply) if type(reply) is dict else getattr(reply, "usage", None)
     if source is None and isinstance(reply, Mapping):
         source = reply.get("usage", reply)
@@ -65,8 +68,11 @@ def make_provider(run: Run, fn: Callable[..., Any], name: str | None,
                   price: Callable[[Usage], float] | None, retries: int,
                   guardrail: int | str | None,
                   degrade: tuple[Callable[..., Any], float] | None = None) -> Callable[..., Any]:
+    """*fn* as a provider of *run*: what `Budget.provider` (``nbbudget.run.budget``) returns,
+    kept here with what a model call needs (the clamp, the guardrail, retries, charging the
+    reply's usage, degrading). The options are those of `Budget.provider`, checked here."""
     _check_options(run, fn, prices, price, retries, degrade)
-    limit_ms = GUARDRAIL_MS if guardrail is None else parse_duration(guardrail,
+    limit_ms = _GUARDRAIL_MS if guardrail is None else parse_duration(guardrail,
                                                                      field="guardrail")
     label = name or getattr(fn, "__name__", None) or "provider"
     takes_cap = "max_output_tokens" in inspect.signature(fn).parameters
@@ -159,7 +165,8 @@ def _maybe_degrade(run: Run, degrade: tuple[Callable[..., Any], float] | None,
 
 def clamp(run: Run, asked: Any, target: str) -> int | None:
     """S2-9, S3-6: a reply may not ask for more output than the grant has left; with none
-    left the request is refused before dispatch, as any refusal (S4-8)."""
+    left the request is refused before dispatch, as any refusal (S4-8). A provider clamps
+    ``max_output_tokens`` with it; so does the pydantic-ai adapter, before each model request."""
     run.lowlevel.require(_OUTPUT_TOKENS, 1, target)
     left = run.remaining("output_tokens")
     if left == float("inf"):
@@ -178,7 +185,7 @@ def _guarded(run: Run, label: str, limit_ms: int, fn: Callable[..., Any],
     def attempt() -> None:
         try:
             box["reply"] = fn(*args, **kwargs)
-        except BaseException as exc:  # re-raised in the caller
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
             box["error"] = exc
         finally:
             done.set()
@@ -201,7 +208,8 @@ def _guarded(run: Run, label: str, limit_ms: int, fn: Callable[..., Any],
 def spend_usage(run: Run, usage: Usage, prices: Mapping[str, float] | None,
            price: Callable[[Usage], float] | None, label: str) -> None:
     """Charge what a reply used: it was spent, so it is recorded even past a limit, and then
-    the run fails by the first limit it passed (S3-3)."""
+    the run fails by the first limit it passed (S3-3). A provider charges each reply with it;
+    so does the pydantic-ai adapter, after each model response."""
     inp = _amount("input_tokens", usage.get("input_tokens", 0), label)
     out = _amount("output_tokens", usage.get("output_tokens", 0), label)
     items: list[tuple[int, float]] = []  # in the attribution order: tokens > output > cost

@@ -1,7 +1,7 @@
 """Tools: calls that reserve a permit, run on a pre-started worker thread (`core.workers`, named
 for the call while it runs it), and are cut when the run's time runs out (S2-6) or when they go
 silent past ``max_silence`` (S2-5). The caller is freed at the cut even when the tool ignores
-its signal (S2-7): it waits at most `ABANDON_GRACE_S` for the tool to end, and a tool still
+its signal (S2-7): it waits at most `_ABANDON_GRACE_S` for the tool to end, and a tool still
 running then is abandoned, named in the trace by its thread's name, and stops at its next
 ``ctx`` call, if it ever makes one (its worker is not idle again until it ends).
 """
@@ -25,10 +25,10 @@ from ..core.kinds import TOOL_CALLS
 if TYPE_CHECKING:
     from ..core.lowlevel import Run, Stop
 
-__all__ = ["ABANDON_GRACE_S", "ToolContext", "make_tool"]
+__all__ = ["ToolContext", "make_tool"]
 
 #: how long a cut call's caller waits for the tool's thread to end before it abandons it
-ABANDON_GRACE_S = 0.1
+_ABANDON_GRACE_S = 0.1
 _thread_seq = itertools.count(1)  # tool thread names stay unique across runs
 
 
@@ -66,6 +66,10 @@ class ToolContext:
 
 def make_tool(run: Run, fn: Callable[..., Any], name: str | None,
               max_silence: int | str | None) -> Callable[..., Any]:
+    """*fn* as a tool of *run*: what `Budget.tool` (``nbbudget.run.budget``) returns, kept here
+    with the machinery of a tool call (a worker thread, its signal, the watchdog). Each call
+    reserves a ``tool_calls`` permit, then runs *fn* on a worker thread, capped by the run's
+    time (S2-6) and by *max_silence* (S2-5)."""
     if not callable(fn):
         raise ConfigError(f"tool() decorates a function, not {fn!r}")
     tool_name: str = name or getattr(fn, "__name__", None) or "tool"
@@ -80,7 +84,6 @@ def make_tool(run: Run, fn: Callable[..., Any], name: str | None,
         run.check()
         return _ToolCall(run, tool_name, silence).invoke(fn, args, kwargs, wants_ctx)
 
-    call.max_silence_ms = silence  # type: ignore[attr-defined]
     return call
 
 
@@ -132,7 +135,7 @@ class _ToolCall:
               kwargs: dict[str, Any]) -> None:
         try:
             self.result = fn(*args, **kwargs)
-        except BaseException as exc:  # kept and re-raised in the caller
+        except BaseException as exc:  # noqa: BLE001 - kept and re-raised in the caller
             self.error = exc
         finally:
             self.ended.set()
@@ -147,7 +150,7 @@ class _ToolCall:
             return self.result
         by = self.ctx.cut_by or "timeout"
         core = self.run.lowlevel
-        if not self.ended.wait(ABANDON_GRACE_S):
+        if not self.ended.wait(_ABANDON_GRACE_S):
             core.record("tool_abandoned", {"tool": self.ctx.name, "thread": self.thread_name,
                                            "by": by})
         stop = core.scope.stop

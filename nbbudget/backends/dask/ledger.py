@@ -317,8 +317,6 @@ class DaskLedger:
         self.ensure_open()
         account = DaskAccount(self, name, limits, recorder, parent,
                               f"{parent.key}/{name}#{uuid.uuid4().hex[:8]}")
-        for kind, value in account.limits_set.items():
-            account.thr[KIND_INDEX[kind]] = value
         limits_set = {k: v for k, v in account.limits_set.items() if k != KINDS[RUN_MS].name}
         self.call("nbb_open", scope=account.key, parent=parent.key, limits=limits_set)
         self.accounts[account.key] = account
