@@ -74,14 +74,14 @@ class _Pause(Incomplete):
 
 
 # -- the plan -----------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class _Plan:
     """What a call was asked to do, checked: the work, how it may end before the work does,
     and what bounds it. `call` makes it (`_planned`), in one place, from what it was given;
     the fast path and the general path both carry it, and a job runner is given it as the
     call's `Work` (`nbbudget.calls.runner`). Frozen: it is shared by every thread that looks
     at the call (the caller, the worker, the clock's timer, the thread that connects to a
-    cluster)."""
+    cluster). Two plans are two calls, equal only to themselves (``eq=False``)."""
 
     work: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str | None]
     """The function, its positional and keyword arguments, and ``key`` (None, or a non-empty
@@ -148,7 +148,7 @@ def _planned(work: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], st
     layout, as `importlib.util.LazyLoader` turns its module into a plain one), frozen from then
     on. The ``__init__`` a frozen dataclass makes calls ``object.__setattr__`` once a field:
     about 18,000 machine instructions a plan, where this takes about 4,000 (counted under
-    valgrind; some 2 us a call, a fifth of a call that runs in place).
+    valgrind).
     """
     draft: Any = object.__new__(_Draft)  # (Any: the types are the parameters' above)
     draft.work = work
