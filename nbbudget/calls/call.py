@@ -277,7 +277,7 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
          budget: int | str | None = None, timeout: int | str | None = None,
          key: str | None = None, estimate_ms: int | str | None = None,
          limits: Limits | None = None, manifest: str | os.PathLike[str] | Manifest | None = None,
-         clock: Clock | None = None, notices: tuple[float, float] | None = (0.8, 0.95),
+         clock: Clock | None = None, notices: tuple[float, float] | None = _DEFAULT_NOTICES,
          runs_per_day: int | None = None, cluster: Any = None, **kwargs: Any) -> Response:
     """Run ``fn(*args, **kwargs)`` under a call budget and answer with a `Response`.
 
@@ -316,7 +316,7 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
         budget_ms = resolve_budget(budget, declares=True)
         if (budget_ms and callable(fn) and (key is None or (key.__class__ is str and key))
                 and (limits is None or limits.__class__ is Limits)):
-            if notices is not None and notices != _DEFAULT_NOTICES:
+            if notices is not _DEFAULT_NOTICES and notices is not None:
                 notices = check_notices(notices)
             return _run_direct(_planned(work, _label(fn, key), True, False, budget_ms, None,
                                         None, _NO_LIMITS if limits is None else limits, None,
