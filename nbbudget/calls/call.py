@@ -3,6 +3,13 @@ to a background job or pauses at its next checkpoint, and the caller gets INCOMP
 
 Rules: S0-1..S0-12, S4-4, S4-5, S4-7. The identity of an invocation is the work itself (the
 function and its arguments, or ``key``), never the budget or the timeout (S0-11).
+
+A call is planned, in `call`, into a `_Plan`: frozen, what it was asked to do, checked. The plan
+is what every later step carries: the job runner is given it as the call's `Work`, the answer
+reads its budget from it. Each start of the work is a `_Call` over the plan: what the work
+sees of its call, and where its worker hands over how it ended. The usual call (one that may
+detach, with nothing to load or count first) takes a fast path (`_run_direct`), tuned in one
+place; every other takes the general one (`_run`, `_start`).
 """
 
 from __future__ import annotations
@@ -16,9 +23,9 @@ import shlex
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..run.budget import Budget, Deferred, set_ambient
 from ..core.clock import Clock, Latch, default_clock
 from ..core.duration import parse_duration
 from ..core.endings import ENDINGS, envelope_code
@@ -32,6 +39,7 @@ from ..core.limits import NO_LIMITS as _NO_LIMITS
 from ..core.limits import Limits, Manifest
 from ..core.lowlevel import Incomplete, Stop
 from ..core.outcome import Status
+from ..run.budget import Budget, Deferred, check_notices, set_ambient
 from .clusters import load_calls
 from .interactive import is_interactive
 from .jobs import Job, JobState
@@ -51,8 +59,10 @@ __all__ = ["CALL_SPELLING", "DEFAULT_BUDGET_MS", "ENV_BUDGET", "FLAG_SPELLING", 
 DEFAULT_BUDGET_MS = 30_000
 ENV_BUDGET = "AGENT_CALL_BUDGET_MS"
 
-_current_call: contextvars.ContextVar[_Call | _Direct | None] = contextvars.ContextVar(
+_current_call: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
     "nbbudget_call", default=None)
+#: the approach-notice thresholds `call` is given unless told otherwise
+_DEFAULT_NOTICES = (0.8, 0.95)
 
 
 class _Pause(Incomplete):
@@ -63,175 +73,211 @@ class _Pause(Incomplete):
         self.saved = saved
 
 
-class _Call:
-    """One invocation: what the work sees through `checkpoint` and `resume_state`. Its job
-    says when to pause (`Job.pause`)."""
+# -- the plan -----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, eq=False)
+class _Plan:
+    """What a call was asked to do, checked: the work, how it may end before the work does,
+    and what bounds it. `call` makes it (`_planned`), in one place, from what it was given;
+    the fast path and the general path both carry it, and a job runner is given it as the
+    call's `Work` (`nbbudget.calls.runner`). Frozen: it is shared by every thread that looks
+    at the call (the caller, the worker, the clock's timer, the thread that connects to a
+    cluster). Two plans are two calls, equal only to themselves (``eq=False``)."""
 
-    __slots__ = ("first_start", "job", "loaded", "plan", "store")
-
-    def __init__(self, plan: _Plan, job: Job, store: Store | None, first_start: float,
-                 loaded: Checkpoint | None = None) -> None:
-        self.plan = plan
-        self.job = job
-        self.store = store
-        self.first_start = first_start
-        self.loaded = loaded
-
-    @property
-    def identity(self) -> str:
-        return self.plan.identity
-
-    @property
-    def resume(self) -> bool:
-        return self.plan.resume
-
-    @property
-    def run(self) -> Budget:
-        return self.job.run
-
-    @property
-    def label(self) -> str:
-        return self.plan.label
-
-    @property
-    def work(self) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str | None]:
-        return self.plan.work
-
-    def returned(self, value: Any) -> Callable[[], None]:
-        """The work returned *value*: settle its job; what tells its waiters."""
-        job = self.job
-        job.settle(JobState.DONE, value=value)
-        job.cancel_timers()  # the work has ended: its wall clock no longer matters
-        return job.notify_done
-
-    def save(self, state: Any, ledger: dict[str, Any] | None = None) -> Checkpoint:
-        """Keep *state* durably (signed, atomically) with the run's counters and active time
-        (*ledger*, else the run's state now), as the work's checkpoint; also for a runner whose
-        work runs elsewhere and ships its checkpoints here
-        (`nbbudget.calls.runner.Checkpoints`)."""
-        assert self.store is not None, "only a resumable call saves checkpoints"
-        ledger = self.run.state() if ledger is None else ledger
-        saved = self.store.save_checkpoint(self.identity, state, ledger=ledger,
-                                           first_start=self.first_start, label=self.label)
-        self.run.lowlevel.record("checkpoint_saved", {"checkpoint": saved.id})
-        return saved
-
-
-class _Identified:
-    """The identity of a call's work, worked out only when needed: to reattach, to detach, or
-    to resume (S0-11). For a class with the slots ``work`` and ``_identity``."""
-
-    __slots__ = ()
     work: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str | None]
-    _identity: str | None
+    """The function, its positional and keyword arguments, and ``key`` (None, or a non-empty
+    string), as `call` was given them."""
+    label: str
+    """The work's name, as ``nb.jobs`` shows it: the function's ``__nbbudget_label__``, else
+    ``key``, else its qualified name."""
+    detach: bool
+    """The work goes on as a job when the call budget runs out (S0-2). Never with `resume`."""
+    resume: bool
+    """The work stops at its next checkpoint when the call budget runs out, and the identical
+    call continues it (S0-2, S4-4). Never with `detach`."""
+    budget_ms: int | None
+    """The call budget: how long the caller is held at most (S0-1, S0-3); 0 or None: the
+    caller waits for the work (S0-4, S0-5). Positive only with `detach` or `resume` (S0-10)."""
+    timeout_ms: int | None
+    """The wall-clock limit of the whole work, across every continuation (S0-6): positive, or
+    None for none."""
+    estimate_ms: int | None
+    """What the work says it needs (S0-7): more than `budget_ms` hands it off at once."""
+    limits: Limits
+    """What the work may spend, as a run (its manifest's limits included)."""
+    envelope_bytes: int | None
+    """The largest answer the manifest allows, or None."""
+    notices: tuple[float, float] | None
+    """The run's approach-notice thresholds (S3-5), or None for none."""
+    runs_per_day: int | None
+    """How many times a day (UTC) the work may start (S4-12), or None for no quota."""
+    found: list[str]
+    """The work's identity once `identity_of` has worked it out (one item; empty before): the
+    only thing about a plan found out after it is made, once (two threads that ask at once
+    work out the same string)."""
 
     @property
     def identity(self) -> str:
+        """The work's identity (S0-11), worked out when first read: `identity_of`."""
         return self.identity_of()
 
     def identity_of(self) -> str:
-        """The identity, as a method: what a job is given to work it out when it needs it."""
-        if self._identity is None:
-            self._identity = _identity(*self.work)
-        return self._identity
+        """The work's identity, worked out the first time something asks (to reattach, to
+        detach, or to resume) and kept in `found`: most calls never ask. A `Job` is given it
+        as what says, when asked, which work the job does."""
+        found = self.found
+        if not found:
+            found.append(_identity(*self.work))
+        return found[0]
 
 
+class _Draft:
+    """A plan while `_planned` writes it: the same slots as `_Plan`, not frozen."""
+
+    __slots__ = _Plan.__slots__
+
+
+def _planned(work: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], str | None],
+             label: str, detach: bool, resume: bool, budget_ms: int | None,
+             timeout_ms: int | None, estimate_ms: int | None, limits: Limits,
+             envelope_bytes: int | None, notices: tuple[float, float] | None,
+             runs_per_day: int | None) -> _Plan:
+    """A `_Plan` of these fields, in their order: what `call` makes every call into.
+
+    The hot path, tuned (every call makes a plan): the fields are written into a `_Draft`,
+    which has the plan's slots, and the draft then becomes the plan (a ``__class__`` of the same
+    layout, as `importlib.util.LazyLoader` turns its module into a plain one), frozen from then
+    on. The ``__init__`` a frozen dataclass makes calls ``object.__setattr__`` once a field:
+    about 18,000 machine instructions a plan, where this takes about 4,000 (counted under
+    valgrind).
+    """
+    draft: Any = object.__new__(_Draft)  # (Any: the types are the parameters' above)
+    draft.work = work
+    draft.label = label
+    draft.detach = detach
+    draft.resume = resume
+    draft.budget_ms = budget_ms
+    draft.timeout_ms = timeout_ms
+    draft.estimate_ms = estimate_ms
+    draft.limits = limits
+    draft.envelope_bytes = envelope_bytes
+    draft.notices = notices
+    draft.runs_per_day = runs_per_day
+    draft.found = []
+    draft.__class__ = _Plan  # frozen from here on
+    plan: _Plan = draft
+    return plan
+
+
+# -- one start of the work ----------------------------------------------------------------------
 #: a result not handed over yet
 _PENDING: Any = object()
-#: makes a direct call's job once, whichever thread asks first, and settles it once
+#: makes a call's job once, whichever thread asks first, and settles it once
 _MAKING = threading.Lock()
 
 
-class _Direct(Deferred, _Identified):
-    """The usual call: one that may detach, with nothing to load or count before it starts
-    (no checkpoint, no quota) and no wall clock. It is one object: the call's plan (what
-    `_Plan` is on the general path), its run (made on first use, as `Deferred`), what the
-    work sees as its call (`current_call`, as `_Call`), and the slot its worker hands the
-    result to. Its `Job` is made only when something needs one: the budget ran out and the
-    work goes on (S0-2), the work failed or was cancelled, its runner runs it elsewhere, or
-    the work, its panel or the response asks for it (`job`). A call that ends in time with a
-    value makes none."""
+class _Call:
+    """One start of the work of a plan: what the work sees of its call (`current_call`,
+    `checkpoint`, `resume_state`), and where its worker hands over how the work ended
+    (`returned`, else `_ended_early` on its `job`). Made by the call path for each start, on
+    the fast path and the general path alike.
 
-    __slots__ = ("_identity", "_job", "_latch", "_value", "backend", "budget_ms", "work")
+    Its `Job` is made only when something needs one: the budget ran out and the work goes on
+    (S0-2), the work failed or was cancelled, its runner runs it elsewhere, the general path
+    waits on it, or the work, its panel or the response asks for it. Work that ends in time
+    with a value, on the fast path, makes none: its worker keeps the value in `value` and sets
+    `ended`, which the caller waits on."""
 
-    # what such a call never has, read from the class by the general path as from a `_Plan`
-    detach = True
-    resume = False
-    timeout_ms: int | None = None
-    estimate_ms: int | None = None
-    runs_per_day: int | None = None
-    envelope_bytes: int | None = None
-    # what `checkpoint` and `resume_state` read of a `_Call`: this call has no checkpoints
-    store: Store | None = None
-    loaded: Checkpoint | None = None
-    first_start: float | None = None
+    __slots__ = ("ended", "first_start", "held", "loaded", "made_job", "plan", "records",
+                 "store", "value")
 
-    def __init__(self, work: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any],
-                                   str | None], label: str, budget_ms: int, limits: Limits,
-                 clock: Clock, notices: tuple[float, float] | None, began: float) -> None:
-        self.work = work
-        self.budget_ms = budget_ms
-        self.backend: Backend = LOCAL  # where it runs: set before it starts
-        self._identity: str | None = None
-        self._job: Job | None = None
-        self._value: Any = _PENDING  # what the work returned, once it has
-        self._latch = Latch()  # set when the work ends: the caller's wait, and its job's
-        # its run begins with the call (the budget counts from the call, S0-1)
-        Deferred.__init__(self, limits, clock=clock, name=label, notices=notices, began=began)
-
-    @property
-    def label(self) -> str:
-        return self._name
-
-    @property
-    def limits(self) -> Limits:
-        return self._limits
-
-    @property
-    def notices(self) -> tuple[float, float] | None:
-        return self._notices
-
-    @property
-    def plan(self) -> _Direct:
-        return self
+    def __init__(self, plan: _Plan, held: Budget | Deferred, records: Callable[[], Store],
+                 job: Job | None, store: Store | None, loaded: Checkpoint | None,
+                 first_start: float | None) -> None:
+        self.plan = plan
+        #: what the work runs in: its run, or the `Deferred` that makes it on first use (a job
+        #: made for the call is given the same)
+        self.held = held
+        #: opens the store the job's record is written to, if it detaches (its backend's)
+        self.records = records
+        #: the call's job once made (given, for a call answered ``starting`` before it ran)
+        self.made_job = job
+        #: a resumable call's store, opened, where its checkpoints go; else None
+        self.store = store
+        #: the checkpoint the work continues from (S4-4), or None: it starts fresh
+        self.loaded = loaded
+        #: when the work first started (``time.time()``), across continuations: what its
+        #: wall-clock limit counts from (S0-6) and what its checkpoints keep; None on the fast
+        #: path, which has neither
+        self.first_start = first_start
+        #: what the work returned, once it has (`_PENDING` before)
+        self.value: Any = _PENDING
+        #: set when the work ends: the caller's wait, and its job's once made
+        self.ended = Latch()
 
     @property
     def job(self) -> Job:
         """The call's job, made now if nothing has made it (settled, if the work returned)."""
-        job = self._job
+        job = self.made_job
         if job is not None:
             return job
         with _MAKING:
-            job = self._job
+            job = self.made_job
             if job is None:
-                job = self._job = Job(self.identity_of, self._name, self, self.backend.store,
-                                      done=self._latch)
-                if self._value is not _PENDING:  # the work returned before anyone asked
-                    job.settle(JobState.DONE, value=self._value)
+                plan = self.plan
+                job = self.made_job = Job(plan.identity_of, plan.label, self.held, self.records,
+                                          done=self.ended)
+                if self.value is not _PENDING:  # the work returned before anyone asked
+                    job.settle(JobState.DONE, value=self.value)
         return job
 
     def make_job(self) -> Job:
         """`job`, as a method: what the response is given to make it when first read."""
         return self.job
 
+    @property
+    def run(self) -> Budget:
+        """The work's run (made now if nothing has used it): its job's, once there is a job
+        (a runner whose work runs elsewhere gives the job the run it charges there)."""
+        job = self.made_job
+        if job is not None:
+            return job.run
+        held = self.held
+        return held.run if isinstance(held, Deferred) else held
+
     def returned(self, value: Any) -> Callable[[], None]:
-        """The work returned *value*: keep it for the caller (or settle the job, if one was
-        made meanwhile); what tells the waiters."""
-        self._value = value  # written before the job is read: a maker after this settles it
-        job = self._job
+        """The work returned *value*: keep it for the caller, or settle the job if one was
+        made; what tells the waiters (run once the worker is free again)."""
+        self.value = value  # written before the job is read: a maker after this settles it
+        job = self.made_job
         if job is None:
-            return self._latch.releaser()
+            return self.ended.releaser()
         with _MAKING:
             if job.ended is None:  # its maker did not see the value
                 job.settle(JobState.DONE, value=value)
+        job.cancel_timers()  # the work has ended: its wall clock no longer matters
         return job.notify_done
 
+    def save(self, state: Any, ledger: dict[str, Any] | None = None) -> Checkpoint:
+        """Keep *state* durably (signed, atomically) with the run's counters and active time
+        (*ledger*, else the run's state now), as the work's checkpoint: for `checkpoint`, and
+        for a runner whose work runs elsewhere and ships its checkpoints here
+        (`nbbudget.calls.runner.Checkpoints`)."""
+        assert self.store is not None and self.first_start is not None, (
+            "only a resumable call saves checkpoints")
+        plan = self.plan
+        ledger = self.run.state() if ledger is None else ledger
+        saved = self.store.save_checkpoint(plan.identity, state, ledger=ledger,
+                                           first_start=self.first_start, label=plan.label)
+        self.run.lowlevel.record("checkpoint_saved", {"checkpoint": saved.id})
+        return saved
 
+
+# -- planning and running -----------------------------------------------------------------------
 def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool = False,
          budget: int | str | None = None, timeout: int | str | None = None,
          key: str | None = None, estimate_ms: int | str | None = None,
          limits: Limits | None = None, manifest: str | os.PathLike[str] | Manifest | None = None,
-         clock: Clock | None = None, notices: tuple[float, float] | None = (0.8, 0.95),
+         clock: Clock | None = None, notices: tuple[float, float] | None = _DEFAULT_NOTICES,
          runs_per_day: int | None = None, cluster: Any = None, **kwargs: Any) -> Response:
     """Run ``fn(*args, **kwargs)`` under a call budget and answer with a `Response`.
 
@@ -260,13 +306,37 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     started = time.monotonic()
     clock = clock if clock is not None else default_clock()
     t0_ms = clock.now_ms()  # the call budget counts from the call, store work included
+    work = (fn, args, kwargs, key)
+    # -- the usual call, tuned: one that may detach, with nothing to load or count before it
+    # starts (no checkpoint, no quota), no wall clock and no manifest. A few comparisons check
+    # it, and `_run_direct` hands it to its runner at once. Anything else, or anything to
+    # refuse, takes the general path below, which checks everything and says what is wrong.
     if (detach is True and resume is False and timeout is None and estimate_ms is None
-            and manifest is None and runs_per_day is None):  # the usual call: `_Direct`
-        direct = _direct_call(fn, args, kwargs, budget, key, limits, clock, notices, t0_ms)
-        if direct is not None:
-            return _run_direct(direct, cluster, clock, t0_ms, started)
-    plan = _plan(fn, args, kwargs, detach, resume, budget, timeout, key, estimate_ms, limits,
-                 manifest, notices, runs_per_day)
+            and manifest is None and runs_per_day is None):
+        budget_ms = resolve_budget(budget, declares=True)
+        if (budget_ms and callable(fn) and (key is None or (key.__class__ is str and key))
+                and (limits is None or limits.__class__ is Limits)):
+            if notices is not _DEFAULT_NOTICES and notices is not None:
+                notices = check_notices(notices)
+            return _run_direct(_planned(work, _label(fn, key), True, False, budget_ms, None,
+                                        None, _NO_LIMITS if limits is None else limits, None,
+                                        notices, None), cluster, clock, t0_ms, started)
+    # -- the general path: every option checked, then planned
+    if not callable(fn):
+        raise ConfigError(f"nb.call() takes a function first, not {fn!r}")
+    check_interruption(detach, resume, budget)
+    loaded = manifest if isinstance(manifest, Manifest) or manifest is None else Manifest.load(
+        manifest)
+    budget_ms = resolve_budget(budget, declares=detach or resume)
+    timeout_ms = None if timeout is None else _positive(timeout, "timeout", CALL_SPELLING)
+    if loaded is not None:
+        budget_ms, timeout_ms = _turn_ceiling(loaded, detach or resume, budget_ms, timeout_ms)
+    _check_key_and_quota(key, runs_per_day, CALL_SPELLING)
+    plan = _planned(
+        work, _label(fn, key), detach, resume, budget_ms, timeout_ms,
+        None if estimate_ms is None else parse_duration(estimate_ms, field="estimate_ms"),
+        _NO_LIMITS if limits is None and loaded is None else _limits(limits, loaded),
+        loaded.envelope_bytes if loaded is not None else None, notices, runs_per_day)
     # (the wall clock of a first start counts from here, S0-6)
     return _run(plan, cluster, clock, t0_ms, started, _wall())
 
@@ -294,10 +364,10 @@ def _backend(cluster: Any, clock: Clock, t0_ms: float, budget_ms: int | None) ->
 
 def _run(plan: _Plan, cluster: Any, clock: Clock, t0_ms: float, started: float,
          started_wall: float) -> Response:
-    """Reattach to the identical detached work, or start it where *cluster* says
-    (`_backend`); then hold the caller until it ends or its budget runs out. *t0_ms* is when
-    the call began on the run's clock, *started* on the monotonic clock and *started_wall* on
-    the wall clock."""
+    """The general path: reattach to the identical detached work, or start it where *cluster*
+    says (`_backend`) with its checkpoint, its quota and its wall clock (`_start`); then hold
+    the caller until it ends or its budget runs out. *t0_ms* is when the call began on the
+    run's clock, *started* on the monotonic clock and *started_wall* on the wall clock."""
     if cluster is not None or _default_cluster is not None:
         backend = _on_cluster(plan, cluster, clock, t0_ms, started, started_wall)
         if isinstance(backend, Response):
@@ -321,57 +391,48 @@ def _run(plan: _Plan, cluster: Any, clock: Clock, t0_ms: float, started: float,
     return _answer(job, plan, started, runner, db)
 
 
-def _direct_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                 budget: int | str | None, key: str | None, limits: Limits | None, clock: Clock,
-                 notices: tuple[float, float] | None, t0_ms: float) -> _Direct | None:
-    """The usual call that may detach (`_Direct`), checked; None when it is not one (no
-    budget applies, or something is to be refused: the general path says what)."""
-    budget_ms = resolve_budget(budget, declares=True)
-    if not budget_ms or not callable(fn) or not (key is None or key.__class__ is str and key):
-        return None
-    if limits is None:
-        limits = _NO_LIMITS
-    elif limits.__class__ is not Limits:
-        return None
-    return _Direct((fn, args, kwargs, key), _label(fn, key), budget_ms, limits, clock, notices,
-                   t0_ms)
-
-
-def _run_direct(call: _Direct, cluster: Any, clock: Clock, t0_ms: float,
+def _run_direct(plan: _Plan, cluster: Any, clock: Clock, t0_ms: float,
                 started: float) -> Response:
-    """Reattach to the identical detached work, or hand the work to its runner (where
-    *cluster* says) at once; the caller waits at most its budget. Its run is made only if the
-    work uses it, and its job only if something needs it (`_Direct`)."""
+    """The fast path, tuned (every call that may detach takes it, see `call`): reattach to
+    the identical detached work, or hand the work to its runner (where *cluster* says) at
+    once; the caller waits at most its budget. Its run is made only if the work uses it (a
+    `Deferred` begun with the call, S0-1), and its job only if something needs it (`_Call`):
+    work that ends in time with a value is answered with neither made."""
+    budget_ms = plan.budget_ms
+    assert budget_ms, "a call on the fast path has a budget"
     if cluster is not None or _default_cluster is not None:
-        backend = _on_cluster(call, cluster, clock, t0_ms, started, None)
+        backend = _on_cluster(plan, cluster, clock, t0_ms, started, _wall())
         if isinstance(backend, Response):
             return backend
-        call.backend = backend
     else:
-        call.backend = current_backend()
-    runner = call.backend.runner
-    job = runner.reattach(call)
+        backend = current_backend()
+    runner = backend.runner
+    job = runner.reattach(plan)
     if job is not None:
-        _await(job, call, runner, clock, t0_ms)
-        return _answer(job, call, started, runner, None)
-    runner.start(call, None if runner.runs_here else call.job,
-                 functools.partial(_prepared(call, call).run, _work, call, call),
+        _await(job, plan, runner, clock, t0_ms)
+        return _answer(job, plan, started, runner, None)
+    held = Deferred(plan.limits, clock=clock, name=plan.label, notices=plan.notices,
+                    began=t0_ms)
+    ctx = _Call(plan, held, backend.store, None, None, None, None)
+    # a run not made needs no entering: `nb.current` finds it through the call (`_ambient_run`)
+    runner.start(plan, None if runner.runs_here else ctx.job,
+                 functools.partial(_prepared(ctx, held.made() is not None).run, _work, ctx),
                  detachable=True)
     try:
-        clock.wait(call._latch, t0_ms + call.budget_ms)
+        clock.wait(ctx.ended, t0_ms + budget_ms)
     except KeyboardInterrupt:  # the person interrupted the call: stop the work, then re-raise
-        call.job.run.cancel("interrupted")
+        ctx.job.run.cancel("interrupted")
         raise
-    job, value = call._job, call._value
+    job, value = ctx.made_job, ctx.value
     if job is None and value is not _PENDING:  # it ended in time: nothing else to build
-        return Response(True, value, None, None, meta(EXIT_OK, started, call.budget_ms, None),
-                        None, call.make_job)  # (`_respond`, without its keywords)
-    job = call.job
+        return Response(True, value, None, None, meta(EXIT_OK, started, budget_ms, None),
+                        None, ctx.make_job)  # (`_respond`, without its keywords)
+    job = ctx.job
     if not job.done():
-        return _unfinished(job, call, started, runner, None)
+        return _unfinished(job, plan, started, runner, None)
     if job.exception() is None:  # nothing to deliver: the job was never detached
-        return _respond(call, started, ok=True, exit_code=EXIT_OK, data=job.result(), job=job)
-    return _answer(job, call, started, runner, None)
+        return _respond(plan, started, ok=True, exit_code=EXIT_OK, data=job.result(), job=job)
+    return _answer(job, plan, started, runner, None)
 
 
 # -- a cluster named by its address, still connecting ---------------------------------------
@@ -395,8 +456,8 @@ _placing: dict[str, _Placing] = {}
 _placing_lock = threading.Lock()
 
 
-def _on_cluster(work: _Plan | _Direct, cluster: Any, clock: Clock, t0_ms: float, started: float,
-                started_wall: float | None) -> Backend | Response:
+def _on_cluster(work: _Plan, cluster: Any, clock: Clock, t0_ms: float, started: float,
+                started_wall: float) -> Backend | Response:
     """The backend of a call that may run on a cluster (`_backend`), or its answer when its
     cluster, named by its address, is not connected within its budget (S0-1): a call that may
     detach answers INCOMPLETE, state ``starting``, and its work goes to the cluster once the
@@ -423,8 +484,8 @@ def _on_cluster(work: _Plan | _Direct, cluster: Any, clock: Clock, t0_ms: float,
     return _unanswered(unanswered, started)  # connections that end as soon as they begin
 
 
-def _starting(work: _Plan | _Direct, address: str, clock: Clock, started: float,
-              started_wall: float | None) -> Response | None:
+def _starting(work: _Plan, address: str, clock: Clock, started: float,
+              started_wall: float) -> Response | None:
     """The answer of a call whose cluster at *address* is still connecting: INCOMPLETE, its job
     ``starting``, its start handed to the connection (the identical call's, if one was answered
     so before it in this process); or, when the work could not be put on the cluster, what
@@ -453,21 +514,16 @@ def _starting(work: _Plan | _Direct, address: str, clock: Clock, started: float,
                                   f"waits for that, up to {on_cluster.exit_wait_s:g} s)"})
 
 
-def _starting_job(work: _Plan | _Direct, clock: Clock) -> Job:
-    """The job of a call answered ``starting``, listed in ``nb.jobs`` from now on."""
-    store = current_backend().store
-    if isinstance(work, _Direct):
-        with _MAKING:  # its work has not started: no job was made, and none is made meanwhile
-            job = work._job = Job(work.identity_of, work.label, work, store, done=work._latch,
-                                  starting=True)
-    else:
-        job = Job(lambda: work.identity, work.label, _open_run(work, None, None, clock), store,
-                  starting=True)
+def _starting_job(work: _Plan, clock: Clock) -> Job:
+    """The job of a call answered ``starting``, listed in ``nb.jobs`` from now on: its work
+    starts as that job once the cluster is connected (`_place`)."""
+    job = Job(work.identity_of, work.label, _open_run(work, None, None, clock),
+              current_backend().store, starting=True)
     jobs.add(job)
     return job
 
 
-def _when_placed(placing: _Placing, work: _Plan | _Direct, backend: Backend, clock: Clock,
+def _when_placed(placing: _Placing, work: _Plan, backend: Backend, clock: Clock,
                  t0_ms: float, started: float) -> Backend | Response:
     """The identical call was answered ``starting`` in this process: wait, within the budget,
     until its work is on the cluster (then reattach to it there, on *backend*), or answer
@@ -482,7 +538,7 @@ def _when_placed(placing: _Placing, work: _Plan | _Direct, backend: Backend, clo
     return backend if answer is None else answer
 
 
-def _taken(placing: _Placing, work: _Plan | _Direct, started: float,
+def _taken(placing: _Placing, work: _Plan, started: float,
            runner: JobRunner) -> Response | None:
     """The answer with what stopped the work of a call answered ``starting`` before it reached
     the cluster (its connection failed, a quota, a cancel), given to this caller alone; None
@@ -496,8 +552,8 @@ def _taken(placing: _Placing, work: _Plan | _Direct, started: float,
     return answer
 
 
-def _place(work: _Plan | _Direct, placing: _Placing, store: Callable[[], Store], clock: Clock,
-           started_wall: float | None, client: Any, error: BaseException | None) -> None:
+def _place(work: _Plan, placing: _Placing, store: Callable[[], Store], clock: Clock,
+           started_wall: float, client: Any, error: BaseException | None) -> None:
     """On the thread that connected to the cluster of a call answered ``starting``: put its work
     there, as a job detached at once (the identical call reattaches to it, S0-11): follow the
     work if a call of another process already put it there, else start it. What stops it (the
@@ -511,18 +567,13 @@ def _place(work: _Plan | _Direct, placing: _Placing, store: Callable[[], Store],
             raise error
         runner = load_calls("dask").runner(client)
         backend = Backend(runner, store)
-        if not runner.follow(work, job):
-            if isinstance(work, _Direct):
-                work.backend = backend
-                runner.start(work, job, functools.partial(_prepared(work, work).run, _work,
-                                                          work, work), detachable=True)
-            else:
-                assert started_wall is not None, "a planned call has its start on the wall clock"
-                if _start(work, backend, clock, started_wall, job)[0] is None:
-                    return  # its wall clock had run out: it ended cancelled, kept here
+        # the work a call of another process put there, followed; else this call's, started
+        if not runner.follow(work, job) and _start(work, backend, clock, started_wall,
+                                                   job)[0] is None:
+            return  # its wall clock had run out: it ended cancelled, kept here
         job.started()
         runner.detach(work, job)
-        job.run.lowlevel.record("detached", {"job": job.id})
+        job.note("detached", {"job": job.id})
         with _placing_lock:
             del _placing[work.identity]
     except BaseException as exc:
@@ -535,49 +586,7 @@ def _place(work: _Plan | _Direct, placing: _Placing, store: Callable[[], Store],
         placing.placed.set()
 
 
-# -- planning -----------------------------------------------------------------------------------
-class _Plan(_Identified):
-    """What a call was asked to do, checked: the work, how it may end early, and its limits."""
-
-    __slots__ = ("_identity", "budget_ms", "detach", "envelope_bytes", "estimate_ms",
-                 "label", "limits", "notices", "resume", "runs_per_day", "timeout_ms", "work")
-
-    def __init__(self, work: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any],
-                                   str | None], label: str, detach: bool, resume: bool,
-                 budget_ms: int | None, timeout_ms: int | None, estimate_ms: int | None,
-                 limits: Limits, envelope_bytes: int | None,
-                 notices: tuple[float, float] | None, runs_per_day: int | None) -> None:
-        self.work, self.label, self.detach, self.resume = work, label, detach, resume
-        self.budget_ms, self.timeout_ms, self.estimate_ms = budget_ms, timeout_ms, estimate_ms
-        self.limits, self.envelope_bytes, self.notices = limits, envelope_bytes, notices
-        self.runs_per_day = runs_per_day
-        self._identity: str | None = None
-
-
-def _plan(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], detach: bool,
-          resume: bool, budget: int | str | None, timeout: int | str | None, key: str | None,
-          estimate_ms: int | str | None, limits: Limits | None,
-          manifest: str | os.PathLike[str] | Manifest | None,
-          notices: tuple[float, float] | None, runs_per_day: int | None = None) -> _Plan:
-    if not callable(fn):
-        raise ConfigError(f"nb.call() takes a function first, not {fn!r}")
-    check_interruption(detach, resume, budget)
-    loaded = manifest if isinstance(manifest, Manifest) or manifest is None else Manifest.load(
-        manifest)
-    budget_ms = resolve_budget(budget, declares=detach or resume)
-    timeout_ms = None if timeout is None else _positive(timeout, "timeout", CALL_SPELLING)
-    if loaded is not None:
-        budget_ms, timeout_ms = _turn_ceiling(loaded, detach or resume, budget_ms, timeout_ms)
-    _check_key_and_quota(key, runs_per_day, CALL_SPELLING)
-    return _Plan(
-        (fn, args, kwargs, key), _label(fn, key),
-        detach, resume, budget_ms, timeout_ms,
-        None if estimate_ms is None else parse_duration(estimate_ms, field="estimate_ms"),
-        _NO_LIMITS if limits is None and loaded is None else _limits(limits, loaded),
-        loaded.envelope_bytes if loaded is not None else None,
-        notices, runs_per_day)
-
-
+# -- the checks a plan is made with -------------------------------------------------------------
 def _label(fn: Callable[..., Any], key: str | None) -> str:
     """The work's name, as ``nb.jobs`` shows it."""
     return (getattr(fn, "__nbbudget_label__", None) or key or getattr(fn, "__qualname__", None)
@@ -740,7 +749,7 @@ def _identity(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     parts = (_code_digest(code) if code is not None else b"", args, sorted(kwargs.items()))
     try:
         blob = pickle.dumps(parts, protocol=4)
-    except Exception:  # what cannot be pickled is identified by its repr
+    except Exception:  # noqa: BLE001 - what cannot be pickled is identified by its repr
         blob = repr(parts).encode()
     return "fn:" + hashlib.sha256(name.encode() + b"\0" + blob).hexdigest()
 
@@ -759,19 +768,18 @@ def _code_digest(code: Any) -> bytes:
 # -- starting -----------------------------------------------------------------------------------
 def _start(plan: _Plan, backend: Backend, clock: Clock, started_wall: float,
            job: Job | None = None) -> tuple[_Call | None, Job]:
-    """Start the work of *plan* on *backend* (as its *job*, when the call has made it), with
-    its checkpoint, its quota and its wall clock; None for its call when the wall clock had
-    already run out (the job ended cancelled)."""
+    """The general path's start: the work of *plan* on *backend* (as its *job*, when the call
+    was answered ``starting`` and made it), with its checkpoint, its quota and its wall clock;
+    None for its call when the wall clock had already run out (the job ended cancelled)."""
     db = backend.store() if plan.resume else None
     loaded = db.load_checkpoint(plan.identity) if db is not None else None
     first_start = loaded.first_start if loaded is not None else started_wall
     if plan.runs_per_day is not None and loaded is None:  # a start, not a continuation
         take_run(db if db is not None else backend.store(), plan.identity, plan.label,
                  plan.runs_per_day, started_wall)
-    if job is None:
-        job = Job(lambda: plan.identity, plan.label, _open_run(plan, loaded, db, clock),
-                  backend.store)
-    ctx = _Call(plan, job, db, first_start, loaded)
+    held = _open_run(plan, loaded, db, clock) if job is None else job.held_run
+    ctx = _Call(plan, held, backend.store, job, db, loaded, first_start)
+    job = ctx.job  # the general path waits on its job
     left = _timeout_left(plan, first_start)
     if left is not None and left <= 0:
         job.settle(JobState.CANCELLED, error=Cancelled(_timeout_message(plan)))
@@ -781,13 +789,12 @@ def _start(plan: _Plan, backend: Backend, clock: Clock, started_wall: float,
         return None, job
     if left is not None:
         job.add_timer(clock.call_at(clock.now_ms() + left, lambda: _wall_clock(job, plan)))
-    held = job.held_run
-    context = _prepared(ctx, held)
+    context = _prepared(ctx, True)
     if plan.budget_ms is None and left is None and backend.runner.runs_here:
         # nothing can end the wait early (no budget, no wall clock): run it here, synchronously
-        context.run(_work, ctx, held)()
+        context.run(_work, ctx)()
     else:
-        backend.runner.start(plan, job, functools.partial(context.run, _work, ctx, held),
+        backend.runner.start(plan, job, functools.partial(context.run, _work, ctx),
                              detachable=plan.detach, checkpoints=ctx if plan.resume else None,
                              wall_clock=None if left is None
                              else WallClock(left, _timeout_message(plan)))
@@ -827,12 +834,12 @@ def _timeout_left(plan: _Plan, first_start: float) -> float | None:
     return plan.timeout_ms - (_wall() - first_start) * 1000
 
 
-def _timeout_message(plan: _Plan | _Direct) -> str:
+def _timeout_message(plan: _Plan) -> str:
     return (f"{plan.label} was cancelled: its wall-clock limit of {plan.timeout_ms} ms, counted "
             f"from its first start across every continuation, ran out")
 
 
-def _wall_clock(job: Job, plan: _Plan | _Direct) -> None:
+def _wall_clock(job: Job, plan: _Plan) -> None:
     """The wall-clock limit fired: cancel the work, across every continuation (S0-6, S4-7), and
     free its callers (a run stopped before keeps its stop, and its callers keep waiting, unless
     that stop was this limit's, kept where the work runs and heard here first)."""
@@ -842,16 +849,16 @@ def _wall_clock(job: Job, plan: _Plan | _Direct) -> None:
         job.nudge()
 
 
-def _prepared(ctx: _Call | _Direct, held: Budget | Deferred) -> contextvars.Context:
-    """The context the work of *ctx* runs in: a copy of the caller's, with the call visible and
-    its run *held* entered (as a ``with`` block would enter it). A direct call's run not made
-    yet needs no entering: `nb.current` finds it through the call (`_ambient_run`), and makes
-    it then, begun with the call. Made by the caller, so that the worker, which runs cold after
-    its thread switch, does only the work and its end."""
+def _prepared(ctx: _Call, enter: bool) -> contextvars.Context:
+    """The context the work of *ctx* runs in: a copy of the caller's, with the call visible and,
+    if *enter*, its run entered (as a ``with`` block would enter it). On the fast path a run
+    not made yet, begun with the call, is not entered: `nb.current` finds it through the call
+    (`_ambient_run`) and makes it then. Made by the caller, so that the worker, which runs cold
+    after its thread switch, does only the work and its end."""
     context = contextvars.copy_context()
     context.run(_current_call.set, ctx)
-    if held is not ctx or ctx.made() is not None:  # type: ignore[union-attr]
-        context.run(held.__enter__)
+    if enter:
+        context.run(ctx.held.__enter__)
     return context
 
 
@@ -864,30 +871,29 @@ def _ambient_run() -> Budget | None:
 set_ambient(_ambient_run)
 
 
-def _work(ctx: _Call | _Direct, held: Budget | Deferred) -> Callable[[], None]:
+def _work(ctx: _Call) -> Callable[[], None]:
     """Runs where the runner runs it, in the context `_prepared` made: the work, then the end
-    of its run *held* (as leaving its ``with`` block). Settles the call, and returns what tells
-    its waiters, run once the worker is free again."""
-    fn, args, kwargs, _ = ctx.work
+    of its run (as leaving its ``with`` block). Settles the call, and returns what tells its
+    waiters, run once the worker is free again."""
+    fn, args, kwargs, _ = ctx.plan.work
     try:
         value = fn(*args, **kwargs)
-    except BaseException as exc:  # noqa: BLE001  (kept, with its traceback: never dropped)
-        return _raised(ctx, held, exc)
+    except BaseException as exc:  # noqa: BLE001 - kept, with its traceback: never dropped
+        return _raised(ctx, exc)
     try:
-        held.__exit__(None, None, None)
-    except BaseException as exc:  # noqa: BLE001  (its run's end: a cancel, say)
+        ctx.held.__exit__(None, None, None)
+    except BaseException as exc:  # noqa: BLE001 - its run's end: a cancel, say
         return _ended_early(ctx.job, exc, True, value)
     return ctx.returned(value)
 
 
-def _raised(ctx: _Call | _Direct, held: Budget | Deferred, exc: BaseException
-            ) -> Callable[[], None]:
+def _raised(ctx: _Call, exc: BaseException) -> Callable[[], None]:
     """The work raised *exc*: its run ends as its ``with`` block would end (which may turn a
     stop into the public error it stands for, or keep a suspended run's resumable point)."""
     try:
-        if held.__exit__(type(exc), exc, exc.__traceback__):
+        if ctx.held.__exit__(type(exc), exc, exc.__traceback__):
             return ctx.returned(None)  # the run kept it: left at a resumable point
-    except BaseException as raised:  # noqa: BLE001  (what its block raises in its place)
+    except BaseException as raised:  # noqa: BLE001 - what its block raises in its place
         exc = raised
     return _ended_early(ctx.job, exc, False, None)
 
@@ -926,7 +932,7 @@ def _settle_cancelled(job: Job, exc: Cancelled, returned: bool, value: Any) -> N
 
 
 # -- waiting and answering -----------------------------------------------------------------------
-def _await(job: Job, plan: _Plan | _Direct, runner: JobRunner, clock: Clock,
+def _await(job: Job, plan: _Plan, runner: JobRunner, clock: Clock,
            t0_ms: float) -> None:
     """Hold the caller until the work ends, or its budget runs out (then a detached call
     returns, and a resumable one waits for the pause at the next checkpoint), or the wall clock
@@ -960,7 +966,7 @@ def _wall_clocked(job: Job) -> bool:
     return stop is not None and stop.status is Status.CANCELLED
 
 
-def _answer(job: Job, plan: _Plan | _Direct, started: float, runner: JobRunner,
+def _answer(job: Job, plan: _Plan, started: float, runner: JobRunner,
             db: Store | None) -> Response:
     if not job.done():
         return _unfinished(job, plan, started, runner, db)
@@ -985,7 +991,7 @@ def _answer(job: Job, plan: _Plan | _Direct, started: float, runner: JobRunner,
                     error={"code": envelope_code(error), "message": str(error)})
 
 
-def _stopped(plan: _Plan | _Direct, started: float, status: Status, message: str,
+def _stopped(plan: _Plan, started: float, status: Status, message: str,
              job: Job | None) -> Response:
     """A call its run's stop ended: a person's (``stopped``) or the wall clock's
     (``cancelled``), answered with its ending's state, code and exit code."""
@@ -996,7 +1002,7 @@ def _stopped(plan: _Plan | _Direct, started: float, status: Status, message: str
                     error={"code": ending.envelope, "message": message})
 
 
-def _unfinished(job: Job, plan: _Plan | _Direct, started: float, runner: JobRunner,
+def _unfinished(job: Job, plan: _Plan, started: float, runner: JobRunner,
                 db: Store | None) -> Response:
     """The caller is let go before the work ended: the wall clock cancelled it, or its budget
     ran out and it goes on as a job (S0-2)."""
@@ -1004,7 +1010,7 @@ def _unfinished(job: Job, plan: _Plan | _Direct, started: float, runner: JobRunn
         _deliver(job, plan, runner, db)
         return _stopped(plan, started, Status.CANCELLED, _timeout_message(plan), job)
     runner.detach(plan, job)
-    job.run.lowlevel.record("detached", {"job": job.id})
+    job.note("detached", {"job": job.id})  # in its run's trace, if its run is ever made
     return _respond(plan, started, ok=False, exit_code=EXIT_INCOMPLETE,
                     job=job,
                     data={"state": "running", "job": job.id,
@@ -1012,7 +1018,7 @@ def _unfinished(job: Job, plan: _Plan | _Direct, started: float, runner: JobRunn
                                   f"(or nb.jobs[{job.id!r}].result())"})
 
 
-def _deliver(job: Job, plan: _Plan | _Direct, runner: JobRunner, db: Store | None) -> None:
+def _deliver(job: Job, plan: _Plan, runner: JobRunner, db: Store | None) -> None:
     """The final result goes out: the work is complete, the next identical call starts anew."""
     runner.deliver(plan, job)
     job.cancel_timers()
@@ -1020,7 +1026,7 @@ def _deliver(job: Job, plan: _Plan | _Direct, runner: JobRunner, db: Store | Non
         db.delete_checkpoint(plan.identity)
 
 
-def _respond(plan: _Plan | _Direct, started: float, *, ok: bool, exit_code: int, data: Any = None,
+def _respond(plan: _Plan, started: float, *, ok: bool, exit_code: int, data: Any = None,
              error: dict[str, str] | None = None, job: Job | None = None,
              refusal: BaseException | None = None) -> Response:
     return Response(ok, data, error, [],
@@ -1029,8 +1035,10 @@ def _respond(plan: _Plan | _Direct, started: float, *, ok: bool, exit_code: int,
 
 
 # -- inside the work ----------------------------------------------------------------------------
-def current_call() -> _Call | _Direct | None:
-    """The call whose work runs in this context (a worker of `call`), or None."""
+def current_call() -> _Call | None:
+    """The call whose work runs in this context (a worker of `call`), or None: for the work
+    itself and what runs it for a cell (``%%budget``'s magic gives its panel the call, whose
+    job Pause asks to stop at the next checkpoint)."""
     return _current_call.get()
 
 
@@ -1050,7 +1058,7 @@ def checkpoint(state: Any) -> None:
             return
         raise ConfigError("nb.checkpoint() works inside nb.call(fn, ..., resume=True) (or a "
                           "%%budget --resume cell); outside one there is nothing to resume")
-    if not ctx.resume or ctx.store is None:
+    if not ctx.plan.resume or ctx.store is None:
         return
     ctx.run.check()
     saved = ctx.save(state)

@@ -20,16 +20,16 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..run.budget import Deferred
 from ..core.clock import Latch
 from ..core.errors import ConfigError
+from ..run.budget import Deferred
 from .store import StoreBusy
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ..run.budget import Budget
     from ..core.clock import Clock, Scheduled
+    from ..run.budget import Budget
     from .store import Store
 
 __all__ = ["Job", "JobState", "Jobs"]
@@ -132,6 +132,16 @@ class Job:
         if isinstance(run, Deferred):
             return run.made()
         return run
+
+    def note(self, kind: str, payload: dict[str, Any]) -> None:
+        """Add an event of *kind* to the job's run's trace, stamped with the time now, without
+        making a run its work never used (`Deferred.note`: traced if the run is ever made). The
+        call path says so when the job detaches (``detached``), which leaves the run unmade."""
+        run = self._run
+        if isinstance(run, Deferred):
+            run.note(kind, payload)
+        else:
+            run.lowlevel.record(kind, payload)
 
     @property
     def held_run(self) -> Budget | Deferred:

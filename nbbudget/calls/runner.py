@@ -43,7 +43,9 @@ __all__ = ["LOCAL", "Backend", "Checkpoints", "DetachedJobs", "JobRunner", "Loca
 class Work(Protocol):
     """A piece of work as a runner sees it: its identity (worked out only when it is read), the
     call itself, its name and what bounds it, for a runner that runs the work somewhere else
-    than the closure it is given (a cluster's)."""
+    than the closure it is given (a cluster's). The call path gives every runner method the
+    call's plan (frozen, made once per call by `nbbudget.calls.call.call`), on its fast path and
+    its general path alike; a runner reads it and never changes it."""
 
     @property
     def identity(self) -> str: ...

@@ -692,10 +692,16 @@ class Deferred:
     what that block would raise. `run` makes it from any thread (begun, and ended if it has
     ended, at the times it was); `made` says whether anything has. A run whose time is
     limited is made at once: its clock must run from its start. One lock makes a run once,
-    whichever thread asks first; work that never used its run takes no lock.
+    whichever thread asks first; work that never used its run takes no lock. `note` keeps an
+    event its host has to say about the run (a call's job detached): in its trace at once if
+    the run is made, else when (if) it is, at the time it was noted, ahead of its end.
     """
 
-    __slots__ = ("_began", "_clock", "_ended", "_limits", "_made", "_name", "_notices", "_token")
+    __slots__ = ("_began", "_clock", "_ended", "_limits", "_made", "_name", "_notes", "_notices",
+                 "_token")
+    #: makes a run once, whichever thread asks first (the maker may then build the run's
+    #: parts, under `_BUILDING`: never taken the other way round)
+    _making = threading.Lock()
 
     def __init__(self, limits: Limits, *, clock: Clock, name: str,
                  notices: tuple[float, float] | None = _DEFAULT_NOTICES,
@@ -708,6 +714,9 @@ class Deferred:
         self._began = began  # when its work began (None: when it is begun)
         self._ended: float | None = None
         self._token: contextvars.Token[Budget | Deferred | None] | None = None
+        #: the events `note` kept for the run while it was not made: (kind, payload, the time
+        #: on its clock); traced by `_make`, and never added to once the run is made
+        self._notes: tuple[tuple[str, dict[str, Any], float], ...] = ()
         if limits.run_ms is not None:
             self._make()
 
@@ -720,6 +729,19 @@ class Deferred:
         """The run, made now if nothing has used it yet."""
         made = self._made
         return made if made is not None else self._make()
+
+    def note(self, kind: str, payload: dict[str, Any]) -> None:
+        """Add an event of *kind* to the run's trace, stamped with the time now: at once if the
+        run is made, else when (if) something makes it. For a host that has something to say
+        about a run its work may never use (`nbbudget.calls.jobs.Job.note`: a call's job
+        detached), without making the run for it."""
+        at = self._clock.now_ms()
+        with self._making:
+            made = self._made
+            if made is None:  # traced by `_make`, at its time
+                self._notes = (*self._notes, (kind, payload, at))
+                return
+        made.lowlevel.record(kind, payload)
 
     def begin(self) -> None:
         """Start the run in this context: `current` returns it from now on."""
@@ -749,7 +771,7 @@ class Deferred:
             made = self._made
             if made is None:  # nothing made it meanwhile: its maker will see the end
                 return None
-            with _BUILDING:  # made meanwhile: once its maker is done, did it see the end?
+            with self._making:  # made meanwhile: once its maker is done, did it see the end?
                 if made.outcome is not None:
                     return None
         run = made if made is not None else self.run
@@ -757,7 +779,7 @@ class Deferred:
                             exc.__traceback__ if exc is not None else None)
 
     def _make(self) -> Budget:
-        with _BUILDING:
+        with self._making:
             made = self._made
             if made is not None:
                 return made
@@ -767,6 +789,13 @@ class Deferred:
             # made late only when nothing about it is timed: its parts wait, as an entered
             # run's do, and it began (and ended) when its work did
             run._open(recipe.name, run, None, recipe.state(self._began))
+            notes = self._notes
+            if notes:  # what was noted goes first, at its time: its parts are needed now
+                core = run.lowlevel  # (built under `_BUILDING`, started when its work began)
+                started = core.scope.started_ms
+                for kind, payload, at in notes:
+                    core.recorder.add(kind, 0.0 if started is None else at - started, payload)
+                self._notes = ()
             self._made = run  # before reading the end: `end` looks again after writing it
             ended = self._ended
             if ended is not None:
