@@ -69,7 +69,7 @@ WAIT_S = 2.0
 #: one client per scheduler address, and one factory per client, for this process (a run made
 #: with ``cluster="tcp://..."`` reuses the connection, as Dask's own default client does)
 _factories: weakref.WeakKeyDictionary[Client, OnCluster] = weakref.WeakKeyDictionary()
-_factories_lock = threading.Lock()  # the connection thread makes one too (`dask_connect`)
+_factories_lock = threading.Lock()  # the connection thread makes one too (`connect`)
 
 
 def joining(branch: Branch) -> LedgerFactory:
