@@ -176,14 +176,13 @@ CITED = re.compile(r"\(see: nbbudget explain (\w+-\d+)\)|^example: nbbudget expl
 
 
 def message_strings() -> list[tuple[str, str]]:
-    """Every string in the package's code that is not a docstring, with ``file:line``."""
+    """Every string in the package's code that is not documentation, with ``file:line``: a
+    string that stands as a statement of its own (a docstring, or the docstring of a field
+    written under it) is never shown to a user."""
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
-                                           ast.AsyncFunctionDef))
-                      and node.body and isinstance(node.body[0], ast.Expr)}
+        docstrings = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
         found += [(f"{path.name}:{node.lineno}", node.value) for node in ast.walk(tree)
                   if isinstance(node, ast.Constant) and isinstance(node.value, str)
                   and id(node) not in docstrings]
