@@ -1255,8 +1255,13 @@ def test_an_interrupt_during_a_call_reaches_the_caller(monkeypatch, mode):
         after.append("went on")
         return "finished"
 
-    with pytest.raises(KeyboardInterrupt):
-        nb.call(crunch, **mode)
+    # the interpreter's own Ctrl-C handler, whatever the process had before
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            nb.call(crunch, **mode)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert after == []
 
 
