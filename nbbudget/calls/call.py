@@ -39,7 +39,7 @@ from ..core.limits import NO_LIMITS as _NO_LIMITS
 from ..core.limits import Limits, Manifest
 from ..core.lowlevel import Incomplete, Stop
 from ..core.outcome import Status
-from ..run.budget import Budget, Deferred, check_notices, set_ambient
+from ..run.budget import DEFAULT_NOTICES, Budget, Deferred, check_notices, set_ambient
 from .clusters import load_calls
 from .interactive import is_interactive
 from .jobs import Job, JobState
@@ -61,8 +61,6 @@ ENV_BUDGET = "AGENT_CALL_BUDGET_MS"
 
 _current_call: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
     "nbbudget_call", default=None)
-#: the approach-notice thresholds `call` is given unless told otherwise
-_DEFAULT_NOTICES = (0.8, 0.95)
 
 
 class _Pause(Incomplete):
@@ -277,7 +275,7 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
          budget: int | str | None = None, timeout: int | str | None = None,
          key: str | None = None, estimate_ms: int | str | None = None,
          limits: Limits | None = None, manifest: str | os.PathLike[str] | Manifest | None = None,
-         clock: Clock | None = None, notices: tuple[float, float] | None = _DEFAULT_NOTICES,
+         clock: Clock | None = None, notices: tuple[float, float] | None = DEFAULT_NOTICES,
          runs_per_day: int | None = None, cluster: Any = None, **kwargs: Any) -> Response:
     """Run ``fn(*args, **kwargs)`` under a call budget and answer with a `Response`.
 
@@ -316,7 +314,7 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
         budget_ms = resolve_budget(budget, declares=True)
         if (budget_ms and callable(fn) and (key is None or (key.__class__ is str and key))
                 and (limits is None or limits.__class__ is Limits)):
-            if notices is not _DEFAULT_NOTICES and notices is not None:
+            if notices is not DEFAULT_NOTICES and notices is not None:
                 notices = check_notices(notices)
             return _run_direct(_planned(work, _label(fn, key), True, False, budget_ms, None,
                                         None, _NO_LIMITS if limits is None else limits, None,

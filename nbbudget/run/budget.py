@@ -60,12 +60,14 @@ if TYPE_CHECKING:
     from ..core.backends import Cluster
     from ..core.ledger import Branch
 
-__all__ = ["STATE_VERSION", "Budget", "Deferred", "Grant", "Snapshot", "activate", "budget",
-           "check_notices", "current", "set_ambient", "stop_error"]
+__all__ = ["DEFAULT_NOTICES", "STATE_VERSION", "Budget", "Deferred", "Grant", "Snapshot",
+           "activate", "budget", "check_notices", "current", "set_ambient", "stop_error"]
 
 _R = TypeVar("_R")
 _INF = math.inf
-_DEFAULT_NOTICES = (0.8, 0.95)
+#: the approach-notice thresholds (S3-5) a run is given unless told otherwise; `nb.call`
+#: (`nbbudget.calls.call`) passes this very tuple, so a run of a call tells it apart by identity
+DEFAULT_NOTICES = (0.8, 0.95)
 _NO_POOL: list[None] = []  # the pools of a run not built yet: always empty, never filled
 _NO_POOLS: Sequence[list[None]] = (_NO_POOL,) * len(KINDS)
 _BUILDING = threading.Lock()  # held while a run switches from unbuilt to built: once, by one thread
@@ -704,10 +706,10 @@ class Deferred:
     _making = threading.Lock()
 
     def __init__(self, limits: Limits, *, clock: Clock, name: str,
-                 notices: tuple[float, float] | None = _DEFAULT_NOTICES,
+                 notices: tuple[float, float] | None = DEFAULT_NOTICES,
                  began: float | None = None) -> None:
         self._limits, self._clock, self._name = limits, clock, name
-        if notices is not _DEFAULT_NOTICES and notices != _DEFAULT_NOTICES:
+        if notices is not DEFAULT_NOTICES and notices != DEFAULT_NOTICES:
             notices = check_notices(notices)
         self._notices = notices
         self._made: Budget | None = None
@@ -841,7 +843,7 @@ def _recipe(name: str | None, limits: Limits, clock: Clock | None, trace: str, s
     totals = _NO_LIMITS if totals is None else check_totals(totals, suspend)
     return _Recipe(name or "run", limits, clock if clock is not None else default_clock(), full,
                    bool(suspend), totals,
-                   _DEFAULT_NOTICES if notices == _DEFAULT_NOTICES else check_notices(notices),
+                   DEFAULT_NOTICES if notices == DEFAULT_NOTICES else check_notices(notices),
                    ledger)
 
 
@@ -907,8 +909,8 @@ def check_notices(notices: object) -> tuple[float, float] | None:
     ``--notices`` option with it before it makes the run."""
     if notices is None or notices is False:
         return None
-    if notices == _DEFAULT_NOTICES:
-        return _DEFAULT_NOTICES
+    if notices == DEFAULT_NOTICES:
+        return DEFAULT_NOTICES
     if (not isinstance(notices, (tuple, list)) or len(notices) != 2
             or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in notices)):
         raise ConfigError(f"notices={notices!r}: give two thresholds (first, second), or None")
