@@ -307,6 +307,11 @@ def test_S0_1_a_resumable_command_answers_at_its_budget_while_the_kernel_starts(
     assert (data["state"], data["executed"], data["cell"]) == ("starting", 0, None)
     assert data["next"] == "nbbudget run five.ipynb --budget 500ms --resume"
     assert [row["state"] for row in jobs(env, tmp_path)] == ["starting"]
+    while (row := jobs(env, tmp_path)[0])["cells"] is None:  # the runner reads the notebook
+        assert row["state"] == "starting"
+        time.sleep(0.1)
+    again = nbbudget(env, *command, cwd=tmp_path).envelope["data"]  # the kernel sleeps on
+    assert (again["state"], again["executed"], again["cell"]) == ("starting", 0, None)
 
     wait_for_job(env, tmp_path, data["job"], "paused", timeout=30)  # at its first cell
     assert ran(tmp_path) == []

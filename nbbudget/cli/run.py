@@ -405,8 +405,9 @@ def _incomplete(record: RunRecord, checked: Plan, started: float) -> Response:
     state = record.state
     if state is JobState.STARTING and not checked.resume:
         state = JobState.RUNNING  # a detached run goes on, its kernel started or not (S0-12)
+    cell = None if record.state is JobState.STARTING else record.cell  # none runs yet
     data: dict[str, Any] = {
-        "state": state.value, "job": record.id, "output": record.output, "cell": record.cell,
+        "state": state.value, "job": record.id, "output": record.output, "cell": cell,
         "executed": record.executed, "cells": record.cells, "next": checked.command}
     if record.state is JobState.PAUSED:
         data["checkpoint"] = f"{record.id}:{record.cell}"
