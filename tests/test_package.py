@@ -20,7 +20,9 @@ from conftest import pyproject
 
 import nbbudget as nb
 
-HEAVY = ("IPython", "ipywidgets", "pandas", "traitlets", "numpy", "dask", "distributed")
+HEAVY = ("IPython", "ipywidgets", "pandas", "traitlets", "numpy", "dask", "distributed",
+         "genai_prices", "httpx", "httpx2", "openai", "anthropic", "langchain_core", "langgraph",
+         "agents", "pydantic_ai")
 
 PUBLIC = [
     "Budget",

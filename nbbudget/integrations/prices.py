@@ -1,0 +1,108 @@
+"""What a model call cost, from genai-prices' bundled price data (never fetched while a run runs).
+
+`cost_usd` is what the model clients (``nb.instrument``) and the agent-framework adapters charge
+as ``cost_usd`` when the caller gave no prices of their own. genai-prices is the price data
+pydantic-ai uses; its data ships inside the package, and nothing here starts its auto-update,
+so no request leaves the machine for a price.
+
+genai-prices works a price out in about 70 us. A run may charge thousands of calls, so each
+model's price is read from genai-prices once and kept as a `Price`: the dollars per token of
+each usage figure, which genai-prices itself computed (a price is linear in the figures). A
+model priced in tiers (a higher rate past a context length) is not linear: its `Price` asks
+genai-prices on every call.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+__all__ = ["FIGURES", "Price", "cost_usd", "price_of"]
+
+#: The usage figures a price reads, in genai-prices' names. ``input_tokens`` counts every input
+#: token, cached ones included; ``cache_read_tokens`` and ``cache_write_tokens`` say how many
+#: of them were read from or written to the provider's cache; ``output_tokens`` includes
+#: reasoning.
+FIGURES = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+
+_MILLION = 1_000_000
+
+
+@dataclass(frozen=True)
+class Price:
+    """One model's price at one provider, as genai-prices gives it.
+
+    ``per_token`` holds the dollars one more token of each figure adds (`FIGURES`), or is
+    None when the model is priced in tiers, and then ``model_price`` answers each call.
+    """
+
+    provider: str
+    model: str
+    per_token: Mapping[str, float] | None
+    model_price: Any
+
+    def cost(self, usage: Mapping[str, int]) -> float:
+        """The dollars *usage* (a mapping of `FIGURES`; missing ones are 0) cost."""
+        if self.per_token is not None:
+            return sum(rate * usage.get(key, 0) for key, rate in self.per_token.items())
+        from genai_prices import Usage
+
+        figures = {key: int(usage.get(key, 0)) for key in FIGURES}
+        return float(self.model_price.calc_price(Usage(**figures))["total_price"])
+
+
+_prices: dict[tuple[str, str], Price | None] = {}
+_prices_lock = threading.Lock()
+
+
+def price_of(provider: str, model: str) -> Price | None:
+    """The price of *model* at *provider* (``"openai"``, ``"anthropic"``, ...), or None when
+    genai-prices does not know it; read once per model and kept."""
+    key = (provider, model)
+    try:
+        return _prices[key]
+    except KeyError:
+        pass
+    with _prices_lock:
+        if key not in _prices:
+            _prices[key] = _read(provider, model)
+        return _prices[key]
+
+
+def cost_usd(provider: str, model: str, usage: Mapping[str, int]) -> float | None:
+    """What *usage* (a mapping of `FIGURES`) of *model* at *provider* cost in dollars, or None
+    when genai-prices has no price for that model."""
+    price = price_of(provider, model)
+    return None if price is None else price.cost(usage)
+
+
+def _read(provider: str, model: str) -> Price | None:
+    from genai_prices import Usage, data_snapshot
+    from genai_prices.types import TieredPrices
+
+    try:
+        _, info = data_snapshot.get_snapshot().find_provider_model(model, None, provider, None)
+    except LookupError:
+        return None
+    model_price = info.get_prices(datetime.now(tz=timezone.utc))
+    if any(isinstance(value, TieredPrices) for value in vars(model_price).values()):
+        return Price(provider, model, None, model_price)
+
+    def dollars(**figures: int) -> float:
+        return float(model_price.calc_price(Usage(**figures))["total_price"])
+
+    # genai-prices' own answer for a million of each figure alone (a cached token is also an
+    # input token, so the cache rates are measured beside as many input tokens)
+    per_input = dollars(input_tokens=_MILLION) / _MILLION
+    per_token = {
+        "input_tokens": per_input,
+        "output_tokens": dollars(output_tokens=_MILLION) / _MILLION,
+        "cache_read_tokens": dollars(input_tokens=_MILLION, cache_read_tokens=_MILLION)
+        / _MILLION - per_input,
+        "cache_write_tokens": dollars(input_tokens=_MILLION, cache_write_tokens=_MILLION)
+        / _MILLION - per_input,
+    }
+    return Price(provider, model, per_token, model_price)

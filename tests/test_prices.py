@@ -1,0 +1,85 @@
+"""Model prices from genai-prices' bundled data, read once per model
+(nbbudget.integrations.prices)."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+
+genai_prices = pytest.importorskip("genai_prices")
+
+from nbbudget.integrations import prices  # noqa: E402
+
+MODELS = [("openai", "gpt-4o-mini"), ("openai", "gpt-4.1"), ("openai", "o3"),
+          ("anthropic", "claude-sonnet-4-5"), ("anthropic", "claude-3-5-haiku-latest"),
+          ("google", "gemini-1.5-pro")]
+
+
+def usages(seed: int) -> list[dict[str, int]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(50):
+        inp = rng.randrange(0, 400_000)
+        read = rng.randrange(0, inp + 1)
+        write = rng.randrange(0, inp - read + 1)
+        out.append({"input_tokens": inp, "output_tokens": rng.randrange(0, 50_000),
+                    "cache_read_tokens": read, "cache_write_tokens": write})
+    return out
+
+
+@pytest.mark.parametrize(("provider", "model"), MODELS)
+def test_a_cost_is_what_genai_prices_itself_computes(provider: str, model: str) -> None:
+    for usage in usages(hash(model) % 1000):
+        expected = genai_prices.calc_price(genai_prices.Usage(**usage), model,
+                                           provider_id=provider).total_price
+        assert prices.cost_usd(provider, model, usage) == pytest.approx(float(expected),
+                                                                       rel=1e-9, abs=1e-12)
+
+
+def test_a_model_priced_in_tiers_is_asked_of_genai_prices_each_time() -> None:
+    price = prices.price_of("google", "gemini-1.5-pro")
+    assert price is not None and price.per_token is None  # a higher rate past 128k tokens
+    small = {"input_tokens": 100_000}
+    large = {"input_tokens": 200_000}
+    assert price.cost(large) > 2 * price.cost(small)
+
+
+def test_a_model_genai_prices_does_not_know_has_no_price() -> None:
+    assert prices.price_of("openai", "no-such-model-anywhere") is None
+    assert prices.cost_usd("openai", "no-such-model-anywhere", {"input_tokens": 5}) is None
+
+
+def test_missing_figures_count_as_none_used() -> None:
+    assert prices.cost_usd("openai", "gpt-4o-mini", {}) == 0
+    only_output = prices.cost_usd("openai", "gpt-4o-mini", {"output_tokens": 1_000_000})
+    assert only_output == pytest.approx(float(genai_prices.calc_price(
+        genai_prices.Usage(output_tokens=1_000_000), "gpt-4o-mini", provider_id="openai")
+        .total_price))
+
+
+def test_a_price_is_read_once_per_model_by_threads_racing_for_it(monkeypatch) -> None:
+    reads: list[tuple[str, str]] = []
+    real = prices._read
+    barrier = threading.Barrier(8)
+
+    def counting(provider: str, model: str):
+        reads.append((provider, model))
+        return real(provider, model)
+
+    monkeypatch.setattr(prices, "_read", counting)
+    monkeypatch.setattr(prices, "_prices", {})
+    found = []
+
+    def ask() -> None:
+        barrier.wait()
+        found.append(prices.price_of("openai", "gpt-4.1"))
+
+    threads = [threading.Thread(target=ask, name=f"price-reader-{i}") for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert reads == [("openai", "gpt-4.1")]
+    assert len({id(price) for price in found}) == 1
