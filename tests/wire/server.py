@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -116,6 +117,11 @@ def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         timeout = 10  # a connection kept open and idle this long is closed
+
+        def setup(self) -> None:
+            super().setup()
+            # each write goes out at once (no Nagle delay waiting for the client's ACK)
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
         def log_message(self, format: str, *args: Any) -> None:
             pass

@@ -9,11 +9,12 @@ async alike, OpenAI and Anthropic alike, one mechanism. For a request to a model
 
 - the request's output cap is clamped to what remains of ``output_tokens`` (S2-9; none left
   refuses it), and once the run has degraded (S3-7) the request names the cheaper model;
-- one ``provider_calls`` permit is reserved for the attempt (S4-6), with one ``turns`` on a
-  call's first attempt (the SDK numbers its attempts in ``x-stainless-retry-count``), all or
-  nothing; a refusal raises the API module's ``Refused`` (`nbbudget.BudgetExceeded` and the
-  SDK's own error: the SDK passes its own errors on unchanged, where Anthropic's would take any
-  other error for a connection error and retry it) and nothing is sent;
+- one ``turns`` is reserved on a call's first attempt (the SDK numbers its attempts in
+  ``x-stainless-retry-count``), then one ``provider_calls`` permit for the attempt (S4-6), as
+  the pydantic-ai adapter charges them; a refusal raises the API module's ``Refused``
+  (`nbbudget.BudgetExceeded` and the SDK's own error: the SDK passes its own errors on
+  unchanged, where Anthropic's would take any other error for a connection error and retry
+  it) and nothing is sent;
 - with ``cost_usd`` limited, a model with no price in genai-prices and no ``prices=`` is refused
   with ``Unpriced`` (a `nbbudget.ConfigError`) naming the model and ``prices=``;
 - the request's timeouts are lowered to the run's remaining time and the guardrail (one hour,
@@ -55,7 +56,6 @@ from typing import Any, TypeVar
 import httpx2
 
 from ...core.errors import BudgetCut, BudgetExceeded, ConfigError
-from ...core.kinds import KIND_INDEX
 from ...core.lowlevel import Unwind
 from ...run.budget import Budget, current
 from ...run.providers import GUARDRAIL_MS, Usage, clamp, degrade_past, spend_usage
@@ -64,8 +64,6 @@ from .shapes import Shape, events_of, reply_usage
 
 __all__ = ["instrument"]
 
-_FIRST = ((KIND_INDEX["turns"], 1), (KIND_INDEX["provider_calls"], 1))  # a call's first attempt
-_RETRY = ((KIND_INDEX["provider_calls"], 1),)
 _INF = math.inf
 _MILLION = 1_000_000
 _C = TypeVar("_C")
@@ -184,8 +182,9 @@ class _Gate:
         asked = body.get(key)
         try:
             capped = clamp(run, asked, target)  # S2-9: none left refuses, nothing reserved
-            first = request.headers.get("x-stainless-retry-count", "0") == "0"
-            run.lowlevel.reserve(_FIRST if first else _RETRY, target)  # S4-6
+            if request.headers.get("x-stainless-retry-count", "0") == "0":
+                run.charge("turns", target=target)  # a call's first attempt
+            run.charge("provider_calls", target=target)  # S4-6: every attempt
         except BudgetExceeded as err:
             raise self.api.refused(*err.args) from None
         if capped != asked:
@@ -228,9 +227,9 @@ def _prepared(request: httpx2.Request, body: dict[str, Any] | None, bound: float
                                  extensions=dict(request.extensions))
     if stream:
         request.headers["accept-encoding"] = "identity"
-    if bound != _INF:
-        timeout = request.extensions.get("timeout") or dict.fromkeys(
-            ("connect", "read", "write", "pool"))
+    timeout = request.extensions.get("timeout") or dict.fromkeys(
+        ("connect", "read", "write", "pool"))
+    if any(value is None or value > bound for value in timeout.values()):
         request.extensions["timeout"] = {key: bound if value is None else min(value, bound)
                                          for key, value in timeout.items()}
     return request
@@ -307,17 +306,23 @@ class _Attempt:
 
 
 class _Meter:
-    """A stream's meter: whole events pass on, text deltas are counted, usage charged (S3-9)."""
+    """A stream's meter: whole events pass on, text deltas are counted, usage charged (S3-9).
+
+    Kept cheap per chunk (the SDK's own work is a few microseconds an event): a chunk that
+    ends on an event's end, as a server sends them, passes on as it is, searched for the usage
+    marker and counted for text markers in C; only events that carry usage are parsed."""
 
     def __init__(self, attempt: _Attempt) -> None:
         self.attempt = attempt
         shape = attempt.shape
         self.text, self.empty, self.usage = shape.text_marker, shape.empty_marker, \
             shape.usage_marker
-        self.buf = bytearray()
-        self.done = 0  # bytes passed on (whole events)
+        self.deadline = attempt.deadline
+        self.received: list[bytes] = []  # the whole events passed on so far
+        self.pending = b""  # the start of an event not complete yet
         self.deltas = 0  # text deltas counted
         self.charged: dict[str, int] = {}
+        self.charged_out = 0  # the output tokens in ``charged``
         self.charged_cost = 0.0
         self.reported: dict[str, int] = {}
         self.ended = False  # finished, cut, or closed
@@ -334,54 +339,54 @@ class _Meter:
         return left
 
     def feed(self, chunk: bytes) -> bytes:
-        """The events *chunk* completes, to pass on (charged, or cut, first)."""
-        buf = self.buf
-        buf += chunk
-        lf, crlf = buf.rfind(b"\n\n", self.done), buf.rfind(b"\r\n\r\n", self.done)
-        stop = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
-        return self._take(stop) if stop > self.done else b""
-
-    def _take(self, stop: int) -> bytes:
-        buf, done = self.buf, self.done
-        if time.monotonic() > self.attempt.deadline:
-            self.attempt.timed_out(self.salvage(done))
-        out = self._usage(done, stop) if buf.find(self.usage, done, stop) >= 0 else None
+        """The whole events *chunk* completes, to pass on (charged, or cut, first)."""
+        if self.pending:
+            chunk, self.pending = self.pending + chunk, b""
+        if not (chunk.endswith(b"\n\n") or chunk.endswith(b"\r\n\r\n")):
+            lf, crlf = chunk.rfind(b"\n\n"), chunk.rfind(b"\r\n\r\n")
+            cut = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+            chunk, self.pending = chunk[:cut], chunk[cut:]
+            if not chunk:
+                return b""
+        if time.monotonic() > self.deadline:
+            self.attempt.timed_out(self.salvage())
+        self.received.append(chunk)
+        out = self._usage(chunk) if self.usage in chunk else chunk
         if self.left != _INF:
-            n = buf.count(self.text, done, stop)
-            if n and self.empty:
-                n -= buf.count(self.empty, done, stop)
+            n = chunk.count(self.text)
+            if n and self.empty and not self.deltas:  # the role chunk's empty text
+                n -= chunk.count(self.empty)
             if n > 0:
                 self.deltas += n
-                if self.deltas - self.charged.get("output_tokens", 0) > self.left:
-                    self._cross(stop)
-        self.done = stop
-        return bytes(buf[done:stop]) if out is None else out
+                if self.deltas - self.charged_out > self.left:
+                    self._cross()
+        return out
 
-    def _usage(self, done: int, stop: int) -> bytes:
-        """Charge the usage the events in ``buf[done:stop]`` report; the events to pass on."""
+    def _usage(self, data: bytes) -> bytes:
+        """Charge the usage the events of *data* report; the events to pass on."""
         shape, hide, kept = self.attempt.shape, self.attempt.hide, []
         reported = self.reported
-        for start, end, event in events_of(self.buf, done, stop):
+        for start, end, event in events_of(data):
             figures = shape.stream_usage(event) if isinstance(event, dict) else None
             if figures is not None:
                 for key, value in figures.items():
                     reported[key] = max(value, reported.get(key, 0))
                 if hide and shape.hidden(event):
                     continue
-            kept.append(bytes(self.buf[start:end]))
-        self._charge_to(reported, stop)
+            kept.append(data[start:end])
+        self._charge_to(reported)
         return b"".join(kept)
 
-    def _cross(self, stop: int) -> None:
+    def _cross(self) -> None:
         """The count would pass a limit: unless others' spending changed that, charge it and
         cut the stream (S3-9)."""
         self.left = self._left()
-        if self.deltas - self.charged.get("output_tokens", 0) <= self.left:
+        if self.deltas - self.charged_out <= self.left:
             return
         self._charge_to({**self.reported, "output_tokens": max(
-            self.deltas, self.reported.get("output_tokens", 0))}, stop)
+            self.deltas, self.reported.get("output_tokens", 0))})
 
-    def _charge_to(self, figures: Mapping[str, int], salvage_end: int) -> None:
+    def _charge_to(self, figures: Mapping[str, int]) -> None:
         """Charge what *figures* add to what this stream has charged."""
         charged = self.charged
         diff = {key: value - charged.get(key, 0) for key, value in figures.items()
@@ -389,6 +394,7 @@ class _Meter:
         if not diff:
             return
         charged.update(figures)
+        self.charged_out = charged.get("output_tokens", 0)
         cost = None
         price = self.attempt.price
         if price is not None:
@@ -398,14 +404,14 @@ class _Meter:
             self.attempt.charge(diff, cost)
         except Unwind as signal:
             self.ended = True
-            raise self.attempt.cut(signal, self.salvage(salvage_end)) from None
+            raise self.attempt.cut(signal, self.salvage()) from None
         self.left = self._left()
 
     def finish(self) -> bytes:
         """The stream ended: its last bytes, charged (its count, if it reported no usage)."""
-        rest = self._take(len(self.buf)) if len(self.buf) > self.done else b""
+        rest = self.feed(b"\n\n") if self.pending else b""  # a last event without its end
         if not self.reported:
-            self._charge_to({"output_tokens": self.deltas}, len(self.buf))
+            self._charge_to({"output_tokens": self.deltas})
         self.ended = True
         return rest
 
@@ -418,12 +424,12 @@ class _Meter:
         self.ended = True
         if not self.reported and self.deltas:
             with contextlib.suppress(BudgetCut):
-                self._charge_to({"output_tokens": self.deltas}, len(self.buf))
+                self._charge_to({"output_tokens": self.deltas})
 
-    def salvage(self, end: int) -> str:
-        """The text of the events received in ``buf[:end]``."""
+    def salvage(self) -> str:
+        """The text of the events received so far."""
         text = self.attempt.shape.stream_text
-        return "".join(text(event) for _, _, event in events_of(self.buf, 0, end)
+        return "".join(text(event) for _, _, event in events_of(b"".join(self.received))
                        if isinstance(event, dict))
 
 
@@ -441,7 +447,7 @@ class _Stream(httpx2.SyncByteStream):
                 if out:
                     yield out
         except httpx2.TimeoutException:
-            meter.attempt.timed_out(meter.salvage(meter.done))
+            meter.attempt.timed_out(meter.salvage())
             raise
         rest = meter.finish()
         if rest:
@@ -468,7 +474,7 @@ class _AsyncStream(httpx2.AsyncByteStream):
                 if out:
                     yield out
         except httpx2.TimeoutException:
-            meter.attempt.timed_out(meter.salvage(meter.done))
+            meter.attempt.timed_out(meter.salvage())
             raise
         rest = meter.finish()
         if rest:
