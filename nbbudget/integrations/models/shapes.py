@@ -55,9 +55,11 @@ class Shape:
 def reply_usage(shape: Shape, content: bytes) -> dict[str, int] | None:
     """The figures of a whole reply's ``usage``, parsing only that object (the last ``usage``
     key of the body: the text before it cannot hold an unescaped ``"usage"``), or None."""
-    text = content.decode()
-    at = text.rfind('"usage"')
-    key = _USAGE_KEY.match(text, at) if at >= 0 else None
+    at = content.rfind(b'"usage"')
+    if at < 0:
+        return None
+    text = content[at:].decode()
+    key = _USAGE_KEY.match(text)
     if key is None:
         return None
     try:
