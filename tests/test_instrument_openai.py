@@ -334,3 +334,34 @@ def test_bad_options_are_refused_at_once(bare: openai.OpenAI) -> None:
         nb.instrument(nb.instrument(bare))
     with pytest.raises(nb.ConfigError, match=r"takes an openai\.OpenAI"):
         nb.instrument(object())
+
+
+def test_the_guardrail_bounds_a_request_that_never_answers_S3_8(
+        server: Server, client: openai.OpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nbbudget.integrations.models import clients
+
+    monkeypatch.setattr(clients, "GUARDRAIL_MS", 300)  # one hour by default
+    server.queue(Reply(body={}, delay=5.0))
+    began = time.monotonic()
+    with pytest.raises(nb.BudgetCut) as caught, nb.budget(provider_calls=5) as run:
+        chat(client)
+    assert caught.value.by == "guardrail"
+    assert time.monotonic() - began < 2.0
+    assert len(server.received) == 1
+    event = run.trace.latest("cut")
+    assert event is not None and event.payload["code"] == "guardrail_timeout"
+
+
+def test_a_stream_left_early_is_charged_what_it_counted(server: Server,
+                                                        client: openai.OpenAI) -> None:
+    server.queue(o.chat_stream([f"{i} " for i in range(40)], o.chat_usage(5, 40),
+                               event_delay=0.005))
+    with nb.budget(output_tokens=1000) as run:
+        stream = chat(client, stream=True)
+        for seen, _ in enumerate(stream):
+            if seen == 3:
+                break
+        stream.close()
+    assert 3 <= run.consumed["output_tokens"] < 40  # the deltas received, no usage reported
+    server.wait_finished()
+    assert server.received[0].disconnected
