@@ -156,12 +156,16 @@ def test_an_exhausted_output_grant_refuses_the_request(server: Server,
 
 
 def test_a_stream_reports_its_usage_and_the_caller_sees_the_chunks_it_asked_for(
-        server: Server, client: openai.OpenAI) -> None:
-    server.queue(o.chat_stream(["Par", "is"], o.chat_usage(12, 2)))
+        server: Server, bare: openai.OpenAI, client: openai.OpenAI) -> None:
+    server.queue(*[o.chat_stream(["Par", "is"], o.chat_usage(12, 2))] * 2)
     with nb.budget(tokens=100) as run:
         chunks = list(chat(client, stream=True))
+        bare_chunks = list(chat(bare, stream=True))
     assert server.bodies()[0]["stream_options"] == {"include_usage": True}
-    assert all(chunk.choices for chunk in chunks)  # the usage chunk is kept from the caller
+    assert "stream_options" not in server.bodies()[1]
+    # neither the usage chunk nor the "usage": null of every other chunk reaches the caller
+    assert [c.model_dump(exclude_unset=True) for c in chunks] == [
+        c.model_dump(exclude_unset=True) for c in bare_chunks]
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Paris"
     assert (run.consumed["tokens"], run.consumed["output_tokens"]) == (14, 2)
 

@@ -318,6 +318,7 @@ class _Meter:
         self.text, self.empty, self.usage = shape.text_marker, shape.empty_marker, \
             shape.usage_marker
         self.deadline = attempt.deadline
+        self.strip = shape.asked_field if attempt.hide else b""
         self.received: list[bytes] = []  # the whole events passed on so far
         self.pending = b""  # the start of an event not complete yet
         self.deltas = 0  # text deltas counted
@@ -350,6 +351,8 @@ class _Meter:
                 return b""
         if time.monotonic() > self.deadline:
             self.attempt.timed_out(self.salvage())
+        if self.strip:
+            chunk = chunk.replace(self.strip, b"")
         self.received.append(chunk)
         out = self._usage(chunk) if self.usage in chunk else chunk
         if self.left != _INF:

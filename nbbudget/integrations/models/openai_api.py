@@ -4,10 +4,11 @@ Chat Completions (``POST /chat/completions``): the output cap is ``max_completio
 the older ``max_tokens`` when the request uses it; usage is ``prompt_tokens`` (cached input
 included, ``prompt_tokens_details.cached_tokens``) and ``completion_tokens`` (reasoning
 included). A stream reports usage only in a last chunk, when ``stream_options.include_usage``
-is asked: the instrumented client asks it, and keeps that chunk (which has no choices) from a
-caller who did not. Responses (``POST /responses``): ``max_output_tokens``; usage is
-``input_tokens`` (``input_tokens_details.cached_tokens``) and ``output_tokens``; a stream reports
-it in ``response.completed`` (or ``response.incomplete``/``response.failed``).
+is asked: the instrumented client asks it, and keeps that chunk (which has no choices), and the
+``"usage": null`` every other chunk then carries, from a caller who did not. Responses
+(``POST /responses``): ``max_output_tokens``; usage is ``input_tokens``
+(``input_tokens_details.cached_tokens``) and ``output_tokens``; a stream reports it in
+``response.completed`` (or ``response.incomplete``/``response.failed``).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ CHAT = Shape(
     name="chat", path="/chat/completions", cap_key=_chat_cap, ask_usage=_chat_ask_usage,
     usage=_chat_usage, stream_usage=_chat_stream_usage, stream_text=_chat_text,
     reply_text=_chat_reply_text, hidden=_chat_hidden,
-    text_marker=b'"content":"', empty_marker=b'"content":""')
+    text_marker=b'"content":"', empty_marker=b'"content":""', asked_field=b',"usage":null')
 
 
 def _responses_usage(usage: Mapping[str, Any]) -> dict[str, int]:

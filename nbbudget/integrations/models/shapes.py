@@ -35,7 +35,9 @@ class Shape:
     kept from the caller); ``usage(obj)``: a reply's ``usage`` object as figures;
     ``stream_usage(event)``: the figures an event reports, or None; ``stream_text(event)``: the
     text an event adds; ``reply_text(body)``: the text of a whole reply; ``hidden(event)``: an
-    event the caller did not ask for (the usage event asked for by ``ask_usage``).
+    event the caller did not ask for (the usage event asked for by ``ask_usage``);
+    ``asked_field``: the bytes every other event then carries that the caller did not ask for
+    either (removed, so the caller reads the stream it asked for).
     """
 
     name: str
@@ -50,6 +52,7 @@ class Shape:
     text_marker: bytes
     empty_marker: bytes = b""
     usage_marker: bytes = b'"usage":{'
+    asked_field: bytes = b""
 
 
 def reply_usage(shape: Shape, content: bytes) -> dict[str, int] | None:
