@@ -5,6 +5,7 @@ S3-9, S4-6)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -160,3 +161,16 @@ def test_calls_outside_every_run_pass_through_untouched(
     create(bare)
     create(client)
     assert server.received[0].body == server.received[1].body
+
+
+def test_a_stream_whose_json_is_spaced_is_charged_its_usage_at_its_end(
+        server: Server, client: anthropic.Anthropic) -> None:
+    reply = a.message_stream(["Pa", "ris"], a.usage(20, 2))
+    assert isinstance(reply.events, list)
+    # a server that writes "type": "text_delta", with a space: nothing is counted as it comes
+    reply.events = [(name, json.dumps(data)) for name, data in reply.events]
+    server.queue(reply)
+    with nb.budget(tokens=100) as run, \
+            client.messages.stream(model=MODEL, max_tokens=1000, messages=ASK) as stream:
+        assert "".join(stream.text_stream) == "Paris"
+    assert (run.consumed["tokens"], run.consumed["output_tokens"]) == (22, 2)

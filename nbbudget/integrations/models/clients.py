@@ -37,8 +37,9 @@ Anthropic's input in ``message_start`` and output in ``message_delta``) is charg
 and supersedes the count. When the count would pass a limit, the stream is cut there (S3-9): the
 count is charged as spent (an OpenAI stream's input, reported only at its end, is then unknown
 and not charged), the HTTP response is closed, and ``Cut`` raises with ``salvage``, the text
-received so far. A stream the caller leaves early is charged its count when it closes. Between
-events the stream also stops at the run's deadline.
+received so far. A stream the caller leaves early is charged its count when it closes; one whose
+events carry no compact marker (a server that spaces its JSON) is parsed whole when it ends and
+charged the usage it reported. Between events the stream also stops at the run's deadline.
 
 What a budget cannot stop: a request already sent is paid for, whatever happens to its answer.
 """
@@ -411,23 +412,29 @@ class _Meter:
         self.left = self._left()
 
     def finish(self) -> bytes:
-        """The stream ended: its last bytes, charged (its count, if it reported no usage)."""
+        """The stream ended: its last bytes, charged."""
         rest = self.feed(b"\n\n") if self.pending else b""  # a last event without its end
-        if not self.reported:
-            self._charge_to({"output_tokens": self.deltas})
         self.ended = True
+        self._settle()
         return rest
 
     def close(self) -> None:
-        """The stream is closed before its end (left by the caller, or failed): what it
-        counted was spent and is charged; a limit it passes stops the run, whose next check
-        raises, not this close."""
+        """The stream is closed before its end (left by the caller, or failed): what it used
+        is charged; a limit it passes stops the run, whose next check raises, not this close."""
         if self.ended:
             return
         self.ended = True
+        with contextlib.suppress(BudgetCut):
+            self._settle()
+
+    def _settle(self) -> None:
+        """Charge a stream that reported no usage as it came: the usage found by parsing every
+        event received (a server whose JSON is spaced otherwise), else its count."""
+        if self.reported:
+            return
+        self._usage(b"".join(self.received))
         if not self.reported and self.deltas:
-            with contextlib.suppress(BudgetCut):
-                self._charge_to({"output_tokens": self.deltas})
+            self._charge_to({"output_tokens": self.deltas})
 
     def salvage(self) -> str:
         """The text of the events received so far."""
