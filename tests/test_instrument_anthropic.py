@@ -174,3 +174,25 @@ def test_a_stream_whose_json_is_spaced_is_charged_its_usage_at_its_end(
             client.messages.stream(model=MODEL, max_tokens=1000, messages=ASK) as stream:
         assert "".join(stream.text_stream) == "Paris"
     assert (run.consumed["tokens"], run.consumed["output_tokens"]) == (22, 2)
+
+
+def test_async_tasks_sharing_one_client_get_exactly_the_limit(server: Server) -> None:
+    server.default = a.message("x", a.usage(1, 1))
+
+    async def main() -> list[str]:
+        async with anthropic.AsyncAnthropic(base_url=server.url, api_key="test") as bare:
+            client = nb.instrument(bare)
+
+            async def call() -> str:
+                try:
+                    await client.messages.create(model=MODEL, max_tokens=10, messages=ASK)
+                except nb.BudgetExceeded:
+                    return "refused"
+                return "sent"
+
+            with nb.budget(provider_calls=4):
+                return list(await asyncio.gather(*[call() for _ in range(12)]))
+
+    outcomes = asyncio.run(main())
+    assert outcomes.count("sent") == 4 and outcomes.count("refused") == 8
+    assert len(server.received) == 4

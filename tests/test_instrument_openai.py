@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -369,3 +370,16 @@ def test_a_stream_left_early_is_charged_what_it_counted(server: Server,
     assert 3 <= run.consumed["output_tokens"] < 40  # the deltas received, no usage reported
     server.wait_finished()
     assert server.received[0].disconnected
+
+
+def test_without_genai_prices_a_limited_cost_asks_for_it_or_for_prices(
+        server: Server, client: openai.OpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "genai_prices", None)  # as on Python 3.10
+    with pytest.raises(nb.ConfigError, match=r"pip install 'nbbudget\[openai\]'.*prices="), \
+            nb.budget(cost_usd=1):
+        chat(client, model="gpt-4o-2024-05-13")
+    assert server.received == []
+    server.queue(o.chat("ok", o.chat_usage(10, 2)))
+    with nb.budget(tokens=100) as run:  # no cost limit: tokens are counted, cost is not
+        chat(client, model="gpt-4o-2024-05-13")
+    assert run.consumed["tokens"] == 12 and "cost_usd" not in run.consumed

@@ -205,7 +205,16 @@ class _Gate:
             per_in, per_out = prices["input"] / _MILLION, prices["output"] / _MILLION
             return lambda figures: (figures.get("input_tokens", 0) * per_in
                                     + figures.get("output_tokens", 0) * per_out)
-        price = price_of(self.api.provider, model)
+        try:
+            price = price_of(self.api.provider, model)
+        except ImportError:  # genai-prices needs Python 3.11 or newer
+            price = None
+            if run.remaining("cost_usd") != _INF:
+                raise self.api.unpriced(
+                    f"cost_usd is limited and genai-prices, which prices {model!r}, is not "
+                    f"installed: pip install 'nbbudget[{self.api.provider}]' (Python 3.11 or "
+                    f"newer), or give nb.instrument(client, prices={{'input': usd, 'output': "
+                    f"usd}}) per million tokens") from None
         if price is not None:
             return price.cost
         if run.remaining("cost_usd") != _INF:
