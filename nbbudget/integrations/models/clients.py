@@ -26,7 +26,8 @@ async alike, OpenAI and Anthropic alike, one mechanism. For a request to a model
 cached included, plus output), ``output_tokens`` (reasoning included) and ``cost_usd`` from
 ``prices=`` or genai-prices (`nbbudget.integrations.prices`, read once per model). Spending that
 happened is recorded even past a limit; the run is then cut by the first limit passed (S3-3) and
-the call raises ``Cut`` with ``salvage``, the reply's text.
+the call raises ``Cut`` with ``salvage``, the reply's text. A stop of the run itself (a cancel,
+the panel's Stop button) unwinds through the SDK as any nbbudget stop does.
 
 **Streams.** A stream's bytes pass through a meter that hands the SDK whole events only. Each text
 delta is counted as one output token, provisionally, against what remains of ``output_tokens``,
