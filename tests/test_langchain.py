@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import operator
+import subprocess
+import sys
 import threading
 from typing import Annotated, Any, TypedDict
 
@@ -18,6 +20,7 @@ pytest.importorskip("langchain_core")
 pytest.importorskip("langgraph")
 
 from langchain_core.language_models import BaseChatModel
+from langchain_core.language_models.fake import FakeListLLM
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import RunnableLambda
@@ -276,6 +279,24 @@ def test_each_node_run_is_one_step_fan_out_included(mode):
     assert run.consumed["steps"] == 8
 
 
+def test_a_subgraph_node_is_a_step_and_so_is_each_of_its_nodes():
+    """A compiled graph used as a node: the node's run is one step, the subgraph's own nodes
+    one each, and the subgraph itself (a runnable inside the node) none."""
+    inner = StateGraph(Fan)
+    inner.add_node("x", lambda state: {"log": ["x"]})
+    inner.add_node("y", lambda state: {"log": ["y"]})
+    inner.add_edge(START, "x")
+    inner.add_edge("x", "y")
+    outer = StateGraph(Fan)
+    outer.add_node("first", lambda state: {"log": ["first"]})
+    outer.add_node("sub", inner.compile())
+    outer.add_edge(START, "first")
+    outer.add_edge("first", "sub")
+    with nb.budget(steps=10) as run:
+        invoke(outer.compile(), {"log": []}, "invoke")
+    assert run.consumed["steps"] == 4
+
+
 @pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
 def test_branches_side_by_side_get_exactly_the_steps_left(mode):
     """S4-3: steps=5 leaves four for twelve branches run at once: exactly four permits are
@@ -508,6 +529,27 @@ def test_one_handler_serves_graphs_side_by_side_in_their_own_runs():
         thread.join()
     assert consumed == {"t2": 2, "t3": 3, "t4": 4}
     assert not handler._roots and not handler._calls and not handler._refused
+
+
+def test_a_text_completion_model_is_counted_as_a_chat_model():
+    """A text-completion LLM (LangChain's on_llm_start) is a provider call and a turn too."""
+    llm = FakeListLLM(responses=["one", "two"])
+    with pytest.raises(nb.BudgetExceeded) as caught, nb.budget(provider_calls=2) as run:
+        for _ in range(3):
+            llm.invoke("go", config={"callbacks": [Budgeted()]})
+    assert caught.value.target == "provider:FakeListLLM"
+    assert run.consumed["provider_calls"] == 2 and run.consumed["turns"] == 2
+    assert llm.i == 0  # two answers given, the third call never made (it cycles back to 0)
+
+
+def test_without_langchain_the_import_says_what_to_install():
+    code = ("import sys; sys.modules['langchain_core'] = None\n"
+            "try:\n    import nbbudget.langchain\n"
+            "except ImportError as exc:\n    print(exc)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == ("nbbudget.langchain needs langchain-core 1.8.3 or newer (on Python "
+                           "3.11 or newer): pip install 'nbbudget[langchain]'")
 
 
 def test_a_run_other_than_a_budget_is_refused():
