@@ -8,6 +8,7 @@ LangChain's provider integrations do (``usage_metadata``, ``response_metadata``)
 from __future__ import annotations
 
 import asyncio
+import json
 import operator
 import subprocess
 import sys
@@ -53,7 +54,7 @@ class Script:
 class ScriptedChatModel(BaseChatModel):
     """A chat model that answers from a `Script`. It streams a reply a word a chunk, each chunk
     reporting the one output token it carries (the first also the input), as Anthropic's
-    stream reports usage as it goes."""
+    stream reports usage as it goes; a reply asking for tools comes in one chunk."""
 
     script: Any
     model: str = "scripted-model"
@@ -75,6 +76,13 @@ class ScriptedChatModel(BaseChatModel):
     def _stream(self, messages: Any, stop: Any = None, run_manager: Any = None,
                 **kwargs: Any) -> Any:
         reply = self.script.next()
+        if reply.tool_calls:  # asked for tools: one chunk, as a provider streams a short reply
+            yield ChatGenerationChunk(message=AIMessageChunk(
+                content=reply.content, usage_metadata=reply.usage_metadata,
+                tool_call_chunks=[{"name": c["name"], "args": json.dumps(c["args"]),
+                                   "id": c["id"], "index": i}
+                                  for i, c in enumerate(reply.tool_calls)]))
+            return
         words = str(reply.content).split()
         inputs = (reply.usage_metadata or {}).get("input_tokens", 0)
         for i, word in enumerate(words):
@@ -423,6 +431,27 @@ def test_a_streamed_reply_is_charged_once(streamed):
     assert run.consumed["tokens"] == 7 and run.consumed["output_tokens"] == 3
 
 
+def test_a_graph_streaming_its_messages_charges_each_reply_once():
+    """stream_mode="messages" makes LangGraph stream every model call: the chunks' usage is
+    charged as it comes, and the replies' merged usage is not charged again; the answer's
+    third word passes output_tokens=22 and cuts the run there (S3-9)."""
+    script = Script(asks("lookup", used=(100, 20)), answer("a b c", used=(200, 3)))
+    graph, _ = agent_graph(script)
+    config = {"callbacks": [Budgeted()]}
+    with nb.budget(tokens=10_000) as run:
+        list(graph.stream(START_STATE, config=config, stream_mode="messages"))
+    assert run.consumed["tokens"] == 323 and run.consumed["output_tokens"] == 23
+    script.calls = 0
+    received = []
+    with pytest.raises(nb.BudgetCut) as caught, nb.budget(output_tokens=22) as run:
+        for chunk, _ in graph.stream(START_STATE, config=config, stream_mode="messages"):
+            if chunk.type == "AIMessageChunk" and chunk.content:
+                received.append(chunk.content)
+    assert caught.value.by == "output_tokens"
+    assert received == ["a ", "b "]
+    assert run.consumed["output_tokens"] == 23
+
+
 async def _drain(chunks: Any) -> None:
     async for _ in chunks:
         pass
@@ -528,6 +557,21 @@ def test_one_handler_serves_graphs_side_by_side_in_their_own_runs():
     for thread in threads:
         thread.join()
     assert consumed == {"t2": 2, "t3": 3, "t4": 4}
+    assert not handler._roots and not handler._calls and not handler._refused
+
+
+def test_a_handler_on_the_model_alone_bounds_its_calls_and_keeps_nothing():
+    """Budgeted given to the model (callbacks=[...]) rather than to the graph: it sees the
+    model's calls only, refuses the third, and holds nothing about runs it never saw end."""
+    handler = Budgeted()
+    script = Script(asks("lookup"))
+    graph, ran = agent_graph(script, model=ScriptedChatModel(script=script,
+                                                            callbacks=[handler]))
+    with pytest.raises(nb.BudgetExceeded) as caught, nb.budget(provider_calls=2) as run:
+        graph.invoke(START_STATE)
+    assert caught.value.kind == "provider_calls"
+    assert script.calls == 2 and ran == ["q0", "q0"]
+    assert run.consumed.get("steps", 0) == 0 and run.consumed.get("tool_calls", 0) == 0
     assert not handler._roots and not handler._calls and not handler._refused
 
 

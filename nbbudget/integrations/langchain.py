@@ -330,9 +330,10 @@ class Budgeted(BaseCallbackHandler):
         return root
 
     def _refuse(self, run_id: UUID, root: UUID, err: BudgetExceeded) -> None:
-        """*err* ends the top run *root*: every later start under it raises it again."""
+        """*err* ends the top run *root*: every later start under it raises it again (when
+        this handler saw *root* start, and so will see it end)."""
         self._roots.pop(run_id, None)
-        if root != run_id:
+        if root != run_id and root in self._roots:
             self._refused[root] = err
 
     def _leave(self, run_id: UUID) -> None:
