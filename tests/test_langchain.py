@@ -452,6 +452,24 @@ def test_a_graph_streaming_its_messages_charges_each_reply_once():
     assert run.consumed["output_tokens"] == 23
 
 
+def test_a_v3_event_stream_is_charged_as_it_finishes_and_stops_with_the_run():
+    """stream_events(version="v3") reports usage only with the message's end, where it is
+    charged; a stop of the run ends the stream at its next event."""
+    model = ScriptedChatModel(script=Script(answer("one two three four", (4, 4))))
+    config = {"callbacks": [Budgeted()]}
+    with nb.budget(tokens=100) as run:
+        events = list(model.stream_events("go", version="v3", config=config))
+    assert run.consumed["tokens"] == 8 and run.consumed["output_tokens"] == 4
+    received = []
+    with pytest.raises(nb.Cancelled), nb.budget(tokens=100) as run:
+        for event in model.stream_events("go", version="v3", config=config):
+            received.append(event)
+            if len(received) == 2:
+                run.cancel("enough")
+    assert len(received) < len(events)
+    assert "tokens" not in run.consumed
+
+
 async def _drain(chunks: Any) -> None:
     async for _ in chunks:
         pass

@@ -24,8 +24,10 @@ What it counts:
   is input plus output (cached input included), ``output_tokens`` is output (reasoning
   included). Spending that already happened is recorded even past a limit, and then the run is
   cut by the first limit passed, in the order tokens > output > cost (S3-3): the graph ends, the
-  run fails ``budget-cut``. A streamed reply (``stream``/``astream``) is charged as its chunks
-  report usage, and cut at the chunk that passes a limit (S3-9).
+  run fails ``budget-cut``. A streamed reply (``stream``/``astream``, a graph's
+  ``stream_mode="messages"``) is charged as its chunks report usage, and cut at the chunk that
+  passes a limit (S3-9); ``stream_events(version="v3")`` reports usage only as the message
+  ends, and is charged then.
 - **Cost.** ``cost_usd`` is the reply's usage at the model's price in genai-prices (its data
   ships in the package: nothing is fetched), the model and its provider read from the reply's
   ``response_metadata`` (``model_name``, ``model_provider``), else from what the model tells
@@ -267,6 +269,14 @@ class Budgeted(BaseCallbackHandler):
             for key, value in figures.items():
                 call.streamed[key] = call.streamed.get(key, 0) + value
             self._spend(call, figures, message)
+
+    def on_stream_event(self, event: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
+                        tags: list[str] | None = None, **kwargs: Any) -> None:
+        """An event of ``stream_events(version="v3")``: check the run. (Such a stream reports
+        usage only as the message finishes: `on_llm_end` charges it.)"""
+        call = self._calls.get(run_id)
+        if call is not None:
+            call.run.check()
 
     def on_llm_end(self, response: LLMResult, *, run_id: UUID,
                    parent_run_id: UUID | None = None, tags: list[str] | None = None,
