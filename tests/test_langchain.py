@@ -28,7 +28,7 @@ from langchain_core.runnables import RunnableLambda
 from langchain_core.tools import tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
-from langgraph.types import Send
+from langgraph.types import RetryPolicy, Send
 
 import nbbudget as nb
 from nbbudget.langchain import Budgeted
@@ -335,6 +335,37 @@ def test_tool_calls_side_by_side_run_exactly_the_permits_left(mode):
     assert len(ran) == 3 and len(set(ran)) == 3
     assert run.consumed["tool_calls"] == 3
     assert script.calls == 1
+
+
+def test_a_node_retried_by_langgraph_after_a_refusal_is_refused_again():
+    """LangGraph's RetryPolicy retries a node on any error it does not know, a refusal
+    included: the retry is refused at its start, and neither it nor the model runs again."""
+    script = Script(asks("lookup"))
+    model = ScriptedChatModel(script=script)
+    attempts = []
+
+    def agent(state: MessagesState) -> dict[str, Any]:
+        attempts.append(1)
+        return {"messages": [model.invoke(state["messages"])]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", agent, retry_policy=RetryPolicy(initial_interval=0.01,
+                                                            max_attempts=3))
+    graph.add_node("tools", ToolNode([_noop_lookup]))
+    graph.add_edge(START, "agent")
+    graph.add_conditional_edges("agent", tools_condition)
+    graph.add_edge("tools", "agent")
+    with pytest.raises(nb.BudgetExceeded) as caught, nb.budget(provider_calls=2) as run:
+        invoke(graph.compile(), START_STATE, "invoke")
+    assert caught.value.kind == "provider_calls"
+    assert len(attempts) == 3 and script.calls == 2  # agent, agent, agent (refused)
+    assert run.consumed["steps"] == 5  # agent, tools, agent, tools, agent: no retry
+
+
+@tool("lookup")
+def _noop_lookup(q: str) -> str:
+    """Look something up (and find it)."""
+    return q
 
 
 def test_a_tool_node_that_handles_errors_does_not_turn_a_refusal_into_an_answer():

@@ -51,9 +51,11 @@ A refusal ends the graph with `nbbudget.BudgetExceeded` (``kind``, ``limit``, ``
 error of a node: nothing is made up in its place. A ``ToolNode(handle_tool_errors=True)``
 catches every error of a tool and hands it to the model as a message; a refused tool call is
 not the tool's error, so the next event of that graph raises the refusal again and the graph
-ends with it. A stop of the run (its time spent, ``run.cancel()``, a limit passed by what a
-reply used) unwinds the graph past any ``except Exception`` in it, and the run's ``with``
-block (or the ``%%budget`` cell) raises it as `nbbudget.BudgetCut` or `nbbudget.Cancelled`.
+ends with it; so does a node that catches the refusal itself, and a node LangGraph retries
+(``RetryPolicy``) is refused again at its start, without running. A stop of the run (its time
+spent, ``run.cancel()``, a limit passed by what a reply used) unwinds the graph past any
+``except Exception`` in it, and the run's ``with`` block (or the ``%%budget`` cell) raises it
+as `nbbudget.BudgetCut` or `nbbudget.Cancelled`.
 LangChain logs one warning line (``Error in Budgeted.on_tool_start callback: ...``) as the
 refusal goes by.
 
