@@ -506,6 +506,24 @@ async def _drain(chunks: Any) -> None:
         pass
 
 
+class TokenUsageChatModel(ScriptedChatModel):
+    """Reports usage as older LangChain integrations do: OpenAI's names in ``llm_output``."""
+
+    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None,
+                  **kwargs: Any) -> ChatResult:
+        reply = AIMessage(content="hi")
+        return ChatResult(generations=[ChatGeneration(message=reply)],
+                          llm_output={"token_usage": {"prompt_tokens": 12,
+                                                      "completion_tokens": 7}})
+
+
+def test_usage_reported_in_llm_output_is_charged():
+    model = TokenUsageChatModel(script=None)
+    with nb.budget(tokens=100) as run:
+        model.invoke("go", config={"callbacks": [Budgeted()]})
+    assert run.consumed["tokens"] == 19 and run.consumed["output_tokens"] == 7
+
+
 def test_cost_comes_from_genai_prices_for_the_model_that_answered():
     """The reply names its model and provider (as LangChain's OpenAI integration does); the
     cost is genai-prices' own figure for that usage, cached input priced as such."""
