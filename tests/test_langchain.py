@@ -36,11 +36,11 @@ from nbbudget.testing import FakeClock
 
 
 class Script:
-    """The replies a model gives, in order (the last one again when they run out), and how
-    many times it was called. Each reply is a fresh copy: LangChain writes the call's id into
-    the message it returns."""
+    """The replies a model gives, in order (the last one again when they run out; an exception
+    is raised as a failed attempt), and how many times it was called. Each reply is a fresh
+    copy: LangChain writes the call's id into the message it returns."""
 
-    def __init__(self, *replies: AIMessage) -> None:
+    def __init__(self, *replies: AIMessage | Exception) -> None:
         self.replies = list(replies)
         self.calls = 0
         self.lock = threading.Lock()
@@ -48,7 +48,10 @@ class Script:
     def next(self) -> AIMessage:
         with self.lock:
             self.calls += 1
-            return self.replies[min(self.calls, len(self.replies)) - 1].model_copy(deep=True)
+            reply = self.replies[min(self.calls, len(self.replies)) - 1]
+        if isinstance(reply, Exception):  # the provider failed this attempt
+            raise reply
+        return reply.model_copy(deep=True)
 
 
 class ScriptedChatModel(BaseChatModel):
@@ -220,6 +223,21 @@ def test_a_refused_model_call_never_reaches_the_model(mode):
     assert (caught.value.kind, caught.value.target) == ("provider_calls",
                                                         "provider:scripted-model")
     assert run.consumed["provider_calls"] == 2 and run.consumed["turns"] == 2
+
+
+def test_each_attempt_of_a_retried_model_is_a_provider_call():
+    """S4-6: LangChain's with_retry calls the model again after a failure; each attempt takes
+    a provider call, the failed one is not refunded, and the third attempt is refused."""
+    script = Script(ConnectionError("reset"), ConnectionError("reset"), answer())
+    model = ScriptedChatModel(script=script).with_retry(stop_after_attempt=3,
+                                                        wait_exponential_jitter=False)
+    with nb.budget(provider_calls=5) as run:
+        model.invoke("go", config={"callbacks": [Budgeted()]})
+    assert script.calls == 3 and run.consumed["provider_calls"] == 3
+    script.calls = 0
+    with pytest.raises(nb.BudgetExceeded), nb.budget(provider_calls=2) as run:
+        model.invoke("go", config={"callbacks": [Budgeted()]})
+    assert script.calls == 2 and run.consumed["provider_calls"] == 2
 
 
 def test_turns_and_provider_calls_are_reserved_together():
