@@ -13,6 +13,7 @@ import operator
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -193,9 +194,9 @@ def test_a_graph_counts_model_calls_turns_tool_calls_node_runs_and_tokens(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_a_refused_tool_call_never_runs_and_ends_the_graph_with_budget_exceeded(mode):
+def test_a_refused_tool_call_never_runs_and_ends_the_graph_with_budget_exceeded(mode, caplog):
     """S4-3, S4-8: a tool-calling loop stops at tool_calls=2; the third lookup does not run
-    and the model is not asked again."""
+    and the model is not asked again. LangChain logs no warning about it: the error says it."""
     script = Script(asks("lookup"))
     graph, ran = agent_graph(script)
     with pytest.raises(nb.BudgetExceeded) as caught, nb.budget(tool_calls=2) as run:
@@ -209,6 +210,7 @@ def test_a_refused_tool_call_never_runs_and_ends_the_graph_with_budget_exceeded(
     [event] = refusals(run)
     assert event.payload["budget_kind"] == "tool_calls"
     assert run.outcome.status == nb.Status.FAILED
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("langchain")] == []
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -684,3 +686,56 @@ def test_without_langchain_the_import_says_what_to_install():
 def test_a_run_other_than_a_budget_is_refused():
     with pytest.raises(nb.ConfigError, match="give an nbbudget run"):
         Budgeted(run="run")  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    """A real kernel with nbbudget loaded, the scripted agent graph of this module built in it,
+    and its lookups listed in ``ran``."""
+    from test_magic_kernel import run, started_kernel
+
+    for client in started_kernel(tmp_path_factory):
+        setup = run(client, f"""\
+            import sys
+            sys.path.insert(0, {str(Path(__file__).parent)!r})
+            from test_langchain import Script, agent_graph, asks, START_STATE
+            from nbbudget.langchain import Budgeted
+            """)
+        assert setup.status == "ok", setup.reply["content"]
+        yield client
+
+
+@pytest.mark.realclock
+def test_in_a_budget_cell_a_refusal_ends_the_cell_in_one_line_and_the_tool_never_runs(kernel):
+    """What a person sees: Budgeted() takes the cell's run; the refused lookup does not run and
+    the cell ends as an error with the refusal's one line, no LangGraph traceback."""
+    from test_magic_kernel import run
+
+    cell = run(kernel, """\
+        %%budget --tool-calls 2 --no-widget
+        script = Script(asks("lookup"))
+        graph, ran = agent_graph(script)
+        graph.invoke(START_STATE, config={"callbacks": [Budgeted()]})
+        """)
+    assert cell.status == "error"
+    content = cell.reply["content"]
+    assert content["ename"] == "BudgetExceeded"
+    assert content["evalue"].startswith("tool_calls for tool:lookup would exceed the run's "
+                                        "limit of 2 (2 used, 1 more requested)")
+    assert run(kernel, "print(len(ran), script.calls)").stdout == "2 3\n"
+
+
+@pytest.mark.realclock
+def test_in_a_budget_cell_tokens_past_the_limit_cut_the_cell(kernel):
+    from test_magic_kernel import run
+
+    cell = run(kernel, """\
+        %%budget --tokens 40 --no-widget
+        script = Script(asks("lookup", used=(20, 10)))
+        graph, ran = agent_graph(script)
+        graph.invoke(START_STATE, config={"callbacks": [Budgeted()]})
+        """)
+    assert cell.status == "error"
+    assert cell.reply["content"]["ename"] == "BudgetCut"
+    assert "tokens passed" in cell.reply["content"]["evalue"]
+    assert run(kernel, "print(len(ran), script.calls)").stdout == "1 2\n"

@@ -55,9 +55,9 @@ ends with it; so does a node that catches the refusal itself, and a node LangGra
 (``RetryPolicy``) is refused again at its start, without running. A stop of the run (its time
 spent, ``run.cancel()``, a limit passed by what a reply used) unwinds the graph past any
 ``except Exception`` in it, and the run's ``with`` block (or the ``%%budget`` cell) raises it
-as `nbbudget.BudgetCut` or `nbbudget.Cancelled`.
-LangChain logs one warning line (``Error in Budgeted.on_tool_start callback: ...``) as the
-refusal goes by.
+as `nbbudget.BudgetCut` or `nbbudget.Cancelled`. (LangChain logs a warning for each error a
+handler raises; the handler's own errors, which reach the caller whole, are kept out of that
+log.)
 
 What a callback cannot do:
 
@@ -78,6 +78,7 @@ One handler may serve several graphs, threads and event loops at once.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -102,6 +103,20 @@ except ImportError as exc:
     ) from exc
 
 __all__ = ["LANGCHAIN_CORE_NEEDED", "Budgeted"]
+
+
+class _OwnErrorsUnlogged(logging.Filter):
+    """Keeps out of LangChain's callback log (``Error in Budgeted.on_tool_start callback:
+    BudgetExceeded(...)``) the errors this handler raises on purpose: each reaches the caller
+    as it is, so a person sees it once, as the error that ended the graph."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        return not (isinstance(args, tuple) and len(args) == 3 and args[0] == "Budgeted"
+                    and str(args[2]).startswith(("BudgetExceeded(", "ConfigError(")))
+
+
+logging.getLogger("langchain_core.callbacks.manager").addFilter(_OwnErrorsUnlogged())
 
 _MILLION = 1_000_000
 _PRICE_KEYS = frozenset({"input", "output", "cache_read", "cache_write"})
