@@ -388,6 +388,37 @@ def _noop_lookup(q: str) -> str:
     return q
 
 
+def test_coroutine_tools_side_by_side_start_exactly_the_permits_left():
+    """The same with tools that are coroutines, under ainvoke: exactly three start. (The
+    three go on to their end after the graph has raised, as asyncio does with the tasks of a
+    gather whose sibling failed: a budget never stops work already started, S4-10.)"""
+    started: list[str] = []
+
+    @tool
+    async def lookup(q: str) -> str:
+        """Look something up."""
+        started.append(q)
+        await asyncio.sleep(0.01)
+        return q
+
+    script = Script(asks(*["lookup"] * 8))
+    model = ScriptedChatModel(script=script)
+
+    def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", agent)
+    graph.add_node("tools", ToolNode([lookup]))
+    graph.add_edge(START, "agent")
+    graph.add_conditional_edges("agent", tools_condition)
+    graph.add_edge("tools", "agent")
+    with pytest.raises(nb.BudgetExceeded) as caught, nb.budget(tool_calls=3) as run:
+        invoke(graph.compile(), START_STATE, "ainvoke")
+    assert caught.value.kind == "tool_calls"
+    assert len(started) == 3 and run.consumed["tool_calls"] == 3
+
+
 def test_a_tool_node_that_handles_errors_does_not_turn_a_refusal_into_an_answer():
     """ToolNode(handle_tool_errors=True) hands a tool's error to the model as a message; a
     refusal is not the tool's error: the graph ends with it and the model is not asked again."""
