@@ -4,8 +4,8 @@ Every refusal is a ``dispatch_refused_budget_exceeded`` event with the five payl
 and leaves the counters as they were. ``summary()`` gives checks, consumptions and refusals by
 kind (S4-9). ``trace="counts"`` (the default) only counts successful charges; ``trace="full"``
 stores each one, so ``replay(limits)`` can say exactly which charges other limits would have
-refused. Traces save to versioned JSON (with the umask's mode, never silently overwritten) and load back
-equal. A `FakeClock` makes every ``t_ms`` exact.
+refused. Traces save to versioned JSON (with the umask's mode, never silently overwritten) and
+load back equal. A `FakeClock` makes every ``t_ms`` exact.
 """
 
 from __future__ import annotations
