@@ -43,7 +43,8 @@ from typing import Any
 from ..core.errors import BudgetCut, BudgetExceeded, ConfigError
 from ..core.lowlevel import Unwind
 from ..run.budget import Budget, current
-from ..run.providers import clamp, spend_usage, usage_of
+from ..run.providers import Usage, clamp, spend_usage
+from .prices import FIGURES, cost_usd
 
 #: The first pydantic-ai release with a hook before every attempt at a model request
 #: (``prepare_model_request``), where a ``provider_calls`` permit is taken and ``max_tokens``
@@ -105,12 +106,23 @@ def _refused(err: BudgetExceeded) -> UsageLimitRefused:
 
 
 @dataclass
+class _Billed:
+    """What one attempt's response has been charged so far: a stream is charged as it reports
+    its usage, and the response at its end is charged only what the stream had not yet been."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+@dataclass
 class Budgeted(AbstractCapability[Any]):
     """Put an nbbudget run around a pydantic-ai agent run (see the module's documentation).
 
     ``run``: the `nbbudget.Budget` to charge; `None` takes `nbbudget.current()` when the agent
     run starts. ``prices``: ``{"input": usd, "output": usd}`` per 1,000 tokens, or ``price``: a
-    function of the usage mapping returning dollars, when the responses carry no cost.
+    function of the usage mapping returning dollars, for responses that carry no cost of their
+    own and models genai-prices does not price.
     ``steer=True`` tells the model about approach notices (S3-5): when the run passes a notice
     threshold, the next request carries a line such as ``Budget notice: start converging
     (tool_calls at 80% of its limit).``; the loop itself can read ``run.notice_level``.
@@ -123,6 +135,7 @@ class Budgeted(AbstractCapability[Any]):
     steer: bool = False
     id: str | None = "nbbudget"
     _told: int = dataclasses.field(default=0, init=False, repr=False)
+    _billed: _Billed = dataclasses.field(default_factory=_Billed, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.run is not None and not isinstance(self.run, Budget):
@@ -170,6 +183,7 @@ class Budgeted(AbstractCapability[Any]):
             clamped = clamp(run, asked, f"provider:{label}")
         except BudgetExceeded as err:
             raise _refused(err) from None
+        self._billed = _Billed()  # this attempt's response is charged from nothing
         if clamped != asked:
             settings["max_tokens"] = clamped
             request_context = dataclasses.replace(request_context, model_settings=settings)
@@ -177,17 +191,62 @@ class Budgeted(AbstractCapability[Any]):
 
     async def after_model_request(self, ctx: Any, *, request_context: Any,
                                   response: Any) -> Any:
-        """Charge what the response used; past a limit the run fails ``budget-cut`` (S3-3)."""
+        """Charge what the response used that was not charged yet (a stream is charged as it
+        goes); past a limit the run fails ``budget-cut`` (S3-3)."""
+        self._charge(response.usage, response.model_name, response.provider_name, final=True)
+        return response
+
+    def _charge(self, usage: Any, model: str | None, provider: str | None, *,
+                final: bool) -> None:
+        """Bring what this attempt is charged up to *usage*, a pydantic-ai `RequestUsage` (the
+        response's so far, or at its end when *final*).
+
+        The cost is the response's own (``usage.cost``, which pydantic-ai works out with
+        genai-prices), else ``prices=``/``price=``, else genai-prices' price of the model. A
+        response that used tokens and has no cost, under a cost limit, is a configuration error
+        once it has ended: the limit could not be kept (seed 003: a cost limit needs a price).
+        """
         run = self._run()
-        usage = usage_of(response)
+        inp, out = usage.input_tokens, usage.output_tokens
+        cost = self._cost(usage, inp, out, model, provider)
+        if cost is None and final and (inp or out) and run.limits.cost_usd is not None:
+            raise ConfigError(
+                f"model {model or '(unnamed)'} of provider {provider or '(none)'} returned a "
+                f"response with no cost and genai-prices has no price for it, so the run's "
+                f"cost_usd limit of {run.limits.cost_usd} cannot be kept: give its prices, "
+                f"Budgeted(run, prices={{'input': ..., 'output': ...}}) in USD per 1,000 "
+                f"tokens, or price=")
+        billed = self._billed
+        spent = Usage(input_tokens=max(0, inp - billed.input_tokens),
+                      output_tokens=max(0, out - billed.output_tokens))
+        billed.input_tokens, billed.output_tokens = max(inp, billed.input_tokens), max(
+            out, billed.output_tokens)
+        if cost is not None and cost > billed.cost_usd:
+            spent["cost_usd"] = cost - billed.cost_usd
+            billed.cost_usd = cost
         try:
-            spend_usage(run, usage, self.prices, self.price, _model_name(request_context.model))
+            spend_usage(run, spent, None, None, model or "model")
         except Unwind as signal:
             cut = signal.stop  # the run, or the run it draws on, failed budget-cut
             err = UsageLimitCut(cut.by or "budget", cut.message)
             err.reports = cut  # so the run's `with` block raises this error, not a new one
             raise err from None
-        return response
+
+    def _cost(self, usage: Any, inp: int, out: int, model: str | None,
+              provider: str | None) -> float | None:
+        if usage.cost is not None:
+            return float(usage.cost)
+        if self.prices is not None:
+            return inp / 1000 * self.prices.get("input", 0) + out / 1000 * self.prices.get(
+                "output", 0)
+        if self.price is not None:
+            return self.price({"input_tokens": inp, "output_tokens": out})
+        if not (inp or out):
+            return None
+        if model and provider:
+            figures = {key: getattr(usage, key, 0) for key in FIGURES}
+            return cost_usd(provider, model, figures)
+        return None
 
     async def wrap_tool_execute(self, ctx: Any, *, call: Any, tool_def: Any, args: Any,
                                 handler: Any) -> Any:
