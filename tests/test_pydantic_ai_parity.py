@@ -327,6 +327,39 @@ async def stream_text(agent, collected: list[str], **kwargs):
             collected.append(text)
 
 
+def test_a_stream_is_cut_when_it_passes_the_output_token_limit():
+    """output_tokens_limit=2 <-> output_tokens=2: the third chunk passes the limit, so the
+    stream is cut there and the reader never gets it (S3-9); what was received is the error's
+    salvage and stays in the agent's messages. Agree (nbbudget used to deliver all three and
+    raise after the stream ended)."""
+    agent = Agent(FunctionModel(stream_function=three_chunks))
+    theirs: list[str] = []
+    with pytest.raises(UsageLimitExceeded, match="Exceeded the output_tokens_limit of 2"):
+        asyncio.run(stream_text(agent, theirs, usage_limits=UsageLimits(output_tokens_limit=2)))
+
+    ours: list[str] = []
+    with pytest.raises(UsageLimitCut) as info, nb.budget(output_tokens=2) as run:
+        asyncio.run(stream_text(agent, ours, capabilities=[Budgeted(run)]))
+    assert ours == theirs == ["one", "two"]
+    err = info.value
+    assert err.by == "output_tokens" and err.salvage == "onetwothree"
+    assert run.consumed["output_tokens"] == 3  # received, so paid for (S4-10)
+    assert run.outcome.status == "failed" and run.outcome.by == "output_tokens"
+
+
+def test_a_stream_is_cut_when_its_cost_passes_the_limit():
+    """S3-9 for cost: with prices= the stream is charged its cost as it goes and cut by
+    cost_usd mid-stream."""
+    agent = Agent(FunctionModel(stream_function=three_chunks))
+    ours: list[str] = []
+    # 50 input tokens at $1 per 1,000 = $0.05, then $0.01 per output token
+    with pytest.raises(UsageLimitCut) as info, nb.budget(cost_usd=0.065) as run:
+        asyncio.run(stream_text(agent, ours, capabilities=[
+            Budgeted(run, prices={"input": 1.0, "output": 10.0})]))
+    assert info.value.by == "cost_usd" and ours == ["one"]
+    assert run.consumed["cost_usd"] == pytest.approx(0.07)
+
+
 def test_a_stream_within_the_limits_is_charged_once():
     """A stream charged as it goes is not charged again when it ends."""
     agent = Agent(FunctionModel(stream_function=three_chunks))

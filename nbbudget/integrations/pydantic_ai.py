@@ -36,7 +36,8 @@ run, with no change to the agent, its tools or its prompts::
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
@@ -54,6 +55,8 @@ PYDANTIC_AI_NEEDED = "2.64"
 try:
     from pydantic_ai.capabilities import AbstractCapability
     from pydantic_ai.exceptions import UsageLimitExceeded
+    from pydantic_ai.messages import TextPart
+    from pydantic_ai.models.wrapper import WrapperModel
 except ImportError as exc:
     raise ImportError(
         f"nbbudget.pydantic_ai needs pydantic-ai {PYDANTIC_AI_NEEDED} or newer (on Python 3.11 "
@@ -91,9 +94,11 @@ class UsageLimitCut(UsageLimitExceeded, BudgetCut):
     """A limit passed by what a model response had already used: the run failed ``budget-cut``.
 
     pydantic-ai's `UsageLimitExceeded` and nbbudget's `BudgetCut` (``by`` is the limit's kind).
+    ``salvage`` is the text a streamed response had delivered when it was cut (S3-9), else None.
     """
 
     _stop: Any = None
+    salvage: str | None = None
 
     def __init__(self, by: str, message: str) -> None:
         BudgetCut.__init__(self, by, message)
@@ -189,6 +194,11 @@ class Budgeted(AbstractCapability[Any]):
             request_context = dataclasses.replace(request_context, model_settings=settings)
         return request_context
 
+    def get_wrapper_model(self, model: Any) -> Any:
+        """The model of every attempt, wrapped so that a streamed response is charged as it
+        reports its usage and cut the moment a limit is passed (S3-9)."""
+        return _MeteredModel(model, self)
+
     async def after_model_request(self, ctx: Any, *, request_context: Any,
                                   response: Any) -> Any:
         """Charge what the response used that was not charged yet (a stream is charged as it
@@ -258,6 +268,48 @@ class Budgeted(AbstractCapability[Any]):
         except BudgetExceeded as err:
             raise _refused(err) from None
         return await handler(args)
+
+
+class _MeteredModel(WrapperModel):
+    """The model of one attempt, whose streamed responses are charged as they arrive."""
+
+    def __init__(self, wrapped: Any, budgeted: Budgeted) -> None:
+        super().__init__(wrapped)
+        self._budgeted = budgeted
+
+    @asynccontextmanager
+    async def request_stream(self, messages: Any, model_settings: Any,
+                             model_request_parameters: Any,
+                             run_context: Any = None) -> AsyncIterator[Any]:
+        async with self.wrapped.request_stream(messages, model_settings,
+                                               model_request_parameters,
+                                               run_context) as stream:
+            _meter(stream, self._budgeted)
+            yield stream
+
+
+def _meter(stream: Any, budgeted: Budgeted) -> None:
+    """Charge *stream* (a pydantic-ai `StreamedResponse` not yet read) after each of its events,
+    as its usage grows; when a limit is passed the stream is cancelled (its connection closed)
+    before that event reaches the reader, and `UsageLimitCut` raises with ``salvage``, the text
+    received so far (S3-9). ``_get_event_iterator`` is where each pydantic-ai model produces a
+    stream's events; this one stream's is replaced by one that reads it and charges."""
+    events = stream._get_event_iterator
+
+    async def metered() -> AsyncIterator[Any]:
+        async with aclosing(events()) as source:
+            async for event in source:
+                try:
+                    budgeted._charge(stream.usage, stream.model_name, stream.provider_name,
+                                     final=False)
+                except UsageLimitCut as err:
+                    await stream.cancel()
+                    err.salvage = "".join(part.content for part in stream.get().parts
+                                          if isinstance(part, TextPart))
+                    raise
+                yield event
+
+    stream._get_event_iterator = metered
 
 
 def _notice_text(run: Budget) -> str:
