@@ -249,6 +249,27 @@ def parallel_agent(executed: list[str]):
     return agent
 
 
+def test_a_parallel_batch_that_would_pass_the_limit_is_refused_before_any_call_starts():
+    """tool_calls_limit=6 <-> tool_calls=6: the second batch of three is refused whole before
+    any of its calls starts: check and reserve happen together, before dispatch (S4-3).
+    Agree (nbbudget used to start the permitted call and cancel it when a sibling was refused).
+    """
+    executed: list[str] = []
+    theirs, _ = under_limits(sync(parallel_agent(executed), "Use tools"), tool_calls_limit=6)
+    assert "would exceed the tool_calls_limit of 6 (tool_calls=8)" in str(theirs)
+    assert executed.count("a done") + executed.count("b done") + executed.count("c done") == 5
+    theirs_executed, executed[:] = list(executed), []
+
+    ours, _, run = under_budget(sync(parallel_agent(executed), "Use tools"), tool_calls=6)
+    assert isinstance(ours, UsageLimitRefused)
+    assert (ours.kind, ours.limit, ours.consumed, ours.requested) == ("tool_calls", 6, 5, 3)
+    assert ours.target == "tool:c,a,b"
+    assert sorted(executed) == sorted(theirs_executed)  # the same five, started and finished
+    for name in "abc":  # no call started and then cancelled because a sibling was refused
+        assert executed.count(f"{name} started") == executed.count(f"{name} done")
+    assert run.consumed["tool_calls"] == 5
+
+
 def test_a_batch_within_the_limit_takes_its_permits_together():
     """The first batch of five reserves five permits at once; a run with room for exactly them
     runs them all. Agree."""

@@ -53,6 +53,7 @@ from .prices import FIGURES, cost_usd
 PYDANTIC_AI_NEEDED = "2.64"
 
 try:
+    from pydantic_ai import CallToolsNode
     from pydantic_ai.capabilities import AbstractCapability
     from pydantic_ai.exceptions import UsageLimitExceeded
     from pydantic_ai.messages import TextPart
@@ -141,6 +142,7 @@ class Budgeted(AbstractCapability[Any]):
     id: str | None = "nbbudget"
     _told: int = dataclasses.field(default=0, init=False, repr=False)
     _billed: _Billed = dataclasses.field(default_factory=_Billed, init=False, repr=False)
+    _reserved: set[str] = dataclasses.field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.run is not None and not isinstance(self.run, Budget):
@@ -258,13 +260,39 @@ class Budgeted(AbstractCapability[Any]):
             return cost_usd(provider, model, figures)
         return None
 
+    async def before_node_run(self, ctx: Any, *, node: Any) -> Any:
+        """A model response's tool calls reserve their ``tool_calls`` permits together, before
+        any of them runs (S4-3): a batch that would pass the limit is refused whole."""
+        if not isinstance(node, CallToolsNode):
+            return node
+        tools = ctx.tool_manager
+        calls = [call for call in node.model_response.tool_calls
+                 if (tools is None or (tool := tools.get_tool_def(call.tool_name)) is None
+                     or tool.kind == "function")]
+        if not calls:
+            return node
+        run = self._run()
+        names = ",".join(dict.fromkeys(call.tool_name for call in calls))
+        try:
+            run.check()
+            run.charge("tool_calls", len(calls), target=f"tool:{names}")
+        except BudgetExceeded as err:
+            raise _refused(err) from None
+        self._reserved.update(call.tool_call_id for call in calls)
+        return node
+
     async def wrap_tool_execute(self, ctx: Any, *, call: Any, tool_def: Any, args: Any,
                                 handler: Any) -> Any:
-        """Every tool call: a ``tool_calls`` permit before it runs; a refused call never runs."""
+        """Every tool call runs on a permit taken before it starts: its batch's, or its own
+        (a call outside a batch); a refused call never runs. A call that fails, ``ModelRetry``
+        included, keeps its permit (S4-3)."""
         run = self._run()
         try:
             run.check()
-            run.charge("tool_calls", target=f"tool:{call.tool_name}")
+            if call.tool_call_id in self._reserved:
+                self._reserved.discard(call.tool_call_id)
+            else:
+                run.charge("tool_calls", target=f"tool:{call.tool_name}")
         except BudgetExceeded as err:
             raise _refused(err) from None
         return await handler(args)
