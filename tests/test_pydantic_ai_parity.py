@@ -274,10 +274,44 @@ def test_a_batch_within_the_limit_takes_its_permits_together():
     """The first batch of five reserves five permits at once; a run with room for exactly them
     runs them all. Agree."""
     executed: list[str] = []
+    theirs, _ = under_limits(sync(parallel_agent(executed), "Use tools"), tool_calls_limit=5)
+    assert "would exceed the tool_calls_limit of 5 (tool_calls=8)" in str(theirs)
+    assert sum(entry.endswith("done") for entry in executed) == 5
+    executed.clear()
     ours, _, run = under_budget(sync(parallel_agent(executed), "Use tools"), tool_calls=5)
     assert isinstance(ours, UsageLimitRefused) and ours.consumed == 5
     assert sum(entry.endswith("done") for entry in executed) == 5
     assert run.consumed["tool_calls"] == 5
+
+
+def test_a_call_of_the_batch_whose_arguments_are_rejected_keeps_its_permit():
+    """A batch of two calls, one with arguments the tool rejects: both were reserved before
+    dispatch, and the rejected one keeps its permit (S4-3), where pydantic-ai counts only the
+    call that ran. Documented difference."""
+    ran: list[str] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if len(messages) == 1:
+            return ModelResponse(parts=[ToolCallPart("lookup", {"wrong": "x"}, "bad"),
+                                        ToolCallPart("lookup", {"q": "fine"}, "good")])
+        return ModelResponse(parts=[TextPart("done")])
+
+    def agent():
+        a = Agent(FunctionModel(model))
+
+        @a.tool_plain
+        def lookup(q: str) -> str:
+            ran.append(q)
+            return q
+
+        return a
+
+    theirs, result = under_limits(sync(agent(), "go"), tool_calls_limit=2)
+    assert theirs is None and ran == ["fine"] and result.usage.tool_calls == 1
+    ran.clear()
+    ours, mine, run = under_budget(sync(agent(), "go"), tool_calls=2)
+    assert ours is None and mine.output == "done" and ran == ["fine"]
+    assert run.consumed["tool_calls"] == 2
 
 
 def flaky_agent(calls: list[str]):
@@ -366,6 +400,29 @@ def test_a_stream_is_cut_when_it_passes_the_output_token_limit():
     assert err.by == "output_tokens" and err.salvage == "onetwothree"
     assert run.consumed["output_tokens"] == 3  # received, so paid for (S4-10)
     assert run.outcome.status == "failed" and run.outcome.by == "output_tokens"
+
+
+def test_the_cut_closes_the_stream_and_pulls_nothing_more():
+    """S3-9: at the crossing the stream is closed: the model's generator is not read past the
+    chunk that passed the limit, and it is closed at once."""
+    pulled: list[str] = []
+    closed: list[bool] = []
+
+    async def five_chunks(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str]:
+        try:
+            for word in ("one", "two", "three", "four", "five"):
+                pulled.append(word)
+                yield word
+        finally:
+            closed.append(True)
+
+    ours: list[str] = []
+    with pytest.raises(UsageLimitCut), nb.budget(output_tokens=2) as run:
+        asyncio.run(stream_text(Agent(FunctionModel(stream_function=five_chunks)), ours,
+                                capabilities=[Budgeted(run)]))
+    assert ours == ["one", "two"] and pulled == ["one", "two", "three"] and closed == [True]
+    (cut,) = [e for e in run.trace.events if e.kind == "outcome"]
+    assert cut.payload["by"] == "output_tokens"
 
 
 def test_a_stream_is_cut_when_its_cost_passes_the_limit():

@@ -15,12 +15,27 @@ run, with no change to the agent, its tools or its prompts::
 - **Model requests.** Each attempt at a model request reserves a ``provider_calls`` permit before
   it is sent, retries included (S4-6), and is never refunded. Each request step counts one
   ``turns``. The request's ``max_tokens`` setting is clamped to what remains of the
-  ``output_tokens`` grant (S2-9); an exhausted grant refuses the request. What the response used
-  (its ``usage``: input and output tokens, and cost from ``prices=`` per 1,000 tokens or a
-  ``price=`` function) is charged after the fact, so spending past a limit is recorded and the
-  run fails ``budget-cut`` by the first limit passed, in the order tokens > cost (S3-3).
-- **Tool calls.** Each call reserves a ``tool_calls`` permit before it runs (S4-3); a refused call
-  never runs. The run's time and cancellation are checked before every dispatch.
+  ``output_tokens`` grant (S2-9); an exhausted grant refuses the request.
+- **What a response used** is charged after the fact: ``tokens`` (input and output),
+  ``output_tokens``, and ``cost_usd``: the response's own cost (``usage.cost``, which
+  pydantic-ai works out with genai-prices), else ``prices=`` (USD per 1,000 tokens) or
+  ``price=`` (a function), else genai-prices' price of the model. Spending past a limit is
+  recorded and the run fails ``budget-cut`` by the first limit passed, in the order tokens >
+  cost (S3-3). Under a cost limit, a response that used tokens and whose cost nothing can tell
+  stops the run with a `nbbudget.ConfigError` that names ``prices=``: the limit could not be
+  kept.
+- **Streams** (``agent.run_stream``, ``agent.iter``) are charged as the stream reports its
+  usage, after each event; the event that passes ``output_tokens``, ``tokens`` or ``cost_usd``
+  never reaches the reader: the stream is cancelled (its connection closed) and
+  `UsageLimitCut` raises, its ``salvage`` the text received so far, which also stays in the
+  agent's messages (S3-9).
+- **Tool calls.** The function tool calls of one model response reserve their ``tool_calls``
+  permits together, before any of them starts (S4-3): a batch that would pass the limit is
+  refused whole and none of its calls runs. A call that fails, ``ModelRetry`` included, keeps
+  its permit: a dispatch is not refunded (S4-3, S4-10), so its retry needs a permit of its own,
+  as does a call of the batch that never ran (arguments the tool rejected, an unknown tool).
+  The output tool is the agent's answer, not a tool call. The run's time and cancellation are
+  checked before every dispatch.
 - **Errors.** A refusal ends the agent run with pydantic-ai's own error, `UsageLimitExceeded`,
   as its `UsageLimits` would: here the subclass `UsageLimitRefused`, which is also an
   `nbbudget.BudgetExceeded` (``kind``, ``limit``, ``consumed``, ``target``) and carries the run's
@@ -28,6 +43,8 @@ run, with no change to the agent, its tools or its prompts::
   `nbbudget.BudgetCut`. Both appear in the run's trace (``dispatch_refused_budget_exceeded``,
   ``outcome``). A stop of the run itself (``run.cancel()``, the panel's Stop button, its time
   running out) unwinds the agent run like any other nbbudget stop.
+
+Where this differs from `UsageLimits`, and why, is in "Bounding the agent you already have".
 
 ``Budgeted()`` with no run uses `nbbudget.current()` when the agent run starts, so inside a
 ``%%budget`` cell ``capabilities=[Budgeted()]`` bounds the agent by the cell's limits.
@@ -278,7 +295,7 @@ class Budgeted(AbstractCapability[Any]):
             run.charge("tool_calls", len(calls), target=f"tool:{names}")
         except BudgetExceeded as err:
             raise _refused(err) from None
-        self._reserved.update(call.tool_call_id for call in calls)
+        self._reserved = {call.tool_call_id for call in calls}  # the last batch has ended
         return node
 
     async def wrap_tool_execute(self, ctx: Any, *, call: Any, tool_def: Any, args: Any,
