@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import aclosing, asynccontextmanager
+from contextlib import aclosing, asynccontextmanager, suppress
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
@@ -348,7 +348,8 @@ def _meter(stream: Any, budgeted: Budgeted) -> None:
                     budgeted._charge(stream.usage, stream.model_name, stream.provider_name,
                                      final=False)
                 except UsageLimitCut as err:
-                    await stream.cancel()
+                    with suppress(NotImplementedError):  # a model that cannot cancel: its
+                        await stream.cancel()  # source is closed below, all there is
                     err.salvage = "".join(part.content for part in stream.get().parts
                                           if isinstance(part, TextPart))
                     raise
