@@ -12,6 +12,7 @@ The axes map as: ``request_limit`` -> ``provider_calls``; ``total_tokens_limit``
 from __future__ import annotations
 
 import asyncio
+import pickle
 import warnings
 from collections.abc import AsyncIterator
 from decimal import Decimal
@@ -399,6 +400,9 @@ def test_a_stream_is_cut_when_it_passes_the_output_token_limit():
     err = info.value
     assert err.by == "output_tokens" and err.salvage == "onetwothree"
     assert run.consumed["output_tokens"] == 3  # received, so paid for (S4-10)
+    back = pickle.loads(pickle.dumps(err))
+    assert (type(back), back.by, str(back), back.salvage) == (UsageLimitCut, err.by, str(err),
+                                                              "onetwothree")
     assert run.outcome.status == "failed" and run.outcome.by == "output_tokens"
 
 

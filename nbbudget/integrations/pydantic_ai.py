@@ -122,6 +122,9 @@ class UsageLimitCut(UsageLimitExceeded, BudgetCut):
         BudgetCut.__init__(self, by, message)
         self.message = message
 
+    def __reduce__(self) -> Any:
+        return (type(self), (self.by, self.message), {"salvage": self.salvage})
+
 
 def _refused(err: BudgetExceeded) -> UsageLimitRefused:
     """The refusal, in pydantic-ai's shape (a spent window never gets here: it suspends)."""
