@@ -282,3 +282,28 @@ def test_without_steer_the_conversation_is_unchanged():
     with pytest.raises(UsageLimitRefused), nb.budget(tool_calls=5) as run:
         agent.run_sync("go", capabilities=[Budgeted(run)])
     assert seen == [1, 3, 5, 7, 9, 11] and run.notice_level == 2
+
+
+def test_a_stream_read_by_an_event_stream_handler_is_cut_at_the_crossing():
+    """S3-9 whichever way the stream is read: agent.run with an event_stream_handler sees the
+    events before the one that passed output_tokens, and the run fails by it."""
+    async def chunks(messages, info):
+        for word in ("one", "two", "three", "four"):
+            yield word
+
+    deltas: list[str] = []
+
+    async def handler(ctx, events):
+        from pydantic_ai.messages import PartDeltaEvent, PartStartEvent
+
+        async for event in events:
+            if isinstance(event, PartStartEvent):
+                deltas.append(event.part.content)
+            elif isinstance(event, PartDeltaEvent):
+                deltas.append(event.delta.content_delta)
+
+    agent = Agent(FunctionModel(stream_function=chunks))
+    with pytest.raises(UsageLimitCut) as info, nb.budget(output_tokens=2) as run:
+        asyncio.run(agent.run("hi", event_stream_handler=handler, capabilities=[Budgeted(run)]))
+    assert deltas == ["one", "two"]
+    assert info.value.salvage == "onetwothree" and run.outcome.by == "output_tokens"
