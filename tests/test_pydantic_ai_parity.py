@@ -442,6 +442,38 @@ def test_a_stream_is_cut_when_its_cost_passes_the_limit():
     assert run.consumed["cost_usd"] == pytest.approx(0.07)
 
 
+def test_a_stream_from_a_priced_model_is_cut_by_its_genai_prices_cost():
+    """S3-9 with genai-prices: mid-stream a response carries no cost yet, so a stream from a
+    model genai-prices knows (gpt-4o at openai: $2.50 and $10 per million input and output
+    tokens) is charged that price as it goes and cut by cost_usd, with no prices= given.
+    (pydantic-ai's UsageLimits checks the cost only once the response has ended.)"""
+    from contextlib import asynccontextmanager
+
+    from pydantic_ai.models.function import FunctionStreamedResponse
+
+    class FromOpenAI(FunctionStreamedResponse):
+        provider_name = "openai"
+
+    class Model(FunctionModel):
+        @asynccontextmanager
+        async def request_stream(self, *args, **kwargs):
+            async with super().request_stream(*args, **kwargs) as stream:
+                stream.__class__ = FromOpenAI
+                yield stream
+
+    async def sixty_words_each(messages, info) -> AsyncIterator[str]:
+        for _ in range(3):
+            yield " ".join(["word"] * 60) + " "
+
+    ours: list[str] = []
+    with pytest.raises(UsageLimitCut) as info, nb.budget(cost_usd=0.001) as run:
+        asyncio.run(stream_text(Agent(Model(stream_function=sixty_words_each,
+                                            model_name="gpt-4o")), ours,
+                                capabilities=[Budgeted(run)]))
+    assert info.value.by == "cost_usd" and len(ours) == 1
+    assert run.consumed["cost_usd"] == pytest.approx(50 * 2.5e-6 + 120 * 10e-6)
+
+
 def test_a_stream_within_the_limits_is_charged_once():
     """A stream charged as it goes is not charged again when it ends."""
     agent = Agent(FunctionModel(stream_function=three_chunks))
