@@ -240,6 +240,10 @@ class Budgeted(AbstractCapability[Any]):
         """
         run = self._run()
         inp, out = usage.input_tokens, usage.output_tokens
+        billed = self._billed
+        if (not final and usage.cost is None and inp == billed.input_tokens
+                and out == billed.output_tokens):
+            return  # an event that reported no usage: nothing new to charge
         cost = self._cost(usage, inp, out, model, provider)
         if cost is None and final and (inp or out) and run.limits.cost_usd is not None:
             raise ConfigError(
@@ -248,7 +252,6 @@ class Budgeted(AbstractCapability[Any]):
                 f"cost_usd limit of {run.limits.cost_usd} cannot be kept: give its prices, "
                 f"Budgeted(run, prices={{'input': ..., 'output': ...}}) in USD per 1,000 "
                 f"tokens, or price=")
-        billed = self._billed
         spent = Usage(input_tokens=max(0, inp - billed.input_tokens),
                       output_tokens=max(0, out - billed.output_tokens))
         billed.input_tokens, billed.output_tokens = max(inp, billed.input_tokens), max(
