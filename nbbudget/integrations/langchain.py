@@ -42,7 +42,9 @@ What it counts:
   calls, exactly as many run as there are permits, and the others are refused.
 - **Graph nodes.** Each run of a LangGraph node is one ``steps``, charged before the node runs
   (parallel branches, ``Send`` fan-outs and subgraph nodes included; a node that calls another
-  runnable is still one step).
+  runnable is still one step). Branches side by side take their permits as they start; under
+  ``ainvoke`` LangGraph cancels the other tasks of a step as soon as one fails, so a branch
+  that took its permit may be cancelled before it runs (its permit stays spent, S4-3).
 - **Time and stops.** Every event (a start, a streamed chunk, an end) checks the run's time and
   whether it was stopped (``run.cancel()``, the panel's Stop button).
 
