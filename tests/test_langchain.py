@@ -646,6 +646,20 @@ def test_an_explicit_run_is_charged_wherever_the_graph_runs():
     assert run.consumed["tool_calls"] == 1 and run.consumed["provider_calls"] == 2
 
 
+def test_a_grant_bounds_the_graph_it_is_given_to():
+    """S2-1: Budgeted(grant) charges a grant of the run: the grant's own tool_calls refuse the
+    third lookup, and the run counts what the grant spent."""
+    script = Script(asks("lookup"))
+    graph, ran = agent_graph(script)
+    with nb.budget(tool_calls=10) as run:
+        grant = run.grant(tool_calls=2)
+        with pytest.raises(nb.BudgetExceeded) as caught:
+            invoke(graph, START_STATE, "invoke", Budgeted(grant))
+    assert caught.value.scope == "grant"
+    assert ran == ["q0", "q0"]
+    assert grant.consumed["tool_calls"] == 2 and run.consumed["tool_calls"] == 2
+
+
 def test_outside_every_run_the_handler_counts_nothing():
     script = Script(asks("lookup"), answer())
     graph, ran = agent_graph(script)
