@@ -282,3 +282,66 @@ def test_without_steer_the_conversation_is_unchanged():
     with pytest.raises(UsageLimitRefused), nb.budget(tool_calls=5) as run:
         agent.run_sync("go", capabilities=[Budgeted(run)])
     assert seen == [1, 3, 5, 7, 9, 11] and run.notice_level == 2
+
+
+def test_a_stream_read_by_an_event_stream_handler_is_cut_at_the_crossing():
+    """S3-9 whichever way the stream is read: agent.run with an event_stream_handler sees the
+    events before the one that passed output_tokens, and the run fails by it."""
+    async def chunks(messages, info):
+        for word in ("one", "two", "three", "four"):
+            yield word
+
+    deltas: list[str] = []
+
+    async def handler(ctx, events):
+        from pydantic_ai.messages import PartDeltaEvent, PartStartEvent
+
+        async for event in events:
+            if isinstance(event, PartStartEvent):
+                deltas.append(event.part.content)
+            elif isinstance(event, PartDeltaEvent):
+                deltas.append(event.delta.content_delta)
+
+    agent = Agent(FunctionModel(stream_function=chunks))
+    with pytest.raises(UsageLimitCut) as info, nb.budget(output_tokens=2) as run:
+        asyncio.run(agent.run("hi", event_stream_handler=handler, capabilities=[Budgeted(run)]))
+    assert deltas == ["one", "two"]
+    assert info.value.salvage == "onetwothree" and run.outcome.by == "output_tokens"
+
+
+def test_a_stream_whose_model_cannot_cancel_is_still_cut_and_closed_at_the_source():
+    """A model whose stream has no way to cancel (pydantic-ai's default close_stream raises
+    NotImplementedError) is cut all the same: the reader gets the error of the budget, and the
+    model's generator is closed."""
+    from contextlib import asynccontextmanager
+
+    from pydantic_ai.models import StreamedResponse
+    from pydantic_ai.models.function import FunctionStreamedResponse
+
+    class Uncancellable(FunctionStreamedResponse):
+        close_stream = StreamedResponse.close_stream
+
+    class Model(FunctionModel):
+        @asynccontextmanager
+        async def request_stream(self, *args, **kwargs):
+            async with super().request_stream(*args, **kwargs) as stream:
+                stream.__class__ = Uncancellable
+                yield stream
+
+    closed: list[bool] = []
+
+    async def chunks(messages, info):
+        try:
+            for word in ("one", "two", "three", "four"):
+                yield word
+        finally:
+            closed.append(True)
+
+    async def read(run):
+        async with Agent(Model(stream_function=chunks)).run_stream(
+                "hi", capabilities=[Budgeted(run)]) as result:
+            return [text async for text in result.stream_text(delta=True, debounce_by=None)]
+
+    with pytest.raises(UsageLimitCut) as info, nb.budget(output_tokens=2) as run:
+        asyncio.run(read(run))
+    assert info.value.salvage == "onetwothree" and closed == [True]

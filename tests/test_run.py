@@ -631,6 +631,34 @@ def test_ctrl_c_on_a_terminal_stops_the_notebook_and_says_so(env, tmp_path):
     assert [row["state"] for row in jobs(env, tmp_path)] == ["cancelled"]
 
 
+@pytest.mark.parametrize("how", ["paused", "in a cell"])
+def test_a_stop_signal_to_the_runner_stops_the_run_as_cancel_does(env, tmp_path, how):
+    if how == "paused":
+        notebook = write_notebook(tmp_path / "s.ipynb", "import time",
+                                  *(logged(i, 0.5) for i in range(6)))
+        command = ("run", notebook.name, "--resume", "--budget", "1s")
+        job = nbbudget(env, *command, cwd=tmp_path).envelope["data"]["job"]
+        wait_for_job(env, tmp_path, job, "paused", timeout=30)
+    else:
+        notebook = write_notebook(tmp_path / "s.ipynb", "import time\ntime.sleep(60)")
+        command = ("run", notebook.name, "--detach", "--budget", "1s")
+        job = nbbudget(env, *command, cwd=tmp_path).envelope["data"]["job"]
+        wait_for_job(env, tmp_path, job, "running", timeout=30)
+        time.sleep(1.0)  # the cell is running
+    pid = jobs(env, tmp_path)[0]["pid"]
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    while runner_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not runner_alive(pid)  # it stopped its kernel and left, not waiting for ever
+    row = jobs(env, tmp_path)[0]
+    assert (row["state"], row["error"]) == ("cancelled", "stopped")
+    again = nbbudget(env, *command, cwd=tmp_path)  # the identical command: how it ended
+    assert again.code == 130
+    assert again.envelope["error"]["message"] == f"run {job} was stopped by SIGTERM at cell " \
+                                                 f"{again.envelope['data']['cell']}"
+
+
 # -- bad input: exit 2, nothing runs ----------------------------------------------------------
 BAD_INPUT = [
     (["missing.ipynb"], "nbbudget run: no notebook at 'missing.ipynb'; check the path"),

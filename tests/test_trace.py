@@ -4,8 +4,8 @@ Every refusal is a ``dispatch_refused_budget_exceeded`` event with the five payl
 and leaves the counters as they were. ``summary()`` gives checks, consumptions and refusals by
 kind (S4-9). ``trace="counts"`` (the default) only counts successful charges; ``trace="full"``
 stores each one, so ``replay(limits)`` can say exactly which charges other limits would have
-refused. Traces save to versioned JSON (mode 0600, never silently overwritten) and load back
-equal. A `FakeClock` makes every ``t_ms`` exact.
+refused. Traces save to versioned JSON (with the umask's mode, never silently overwritten) and
+load back equal. A `FakeClock` makes every ``t_ms`` exact.
 """
 
 from __future__ import annotations
@@ -371,15 +371,21 @@ def test_save_with_overwrite_replaces_the_file(tmp_path: Path, clock: FakeClock)
 
 
 @pytest.mark.skipif(os.name != "posix", reason="file modes are POSIX")
-def test_a_saved_trace_is_readable_by_its_owner_only(tmp_path: Path, clock: FakeClock) -> None:
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_a_saved_trace_has_the_mode_the_umask_gives_a_users_own_file(
+        tmp_path: Path, clock: FakeClock, umask: int) -> None:
     fresh, replaced = tmp_path / "fresh.json", tmp_path / "replaced.json"
     replaced.write_text("old")
-    replaced.chmod(0o644)
+    replaced.chmod(0o600)
     run = ten_steps(clock)
-    run.trace.save(fresh)
-    run.trace.save(replaced, overwrite=True)
-    assert stat.S_IMODE(fresh.stat().st_mode) == 0o600
-    assert stat.S_IMODE(replaced.stat().st_mode) == 0o600
+    before = os.umask(umask)
+    try:
+        run.trace.save(fresh)
+        run.trace.save(replaced, overwrite=True)
+    finally:
+        os.umask(before)
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o666 & ~umask
+    assert stat.S_IMODE(replaced.stat().st_mode) == 0o666 & ~umask
 
 
 def saved_json(run: nb.Budget, tmp_path: Path) -> dict[str, Any]:

@@ -14,7 +14,8 @@ a user's own file.
 It outlives the command that started it (S0-2): a ``--detach`` run goes on to its end; a
 ``--resume`` run pauses at the first cell boundary past its caller's budget, keeps the kernel
 and its state, and continues when the identical command gives it a new turn. Between cells and
-while a cell runs it watches for ``nbbudget cancel`` (the run ends ``stopped``), the wall-clock
+while a cell runs it watches for ``nbbudget cancel`` or a SIGTERM, SIGINT or SIGHUP sent to it
+(the run ends ``stopped``), the wall-clock
 limit counted from the first start (``cancelled``, S0-6) and the run's time grant; each
 interrupts the running cell, and a cell that ignores the interrupt for
 `INTERRUPT_GRACE_S` loses its kernel.
@@ -29,6 +30,7 @@ import ast
 import asyncio
 import hashlib
 import json
+import signal
 import sys
 import time
 import traceback
@@ -54,6 +56,9 @@ __all__ = ["main"]
 POLL_S = 0.1  # how often the runner reads its row while a cell runs or while it is paused
 INTERRUPT_GRACE_S = 5.0  # how long an interrupted cell may take to end before its kernel dies
 TIME_GRACE_S = 0.1  # the run's own timer fires first; the interrupt follows this much later
+#: the signals that stop the run as ``nbbudget cancel`` does (nbclient's own handlers would shut
+#: the kernel down and leave the runner waiting, a paused run for ever)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 #: the state of a run that ended with each status, in the words of ``nb.jobs``
 _JOB_STATE = {Status.COMPLETED: JobState.DONE, Status.FAILED: JobState.FAILED,
               Status.STOPPED: JobState.CANCELLED, Status.CANCELLED: JobState.CANCELLED}
@@ -127,9 +132,11 @@ class Runner:
         self.client: NotebookClient | None = None
         self.manager: NotebookExecutionManager | None = None  # papermill's records of the cells
         self.consumed: dict[str, Any] | None = None
+        self.signalled: str | None = None  # the name of a stop signal received
 
     async def run(self) -> None:
         """Execute the notebook and record how it ended, whatever happens."""
+        self._catch_stop_signals()
         try:
             end = await _ending(self._execute())
         except Exception as exc:  # noqa: BLE001  (a bug or the environment: reported, never silent)
@@ -138,6 +145,17 @@ class Runner:
                 "runner_error", f"the runner of {self.id} failed: {type(exc).__name__}: {exc}; "
                                 f"its log is {self.runs.log_path(self.id)}"))
         self._finish(end)
+
+    def _catch_stop_signals(self) -> None:
+        """A stop signal asks the run to stop, as ``nbbudget cancel`` does: the running cell is
+        interrupted, or the paused run ends, and the kernel is shut down. Installed when the
+        runner starts and again once nbclient has put its own handlers in."""
+        loop = asyncio.get_running_loop()
+        for signum in STOP_SIGNALS:
+            loop.add_signal_handler(signum, self._signal, signum)
+
+    def _signal(self, signum: int) -> None:
+        self.signalled = signal.Signals(signum).name
 
     def _finish(self, end: _End) -> None:
         """Record how the run ended (once: a run that has ended keeps its first end)."""
@@ -188,6 +206,7 @@ class Runner:
         try:
             async with client.async_setup_kernel(cleanup_kc=True):  # shuts the kernel down
                 ready = True  # the kernel has answered: the run is no longer starting
+                self._catch_stop_signals()
                 self.runs.update(self.id, state=JobState.RUNNING.value)
                 await self._language_info()
                 end = await _ending(self._cells())
@@ -360,7 +379,12 @@ class Runner:
         return record
 
     def _end_if_asked(self, record: RunRecord, index: int) -> None:
-        """``nbbudget cancel`` (stopped), or the wall clock since the first start (cancelled)."""
+        """``nbbudget cancel`` or a stop signal (stopped), or the wall clock since the first
+        start (cancelled)."""
+        if self.signalled is not None:
+            raise _End(Status.STOPPED, _error(
+                "stopped", f"run {self.id} was stopped by {self.signalled} at cell {index}"),
+                cell=index)
         if record.cancel:
             raise _End(Status.STOPPED, _error(
                 "stopped", f"run {self.id} was stopped by nbbudget cancel at cell {index}"),

@@ -339,10 +339,11 @@ class Trace:
         }
 
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> None:
-        """Write the trace as versioned JSON (atomically, mode 0600). An existing file is only
-        replaced with ``overwrite=True``."""
+        """Write the trace as versioned JSON, atomically, with the mode the umask gives a new
+        file (the user's own file, as any program writes it). An existing file is only replaced
+        with ``overwrite=True``."""
         data = json.dumps(self.to_json(), separators=(",", ":"), default=str).encode()
-        atomic_write(path, data, overwrite=overwrite)
+        atomic_write(path, data, overwrite=overwrite, mode=0o666)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Trace:

@@ -60,7 +60,8 @@ _prices_lock = threading.Lock()
 
 def price_of(provider: str, model: str) -> Price | None:
     """The price of *model* at *provider* (``"openai"``, ``"anthropic"``, ...), or None when
-    genai-prices does not know it; read once per model and kept."""
+    genai-prices does not know it or is not installed (it needs Python 3.11 or newer); read
+    once per model and kept."""
     key = (provider, model)
     try:
         return _prices[key]
@@ -80,8 +81,11 @@ def cost_usd(provider: str, model: str, usage: Mapping[str, int]) -> float | Non
 
 
 def _read(provider: str, model: str) -> Price | None:
-    from genai_prices import Usage, data_snapshot
-    from genai_prices.types import TieredPrices
+    try:
+        from genai_prices import Usage, data_snapshot
+        from genai_prices.types import TieredPrices
+    except ImportError:  # Python 3.10, or an install without it: prices= gives the price
+        return None
 
     try:
         _, info = data_snapshot.get_snapshot().find_provider_model(model, None, provider, None)

@@ -15,12 +15,27 @@ run, with no change to the agent, its tools or its prompts::
 - **Model requests.** Each attempt at a model request reserves a ``provider_calls`` permit before
   it is sent, retries included (S4-6), and is never refunded. Each request step counts one
   ``turns``. The request's ``max_tokens`` setting is clamped to what remains of the
-  ``output_tokens`` grant (S2-9); an exhausted grant refuses the request. What the response used
-  (its ``usage``: input and output tokens, and cost from ``prices=`` per 1,000 tokens or a
-  ``price=`` function) is charged after the fact, so spending past a limit is recorded and the
-  run fails ``budget-cut`` by the first limit passed, in the order tokens > cost (S3-3).
-- **Tool calls.** Each call reserves a ``tool_calls`` permit before it runs (S4-3); a refused call
-  never runs. The run's time and cancellation are checked before every dispatch.
+  ``output_tokens`` grant (S2-9); an exhausted grant refuses the request.
+- **What a response used** is charged after the fact: ``tokens`` (input and output),
+  ``output_tokens``, and ``cost_usd``: the response's own cost (``usage.cost``, which
+  pydantic-ai works out with genai-prices), else ``prices=`` (USD per 1,000 tokens) or
+  ``price=`` (a function), else genai-prices' price of the model. Spending past a limit is
+  recorded and the run fails ``budget-cut`` by the first limit passed, in the order tokens >
+  cost (S3-3). Under a cost limit, a response that used tokens and whose cost nothing can tell
+  stops the run with a `nbbudget.ConfigError` that names ``prices=``: the limit could not be
+  kept.
+- **Streams** (``agent.run_stream``, ``agent.iter``) are charged as the stream reports its
+  usage, after each event; the event that passes ``output_tokens``, ``tokens`` or ``cost_usd``
+  never reaches the reader: the stream is cancelled (its connection closed) and
+  `UsageLimitCut` raises, its ``salvage`` the text received so far, which also stays in the
+  agent's messages (S3-9).
+- **Tool calls.** The function tool calls of one model response reserve their ``tool_calls``
+  permits together, before any of them starts (S4-3): a batch that would pass the limit is
+  refused whole and none of its calls runs. A call that fails, ``ModelRetry`` included, keeps
+  its permit: a dispatch is not refunded (S4-3, S4-10), so its retry needs a permit of its own,
+  as does a call of the batch that never ran (arguments the tool rejected, an unknown tool).
+  The output tool is the agent's answer, not a tool call. The run's time and cancellation are
+  checked before every dispatch.
 - **Errors.** A refusal ends the agent run with pydantic-ai's own error, `UsageLimitExceeded`,
   as its `UsageLimits` would: here the subclass `UsageLimitRefused`, which is also an
   `nbbudget.BudgetExceeded` (``kind``, ``limit``, ``consumed``, ``target``) and carries the run's
@@ -29,6 +44,8 @@ run, with no change to the agent, its tools or its prompts::
   ``outcome``). A stop of the run itself (``run.cancel()``, the panel's Stop button, its time
   running out) unwinds the agent run like any other nbbudget stop.
 
+Where this differs from `UsageLimits`, and why, is in "Bounding the agent you already have".
+
 ``Budgeted()`` with no run uses `nbbudget.current()` when the agent run starts, so inside a
 ``%%budget`` cell ``capabilities=[Budgeted()]`` bounds the agent by the cell's limits.
 """
@@ -36,14 +53,16 @@ run, with no change to the agent, its tools or its prompts::
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import aclosing, asynccontextmanager, suppress
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from ..core.errors import BudgetCut, BudgetExceeded, ConfigError
 from ..core.lowlevel import Unwind
 from ..run.budget import Budget, current
-from ..run.providers import clamp, spend_usage, usage_of
+from ..run.providers import Usage, clamp, spend_usage
+from .prices import FIGURES, cost_usd
 
 #: The first pydantic-ai release with a hook before every attempt at a model request
 #: (``prepare_model_request``), where a ``provider_calls`` permit is taken and ``max_tokens``
@@ -51,8 +70,11 @@ from ..run.providers import clamp, spend_usage, usage_of
 PYDANTIC_AI_NEEDED = "2.64"
 
 try:
+    from pydantic_ai import CallToolsNode
     from pydantic_ai.capabilities import AbstractCapability
     from pydantic_ai.exceptions import UsageLimitExceeded
+    from pydantic_ai.messages import TextPart
+    from pydantic_ai.models.wrapper import WrapperModel
 except ImportError as exc:
     raise ImportError(
         f"nbbudget.pydantic_ai needs pydantic-ai {PYDANTIC_AI_NEEDED} or newer (on Python 3.11 "
@@ -90,13 +112,18 @@ class UsageLimitCut(UsageLimitExceeded, BudgetCut):
     """A limit passed by what a model response had already used: the run failed ``budget-cut``.
 
     pydantic-ai's `UsageLimitExceeded` and nbbudget's `BudgetCut` (``by`` is the limit's kind).
+    ``salvage`` is the text a streamed response had delivered when it was cut (S3-9), else None.
     """
 
     _stop: Any = None
+    salvage: str | None = None
 
     def __init__(self, by: str, message: str) -> None:
         BudgetCut.__init__(self, by, message)
         self.message = message
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.by, self.message), {"salvage": self.salvage})
 
 
 def _refused(err: BudgetExceeded) -> UsageLimitRefused:
@@ -105,12 +132,23 @@ def _refused(err: BudgetExceeded) -> UsageLimitRefused:
 
 
 @dataclass
+class _Billed:
+    """What one attempt's response has been charged so far: a stream is charged as it reports
+    its usage, and the response at its end is charged only what the stream had not yet been."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+@dataclass
 class Budgeted(AbstractCapability[Any]):
     """Put an nbbudget run around a pydantic-ai agent run (see the module's documentation).
 
     ``run``: the `nbbudget.Budget` to charge; `None` takes `nbbudget.current()` when the agent
     run starts. ``prices``: ``{"input": usd, "output": usd}`` per 1,000 tokens, or ``price``: a
-    function of the usage mapping returning dollars, when the responses carry no cost.
+    function of the usage mapping returning dollars, for responses that carry no cost of their
+    own and models genai-prices does not price.
     ``steer=True`` tells the model about approach notices (S3-5): when the run passes a notice
     threshold, the next request carries a line such as ``Budget notice: start converging
     (tool_calls at 80% of its limit).``; the loop itself can read ``run.notice_level``.
@@ -123,6 +161,8 @@ class Budgeted(AbstractCapability[Any]):
     steer: bool = False
     id: str | None = "nbbudget"
     _told: int = dataclasses.field(default=0, init=False, repr=False)
+    _billed: _Billed = dataclasses.field(default_factory=_Billed, init=False, repr=False)
+    _reserved: set[str] = dataclasses.field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.run is not None and not isinstance(self.run, Budget):
@@ -170,35 +210,158 @@ class Budgeted(AbstractCapability[Any]):
             clamped = clamp(run, asked, f"provider:{label}")
         except BudgetExceeded as err:
             raise _refused(err) from None
+        self._billed = _Billed()  # this attempt's response is charged from nothing
         if clamped != asked:
             settings["max_tokens"] = clamped
             request_context = dataclasses.replace(request_context, model_settings=settings)
         return request_context
 
+    def get_wrapper_model(self, model: Any) -> Any:
+        """The model of every attempt, wrapped so that a streamed response is charged as it
+        reports its usage and cut the moment a limit is passed (S3-9)."""
+        return _MeteredModel(model, self)
+
     async def after_model_request(self, ctx: Any, *, request_context: Any,
                                   response: Any) -> Any:
-        """Charge what the response used; past a limit the run fails ``budget-cut`` (S3-3)."""
+        """Charge what the response used that was not charged yet (a stream is charged as it
+        goes); past a limit the run fails ``budget-cut`` (S3-3)."""
+        self._charge(response.usage, response.model_name, response.provider_name, final=True)
+        return response
+
+    def _charge(self, usage: Any, model: str | None, provider: str | None, *,
+                final: bool) -> None:
+        """Bring what this attempt is charged up to *usage*, a pydantic-ai `RequestUsage` (the
+        response's so far, or at its end when *final*).
+
+        The cost is the response's own (``usage.cost``, which pydantic-ai works out with
+        genai-prices), else ``prices=``/``price=``, else genai-prices' price of the model. A
+        response that used tokens and has no cost, under a cost limit, is a configuration error
+        once it has ended: the limit could not be kept (seed 003: a cost limit needs a price).
+        """
         run = self._run()
-        usage = usage_of(response)
+        inp, out = usage.input_tokens, usage.output_tokens
+        billed = self._billed
+        if (not final and usage.cost is None and inp == billed.input_tokens
+                and out == billed.output_tokens):
+            return  # an event that reported no usage: nothing new to charge
+        cost = self._cost(usage, inp, out, model, provider)
+        if cost is None and final and (inp or out) and run.limits.cost_usd is not None:
+            raise ConfigError(
+                f"model {model or '(unnamed)'} of provider {provider or '(none)'} returned a "
+                f"response with no cost and genai-prices has no price for it, so the run's "
+                f"cost_usd limit of {run.limits.cost_usd} cannot be kept: give its prices, "
+                f"Budgeted(run, prices={{'input': ..., 'output': ...}}) in USD per 1,000 "
+                f"tokens, or price=")
+        spent = Usage(input_tokens=max(0, inp - billed.input_tokens),
+                      output_tokens=max(0, out - billed.output_tokens))
+        billed.input_tokens, billed.output_tokens = max(inp, billed.input_tokens), max(
+            out, billed.output_tokens)
+        if cost is not None and cost > billed.cost_usd:
+            spent["cost_usd"] = cost - billed.cost_usd
+            billed.cost_usd = cost
         try:
-            spend_usage(run, usage, self.prices, self.price, _model_name(request_context.model))
+            spend_usage(run, spent, None, None, model or "model")
         except Unwind as signal:
             cut = signal.stop  # the run, or the run it draws on, failed budget-cut
             err = UsageLimitCut(cut.by or "budget", cut.message)
             err.reports = cut  # so the run's `with` block raises this error, not a new one
             raise err from None
-        return response
+
+    def _cost(self, usage: Any, inp: int, out: int, model: str | None,
+              provider: str | None) -> float | None:
+        if usage.cost is not None:
+            return float(usage.cost)
+        if self.prices is not None:
+            return inp / 1000 * self.prices.get("input", 0) + out / 1000 * self.prices.get(
+                "output", 0)
+        if self.price is not None:
+            return self.price({"input_tokens": inp, "output_tokens": out})
+        if not (inp or out):
+            return None
+        if model and provider:
+            figures = {key: getattr(usage, key, 0) for key in FIGURES}
+            return cost_usd(provider, model, figures)
+        return None
+
+    async def before_node_run(self, ctx: Any, *, node: Any) -> Any:
+        """A model response's tool calls reserve their ``tool_calls`` permits together, before
+        any of them runs (S4-3): a batch that would pass the limit is refused whole."""
+        if not isinstance(node, CallToolsNode):
+            return node
+        tools = ctx.tool_manager
+        calls = [call for call in node.model_response.tool_calls
+                 if (tools is None or (tool := tools.get_tool_def(call.tool_name)) is None
+                     or tool.kind == "function")]
+        if not calls:
+            return node
+        run = self._run()
+        names = ",".join(dict.fromkeys(call.tool_name for call in calls))
+        try:
+            run.check()
+            run.charge("tool_calls", len(calls), target=f"tool:{names}")
+        except BudgetExceeded as err:
+            raise _refused(err) from None
+        self._reserved = {call.tool_call_id for call in calls}  # the last batch has ended
+        return node
 
     async def wrap_tool_execute(self, ctx: Any, *, call: Any, tool_def: Any, args: Any,
                                 handler: Any) -> Any:
-        """Every tool call: a ``tool_calls`` permit before it runs; a refused call never runs."""
+        """Every tool call runs on a permit taken before it starts: its batch's, or its own
+        (a call outside a batch); a refused call never runs. A call that fails, ``ModelRetry``
+        included, keeps its permit (S4-3)."""
         run = self._run()
         try:
             run.check()
-            run.charge("tool_calls", target=f"tool:{call.tool_name}")
+            if call.tool_call_id in self._reserved:
+                self._reserved.discard(call.tool_call_id)
+            else:
+                run.charge("tool_calls", target=f"tool:{call.tool_name}")
         except BudgetExceeded as err:
             raise _refused(err) from None
         return await handler(args)
+
+
+class _MeteredModel(WrapperModel):
+    """The model of one attempt, whose streamed responses are charged as they arrive."""
+
+    def __init__(self, wrapped: Any, budgeted: Budgeted) -> None:
+        super().__init__(wrapped)
+        self._budgeted = budgeted
+
+    @asynccontextmanager
+    async def request_stream(self, messages: Any, model_settings: Any,
+                             model_request_parameters: Any,
+                             run_context: Any = None) -> AsyncIterator[Any]:
+        async with self.wrapped.request_stream(messages, model_settings,
+                                               model_request_parameters,
+                                               run_context) as stream:
+            _meter(stream, self._budgeted)
+            yield stream
+
+
+def _meter(stream: Any, budgeted: Budgeted) -> None:
+    """Charge *stream* (a pydantic-ai `StreamedResponse` not yet read) after each of its events,
+    as its usage grows; when a limit is passed the stream is cancelled (its connection closed)
+    before that event reaches the reader, and `UsageLimitCut` raises with ``salvage``, the text
+    received so far (S3-9). ``_get_event_iterator`` is where each pydantic-ai model produces a
+    stream's events; this one stream's is replaced by one that reads it and charges."""
+    events = stream._get_event_iterator
+
+    async def metered() -> AsyncIterator[Any]:
+        async with aclosing(events()) as source:
+            async for event in source:
+                try:
+                    budgeted._charge(stream.usage, stream.model_name, stream.provider_name,
+                                     final=False)
+                except UsageLimitCut as err:
+                    with suppress(NotImplementedError):  # a model that cannot cancel: its
+                        await stream.cancel()  # source is closed below, all there is
+                    err.salvage = "".join(part.content for part in stream.get().parts
+                                          if isinstance(part, TextPart))
+                    raise
+                yield event
+
+    stream._get_event_iterator = metered
 
 
 def _notice_text(run: Budget) -> str:

@@ -41,13 +41,13 @@ _TOKENS, _OUTPUT_TOKENS, _COST = (KIND_INDEX[k] for k in ("tokens", "output_toke
 
 class Usage(dict[str, float]):
     """What one reply used: ``input_tokens``, ``output_tokens``, ``cost_usd``. `usage_of` makes
-    it and `spend_usage` charges it, here and in the pydantic-ai adapter."""
+    it and `spend_usage` charges it, here and in the pydantic-ai adapter (which makes its own
+    from a model response's usage)."""
 
 
 def usage_of(reply: Any) -> Usage:
     """Read a reply's usage: ``reply.usage`` (object or mapping) or the reply itself. A
-    provider reads each reply with it; the pydantic-ai adapter
-    (``nbbudget.integrations.pydantic_ai``) reads a model response's usage with it too."""
+    provider reads each reply with it."""
     source = reply.get("usage", reply) if type(reply) is dict else getattr(reply, "usage", None)
     if source is None and isinstance(reply, Mapping):
         source = reply.get("usage", reply)

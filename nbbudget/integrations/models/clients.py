@@ -206,23 +206,16 @@ class _Gate:
             per_in, per_out = prices["input"] / _MILLION, prices["output"] / _MILLION
             return lambda figures: (figures.get("input_tokens", 0) * per_in
                                     + figures.get("output_tokens", 0) * per_out)
-        try:
-            price = price_of(self.api.provider, model)
-        except ImportError:  # genai-prices needs Python 3.11 or newer
-            price = None
-            if run.remaining("cost_usd") != _INF:
-                raise self.api.unpriced(
-                    f"cost_usd is limited and genai-prices, which prices {model!r}, is not "
-                    f"installed: pip install 'nbbudget[{self.api.provider}]' (Python 3.11 or "
-                    f"newer), or give nb.instrument(client, prices={{'input': usd, 'output': "
-                    f"usd}}) per million tokens") from None
+        price = price_of(self.api.provider, model)
         if price is not None:
             return price.cost
         if run.remaining("cost_usd") != _INF:
             raise self.api.unpriced(
-                f"cost_usd is limited and genai-prices has no price for {self.api.provider} "
-                f"model {model!r}: give nb.instrument(client, prices={{'input': usd, "
-                f"'output': usd}}) per million tokens, or a function of the usage")
+                f"cost_usd is limited and there is no price for {self.api.provider} model "
+                f"{model!r} (genai-prices does not know it, or is not installed: it comes with "
+                f"nbbudget[{self.api.provider}] on Python 3.11 or newer): give "
+                f"nb.instrument(client, prices={{'input': usd, 'output': usd}}) per million "
+                f"tokens, or a function of the usage")
         return None
 
 
