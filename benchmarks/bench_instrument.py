@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""What ``nb.instrument`` adds to a model call, against the same call with the bare SDK, both
+against the local server of the tests (tests/wire) in one process.
+
+    python benchmarks/bench_instrument.py [--quick]
+
+A whole call (OpenAI Chat Completions, Anthropic Messages) is timed bare and instrumented,
+interleaved call by call, in CPU time of the calling thread (the server's threads are not
+counted) beside wall time; the instrumented call runs in a run with every axis armed (provider
+calls, turns, tokens, output tokens, cost), so each reservation, clamp and charge happens. The
+goal: at most 5% of the round trip, in CPU time. A stream's per-chunk cost, instrumented less
+bare, is read through an in-memory transport, in pairs of 1,000-chunk streams, once as the
+caller reads the chunks (the SDK parses each: about 100 us, whose noise is larger than the
+figure) and once as the bytes under the SDK's parser (``with_streaming_response``), where the
+instrumentation's whole per-chunk work shows: at most 2 us a chunk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+import anthropic
+import httpx2
+import openai
+from wire import Server
+from wire import anthropic_shapes as a
+from wire import openai_shapes as o
+
+import nbbudget as nb
+
+ASK = [{"role": "user", "content": "plan the trip"}]
+HUGE = 10**12
+
+
+def compare(bare: Callable[[], object], instrumented: Callable[[], object], n: int,
+            reps: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """CPU (this thread) and wall microseconds of one call of each, interleaved call by call
+    (the order swapped at each), so that load from elsewhere hits both alike: the median over
+    reps of each rep's median."""
+    rows: list[list[tuple[float, float]]] = [[], []]
+    for _ in range(reps):
+        samples: list[list[tuple[int, int]]] = [[], []]
+        gc.collect()
+        gc.disable()
+        try:
+            for call in range(n):
+                order = ((0, bare), (1, instrumented)) if call % 2 else (
+                    (1, instrumented), (0, bare))
+                for i, fn in order:
+                    c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
+                    fn()
+                    samples[i].append((time.thread_time_ns() - c0, time.perf_counter_ns() - w0))
+        finally:
+            gc.enable()
+        for i in (0, 1):
+            rows[i].append((statistics.median(c for c, _ in samples[i]) / 1000,
+                            statistics.median(w for _, w in samples[i]) / 1000))
+    return tuple(  # type: ignore[return-value]
+        (statistics.median(c for c, _ in row), statistics.median(w for _, w in row))
+        for row in rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    n, reps = (30, 3) if args.quick else (200, 7)
+    run = nb.budget(provider_calls=HUGE, turns=HUGE, tokens=HUGE, output_tokens=HUGE,
+                    cost_usd=float(HUGE))
+    print(f"nb.instrument overhead: Python {sys.version.split()[0]}, {n} calls x {reps} reps, "
+          f"CPU time of the calling thread (wall beside)")
+    with Server() as server, run, \
+            openai.OpenAI(base_url=server.url, api_key="k", max_retries=0) as bare_o, \
+            anthropic.Anthropic(base_url=server.url, api_key="k", max_retries=0) as bare_a:
+        inst_o, inst_a = nb.instrument(bare_o), nb.instrument(bare_a)
+        server.default = o.chat("Paris.", o.chat_usage(20, 3, cached=5))
+
+        def chat(client: openai.OpenAI) -> Callable[[], object]:
+            return lambda: client.chat.completions.create(
+                model="gpt-4o-mini", messages=ASK, max_completion_tokens=100)
+
+        report("OpenAI chat", *compare(chat(bare_o), chat(inst_o), n, reps))
+        server.default = a.message("Paris.", a.usage(20, 3))
+
+        def message(client: anthropic.Anthropic) -> Callable[[], object]:
+            return lambda: client.messages.create(
+                model="claude-3-5-haiku-latest", messages=ASK,  # type: ignore[arg-type]
+                max_tokens=100)
+
+        report("Anthropic messages", *compare(message(bare_a), message(inst_a), n, reps))
+
+    per_chunk(10 if args.quick else 40)
+    return 0
+
+
+def per_chunk(pairs: int) -> None:
+    """A streamed chat completion's cost per chunk, bare and instrumented, with the SDK reading
+    from an in-memory transport (httpx2.MockTransport: the events of tests/wire, one chunk an
+    event, no socket), so that the figure is not lost in the noise of the network stack: a
+    stream of 1,000 chunks each way, in pairs; the median over pairs of the difference, per
+    chunk (the per-call cost, spread over 1,000 chunks, included)."""
+    chunks = 1000
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        reply = o.chat_stream(["tok "] * chunks, o.chat_usage(20, chunks))
+        assert callable(reply.events)
+        events = [f"data: {d if isinstance(d, str) else json.dumps(d, separators=(',', ':'))}"
+                  f"\n\n".encode() for _, d in reply.events(json.loads(request.content))]
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"},
+                               content=iter(events))
+
+    run = nb.budget(provider_calls=HUGE, turns=HUGE, tokens=HUGE, output_tokens=HUGE,
+                    cost_usd=float(HUGE))
+    with run, httpx2.Client(transport=httpx2.MockTransport(handler)) as http, \
+            openai.OpenAI(base_url="http://memory", api_key="k", http_client=http) as bare:
+        inst = nb.instrument(bare)
+
+        def chunks_read(client: openai.OpenAI) -> int:
+            return sum(1 for _ in client.chat.completions.create(
+                model="gpt-4o-mini", messages=ASK, stream=True))  # type: ignore[arg-type]
+
+        def bytes_read(client: openai.OpenAI) -> int:
+            with client.chat.completions.with_streaming_response.create(
+                    model="gpt-4o-mini", messages=ASK,  # type: ignore[arg-type]
+                    stream=True) as response:
+                return sum(1 for _ in response.iter_bytes())
+
+        for name, read in (("chunks as the caller reads them", chunks_read),
+                           ("bytes under the SDK's parser", bytes_read)):
+            added, bare_us = paired(read, bare, inst, pairs, chunks)
+            q1, median, q3 = statistics.quantiles(added, n=4)
+            print(f"  OpenAI chat stream, per chunk, {name}: bare "
+                  f"{statistics.median(bare_us):5.1f} us CPU, added {median:5.2f} us "
+                  f"(quartiles {q1:.2f}..{q3:.2f}; goal <= 2 us)")
+
+
+def paired(read: Callable[[openai.OpenAI], int], bare: openai.OpenAI, inst: openai.OpenAI,
+           pairs: int, chunks: int) -> tuple[list[float], list[float]]:
+    """CPU per chunk of *read* with each client, in pairs, the order swapped at each pair: the
+    instrumented less the bare, and the bare."""
+    read(bare), read(inst)  # warm
+    added, bare_us = [], []
+    gc.collect()
+    gc.disable()
+    try:
+        for pair in range(pairs):
+            spent = {}
+            for client in ((bare, inst) if pair % 2 else (inst, bare)):
+                start = time.thread_time_ns()
+                read(client)
+                spent[id(client)] = (time.thread_time_ns() - start) / 1000 / chunks
+            added.append(spent[id(inst)] - spent[id(bare)])
+            bare_us.append(spent[id(bare)])
+    finally:
+        gc.enable()
+    return added, bare_us
+
+
+def report(name: str, bare: tuple[float, float], inst: tuple[float, float]) -> None:
+    added = inst[0] - bare[0]
+    print(f"  {name:<20} bare {bare[0]:7.0f} us CPU ({bare[1]:6.0f} us wall), instrumented "
+          f"{inst[0]:7.0f} us CPU ({inst[1]:6.0f} us wall): added {added:5.0f} us CPU = "
+          f"{added / bare[0]:6.1%} of the round trip (goal <= 5%)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
