@@ -1,0 +1,323 @@
+"""The OpenAI Agents SDK's hooks (nbbudget.openai_agents), with real agents whose model is the
+SDK's own OpenAI Chat Completions model, through the real OpenAI client, against a scripted
+server on 127.0.0.1 that records every request it received."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+pytest.importorskip("agents")
+
+from agents import (
+    Agent,
+    OpenAIChatCompletionsModel,
+    Runner,
+    function_tool,
+    set_tracing_disabled,
+)
+from agents.exceptions import UserError
+from openai import AsyncOpenAI
+
+import nbbudget as nb
+from nbbudget.openai_agents import Budgeted, BudgetRefused
+
+set_tracing_disabled(True)  # nothing leaves the machine
+
+#: what the scripted server reports for each reply (a Chat Completions ``usage``)
+USAGE = {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120,
+         "prompt_tokens_details": {"cached_tokens": 40},
+         "completion_tokens_details": {"reasoning_tokens": 5}}
+#: gpt-4o-mini at its published prices, USD per million tokens: 0.15 input, 0.075 cached input,
+#: 0.60 output: 60 uncached and 40 cached input tokens and 20 output tokens
+GPT_4O_MINI_CALL = (60 * 0.15 + 40 * 0.075 + 20 * 0.60) / 1_000_000
+
+
+class Server:
+    """A Chat Completions server on 127.0.0.1 answering each request with the next scripted
+    reply: ``{"tools": [(name, arguments), ...]}`` or ``{"content": text}``."""
+
+    def __init__(self) -> None:
+        self.replies: list[dict] = []
+        self.requests: list[dict] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                server.requests.append(body)
+                reply = server.replies.pop(0)
+                message: dict = {"role": "assistant", "content": reply.get("content")}
+                if reply.get("tools"):
+                    message["tool_calls"] = [
+                        {"id": f"call_{len(server.requests)}_{i}", "type": "function",
+                         "function": {"name": name, "arguments": json.dumps(args)}}
+                        for i, (name, args) in enumerate(reply["tools"])]
+                data = json.dumps({
+                    "id": f"chatcmpl-{len(server.requests)}", "object": "chat.completion",
+                    "created": 0, "model": body["model"], "usage": USAGE,
+                    "choices": [{"index": 0, "message": message,
+                                 "finish_reason": "tool_calls" if reply.get("tools") else "stop"}],
+                }).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.http.serve_forever, args=(0.05,),
+                                       name="chat-server")
+
+    def script(self, *replies: dict) -> None:
+        self.replies.extend(replies)
+
+
+@pytest.fixture(autouse=True)
+def sync_loop():
+    """Runner.run_sync runs on the thread's default event loop and leaves it open, with the
+    worker threads of its sync tools: close it after each test, so those threads end."""
+    yield
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        policy = asyncio.get_event_loop_policy()
+        try:
+            loop = policy.get_event_loop()
+        except RuntimeError:
+            return
+    if not loop.is_closed():
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
+    policy.set_event_loop(None)
+
+
+@pytest.fixture
+def server():
+    s = Server()
+    s.thread.start()
+    try:
+        yield s
+    finally:
+        s.http.shutdown()
+        s.http.server_close()
+        s.thread.join()
+
+
+def model(server: Server, name: str = "gpt-4o-mini") -> OpenAIChatCompletionsModel:
+    """The SDK's Chat Completions model on the real OpenAI client, pointed at *server*."""
+    client = AsyncOpenAI(base_url=server.url, api_key="test", max_retries=0)
+    return OpenAIChatCompletionsModel(model=name, openai_client=client)
+
+
+def adding_agent(server: Server, ran: list, name: str = "gpt-4o-mini") -> Agent:
+    """An agent with one tool, ``add``, which records each call it runs in *ran*."""
+
+    @function_tool
+    def add(a: int, b: int) -> int:
+        """Add two numbers."""
+        ran.append((a, b))
+        return a + b
+
+    return Agent(name="planner", tools=[add], model=model(server, name))
+
+
+def refusals(run):
+    return [e.payload for e in run.trace.events if e.kind == "dispatch_refused_budget_exceeded"]
+
+
+def test_counts_two_tool_calls_and_a_handoff_synchronously(server):
+    """One turn and one provider call per model call, a tool call per tool run, an agent
+    invocation per handoff; tokens and cost from what the server reported."""
+    ran: list = []
+    planner = adding_agent(server, ran)
+    writer = Agent(name="writer", model=model(server))
+    planner.handoffs = [writer]
+    server.script({"tools": [("add", {"a": 1, "b": 2}), ("add", {"a": 3, "b": 4})]},
+                  {"tools": [("transfer_to_writer", {})]}, {"content": "3 and 7"})
+    with nb.budget(turns=10, tool_calls=10, provider_calls=10, agent_invocations=5) as run:
+        result = Runner.run_sync(planner, "add them", hooks=Budgeted())
+    assert result.final_output == "3 and 7"
+    assert result.last_agent is writer
+    assert sorted(ran) == [(1, 2), (3, 4)]
+    assert len(server.requests) == 3
+    used = run.consumed
+    assert (used["turns"], used["provider_calls"], used["tool_calls"],
+            used["agent_invocations"]) == (3, 3, 2, 1)
+    assert (used["tokens"], used["output_tokens"]) == (3 * 120, 3 * 20)
+    assert used["cost_usd"] == pytest.approx(3 * GPT_4O_MINI_CALL, rel=1e-9)
+    assert run.outcome.status == "completed"
+
+
+def test_a_refused_tool_never_runs_and_the_caller_sees_budget_exceeded(server):
+    """S4-3: the second tool call is refused before it runs; Runner.run ends with the nbbudget
+    error, not the SDK's 'Error running tool' wrapper, and the model is not asked again."""
+    ran: list = []
+    agent = adding_agent(server, ran)
+    server.script({"tools": [("add", {"a": 1, "b": 2})]}, {"tools": [("add", {"a": 3, "b": 4})]},
+                  {"content": "never asked"})
+    with pytest.raises(nb.BudgetExceeded) as caught, nb.budget(tool_calls=1) as run:
+        Runner.run_sync(agent, "add them", hooks=Budgeted())
+    assert isinstance(caught.value, BudgetRefused)
+    assert not isinstance(caught.value, UserError)
+    assert (caught.value.kind, caught.value.limit, caught.value.target) == (
+        "tool_calls", 1, "tool:add")
+    assert ran == [(1, 2)]
+    assert len(server.requests) == 2
+    assert run.consumed["tool_calls"] == 1
+    assert [r["budget_kind"] for r in refusals(run)] == ["tool_calls"]
+
+
+def test_a_refused_model_call_is_never_sent(server):
+    """S4-6: the second model call is refused in on_llm_start; the server received one request."""
+    ran: list = []
+    agent = adding_agent(server, ran)
+    server.script({"tools": [("add", {"a": 1, "b": 2})]}, {"content": "never asked"})
+
+    async def main():
+        with nb.budget(provider_calls=1) as run:
+            try:
+                await Runner.run(agent, "add", hooks=Budgeted(run))
+            finally:
+                assert len(server.requests) == 1
+        return run
+
+    with pytest.raises(BudgetRefused) as caught:
+        asyncio.run(main())
+    assert (caught.value.kind, caught.value.target) == ("provider_calls", "provider:gpt-4o-mini")
+    assert ran == [(1, 2)]
+    assert len(server.requests) == 1
+    assert caught.value.outcome is not None and caught.value.outcome.code == (
+        "ProviderCallBudgetExceeded")
+
+
+def test_the_turns_limit_ends_the_loop_before_the_sdks_max_turns(server):
+    """One turn per model call: turns=2 refuses the third call, where max_turns=10 would let it
+    run; the refusal names turns, and no third request was sent."""
+    ran: list = []
+    agent = adding_agent(server, ran)
+    server.script(*[{"tools": [("add", {"a": i, "b": i})]} for i in range(5)])
+    with pytest.raises(BudgetRefused) as caught, nb.budget(turns=2) as run:
+        Runner.run_sync(agent, "loop", hooks=Budgeted(), max_turns=10)
+    assert caught.value.kind == "turns"
+    assert len(server.requests) == 2
+    assert ran == [(0, 0), (1, 1)]
+    assert run.consumed["turns"] == run.consumed["provider_calls"] == 2
+
+
+def test_no_output_tokens_left_refuses_the_next_call(server):
+    """S2-9: with the output-token grant spent, the next model call is refused before dispatch."""
+    ran: list = []
+    agent = adding_agent(server, ran)
+    server.script({"tools": [("add", {"a": 1, "b": 2})]}, {"content": "never asked"})
+    with pytest.raises(BudgetRefused) as caught, nb.budget(output_tokens=20):
+        Runner.run_sync(agent, "add", hooks=Budgeted())
+    assert caught.value.kind == "output_tokens"
+    assert len(server.requests) == 1
+
+
+def test_tokens_past_the_limit_cut_the_run_with_budget_cut(server):
+    """S3-3: what a reply used is charged even past the limit; the run fails budget-cut by
+    tokens, and no answer is made up: the tool the reply asked for never runs."""
+    ran: list = []
+    agent = adding_agent(server, ran)
+    server.script({"tools": [("add", {"a": 1, "b": 2})]}, {"content": "never asked"})
+    with pytest.raises(nb.BudgetCut) as caught, nb.budget(tokens=100) as run:
+        Runner.run_sync(agent, "add", hooks=Budgeted())
+    assert caught.value.by == "tokens"
+    assert ran == []
+    assert len(server.requests) == 1
+    assert run.consumed["tokens"] == 120
+    assert run.outcome.status == "failed" and run.outcome.cause == "budget-cut"
+
+
+def test_cost_of_a_known_model_comes_from_genai_prices(server):
+    ran: list = []
+    agent = adding_agent(server, ran)
+    server.script({"content": "hello"})
+    with nb.budget(cost_usd=1.0) as run:
+        Runner.run_sync(agent, "hi", hooks=Budgeted())
+    assert run.consumed["cost_usd"] == pytest.approx(GPT_4O_MINI_CALL, rel=1e-9)
+
+
+def test_prices_per_million_tokens_or_a_function(server):
+    ran: list = []
+    agent = adding_agent(server, ran, name="in-house-model")
+    server.script({"content": "one"}, {"content": "two"})
+    with nb.budget(cost_usd=1.0) as run:
+        Runner.run_sync(agent, "hi", hooks=Budgeted(prices={"input": 2.0, "output": 10.0}))
+    assert run.consumed["cost_usd"] == pytest.approx((100 * 2.0 + 20 * 10.0) / 1e6)
+    seen: list = []
+
+    def price(usage):
+        seen.append(dict(usage))
+        return 0.5
+
+    with nb.budget(cost_usd=1.0) as run:
+        Runner.run_sync(agent, "hi", hooks=Budgeted(prices=price))
+    assert run.consumed["cost_usd"] == 0.5
+    assert seen == [{"input_tokens": 100, "output_tokens": 20, "cache_read_tokens": 40,
+                     "cache_write_tokens": 0}]
+
+
+def test_an_unpriced_model_under_a_cost_limit_is_refused_before_any_request(server):
+    ran: list = []
+    agent = adding_agent(server, ran, name="in-house-model")
+    server.script({"content": "never asked"})
+    with pytest.raises(nb.ConfigError, match=r"'in-house-model'.*prices="), nb.budget(
+            cost_usd=1.0):
+        Runner.run_sync(agent, "hi", hooks=Budgeted())
+    assert server.requests == []
+
+
+def test_a_stopped_run_ends_the_agent_run_at_the_next_hook(server):
+    """run.cancel() from inside a tool: the agent run ends at the hook after the tool, before
+    the next model call; the caller sees nb.Cancelled."""
+    server.script({"tools": [("stop", {})]}, {"content": "never asked"})
+    ran: list = []
+    with pytest.raises(nb.Cancelled, match="enough"), nb.budget(tool_calls=5) as run:
+
+        @function_tool
+        def stop() -> str:
+            """Stop the run."""
+            ran.append("stop")
+            run.cancel("enough")
+            return "stopped"
+
+        agent = Agent(name="stopper", tools=[stop], model=model(server))
+        Runner.run_sync(agent, "stop", hooks=Budgeted())
+    assert ran == ["stop"]
+    assert len(server.requests) == 1
+    assert run.outcome.status == "stopped"
+
+
+def test_an_agent_used_as_a_tool_is_a_tool_call_and_an_agent_invocation(server):
+    """The nested agent's model call is counted when the same hooks are given to as_tool."""
+    hooks = Budgeted()
+    helper = Agent(name="helper", model=model(server))
+    boss = Agent(name="boss", model=model(server),
+                 tools=[helper.as_tool("ask_helper", "Ask the helper.", hooks=hooks)])
+    server.script({"tools": [("ask_helper", {"input": "what is 2+2"})]}, {"content": "4"},
+                  {"content": "the helper says 4"})
+    with nb.budget(tool_calls=5, agent_invocations=1) as run:
+        result = Runner.run_sync(boss, "ask", hooks=hooks)
+    assert result.final_output == "the helper says 4"
+    assert (run.consumed["tool_calls"], run.consumed["agent_invocations"],
+            run.consumed["provider_calls"]) == (1, 1, 3)
+
+
+def test_without_a_run_the_hooks_say_how_to_give_one(server):
+    agent = Agent(name="a", model=model(server))
+    server.script({"content": "never asked"})
+    with pytest.raises(nb.ConfigError, match=r"nb\.budget"):
+        Runner.run_sync(agent, "hi", hooks=Budgeted())
+    assert server.requests == []
