@@ -321,3 +321,17 @@ def test_without_a_run_the_hooks_say_how_to_give_one(server):
     with pytest.raises(nb.ConfigError, match=r"nb\.budget"):
         Runner.run_sync(agent, "hi", hooks=Budgeted())
     assert server.requests == []
+
+
+def test_models_false_leaves_the_model_calls_to_an_instrumented_client(server):
+    """Budgeted(models=False) charges the tools and handoffs only, for a model whose client
+    already charges each call; a refused tool still never runs."""
+    ran: list = []
+    agent = adding_agent(server, ran)
+    server.script({"tools": [("add", {"a": 1, "b": 2})]}, {"tools": [("add", {"a": 3, "b": 4})]},
+                  {"content": "never asked"})
+    with pytest.raises(BudgetRefused), nb.budget(tool_calls=1, turns=1, cost_usd=1e-9) as run:
+        Runner.run_sync(agent, "add", hooks=Budgeted(models=False))
+    assert ran == [(1, 2)]
+    assert len(server.requests) == 2
+    assert dict(run.consumed, run_ms=0) == {"tool_calls": 1, "run_ms": 0}

@@ -60,7 +60,8 @@ No answer is made up: the agent run ends with the error, never with a final outp
 
 For those, instrument the model's client instead: ``nb.instrument(AsyncOpenAI(...))`` reserves
 a permit per HTTP attempt, clamps the cap, cuts streams and bounds each request by the run's
-time. Do not give both the same model calls: each would count them.
+time; then give ``Budgeted(models=False)``, which leaves the model calls to the client (each
+would charge them) and charges the tools and handoffs.
 
 An agent used as a tool runs as a run of its own, with the hooks given to ``as_tool``: pass the
 same ``Budgeted`` there (``agent.as_tool(..., hooks=budgeted)``) for its model calls and tools to
@@ -83,8 +84,8 @@ from .prices import cost_usd, price_of
 OPENAI_AGENTS_NEEDED = "0.24"
 
 try:
-    from agents.lifecycle import RunHooksBase
     from agents.exceptions import AgentsException
+    from agents.lifecycle import RunHooksBase
 except ImportError as exc:
     raise ImportError(
         f"nbbudget.openai_agents needs the OpenAI Agents SDK {OPENAI_AGENTS_NEEDED} or newer: "
@@ -118,11 +119,13 @@ class Budgeted(RunHooksBase[Any, Any]):
     ``run``: the `nbbudget.Budget` to charge; `None` takes `nbbudget.current()` at each hook.
     ``prices``: ``{"input": usd, "output": usd}`` per million tokens, or a function of the usage
     mapping returning dollars; `None` prices each model from genai-prices' data.
+    ``models=False`` charges no model call (no turns, provider calls, tokens or cost), for a
+    model whose client ``nb.instrument`` already charges; tools and handoffs still count.
     """
 
     def __init__(self, run: Budget | None = None, *,
-                 prices: Mapping[str, float] | Callable[[Mapping[str, int]], float] | None = None
-                 ) -> None:
+                 prices: Mapping[str, float] | Callable[[Mapping[str, int]], float] | None = None,
+                 models: bool = True) -> None:
         if run is not None and not isinstance(run, Budget):
             raise ConfigError(f"Budgeted(run={run!r}): give an nbbudget run (nb.budget(...)) "
                               f"or None for the current one")
@@ -132,6 +135,7 @@ class Budgeted(RunHooksBase[Any, Any]):
                               f"million tokens, or a function of the usage returning dollars")
         self.run = run
         self.prices = prices
+        self.models = models
 
     def _run(self, *, check: bool = True) -> Budget:
         """The run to charge, checked: a stopped or timed-out run unwinds here."""
@@ -152,6 +156,8 @@ class Budgeted(RunHooksBase[Any, Any]):
                            input_items: list[Any]) -> None:
         """Before each model call: one ``turns`` and one ``provider_calls``, all or nothing."""
         run = self._run()
+        if not self.models:
+            return
         provider, model = _model_of(agent)
         target = f"provider:{model}"
         if (self.prices is None and run.limits.cost_usd is not None
@@ -170,6 +176,9 @@ class Budgeted(RunHooksBase[Any, Any]):
         """The model answered: charge its tokens and cost (past a limit the run fails
         ``budget-cut``, S3-3); what was used is charged before the run is checked."""
         run = self._run(check=False)
+        if not self.models:
+            run.check()
+            return
         provider, model = _model_of(agent)
         used = response.usage
         usage = {
