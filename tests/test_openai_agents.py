@@ -25,6 +25,7 @@ from openai import AsyncOpenAI
 
 import nbbudget as nb
 from nbbudget.openai_agents import Budgeted, BudgetRefused
+from nbbudget.testing import FakeClock
 
 set_tracing_disabled(True)  # nothing leaves the machine
 
@@ -335,3 +336,56 @@ def test_models_false_leaves_the_model_calls_to_an_instrumented_client(server):
     assert ran == [(1, 2)]
     assert len(server.requests) == 2
     assert dict(run.consumed, run_ms=0) == {"tool_calls": 1, "run_ms": 0}
+
+
+def test_the_runs_time_is_checked_at_the_hook_after_a_tool(server):
+    """S3-8 at the hooks: a tool that outlasts the run's time grant (a fake clock, moved on by
+    the tool) ends the agent run at the next hook, before the next model call: budget-cut by
+    timeout."""
+    clock = FakeClock()
+    server.script({"tools": [("slow", {})]}, {"content": "never asked"})
+
+    @function_tool
+    def slow() -> str:
+        """A slow tool."""
+        clock.advance("2s")
+        return "late"
+
+    agent = Agent(name="waiter", tools=[slow], model=model(server))
+    with pytest.raises(nb.BudgetCut) as caught, nb.budget(time="1s", clock=clock) as run:
+        Runner.run_sync(agent, "wait", hooks=Budgeted())
+    assert caught.value.by == "timeout"
+    assert len(server.requests) == 1
+    assert run.consumed["tool_calls"] == 1
+
+
+def test_a_refused_call_in_a_parallel_batch_never_runs(server):
+    """Two tool calls in one reply under tool_calls=1: the second is refused before it runs and
+    the SDK ends the batch; the permitted call keeps its permit (S4-3)."""
+    ran: list = []
+    agent = adding_agent(server, ran)
+    server.script({"tools": [("add", {"a": 1, "b": 2}), ("add", {"a": 3, "b": 4})]},
+                  {"content": "never asked"})
+    with pytest.raises(BudgetRefused) as caught, nb.budget(tool_calls=1) as run:
+        Runner.run_sync(agent, "add both", hooks=Budgeted())
+    assert caught.value.kind == "tool_calls"
+    assert (3, 4) not in ran
+    assert len(server.requests) == 1
+    assert run.consumed["tool_calls"] == 1
+
+
+def test_budgeted_takes_the_run_current_in_an_async_agent_run(server):
+    """Budgeted() with no run charges nb.current() of the task that awaits Runner.run."""
+    ran: list = []
+    agent = adding_agent(server, ran)
+    server.script({"tools": [("add", {"a": 1, "b": 2})]}, {"content": "3"})
+
+    async def main():
+        with nb.budget(tool_calls=3) as outer, outer.grant(tool_calls=2) as inner:
+            result = await Runner.run(agent, "add", hooks=Budgeted())
+        return result, outer, inner
+
+    result, outer, inner = asyncio.run(main())
+    assert result.final_output == "3"
+    assert inner.consumed["tool_calls"] == outer.consumed["tool_calls"] == 1
+    assert inner.consumed["provider_calls"] == 2

@@ -48,9 +48,12 @@ No answer is made up: the agent run ends with the error, never with a final outp
 
 **What hooks cannot bound.** The SDK calls its hooks once per model turn, around the whole call:
 
-- the output cap: the SDK reads the model settings before ``on_llm_start``, so a hook cannot
-  clamp ``max_tokens`` of the call it precedes (S2-9); only a call with no output tokens left
-  is refused. Neither can a hook change ``Runner.run(max_turns=...)``, a local of the run: the
+- the output cap (S2-9): the SDK resolves the call's model settings before ``on_llm_start``
+  and hands the hook no way to change them. A hook could lower ``max_tokens`` only by writing
+  into the agent's own ``ModelSettings`` object, which the SDK passes on as it is when no
+  ``RunConfig(model_settings=...)`` overrides it: that would change the agent for every run
+  that shares it, so ``Budgeted`` does not, and only a call with no output tokens left is
+  refused. Neither can a hook change ``Runner.run(max_turns=...)``, a local of the run: the
   ``turns`` limit refuses the turn past it instead, with `BudgetRefused` rather than the SDK's
   ``MaxTurnsExceeded``;
 - retries: the OpenAI client's own retries (``max_retries``) and the SDK's
