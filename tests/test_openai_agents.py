@@ -15,9 +15,12 @@ pytest.importorskip("agents")
 
 from agents import (
     Agent,
+    ModelRetrySettings,
+    ModelSettings,
     OpenAIChatCompletionsModel,
     Runner,
     function_tool,
+    retry_policies,
     set_tracing_disabled,
 )
 from agents.exceptions import UserError
@@ -40,7 +43,7 @@ GPT_4O_MINI_CALL = (60 * 0.15 + 40 * 0.075 + 20 * 0.60) / 1_000_000
 
 class Server:
     """A Chat Completions server on 127.0.0.1 answering each request with the next scripted
-    reply: ``{"tools": [(name, arguments), ...]}`` or ``{"content": text}``."""
+    reply: ``{"tools": [(name, arguments), ...]}``, ``{"content": text}`` or ``{"status": 500}``."""
 
     def __init__(self) -> None:
         self.replies: list[dict] = []
@@ -55,6 +58,16 @@ class Server:
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 server.requests.append(body)
                 reply = server.replies.pop(0)
+                if "status" in reply:  # an error the client may retry, after 1 ms
+                    data = json.dumps({"error": {"message": "try again", "type": "server_error",
+                                                 "code": None, "param": None}}).encode()
+                    self.send_response(reply["status"])
+                    self.send_header("content-type", "application/json")
+                    self.send_header("retry-after-ms", "1")
+                    self.send_header("content-length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
                 message: dict = {"role": "assistant", "content": reply.get("content")}
                 if reply.get("tools"):
                     message["tool_calls"] = [
@@ -389,3 +402,24 @@ def test_budgeted_takes_the_run_current_in_an_async_agent_run(server):
     assert result.final_output == "3"
     assert inner.consumed["tool_calls"] == outer.consumed["tool_calls"] == 1
     assert inner.consumed["provider_calls"] == 2
+
+
+def test_the_sdks_own_retries_are_charged_as_provider_calls_after_the_reply(server):
+    """ModelSettings.retry retries inside one model call, where no hook runs: the attempts the
+    SDK reports with the reply are charged then, past the limit too (budget-cut)."""
+    retry = ModelSettings(retry=ModelRetrySettings(
+        max_retries=2, backoff={"initial_delay": 0.001, "max_delay": 0.001, "jitter": False},
+        policy=retry_policies.http_status([500])))
+    agent = Agent(name="a", model=model(server), model_settings=retry)
+    server.script({"status": 500}, {"status": 500}, {"content": "at last"})
+    with nb.budget(provider_calls=5) as run:
+        result = Runner.run_sync(agent, "hi", hooks=Budgeted())
+    assert result.final_output == "at last"
+    assert len(server.requests) == 3
+    assert (run.consumed["provider_calls"], run.consumed["turns"]) == (3, 1)
+
+    server.script({"status": 500}, {"content": "at last"})
+    with pytest.raises(nb.BudgetCut) as caught, nb.budget(provider_calls=1) as run:
+        Runner.run_sync(agent, "hi", hooks=Budgeted())
+    assert caught.value.by == "provider_calls"
+    assert run.consumed["provider_calls"] == 2

@@ -57,7 +57,10 @@ No answer is made up: the agent run ends with the error, never with a final outp
   ``turns`` limit refuses the turn past it instead, with `BudgetRefused` rather than the SDK's
   ``MaxTurnsExceeded``;
 - retries: the OpenAI client's own retries (``max_retries``) and the SDK's
-  (``ModelSettings.retry``) happen inside one model call, under one ``provider_calls`` permit;
+  (``ModelSettings.retry``) happen inside one model call, under one ``provider_calls`` permit.
+  The SDK reports its own failed attempts in the reply's usage (``requests``): they are charged
+  as ``provider_calls`` after the fact, past the limit too (then the run fails ``budget-cut``);
+  the client's are not reported at all;
 - a stream: ``Runner.run_streamed`` is charged when the model's reply has ended, so it is not
   cut mid-stream (S3-9), and a call that never answers is not abandoned (S3-8).
 
@@ -78,6 +81,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..core.errors import BudgetExceeded, ConfigError
+from ..core.kinds import KIND_INDEX
 from ..run.budget import Budget, current
 from ..run.providers import Usage, clamp, spend_usage
 from .prices import cost_usd, price_of
@@ -98,6 +102,7 @@ except ImportError as exc:
 __all__ = ["OPENAI_AGENTS_NEEDED", "BudgetRefused", "Budgeted"]
 
 _MILLION = 1_000_000
+_PROVIDER_CALLS = KIND_INDEX["provider_calls"]
 
 
 class BudgetRefused(AgentsException, BudgetExceeded):
@@ -201,6 +206,8 @@ class Budgeted(RunHooksBase[Any, Any]):
         charged = Usage(input_tokens=usage["input_tokens"], output_tokens=usage["output_tokens"])
         if cost is not None:
             charged["cost_usd"] = cost
+        if used.requests > 1:  # the SDK's own retries (ModelSettings.retry): no hook ran
+            run.lowlevel.spend(((_PROVIDER_CALLS, used.requests - 1),), f"provider:{model}")
         spend_usage(run, charged, None, None, model)
         run.check()
 
