@@ -7,6 +7,8 @@ pauses at a checkpoint (`call`, `checkpoint`, `jobs`). In IPython, ``%load_ext n
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 from .calls.call import call, checkpoint, resume_state
 from .calls.jobs import Job, JobState
 from .calls.response import Response
@@ -30,9 +32,20 @@ from .run.budget import Budget, Grant, Snapshot, budget, current
 from .run.tools import ToolContext
 
 __version__ = "0.1.0"
+_Client = TypeVar("_Client")
 
 #: the envelope of the last ``%%budget`` cell (set by the IPython layer)
 last_response: Response | None = None
+
+
+def instrument(client: _Client, *, prices: Any = None, degrade: tuple[str, float] | None = None,
+               name: str | None = None) -> _Client:
+    """A copy of an OpenAI or Anthropic client whose model calls are provider calls of the run
+    current when each is made (`nbbudget.integrations.models`; the ``openai`` and ``anthropic``
+    extras). The SDK is imported only when a client is instrumented."""
+    from .integrations.models import instrument as _instrument
+
+    return _instrument(client, prices=prices, degrade=degrade, name=name)
 
 
 def load_ipython_extension(shell: object) -> None:
@@ -87,6 +100,7 @@ __all__ = [
     "call",
     "checkpoint",
     "current",
+    "instrument",
     "jobs",
     "last_response",
     "parse_duration",

@@ -54,6 +54,7 @@ PUBLIC = [
     "call",
     "checkpoint",
     "current",
+    "instrument",
     "jobs",
     "last_response",
     "parse_duration",

@@ -26,9 +26,13 @@ from ..core.kinds import KIND_INDEX
 if TYPE_CHECKING:
     from ..core.lowlevel import Run
 
-__all__ = ["Usage", "clamp", "make_provider", "spend_usage", "usage_of"]
+__all__ = ["GUARDRAIL_MS", "Usage", "clamp", "degrade_past", "make_provider", "spend_usage",
+           "usage_of"]
 
-_GUARDRAIL_MS = 3_600_000  # a call that does not answer is cut after 1 h (S3-8)
+#: a call that does not answer is cut after 1 h (S3-8): the default of a provider's guardrail,
+#: and the guardrail of each request of an instrumented model client
+#: (``nbbudget.integrations.models``)
+GUARDRAIL_MS = 3_600_000
 
 
 _USAGE_KEYS = ("input_tokens", "output_tokens", "cost_usd")
@@ -72,7 +76,7 @@ def make_provider(run: Run, fn: Callable[..., Any], name: str | None,
     kept here with what a model call needs (the clamp, the guardrail, retries, charging the
     reply's usage, degrading). The options are those of `Budget.provider`, checked here."""
     _check_options(run, fn, prices, price, retries, degrade)
-    limit_ms = _GUARDRAIL_MS if guardrail is None else parse_duration(guardrail,
+    limit_ms = GUARDRAIL_MS if guardrail is None else parse_duration(guardrail,
                                                                      field="guardrail")
     label = name or getattr(fn, "__name__", None) or "provider"
     takes_cap = "max_output_tokens" in inspect.signature(fn).parameters
@@ -155,12 +159,27 @@ def _stream(run: Run, chunks: Iterator[Any], prices: Mapping[str, float] | None,
 def _maybe_degrade(run: Run, degrade: tuple[Callable[..., Any], float] | None,
                    label: str) -> None:
     """S3-7: past a fraction of the cost limit, later calls use the cheaper model (once)."""
-    if degrade is None or run.lowlevel.degraded:
+    if degrade is not None:
+        degrade_past(run, degrade[1], label, getattr(degrade[0], "__name__", repr(degrade[0])))
+
+
+def degrade_past(run: Run, fraction: float, source: str, to: str) -> None:
+    """S3-7: once *run* has used *fraction* of its cost limit, or, with no cost limit armed, of
+    its most used armed limit, it degrades from *source* to the cheaper *to*, once, one way
+    (traced, and recorded in its outcome). A provider degrades with it after each reply; so
+    does an instrumented model client (``nbbudget.integrations.models``)."""
+    if run.lowlevel.degraded is not None:
         return
-    limit = run.limits.cost_usd
-    if limit is not None and run.consumed.get("cost_usd", 0) >= degrade[1] * limit:
-        to = getattr(degrade[0], "__name__", repr(degrade[0]))
-        run.lowlevel.degrade({"from": label, "to": to, "reason": "budget"})
+    limits, consumed = run.limits, run.consumed
+    cost = limits.cost_usd
+    if cost is not None:
+        used = consumed.get("cost_usd", 0) / cost
+    else:
+        armed = [(getattr(limits, kind), consumed.get(kind, 0)) for kind in KIND_INDEX
+                 if getattr(limits, kind, None) is not None]
+        used = max((spent / limit for limit, spent in armed), default=0.0)
+    if used >= fraction:
+        run.lowlevel.degrade({"from": source, "to": to, "reason": "budget"})
 
 
 def clamp(run: Run, asked: Any, target: str) -> int | None:

@@ -1,0 +1,558 @@
+"""``nb.instrument(client)``: the model calls of an OpenAI or Anthropic client, bounded by the run
+current when each call is made.
+
+**Where it sits.** The SDKs send every attempt of a request, their own retries included, through
+their HTTP client's ``send``. `instrument` gives a copy of the client (``with_options``: the same
+class, the passed client left as it was) an HTTP client that wraps the original one: sync and
+async alike, OpenAI and Anthropic alike, one mechanism. For a request to a model endpoint (see
+``openai_api`` and ``anthropic_api``) made inside a run (`nbbudget.current`), before it is sent:
+
+- the request's output cap is clamped to what remains of ``output_tokens`` (S2-9; none left
+  refuses it), and once the run has degraded (S3-7) the request names the cheaper model;
+- one ``provider_calls`` permit is reserved for the attempt (S4-6), with one ``turns`` on a
+  call's first attempt (the SDK numbers its attempts in ``x-stainless-retry-count``), all or
+  nothing; a refusal raises the API module's ``Refused`` (`nbbudget.BudgetExceeded` and the
+  SDK's own error: the SDK passes its own errors on unchanged, where Anthropic's would take any
+  other error for a connection error and retry it) and nothing is sent;
+- with ``cost_usd`` limited, a model with no price in genai-prices and no ``prices=`` is refused
+  with ``Unpriced`` (a `nbbudget.ConfigError`) naming the model and ``prices=``;
+- the request's timeouts are lowered to the run's remaining time and the guardrail (one hour,
+  S3-8). A timeout of the run's own raises ``Cut`` (`nbbudget.BudgetCut`, ``by="timeout"``, or
+  ``"guardrail"``), never the HTTP timeout the SDK would retry; the SDK's own shorter timeouts
+  stay its own.
+
+**After.** What a reply used is charged as its API reports it (`spend_usage`): ``tokens`` (input,
+cached included, plus output), ``output_tokens`` (reasoning included) and ``cost_usd`` from
+``prices=`` or genai-prices (`nbbudget.integrations.prices`, read once per model). Spending that
+happened is recorded even past a limit; the run is then cut by the first limit passed (S3-3) and
+the call raises ``Cut`` with ``salvage``, the reply's text.
+
+**Streams.** A stream's bytes pass through a meter that hands the SDK whole events only. Each text
+delta is counted as one output token, provisionally, against what remains of ``output_tokens``,
+``tokens`` and ``cost_usd`` (at the model's output price); the usage the API reports (OpenAI
+Chat at the end, once ``stream_options.include_usage`` is asked, which the client does, keeping
+that last chunk from a caller who did not ask for it; Responses in ``response.completed``;
+Anthropic's input in ``message_start`` and output in ``message_delta``) is charged as it comes
+and supersedes the count. When the count would pass a limit, the stream is cut there (S3-9): the
+count is charged as spent (an OpenAI stream's input, reported only at its end, is then unknown
+and not charged), the HTTP response is closed, and ``Cut`` raises with ``salvage``, the text
+received so far. A stream the caller leaves early is charged its count when it closes. Between
+events the stream also stops at the run's deadline.
+
+What a budget cannot stop: a request already sent is paid for, whatever happens to its answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import httpx2
+
+from ...core.errors import BudgetCut, BudgetExceeded, ConfigError
+from ...core.kinds import KIND_INDEX
+from ...core.lowlevel import Unwind
+from ...run.budget import Budget, current
+from ...run.providers import GUARDRAIL_MS, Usage, clamp, degrade_past, spend_usage
+from ..prices import price_of
+from .shapes import Shape, events_of, reply_usage
+
+__all__ = ["instrument"]
+
+_FIRST = ((KIND_INDEX["turns"], 1), (KIND_INDEX["provider_calls"], 1))  # a call's first attempt
+_RETRY = ((KIND_INDEX["provider_calls"], 1),)
+_INF = math.inf
+_MILLION = 1_000_000
+_C = TypeVar("_C")
+
+Prices = Mapping[str, float] | Callable[[Mapping[str, int]], float]
+
+
+@dataclass(frozen=True)
+class _Api:
+    provider: str
+    shapes: tuple[Shape, ...]
+    refused: type[BudgetExceeded]
+    cut: type[BudgetCut]
+    unpriced: type[ConfigError]
+
+
+def instrument(client: _C, *, prices: Prices | None = None,
+               degrade: tuple[str, float] | None = None, name: str | None = None) -> _C:
+    """A copy of *client* (``openai.OpenAI``/``AsyncOpenAI``, ``anthropic.Anthropic``/
+    ``AsyncAnthropic``) whose model calls are provider calls of the run current when each is
+    made; outside every run it counts nothing. See the module's documentation.
+
+    ``prices``: ``{"input": usd, "output": usd}`` per million tokens, or a function of the usage
+    figures (``input_tokens``, ``output_tokens``, ``cache_read_tokens``, ``cache_write_tokens``)
+    returning dollars; otherwise genai-prices' price of the model. ``degrade=("model", 0.8)``:
+    past that fraction of the cost limit (or, with none, of the most used armed limit) requests
+    name the cheaper model. ``name``: the calls' name in the trace (default: the model).
+    """
+    api = _api_of(client)
+    _check(prices, degrade, name)
+    http = client._client  # type: ignore[attr-defined]  # the SDK's HTTP client (no accessor)
+    if isinstance(http, (_Budgeted, _AsyncBudgeted)):
+        raise ConfigError(f"this {type(client).__name__} client is instrumented already: "
+                          f"instrument the original client once")
+    gate = _Gate(api, prices, degrade, name)
+    wrapper: httpx2.Client | httpx2.AsyncClient
+    if isinstance(http, httpx2.AsyncClient):
+        wrapper = _AsyncBudgeted(http, gate)
+    elif isinstance(http, httpx2.Client):
+        wrapper = _Budgeted(http, gate)
+    else:
+        raise ConfigError(f"nb.instrument() wraps a client built on httpx2, and this "
+                          f"{type(client).__name__} uses {type(http).__module__}."
+                          f"{type(http).__name__}: give it an httpx2 client (http_client=)")
+    copy: _C = client.with_options(http_client=wrapper)  # type: ignore[attr-defined]
+    return copy
+
+
+def _api_of(client: object) -> _Api:
+    package = type(client).__module__.split(".")[0]
+    if package == "openai" and hasattr(client, "chat"):
+        from . import openai_api as o
+
+        return _Api(o.PROVIDER, (o.CHAT, o.RESPONSES), o.Refused, o.Cut, o.Unpriced)
+    if package == "anthropic" and hasattr(client, "messages"):
+        from . import anthropic_api as a
+
+        return _Api(a.PROVIDER, (a.MESSAGES,), a.Refused, a.Cut, a.Unpriced)
+    raise ConfigError(f"nb.instrument() takes an openai.OpenAI, openai.AsyncOpenAI, "
+                      f"anthropic.Anthropic or anthropic.AsyncAnthropic client, not "
+                      f"{type(client).__module__}.{type(client).__name__}")
+
+
+def _check(prices: Prices | None, degrade: tuple[str, float] | None, name: str | None) -> None:
+    if prices is not None and not callable(prices):
+        figures = [prices.get(key) for key in ("input", "output")] if isinstance(
+            prices, Mapping) else [None]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                   and 0 <= v < _INF for v in figures):
+            raise ConfigError(f"prices={prices!r}: give {{'input': usd, 'output': usd}} per "
+                              f"million tokens (numbers >= 0), or a function of the usage")
+    if degrade is not None:
+        ok = isinstance(degrade, tuple) and len(degrade) == 2
+        model, fraction = degrade if ok else ("", 0)
+        if not (ok and isinstance(model, str) and model and not isinstance(fraction, bool)
+                and isinstance(fraction, (int, float)) and 0 < fraction <= 1):
+            raise ConfigError(f"degrade={degrade!r}: give (cheaper_model_name, fraction in "
+                              f"(0, 1]), e.g. ('gpt-4o-mini', 0.8)")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ConfigError(f"name={name!r}: give the calls' name in the trace, a non-empty str")
+
+
+class _Gate:
+    """What every request of one instrumented client goes through."""
+
+    def __init__(self, api: _Api, prices: Prices | None, degrade: tuple[str, float] | None,
+                 name: str | None) -> None:
+        self.api, self.prices, self.degrade, self.name = api, prices, degrade, name
+
+    def open(self, request: httpx2.Request) -> tuple[httpx2.Request, _Attempt] | None:
+        """Before an attempt is sent: the request to send and its attempt, or None when it is
+        not a model call made in a run (it is then sent untouched)."""
+        run = current()
+        if run is None or request.method != "POST":
+            return None
+        path = request.url.path
+        shape = next((s for s in self.api.shapes if path.endswith(s.path)), None)
+        if shape is None:
+            return None
+        try:
+            body = json.loads(request.content)
+        except (httpx2.RequestNotRead, ValueError):
+            return None
+        if not isinstance(body, dict):
+            return None
+        changed = False
+        degrade = self.degrade
+        if degrade is not None and run.lowlevel.degraded is not None and (
+                body.get("model") != degrade[0]):
+            body["model"], changed = degrade[0], True
+        model = str(body.get("model"))
+        label = self.name or model
+        target = "provider:" + label
+        price = self._price(run, model)
+        key = shape.cap_key(body)
+        asked = body.get(key)
+        try:
+            capped = clamp(run, asked, target)  # S2-9: none left refuses, nothing reserved
+            first = request.headers.get("x-stainless-retry-count", "0") == "0"
+            run.lowlevel.reserve(_FIRST if first else _RETRY, target)  # S4-6
+        except BudgetExceeded as err:
+            raise self.api.refused(*err.args) from None
+        if capped != asked:
+            body[key], changed = capped, True
+        stream = body.get("stream") is True
+        hide = stream and shape.ask_usage(body)
+        left_ms = run.remaining_ms
+        bound = min(GUARDRAIL_MS, _INF if left_ms is None else left_ms) / 1000
+        request = _prepared(request, body if changed or hide else None, bound, stream)
+        return request, _Attempt(self, run, shape, model, label, price, stream, hide, bound)
+
+    def _price(self, run: Budget, model: str) -> Callable[[Mapping[str, int]], float] | None:
+        prices = self.prices
+        if callable(prices):
+            return lambda figures: float(prices(figures))
+        if prices is not None:
+            per_in, per_out = prices["input"] / _MILLION, prices["output"] / _MILLION
+            return lambda figures: (figures.get("input_tokens", 0) * per_in
+                                    + figures.get("output_tokens", 0) * per_out)
+        price = price_of(self.api.provider, model)
+        if price is not None:
+            return price.cost
+        if run.remaining("cost_usd") != _INF:
+            raise self.api.unpriced(
+                f"cost_usd is limited and genai-prices has no price for {self.api.provider} "
+                f"model {model!r}: give nb.instrument(client, prices={{'input': usd, "
+                f"'output': usd}}) per million tokens, or a function of the usage")
+        return None
+
+
+def _prepared(request: httpx2.Request, body: dict[str, Any] | None, bound: float,
+              stream: bool) -> httpx2.Request:
+    """*request* with *body* (when it changed) and its timeouts lowered to *bound* seconds; a
+    stream is asked uncompressed, so that its bytes can be read as they come."""
+    if body is not None:
+        headers = request.headers.copy()
+        del headers["content-length"]
+        request = httpx2.Request(request.method, request.url, headers=headers,
+                                 content=json.dumps(body, separators=(",", ":")).encode(),
+                                 extensions=dict(request.extensions))
+    if stream:
+        request.headers["accept-encoding"] = "identity"
+    if bound != _INF:
+        timeout = request.extensions.get("timeout") or dict.fromkeys(
+            ("connect", "read", "write", "pool"))
+        request.extensions["timeout"] = {key: bound if value is None else min(value, bound)
+                                         for key, value in timeout.items()}
+    return request
+
+
+class _Attempt:
+    """One attempt of a model request in a run: what it charges and how it is cut."""
+
+    def __init__(self, gate: _Gate, run: Budget, shape: Shape, model: str, label: str,
+                 price: Callable[[Mapping[str, int]], float] | None, stream: bool, hide: bool,
+                 bound: float) -> None:
+        self.gate, self.run, self.shape, self.model, self.label = gate, run, shape, model, label
+        self.price, self.stream, self.hide = price, stream, hide
+        self.started = time.monotonic()
+        self.deadline = self.started + bound
+
+    def charge(self, figures: Mapping[str, int], cost: float | None) -> None:
+        """Charge what was used (S3-3: recorded even past a limit, which raises the run's
+        stop), then degrade if the run has used enough (S3-7)."""
+        usage = Usage(input_tokens=figures.get("input_tokens", 0),
+                      output_tokens=figures.get("output_tokens", 0))
+        if cost:
+            usage["cost_usd"] = cost
+        spend_usage(self.run, usage, None, None, self.label)
+        degrade = self.gate.degrade
+        if degrade is not None:
+            degrade_past(self.run, degrade[1], self.model, degrade[0])
+
+    def cut(self, signal: Unwind, salvage: str) -> BaseException:
+        """The error for a stop met while charging or waiting: a cut becomes the API's ``Cut``
+        (which the run's ``with`` block re-raises as it is), with *salvage*; any other stop
+        unwinds as it is."""
+        stop = signal.stop
+        if not isinstance(stop.error(), BudgetCut):
+            return signal
+        err = self.gate.api.cut(stop.by or "budget", stop.message)
+        err.salvage = salvage  # type: ignore[attr-defined]
+        err.reports = stop
+        return err
+
+    def timed_out(self, salvage: str = "") -> None:
+        """After a timeout or at a deadline between events: raise the run's ``timeout`` cut,
+        or the guardrail's (S3-8); return when neither is due (an SDK timeout of its own)."""
+        try:
+            self.run.check()
+        except Unwind as signal:
+            raise self.cut(signal, salvage) from None
+        waited_ms = (time.monotonic() - self.started) * 1000
+        if waited_ms >= GUARDRAIL_MS:
+            self.run.lowlevel.record("cut", {"by": "guardrail", "provider": self.label,
+                                             "code": "guardrail_timeout"})
+            err = self.gate.api.cut("guardrail", (
+                f"provider {self.label} did not answer within its guardrail of {GUARDRAIL_MS} "
+                f"ms (guardrail_timeout); the run stopped waiting for it"))
+            err.salvage = salvage  # type: ignore[attr-defined]
+            raise err
+
+    def answered(self, response: httpx2.Response) -> None:
+        """A whole reply (read): charge its usage. Error statuses used nothing."""
+        if not response.is_success:
+            return
+        figures = reply_usage(self.shape, response.content)
+        if figures is None:
+            return
+        price = self.price
+        try:
+            self.charge(figures, price(figures) if price is not None else None)
+        except Unwind as signal:
+            try:
+                text = self.shape.reply_text(response.json())
+            except ValueError:
+                text = ""
+            raise self.cut(signal, text) from None
+
+
+class _Meter:
+    """A stream's meter: whole events pass on, text deltas are counted, usage charged (S3-9)."""
+
+    def __init__(self, attempt: _Attempt) -> None:
+        self.attempt = attempt
+        shape = attempt.shape
+        self.text, self.empty, self.usage = shape.text_marker, shape.empty_marker, \
+            shape.usage_marker
+        self.buf = bytearray()
+        self.done = 0  # bytes passed on (whole events)
+        self.deltas = 0  # text deltas counted
+        self.charged: dict[str, int] = {}
+        self.charged_cost = 0.0
+        self.reported: dict[str, int] = {}
+        self.ended = False  # finished, cut, or closed
+        price = attempt.price
+        self.per_output = price({"output_tokens": _MILLION}) / _MILLION if price else 0.0
+        self.left = self._left()
+
+    def _left(self) -> float:
+        """How many more output tokens the run's limits allow now."""
+        run = self.attempt.run
+        left = min(run.remaining("output_tokens"), run.remaining("tokens"))
+        if self.per_output > 0:
+            left = min(left, run.remaining("cost_usd") / self.per_output)
+        return left
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The events *chunk* completes, to pass on (charged, or cut, first)."""
+        buf = self.buf
+        buf += chunk
+        lf, crlf = buf.rfind(b"\n\n", self.done), buf.rfind(b"\r\n\r\n", self.done)
+        stop = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+        return self._take(stop) if stop > self.done else b""
+
+    def _take(self, stop: int) -> bytes:
+        buf, done = self.buf, self.done
+        if time.monotonic() > self.attempt.deadline:
+            self.attempt.timed_out(self.salvage(done))
+        out = self._usage(done, stop) if buf.find(self.usage, done, stop) >= 0 else None
+        if self.left != _INF:
+            n = buf.count(self.text, done, stop)
+            if n and self.empty:
+                n -= buf.count(self.empty, done, stop)
+            if n > 0:
+                self.deltas += n
+                if self.deltas - self.charged.get("output_tokens", 0) > self.left:
+                    self._cross(stop)
+        self.done = stop
+        return bytes(buf[done:stop]) if out is None else out
+
+    def _usage(self, done: int, stop: int) -> bytes:
+        """Charge the usage the events in ``buf[done:stop]`` report; the events to pass on."""
+        shape, hide, kept = self.attempt.shape, self.attempt.hide, []
+        reported = self.reported
+        for start, end, event in events_of(self.buf, done, stop):
+            figures = shape.stream_usage(event) if isinstance(event, dict) else None
+            if figures is not None:
+                for key, value in figures.items():
+                    reported[key] = max(value, reported.get(key, 0))
+                if hide and shape.hidden(event):
+                    continue
+            kept.append(bytes(self.buf[start:end]))
+        self._charge_to(reported, stop)
+        return b"".join(kept)
+
+    def _cross(self, stop: int) -> None:
+        """The count would pass a limit: unless others' spending changed that, charge it and
+        cut the stream (S3-9)."""
+        self.left = self._left()
+        if self.deltas - self.charged.get("output_tokens", 0) <= self.left:
+            return
+        self._charge_to({**self.reported, "output_tokens": max(
+            self.deltas, self.reported.get("output_tokens", 0))}, stop)
+
+    def _charge_to(self, figures: Mapping[str, int], salvage_end: int) -> None:
+        """Charge what *figures* add to what this stream has charged."""
+        charged = self.charged
+        diff = {key: value - charged.get(key, 0) for key, value in figures.items()
+                if value > charged.get(key, 0)}
+        if not diff:
+            return
+        charged.update(figures)
+        cost = None
+        price = self.attempt.price
+        if price is not None:
+            total = price(charged)
+            cost, self.charged_cost = max(0.0, total - self.charged_cost), total
+        try:
+            self.attempt.charge(diff, cost)
+        except Unwind as signal:
+            self.ended = True
+            raise self.attempt.cut(signal, self.salvage(salvage_end)) from None
+        self.left = self._left()
+
+    def finish(self) -> bytes:
+        """The stream ended: its last bytes, charged (its count, if it reported no usage)."""
+        rest = self._take(len(self.buf)) if len(self.buf) > self.done else b""
+        if not self.reported:
+            self._charge_to({"output_tokens": self.deltas}, len(self.buf))
+        self.ended = True
+        return rest
+
+    def close(self) -> None:
+        """The stream is closed before its end (left by the caller, or failed): what it
+        counted was spent and is charged; a limit it passes stops the run, whose next check
+        raises, not this close."""
+        if self.ended:
+            return
+        self.ended = True
+        if not self.reported and self.deltas:
+            with contextlib.suppress(BudgetCut):
+                self._charge_to({"output_tokens": self.deltas}, len(self.buf))
+
+    def salvage(self, end: int) -> str:
+        """The text of the events received in ``buf[:end]``."""
+        text = self.attempt.shape.stream_text
+        return "".join(text(event) for _, _, event in events_of(self.buf, 0, end)
+                       if isinstance(event, dict))
+
+
+class _Stream(httpx2.SyncByteStream):
+    """A streamed reply's bytes, through its meter."""
+
+    def __init__(self, inner: httpx2.SyncByteStream, meter: _Meter) -> None:
+        self.inner, self.meter = inner, meter
+
+    def __iter__(self) -> Iterator[bytes]:
+        meter = self.meter
+        try:
+            for chunk in self.inner:
+                out = meter.feed(chunk)
+                if out:
+                    yield out
+        except httpx2.TimeoutException:
+            meter.attempt.timed_out(meter.salvage(meter.done))
+            raise
+        rest = meter.finish()
+        if rest:
+            yield rest
+
+    def close(self) -> None:
+        try:
+            self.meter.close()
+        finally:
+            self.inner.close()
+
+
+class _AsyncStream(httpx2.AsyncByteStream):
+    """A streamed reply's bytes, through its meter (async)."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream, meter: _Meter) -> None:
+        self.inner, self.meter = inner, meter
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        meter = self.meter
+        try:
+            async for chunk in self.inner:
+                out = meter.feed(chunk)
+                if out:
+                    yield out
+        except httpx2.TimeoutException:
+            meter.attempt.timed_out(meter.salvage(meter.done))
+            raise
+        rest = meter.finish()
+        if rest:
+            yield rest
+
+    async def aclose(self) -> None:
+        try:
+            self.meter.close()
+        finally:
+            await self.inner.aclose()
+
+
+class _Budgeted(httpx2.Client):
+    """The HTTP client of an instrumented sync client: the original one, each model request
+    through the gate. Its own transport is never used (every request goes to the original)."""
+
+    def __init__(self, inner: httpx2.Client, gate: _Gate) -> None:
+        super().__init__(timeout=inner.timeout, transport=httpx2.BaseTransport(),
+                         trust_env=False)
+        self.inner, self.gate = inner, gate
+
+    def build_request(self, *args: Any, **kwargs: Any) -> httpx2.Request:
+        return self.inner.build_request(*args, **kwargs)
+
+    def send(self, request: httpx2.Request, **kwargs: Any) -> httpx2.Response:
+        opened = self.gate.open(request)
+        if opened is None:
+            return self.inner.send(request, **kwargs)
+        request, attempt = opened
+        try:
+            response = self.inner.send(request, **kwargs)
+            if attempt.stream and response.is_success:
+                response.stream = _Stream(response.stream,  # type: ignore[arg-type]
+                                          _Meter(attempt))
+                return response
+            response.read()
+        except httpx2.TimeoutException:
+            attempt.timed_out()
+            raise
+        attempt.answered(response)
+        return response
+
+    @property
+    def is_closed(self) -> bool:
+        return self.inner.is_closed
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _AsyncBudgeted(httpx2.AsyncClient):
+    """The HTTP client of an instrumented async client (as `_Budgeted`)."""
+
+    def __init__(self, inner: httpx2.AsyncClient, gate: _Gate) -> None:
+        super().__init__(timeout=inner.timeout, transport=httpx2.AsyncBaseTransport(),
+                         trust_env=False)
+        self.inner, self.gate = inner, gate
+
+    def build_request(self, *args: Any, **kwargs: Any) -> httpx2.Request:
+        return self.inner.build_request(*args, **kwargs)
+
+    async def send(self, request: httpx2.Request, **kwargs: Any) -> httpx2.Response:
+        opened = self.gate.open(request)
+        if opened is None:
+            return await self.inner.send(request, **kwargs)
+        request, attempt = opened
+        try:
+            response = await self.inner.send(request, **kwargs)
+            if attempt.stream and response.is_success:
+                response.stream = _AsyncStream(response.stream,  # type: ignore[arg-type]
+                                               _Meter(attempt))
+                return response
+            await response.aread()
+        except httpx2.TimeoutException:
+            attempt.timed_out()
+            raise
+        attempt.answered(response)
+        return response
+
+    @property
+    def is_closed(self) -> bool:
+        return self.inner.is_closed
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+

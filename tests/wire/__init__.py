@@ -1,0 +1,9 @@
+"""Local HTTP servers that speak the model providers' wire formats, for tests and benchmarks.
+
+`Server` is one scripted HTTP server on 127.0.0.1; `openai` and `anthropic` hold the reply
+shapes of each provider's public API reference.
+"""
+
+from .server import Received, Reply, Server
+
+__all__ = ["Received", "Reply", "Server"]

@@ -1,0 +1,166 @@
+"""A scripted HTTP server on 127.0.0.1, in one named thread, that answers what a test queues.
+
+Each request takes the next queued `Reply` (or the default): a JSON body, or server-sent events
+(chunked, one event per chunk, ``event_delay`` seconds apart), after ``delay`` seconds, with any
+status (a 429 or 500 carries ``retry-after-ms`` so the SDK's own retry waits a millisecond). The
+server records every request it received (`Received`: path, headers, JSON body) and, for a
+streamed reply, how many events it wrote and whether the client closed the connection before
+the last one. ``with Server() as server:`` starts it and, at the end, stops the thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+__all__ = ["Received", "Reply", "Server"]
+
+Events = list[tuple[str | None, Any]]
+
+
+@dataclass
+class Reply:
+    """One scripted answer: ``body`` (JSON) or ``events`` (``(event name or None, data)``
+    pairs sent as server-sent events; a data that is a str is sent as is, e.g. ``[DONE]``), or
+    a function of the request's JSON body that returns them (a reply that depends on what was
+    asked, as ``stream_options``)."""
+
+    body: Any = None
+    events: Events | Callable[[Any], Events] | None = None
+    status: int = 200
+    delay: float = 0.0
+    event_delay: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def error(cls, status: int, message: str = "try again", kind: str = "rate_limit_error"
+              ) -> Reply:
+        """An error status whose retry the SDK waits one millisecond for."""
+        return cls(body={"type": "error", "error": {"type": kind, "message": message}},
+                   status=status, headers={"retry-after-ms": "1", "x-should-retry": "true"})
+
+
+@dataclass
+class Received:
+    """A request as the server got it, and what it sent back."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+    status: int = 0
+    events_sent: int = 0
+    events_total: int = 0
+    disconnected: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class Server:
+    """The server; ``url`` is its base URL, ``received`` every request in arrival order."""
+
+    def __init__(self, default: Reply | None = None) -> None:
+        self.default = default
+        self.received: list[Received] = []
+        self._replies: collections.deque[Reply] = collections.deque()
+        self._lock = threading.Lock()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="wire-server",
+                                        kwargs={"poll_interval": 0.05})
+
+    def queue(self, *replies: Reply) -> None:
+        """Answer the next requests with *replies*, in order (then with the default)."""
+        with self._lock:
+            self._replies.extend(replies)
+
+    def bodies(self, path_end: str = "") -> list[Any]:
+        """The JSON bodies received at paths ending with *path_end*."""
+        return [r.body for r in self.received if r.path.endswith(path_end)]
+
+    def wait_finished(self, timeout: float = 5.0) -> None:
+        """Wait until every request received so far has been answered or abandoned."""
+        end = time.monotonic() + timeout
+        for received in list(self.received):
+            received.done.wait(max(0.0, end - time.monotonic()))
+
+    def __enter__(self) -> Server:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join()
+
+    def _next(self, received: Received) -> Reply:
+        with self._lock:
+            self.received.append(received)
+            if self._replies:
+                return self._replies.popleft()
+        if self.default is None:
+            return Reply(body={"error": {"message": "nothing queued"}}, status=599)
+        return self.default
+
+
+def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length)
+            received = Received("POST", self.path, {k.lower(): v for k, v in self.headers.items()},
+                                json.loads(raw) if raw else None)
+            reply = server._next(received)
+            try:
+                self._answer(reply, received)
+            except (BrokenPipeError, ConnectionResetError):
+                received.disconnected = True
+                self.close_connection = True
+            finally:
+                received.done.set()
+
+        do_GET = do_POST
+
+        def _answer(self, reply: Reply, received: Received) -> None:
+            if reply.delay:
+                time.sleep(reply.delay)
+            received.status = reply.status
+            self.send_response(reply.status)
+            for key, value in reply.headers.items():
+                self.send_header(key, value)
+            if reply.events is None:
+                data = json.dumps(reply.body).encode()
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            events = reply.events(received.body) if callable(reply.events) else reply.events
+            received.events_total = len(events)
+            for name, data in events:
+                text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+                event = (f"event: {name}\n" if name else "") + f"data: {text}\n\n"
+                chunk = event.encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                self.wfile.flush()
+                received.events_sent += 1
+                if reply.event_delay:
+                    time.sleep(reply.event_delay)
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+
+    return Handler
