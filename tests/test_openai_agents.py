@@ -448,3 +448,29 @@ def test_a_streamed_run_is_charged_when_the_reply_has_ended(server):
     assert deltas == ["Hel", "lo"]
     assert server.received[0].events_sent == server.received[0].events_total
     assert runs[0].consumed["tokens"] == 120
+
+
+def test_with_an_instrumented_client_each_model_call_is_charged_once(server):
+    """Budgeted(models=False) beside nb.instrument: the client charges each HTTP attempt and
+    clamps the output cap to what is left (S2-9), the hooks charge the tools; nothing twice."""
+    ran: list = []
+    client = nb.instrument(AsyncOpenAI(base_url=f"{server.url}/v1", api_key="test",
+                                       max_retries=0, default_headers={"Connection": "close"}))
+
+    @function_tool
+    def add(a: int, b: int) -> int:
+        """Add two numbers."""
+        ran.append((a, b))
+        return a + b
+
+    agent = Agent(name="i", tools=[add],
+                  model=OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=client),
+                  model_settings=ModelSettings(max_tokens=500))
+    server.queue(calls(("add", {"a": 1, "b": 2})), text("3"))
+    with nb.budget(output_tokens=100, tool_calls=3) as run:
+        result = Runner.run_sync(agent, "add", hooks=Budgeted(models=False))
+    assert result.final_output == "3"
+    assert ran == [(1, 2)]
+    assert (run.consumed["provider_calls"], run.consumed["tool_calls"],
+            run.consumed["tokens"], run.consumed["output_tokens"]) == (2, 1, 240, 40)
+    assert [body["max_tokens"] for body in server.bodies()] == [100, 80]
