@@ -390,6 +390,12 @@ def test_the_sdks_own_retries_are_charged_as_provider_calls_after_the_reply(serv
     assert caught.value.by == "provider_calls"
     assert run.consumed["provider_calls"] == 2
 
+    server.queue(Reply.error(500), text("at last"))  # the tokens cut first: both recorded
+    with pytest.raises(nb.BudgetCut) as caught, nb.budget(provider_calls=1, tokens=50) as run:
+        Runner.run_sync(agent, "hi", hooks=Budgeted())
+    assert caught.value.by == "tokens"
+    assert (run.consumed["provider_calls"], run.consumed["tokens"]) == (2, 120)
+
 
 def test_the_responses_api_model_is_counted_the_same_way(server):
     """OpenAIResponsesModel: a function_call output item runs the tool after its permit; the

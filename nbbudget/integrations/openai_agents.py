@@ -206,9 +206,11 @@ class Budgeted(RunHooksBase[Any, Any]):
         charged = Usage(input_tokens=usage["input_tokens"], output_tokens=usage["output_tokens"])
         if cost is not None:
             charged["cost_usd"] = cost
-        if used.requests > 1:  # the SDK's own retries (ModelSettings.retry): no hook ran
-            run.lowlevel.spend(((_PROVIDER_CALLS, used.requests - 1),), f"provider:{model}")
-        spend_usage(run, charged, None, None, model)
+        try:
+            spend_usage(run, charged, None, None, model)
+        finally:  # recorded even when the tokens cut the run (the first stop is the one kept)
+            if used.requests > 1:  # the SDK's own retries (ModelSettings.retry): no hook ran
+                run.lowlevel.spend(((_PROVIDER_CALLS, used.requests - 1),), f"provider:{model}")
         run.check()
 
     async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
