@@ -5,7 +5,8 @@ Each request takes the next queued `Reply` (or the default): a JSON body, or ser
 status (a 429 or 500 carries ``retry-after-ms`` so the SDK's own retry waits a millisecond). The
 server records every request it received (`Received`: path, headers, JSON body) and, for a
 streamed reply, how many events it wrote and whether the client closed the connection before
-the last one. ``with Server() as server:`` starts it and, at the end, stops the thread.
+the last one. ``with Server() as server:`` starts it and, at the end, stops the thread and
+joins the threads of its connections (close the clients first).
 """
 
 from __future__ import annotations
@@ -69,8 +70,9 @@ class Server:
         self.received: list[Received] = []
         self._replies: collections.deque[Reply] = collections.deque()
         self._lock = threading.Lock()
+        self._closing = threading.Event()  # cuts a scripted delay short when the server stops
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._httpd.daemon_threads = True
+        self._httpd.daemon_threads = False  # server_close() joins every request's thread
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="wire-server",
                                         kwargs={"poll_interval": 0.05})
@@ -95,6 +97,7 @@ class Server:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._closing.set()
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join()
@@ -112,6 +115,7 @@ class Server:
 def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = 10  # a connection kept open and idle this long is closed
 
         def log_message(self, format: str, *args: Any) -> None:
             pass
@@ -134,7 +138,7 @@ def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
 
         def _answer(self, reply: Reply, received: Received) -> None:
             if reply.delay:
-                time.sleep(reply.delay)
+                server._closing.wait(reply.delay)
             received.status = reply.status
             self.send_response(reply.status)
             for key, value in reply.headers.items():
@@ -159,7 +163,7 @@ def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
                 self.wfile.flush()
                 received.events_sent += 1
                 if reply.event_delay:
-                    time.sleep(reply.event_delay)
+                    server._closing.wait(reply.event_delay)
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
 

@@ -80,12 +80,12 @@ def _chat_hidden(event: Mapping[str, Any]) -> bool:
     return not event.get("choices") and isinstance(event.get("usage"), dict)
 
 
+#: Chat Completions (``POST /chat/completions``), for `instrument`
 CHAT = Shape(
     name="chat", path="/chat/completions", cap_key=_chat_cap, ask_usage=_chat_ask_usage,
     usage=_chat_usage, stream_usage=_chat_stream_usage, stream_text=_chat_text,
     reply_text=_chat_reply_text, hidden=_chat_hidden,
     text_marker=b'"content":"', empty_marker=b'"content":""')
-"""Chat Completions."""
 
 
 def _responses_usage(usage: Mapping[str, Any]) -> dict[str, int]:
@@ -113,9 +113,9 @@ def _responses_reply_text(body: Mapping[str, Any]) -> str:
                    if part.get("type") == "output_text")
 
 
+#: Responses (``POST /responses``), for `instrument`
 RESPONSES = Shape(
     name="responses", path="/responses", cap_key=lambda body: "max_output_tokens",
     ask_usage=lambda body: False, usage=_responses_usage, stream_usage=_responses_stream_usage,
     stream_text=_responses_text, reply_text=_responses_reply_text, hidden=lambda event: False,
     text_marker=b'"type":"response.output_text.delta"')
-"""Responses."""

@@ -1,0 +1,336 @@
+"""``nb.instrument`` on the OpenAI SDK (Chat Completions and Responses), through the real SDK
+against a local server speaking OpenAI's wire format, asserting what the server received
+(S2-9, S3-3, S3-7, S3-8, S3-9, S4-6)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("openai")
+import openai  # after the skip
+from wire import Reply, Server
+from wire import openai_shapes as o
+
+import nbbudget as nb
+from nbbudget.integrations.prices import cost_usd
+
+ASK = [{"role": "user", "content": "plan the trip"}]
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    with Server() as server:
+        yield server
+
+
+@pytest.fixture
+def bare(server: Server) -> Iterator[openai.OpenAI]:
+    client = openai.OpenAI(base_url=server.url, api_key="test", max_retries=3)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def client(bare: openai.OpenAI) -> openai.OpenAI:
+    return nb.instrument(bare)
+
+
+def chat(client: openai.OpenAI, **kwargs: Any) -> Any:
+    return client.chat.completions.create(model=kwargs.pop("model", "gpt-4o"), messages=ASK,
+                                          **kwargs)
+
+
+def test_every_attempt_the_sdks_retries_included_reserves_a_provider_call_S4_6(
+        server: Server, client: openai.OpenAI) -> None:
+    server.queue(Reply.error(429), Reply.error(500, kind="server_error"),
+                 o.chat("done", o.chat_usage(10, 2)))
+    with nb.budget(provider_calls=10) as run:
+        reply = chat(client)
+    assert reply.choices[0].message.content == "done"
+    assert len(server.received) == 3
+    assert [r.headers["x-stainless-retry-count"] for r in server.received] == ["0", "1", "2"]
+    assert run.consumed["provider_calls"] == 3
+    assert run.consumed["turns"] == 1  # one call
+
+
+def test_a_refused_attempt_sends_nothing_and_raises_BudgetExceeded_S4_6(
+        server: Server, client: openai.OpenAI) -> None:
+    server.queue(Reply.error(429), Reply.error(429), o.chat("never", o.chat_usage(1, 1)))
+    with pytest.raises(nb.BudgetExceeded) as caught, nb.budget(provider_calls=2) as run:
+        chat(client)
+    assert caught.value.kind == "provider_calls"
+    assert isinstance(caught.value, openai.OpenAIError)  # the SDK passed it on, unretried
+    assert len(server.received) == 2
+    assert run.consumed["provider_calls"] == 2
+    assert run.trace.latest("dispatch_refused_budget_exceeded") is not None
+
+
+def test_chat_usage_is_charged_with_cached_input_and_reasoning_output(
+        server: Server, client: openai.OpenAI) -> None:
+    server.queue(o.chat("ok", o.chat_usage(100, 30, cached=40, reasoning=20)))
+    with nb.budget(cost_usd=1.0) as run:
+        chat(client)
+    price = cost_usd("openai", "gpt-4o", {"input_tokens": 100, "cache_read_tokens": 40,
+                                          "output_tokens": 30})
+    assert price is not None
+    assert run.consumed["tokens"] == 130
+    assert run.consumed["output_tokens"] == 30
+    assert run.consumed["cost_usd"] == pytest.approx(price)
+    assert price == pytest.approx(60 * 2.5e-6 + 40 * 1.25e-6 + 30 * 1e-5)
+
+
+def test_responses_usage_is_charged_in_its_own_shape(server: Server,
+                                                     client: openai.OpenAI) -> None:
+    server.queue(o.response("ok", o.response_usage(200, 50, cached=100, reasoning=30)))
+    with nb.budget(tokens=10_000) as run:
+        reply = client.responses.create(model="gpt-4o", input="plan the trip")
+    assert reply.output_text == "ok"
+    assert (run.consumed["tokens"], run.consumed["output_tokens"]) == (250, 50)
+    assert run.consumed["cost_usd"] == pytest.approx(cost_usd(
+        "openai", "gpt-4o", {"input_tokens": 200, "cache_read_tokens": 100,
+                             "output_tokens": 50}))
+
+
+def test_prices_per_million_tokens_or_a_function_of_the_usage(server: Server,
+                                                              bare: openai.OpenAI) -> None:
+    server.queue(o.chat("a", o.chat_usage(1000, 500)), o.chat("b", o.chat_usage(1000, 500)))
+    per_million = nb.instrument(bare, prices={"input": 2.0, "output": 8.0})
+    seen: list[dict[str, int]] = []
+
+    def price(usage: Any) -> float:
+        seen.append(dict(usage))
+        return 0.25
+
+    by_function = nb.instrument(bare, prices=price)
+    with nb.budget(cost_usd=10) as run:
+        chat(per_million, model="house-model")
+        first = run.consumed["cost_usd"]
+        chat(by_function, model="house-model")
+    assert first == pytest.approx(1000 * 2e-6 + 500 * 8e-6)
+    assert run.consumed["cost_usd"] == pytest.approx(first + 0.25)
+    assert seen == [{"input_tokens": 1000, "output_tokens": 500, "cache_read_tokens": 0}]
+
+
+def test_an_unpriced_model_with_cost_limited_is_refused_before_sending(
+        server: Server, client: openai.OpenAI) -> None:
+    with pytest.raises(nb.ConfigError, match=r"'house-model'.*prices="), \
+            nb.budget(cost_usd=1):
+        chat(client, model="house-model")
+    assert server.received == []
+    with nb.budget(tokens=100):  # no cost limit: an unknown price is no matter
+        server.queue(o.chat("ok", o.chat_usage(1, 1)))
+        chat(client, model="house-model")
+
+
+def test_the_output_cap_is_clamped_in_the_field_each_api_takes_S2_9(
+        server: Server, client: openai.OpenAI) -> None:
+    server.queue(*[o.chat("x", o.chat_usage(5, 10))] * 3,
+                 o.response("x", o.response_usage(5, 10)))
+    with nb.budget(output_tokens=50) as run:
+        chat(client, max_completion_tokens=100)
+        chat(client, max_tokens=100)  # the older field, kept
+        chat(client)  # no cap asked: what remains
+        client.responses.create(model="gpt-4o", input="x", max_output_tokens=10)
+    bodies = server.bodies()
+    assert bodies[0]["max_completion_tokens"] == 50
+    assert bodies[1]["max_tokens"] == 40 and "max_completion_tokens" not in bodies[1]
+    assert bodies[2]["max_completion_tokens"] == 30
+    assert bodies[3]["max_output_tokens"] == 10
+    assert run.consumed["output_tokens"] == 40
+
+
+def test_an_exhausted_output_grant_refuses_the_request(server: Server,
+                                                       client: openai.OpenAI) -> None:
+    server.queue(o.chat("x", o.chat_usage(5, 10)))
+    with pytest.raises(nb.BudgetError), nb.budget(output_tokens=10):
+        chat(client)
+        chat(client)
+    assert len(server.received) == 1
+
+
+def test_a_stream_reports_its_usage_and_the_caller_sees_the_chunks_it_asked_for(
+        server: Server, client: openai.OpenAI) -> None:
+    server.queue(o.chat_stream(["Par", "is"], o.chat_usage(12, 2)))
+    with nb.budget(tokens=100) as run:
+        chunks = list(chat(client, stream=True))
+    assert server.bodies()[0]["stream_options"] == {"include_usage": True}
+    assert all(chunk.choices for chunk in chunks)  # the usage chunk is kept from the caller
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Paris"
+    assert (run.consumed["tokens"], run.consumed["output_tokens"]) == (14, 2)
+
+
+def test_a_caller_who_asks_for_usage_gets_the_usage_chunk(server: Server,
+                                                          client: openai.OpenAI) -> None:
+    server.queue(o.chat_stream(["a"], o.chat_usage(3, 1)))
+    with nb.budget(tokens=100):
+        chunks = list(chat(client, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 1
+
+
+def test_a_chat_stream_is_cut_at_the_crossing_with_the_text_so_far_S3_9(
+        server: Server, client: openai.OpenAI) -> None:
+    pieces = [f"w{i} " for i in range(40)]
+    server.queue(o.chat_stream(pieces, o.chat_usage(10, 40), event_delay=0.005))
+    received: list[str] = []
+    with pytest.raises(nb.BudgetCut) as caught, nb.budget(output_tokens=5) as run:
+        for chunk in chat(client, stream=True):
+            received.append(chunk.choices[0].delta.content or "")
+    err = caught.value
+    assert err.by == "output_tokens"
+    assert err.salvage == "".join(pieces[:6])  # the crossing delta included
+    assert "".join(received) == "".join(pieces[:5])
+    assert run.consumed["output_tokens"] == 6
+    assert run.outcome is not None and run.outcome.by == "output_tokens"
+    server.wait_finished()
+    (answer,) = server.received
+    assert answer.disconnected and answer.events_sent < answer.events_total
+
+
+def test_a_responses_stream_is_cut_by_cost_S3_9(server: Server, bare: openai.OpenAI) -> None:
+    client = nb.instrument(bare, prices={"input": 0, "output": 1_000_000})  # $1 a token
+    pieces = [f"{i}," for i in range(40)]
+    server.queue(o.response_stream(pieces, o.response_usage(5, 40), event_delay=0.005))
+    with pytest.raises(nb.BudgetCut) as caught, nb.budget(cost_usd=3.5) as run:
+        for _ in client.responses.create(model="gpt-4o", input="count", stream=True):
+            pass
+    assert caught.value.by == "cost_usd"
+    assert caught.value.salvage == "0,1,2,3,"
+    assert run.consumed["cost_usd"] == pytest.approx(4.0)
+    server.wait_finished()
+    assert server.received[0].disconnected
+
+
+def test_a_request_is_bounded_by_the_runs_remaining_time_S3_8(server: Server,
+                                                              client: openai.OpenAI) -> None:
+    server.queue(Reply(body={}, delay=5.0))
+    began = time.monotonic()
+    with pytest.raises(nb.BudgetCut) as caught, nb.budget(time="300ms") as run:
+        chat(client)
+    assert caught.value.by == "timeout"
+    assert time.monotonic() - began < 2.0
+    assert len(server.received) == 1  # not retried as an HTTP timeout
+    assert run.outcome is not None and run.outcome.by == "timeout"
+
+
+def test_a_stream_stops_at_the_runs_deadline_S3_8(server: Server,
+                                                  client: openai.OpenAI) -> None:
+    server.queue(o.chat_stream([f"{i}" for i in range(100)], o.chat_usage(1, 100),
+                               event_delay=0.02))
+    with pytest.raises(nb.BudgetCut) as caught, nb.budget(time="300ms"):
+        for _ in chat(client, stream=True):
+            pass
+    assert caught.value.by == "timeout"
+    assert caught.value.salvage  # what came before the deadline
+    server.wait_finished()
+    assert server.received[0].disconnected
+
+
+def test_degrade_switches_the_model_one_way_and_is_recorded_S3_7(
+        server: Server, bare: openai.OpenAI) -> None:
+    client = nb.instrument(bare, prices={"input": 0, "output": 10_000},  # 1 c a token
+                           degrade=("gpt-4o-mini", 0.5))
+    server.queue(*[o.chat("x", o.chat_usage(1, 30))] * 3)
+    with nb.budget(cost_usd=1.0) as run:
+        chat(client)  # 0.30: below half
+        chat(client)  # 0.60: past half, degraded from here on
+        chat(client)
+    assert [b["model"] for b in server.bodies()] == ["gpt-4o", "gpt-4o", "gpt-4o-mini"]
+    assert run.outcome is not None and run.outcome.degraded == {
+        "from": "gpt-4o", "to": "gpt-4o-mini", "reason": "budget"}
+    assert run.trace.latest("degraded") is not None
+
+
+def test_degrade_without_a_cost_limit_reads_the_most_used_limit(
+        server: Server, bare: openai.OpenAI) -> None:
+    client = nb.instrument(bare, degrade=("gpt-4o-mini", 0.5))
+    server.queue(*[o.chat("x", o.chat_usage(1, 1))] * 3)
+    with nb.budget(provider_calls=4, tokens=1000) as run:
+        for _ in range(3):
+            chat(client)
+    assert [b["model"] for b in server.bodies()] == ["gpt-4o", "gpt-4o", "gpt-4o-mini"]
+    assert run.outcome is not None and run.outcome.degraded is not None
+
+
+def test_calls_outside_every_run_pass_through_untouched(server: Server, bare: openai.OpenAI,
+                                                        client: openai.OpenAI) -> None:
+    server.queue(*[o.chat_stream(["a"], o.chat_usage(1, 1))] * 2)
+    list(chat(bare, stream=True, max_completion_tokens=99))
+    list(chat(client, stream=True, max_completion_tokens=99))
+    first, second = server.received
+    assert first.body == second.body and "stream_options" not in second.body
+    assert bare._client is not client._client  # the passed client is left as it was
+    assert type(client) is type(bare)
+
+
+def test_threads_sharing_one_client_get_exactly_the_limit(server: Server,
+                                                          client: openai.OpenAI) -> None:
+    server.default = o.chat("x", o.chat_usage(1, 1))
+    outcomes: list[str] = []
+    lock = threading.Lock()
+    with nb.budget(provider_calls=7) as run:
+        def work() -> None:
+            for _ in range(5):
+                try:
+                    chat(client)
+                    result = "sent"
+                except nb.BudgetExceeded:
+                    result = "refused"
+                with lock:
+                    outcomes.append(result)
+
+        threads = [threading.Thread(target=contextvars.copy_context().run, args=(work,),
+                                    name=f"caller-{i}") for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert outcomes.count("sent") == 7 and outcomes.count("refused") == 13
+    assert len(server.received) == 7
+    assert run.consumed["provider_calls"] == 7
+
+
+def test_the_async_client_is_bounded_alike(server: Server) -> None:
+    async def main() -> tuple[Any, Any]:
+        async with openai.AsyncOpenAI(base_url=server.url, api_key="test",
+                                      max_retries=2) as bare:
+            client = nb.instrument(bare)
+            server.queue(Reply.error(429), o.chat("a", o.chat_usage(10, 3)),
+                         o.chat_stream([f"{i}" for i in range(30)], o.chat_usage(1, 30),
+                                       event_delay=0.005))
+            run = nb.budget(output_tokens=8)
+            try:
+                with run:
+                    reply = await client.chat.completions.create(model="gpt-4o",
+                                                                 messages=ASK)
+                    async for _ in await client.chat.completions.create(
+                            model="gpt-4o", messages=ASK, stream=True):
+                        pass
+            except nb.BudgetCut as err:
+                return reply, (err, run)
+        raise AssertionError("not cut")
+
+    reply, (err, run) = asyncio.run(main())
+    assert reply.choices[0].message.content == "a"
+    assert err.by == "output_tokens" and err.salvage == "012345"
+    assert run.consumed["provider_calls"] == 3
+    assert server.bodies()[-1]["max_completion_tokens"] == 5
+    server.wait_finished()
+    assert server.received[-1].disconnected
+
+
+def test_bad_options_are_refused_at_once(bare: openai.OpenAI) -> None:
+    with pytest.raises(nb.ConfigError, match="degrade="):
+        nb.instrument(bare, degrade=("gpt-4o-mini", 1.5))
+    with pytest.raises(nb.ConfigError, match="prices="):
+        nb.instrument(bare, prices={"input": -1, "output": 1})
+    with pytest.raises(nb.ConfigError, match="instrumented already"):
+        nb.instrument(nb.instrument(bare))
+    with pytest.raises(nb.ConfigError, match=r"takes an openai\.OpenAI"):
+        nb.instrument(object())
