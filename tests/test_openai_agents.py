@@ -5,6 +5,7 @@ the scripted server of tests/wire on 127.0.0.1, which records every request it r
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import itertools
 import json
 
@@ -40,6 +41,10 @@ USAGE = chat_usage(100, 20, cached=40, reasoning=5)
 #: gpt-4o-mini at its published prices, USD per million tokens: 0.15 input, 0.075 cached input,
 #: 0.60 output: 60 uncached and 40 cached input tokens and 20 output tokens
 GPT_4O_MINI_CALL = (60 * 0.15 + 40 * 0.075 + 20 * 0.60) / 1_000_000
+
+
+needs_prices = pytest.mark.skipif(importlib.util.find_spec("genai_prices") is None,
+                                  reason="genai-prices needs Python 3.11 or newer")
 
 
 CALL_IDS = itertools.count()  # a tool call's id is unique in a run
@@ -115,6 +120,7 @@ def refusals(run):
     return [e.payload for e in run.trace.events if e.kind == "dispatch_refused_budget_exceeded"]
 
 
+@needs_prices
 def test_counts_two_tool_calls_and_a_handoff_synchronously(server):
     """One turn and one provider call per model call, a tool call per tool run, an agent
     invocation per handoff; tokens and cost from what the server reported."""
@@ -220,6 +226,7 @@ def test_tokens_past_the_limit_cut_the_run_with_budget_cut(server):
     assert run.outcome.status == "failed" and run.outcome.cause == "budget-cut"
 
 
+@needs_prices
 def test_cost_of_a_known_model_comes_from_genai_prices(server):
     ran: list = []
     agent = adding_agent(server, ran)
@@ -397,6 +404,7 @@ def test_the_sdks_own_retries_are_charged_as_provider_calls_after_the_reply(serv
     assert (run.consumed["provider_calls"], run.consumed["tokens"]) == (2, 120)
 
 
+@needs_prices
 def test_the_responses_api_model_is_counted_the_same_way(server):
     """OpenAIResponsesModel: a function_call output item runs the tool after its permit; the
     usage in the Responses shape (input_tokens_details.cached_tokens) is priced as such."""

@@ -21,13 +21,14 @@ with no run charges `nbbudget.current()` as the agent run reaches each hook, so 
   An exhausted ``output_tokens`` grant refuses the call too (S2-9).
 - **Tokens and cost.** When the model answers (``on_llm_end``) its usage is charged as the SDK
   reports it: ``tokens`` is input (cached input included) plus output (reasoning included),
-  ``output_tokens`` the output, and ``cost_usd`` the model's price in genai-prices' bundled data
-  (`nbbudget.integrations.prices`), or ``prices=``: ``{"input": USD, "output": USD}`` per
-  million tokens, or a function of the usage mapping (``input_tokens``, ``output_tokens``,
-  ``cache_read_tokens``, ``cache_write_tokens``) returning dollars. With ``cost_usd`` armed, a
-  model genai-prices does not know is refused before its first call with a `nbbudget.ConfigError`
-  naming the model and ``prices=``. Usage is spent after the fact: past a limit it is recorded
-  and the run fails ``budget-cut`` by the first limit passed (S3-3).
+  ``output_tokens`` the output, and ``cost_usd`` the model's price in genai-prices' bundled
+  data (`nbbudget.integrations.prices`; genai-prices needs Python 3.11 or newer), or
+  ``prices=``: ``{"input": USD, "output": USD}`` per million tokens, or a function of the
+  usage mapping (``input_tokens``, ``output_tokens``, ``cache_read_tokens``,
+  ``cache_write_tokens``) returning dollars. With ``cost_usd`` armed, a model with no known
+  price is refused before its first call with a `nbbudget.ConfigError` naming the model and
+  ``prices=``. Usage is spent after the fact: past a limit it is recorded and the run fails
+  ``budget-cut`` by the first limit passed (S3-3).
 - **Tool calls.** Before each local tool runs (``on_tool_start``: function tools, and the
   computer, shell and patch tools) one ``tool_calls`` permit is reserved (S4-3); a refused tool
   never runs.
@@ -84,7 +85,7 @@ from ..core.errors import BudgetExceeded, ConfigError
 from ..core.kinds import KIND_INDEX
 from ..run.budget import Budget, current
 from ..run.providers import Usage, clamp, spend_usage
-from .prices import cost_usd, price_of
+from .prices import Price, price_of
 
 #: The release of the OpenAI Agents SDK the hooks were tested with: 0.24 calls ``on_llm_start``
 #: before each model call and passes an ``AgentsException`` raised by a hook through unwrapped.
@@ -169,7 +170,7 @@ class Budgeted(RunHooksBase[Any, Any]):
         provider, model = _model_of(agent)
         target = f"provider:{model}"
         if (self.prices is None and run.limits.cost_usd is not None
-                and price_of(provider, model) is None):
+                and _price_of(provider, model) is None):
             raise ConfigError(
                 f"no price is known for model {model!r} (provider {provider!r}) and the run "
                 f"limits cost_usd: give Budgeted(prices={{'input': USD, 'output': USD}}) per "
@@ -196,8 +197,10 @@ class Budgeted(RunHooksBase[Any, Any]):
             "cache_write_tokens": getattr(used.input_tokens_details, "cache_write_tokens",
                                           0) or 0,
         }
+        cost: float | None = None
         if self.prices is None:
-            cost = cost_usd(provider, model, usage)
+            price = _price_of(provider, model)
+            cost = None if price is None else price.cost(usage)
         elif callable(self.prices):
             cost = self.prices(usage)
         else:
@@ -237,6 +240,15 @@ class Budgeted(RunHooksBase[Any, Any]):
             run.charge("agent_invocations", target=f"agent:{to_agent.name}")
         except BudgetExceeded as err:
             raise BudgetRefused(*err.args) from None
+
+
+def _price_of(provider: str, model: str) -> Price | None:
+    """genai-prices' price of the model, or None when it has none or is not installed (it needs
+    Python 3.11 or newer, and the extra leaves it out before)."""
+    try:
+        return price_of(provider, model)
+    except ImportError:
+        return None
 
 
 def _model_of(agent: Any) -> tuple[str, str]:
