@@ -302,6 +302,21 @@ def test_an_agent_used_as_a_tool_is_a_tool_call_and_an_agent_invocation(server):
             run.consumed["provider_calls"]) == (1, 1, 3)
 
 
+def test_a_refusal_inside_an_agent_used_as_a_tool_ends_the_whole_run(server):
+    """The nested agent's model call is refused: the SDK does not turn the refusal into a tool
+    error for the outer model; Runner.run ends with it, and nothing more is sent."""
+    hooks = Budgeted()
+    helper = Agent(name="helper", model=model(server))
+    boss = Agent(name="boss", model=model(server),
+                 tools=[helper.as_tool("ask_helper", "Ask the helper.", hooks=hooks)])
+    server.queue(calls(("ask_helper", {"input": "what is 2+2"})), text("never asked"))
+    with pytest.raises(BudgetRefused) as caught, nb.budget(provider_calls=1) as run:
+        Runner.run_sync(boss, "ask", hooks=hooks)
+    assert caught.value.kind == "provider_calls"
+    assert len(server.received) == 1
+    assert (run.consumed["tool_calls"], run.consumed["agent_invocations"]) == (1, 1)
+
+
 def test_without_a_run_the_hooks_say_how_to_give_one(server):
     agent = Agent(name="a", model=model(server))
     server.queue(text("never asked"))
