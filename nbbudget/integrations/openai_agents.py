@@ -72,8 +72,9 @@ would charge them) and charges the tools and handoffs.
 
 An agent used as a tool runs as a run of its own, with the hooks given to ``as_tool``: pass the
 same ``Budgeted`` there (``agent.as_tool(..., hooks=budgeted)``) for its model calls and tools to
-be counted too; a refusal inside it ends the whole agent run. A parallel batch of tool calls in which one is refused is cancelled by the SDK
-as a whole; the calls already permitted keep their permits (S4-3), whether or not they started.
+be counted too; a refusal inside it ends the whole agent run. A parallel batch of tool calls in
+which one is refused is cancelled by the SDK as a whole; the calls already permitted keep their
+permits (S4-3), whether or not they started.
 """
 
 from __future__ import annotations
