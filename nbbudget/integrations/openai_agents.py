@@ -1,0 +1,270 @@
+"""Budgets around the OpenAI Agents SDK (the ``openai-agents`` extra).
+
+Install with ``pip install 'nbbudget[openai-agents]'``. `Budgeted` is the SDK's `RunHooks`:
+give it to a run and the run's model turns, tool calls and handoffs go through an nbbudget run,
+with no change to the agents, their tools or their prompts::
+
+    import nbbudget as nb
+    from agents import Runner
+    from nbbudget.openai_agents import Budgeted
+
+    with nb.budget(turns=8, tool_calls=5, cost_usd=0.10) as run:
+        result = Runner.run_sync(agent, "Plan the trip", hooks=Budgeted())
+
+(In a notebook, ``await Runner.run(...)``: a cell already runs an event loop.) ``Budgeted()``
+with no run charges `nbbudget.current()` as the agent run reaches each hook, so inside
+``with nb.budget(...)`` or a ``%%budget`` cell it bounds the agent by those limits; give
+``Budgeted(run)`` to name the run. What it counts:
+
+- **Model turns.** Before each model call (``on_llm_start``) one ``turns`` and one
+  ``provider_calls`` permit are reserved together, all or nothing; a refused call is never sent.
+  An exhausted ``output_tokens`` grant refuses the call too (S2-9).
+- **Tokens and cost.** When the model answers (``on_llm_end``) its usage is charged as the SDK
+  reports it: ``tokens`` is input (cached input included) plus output (reasoning included),
+  ``output_tokens`` the output, and ``cost_usd`` the model's price in genai-prices' bundled
+  data (`nbbudget.integrations.prices`; genai-prices needs Python 3.11 or newer), or
+  ``prices=``: ``{"input": USD, "output": USD}`` per million tokens, or a function of the
+  usage mapping (``input_tokens``, ``output_tokens``, ``cache_read_tokens``,
+  ``cache_write_tokens``) returning dollars. With ``cost_usd`` armed, a model with no known
+  price is refused before its first call with a `nbbudget.ConfigError` naming the model and
+  ``prices=``. Usage is spent after the fact: past a limit it is recorded and the run fails
+  ``budget-cut`` by the first limit passed (S3-3).
+- **Tool calls.** Before each local tool runs (``on_tool_start``: function tools, and the
+  computer, shell and patch tools) one ``tool_calls`` permit is reserved (S4-3); a refused tool
+  never runs.
+- **Agent invocations.** A handoff (``on_handoff``) reserves one ``agent_invocations`` before the
+  new agent takes over; an agent used as a tool (``agent.as_tool(...)``) reserves one
+  ``tool_calls`` and one ``agent_invocations`` together before it starts.
+- **Time and stops.** Every hook checks the run (``run.check()``): a run stopped
+  (``run.cancel()``, the panel's Stop button) or out of time ends the agent run at its next
+  hook.
+
+**Errors.** A refusal ends ``Runner.run`` with `BudgetRefused`, which is both an
+`nbbudget.BudgetExceeded` (``kind``, ``limit``, ``consumed``, ``target``) and the SDK's
+``AgentsException``, so the SDK passes it through as it is rather than wrapping it as a tool's
+failure (``UserError: Error running tool ...``). A limit passed by what a model already used, a
+stop and a timeout unwind the agent run like any other nbbudget stop: the run's ``with`` block
+raises `nbbudget.BudgetCut` (``by`` the limit's kind, or ``"timeout"``) or `nbbudget.Cancelled`.
+No answer is made up: the agent run ends with the error, never with a final output.
+
+**What hooks cannot bound.** The SDK calls its hooks once per model turn, around the whole call:
+
+- the output cap (S2-9): the SDK resolves the call's model settings before ``on_llm_start``
+  and hands the hook no way to change them. A hook could lower ``max_tokens`` only by writing
+  into the agent's own ``ModelSettings`` object, which the SDK passes on as it is when no
+  ``RunConfig(model_settings=...)`` overrides it: that would change the agent for every run
+  that shares it, so ``Budgeted`` does not, and only a call with no output tokens left is
+  refused. Neither can a hook change ``Runner.run(max_turns=...)``, a local of the run: the
+  ``turns`` limit refuses the turn past it instead, with `BudgetRefused` rather than the SDK's
+  ``MaxTurnsExceeded``;
+- retries: the OpenAI client's own retries (``max_retries``) and the SDK's
+  (``ModelSettings.retry``) happen inside one model call, under one ``provider_calls`` permit.
+  The SDK reports its own failed attempts in the reply's usage (``requests``): they are charged
+  as ``provider_calls`` after the fact, past the limit too (then the run fails ``budget-cut``);
+  the client's are not reported at all;
+- a stream: ``Runner.run_streamed`` is charged when the model's reply has ended, so it is not
+  cut mid-stream (S3-9), and a call that never answers is not abandoned (S3-8).
+
+For those, instrument the model's client instead: ``nb.instrument(AsyncOpenAI(...))`` reserves
+a permit per HTTP attempt, clamps the cap, cuts streams and bounds each request by the run's
+time; then give ``Budgeted(models=False)``, which leaves the model calls to the client (each
+would charge them) and charges the tools and handoffs.
+
+An agent used as a tool runs as a run of its own, with the hooks given to ``as_tool``: pass the
+same ``Budgeted`` there (``agent.as_tool(..., hooks=budgeted)``) for its model calls and tools to
+be counted too; a refusal inside it ends the whole agent run. A parallel batch of tool calls in
+which one is refused is cancelled by the SDK as a whole; the calls already permitted keep their
+permits (S4-3), whether or not they started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..core.errors import BudgetExceeded, ConfigError
+from ..core.kinds import KIND_INDEX
+from ..run.budget import Budget, current
+from ..run.providers import Usage, clamp, spend_usage
+from .prices import Price, price_of
+
+#: The release of the OpenAI Agents SDK the hooks were tested with: 0.24 calls ``on_llm_start``
+#: before each model call and passes an ``AgentsException`` raised by a hook through unwrapped.
+OPENAI_AGENTS_NEEDED = "0.24"
+
+try:
+    from agents.exceptions import AgentsException
+    from agents.lifecycle import RunHooksBase
+except ImportError as exc:
+    raise ImportError(
+        f"nbbudget.openai_agents needs the OpenAI Agents SDK {OPENAI_AGENTS_NEEDED} or newer: "
+        f"pip install 'nbbudget[openai-agents]'"
+    ) from exc
+
+__all__ = ["OPENAI_AGENTS_NEEDED", "BudgetRefused", "Budgeted"]
+
+_MILLION = 1_000_000
+_PROVIDER_CALLS = KIND_INDEX["provider_calls"]
+
+
+class BudgetRefused(AgentsException, BudgetExceeded):
+    """A model call, tool call or agent invocation the budget refused before it started
+    (S4-3, S4-8).
+
+    nbbudget's `BudgetExceeded` and the SDK's ``AgentsException`` at once, so the SDK lets it
+    end ``Runner.run`` as it is. ``outcome`` is the run's `nbbudget.Outcome` once the run's
+    ``with`` block has ended.
+    """
+
+    def __init__(self, kind: str, limit: float, consumed: float, requested: float = 1,
+                 target: str | None = None, code: str = "", scope: str = "run") -> None:
+        BudgetExceeded.__init__(self, kind, limit, consumed, requested, target, code, scope)
+        self.run_data = None  # what AgentsException.__init__ sets; the SDK fills it in
+
+
+class Budgeted(RunHooksBase[Any, Any]):
+    """Put an nbbudget run around an OpenAI Agents SDK run: ``Runner.run(agent, input,
+    hooks=Budgeted())`` (see the module's documentation).
+
+    ``run``: the `nbbudget.Budget` to charge; `None` takes `nbbudget.current()` at each hook.
+    ``prices``: ``{"input": usd, "output": usd}`` per million tokens, or a function of the usage
+    mapping returning dollars; `None` prices each model from genai-prices' data.
+    ``models=False`` charges no model call (no turns, provider calls, tokens or cost), for a
+    model whose client ``nb.instrument`` already charges; tools and handoffs still count.
+    """
+
+    def __init__(self, run: Budget | None = None, *,
+                 prices: Mapping[str, float] | Callable[[Mapping[str, int]], float] | None = None,
+                 models: bool = True) -> None:
+        if run is not None and not isinstance(run, Budget):
+            raise ConfigError(f"Budgeted(run={run!r}): give an nbbudget run (nb.budget(...)) "
+                              f"or None for the current one")
+        if prices is not None and not callable(prices) and not (
+                isinstance(prices, Mapping) and set(prices) <= {"input", "output"}):
+            raise ConfigError(f"prices={prices!r}: give {{'input': USD, 'output': USD}} per "
+                              f"million tokens, or a function of the usage returning dollars")
+        self.run = run
+        self.prices = prices
+        self.models = models
+
+    def _run(self, *, check: bool = True) -> Budget:
+        """The run to charge, checked: a stopped or timed-out run unwinds here."""
+        run = self.run if self.run is not None else current()
+        if run is None:
+            raise ConfigError("Budgeted() found no active run: call Runner.run inside "
+                              "`with nb.budget(...)` or a %%budget cell, or pass the run: "
+                              "Budgeted(run)")
+        if check:
+            run.check()
+        return run
+
+    async def on_agent_start(self, context: Any, agent: Any) -> None:
+        """An agent takes over (the first, or after a handoff): the run's time is checked."""
+        self._run()
+
+    async def on_llm_start(self, context: Any, agent: Any, system_prompt: str | None,
+                           input_items: list[Any]) -> None:
+        """Before each model call: one ``turns`` and one ``provider_calls``, all or nothing."""
+        run = self._run()
+        if not self.models:
+            return
+        provider, model = _model_of(agent)
+        target = f"provider:{model}"
+        if (self.prices is None and run.limits.cost_usd is not None
+                and _price_of(provider, model) is None):
+            raise ConfigError(
+                f"no price is known for model {model!r} (provider {provider!r}) and the run "
+                f"limits cost_usd: give Budgeted(prices={{'input': USD, 'output': USD}}) per "
+                f"million tokens, or a function of the usage")
+        try:
+            run.charge_many({"turns": 1, "provider_calls": 1}, target=target)
+            clamp(run, None, target)  # refuses the call when no output tokens are left
+        except BudgetExceeded as err:
+            raise BudgetRefused(*err.args) from None
+
+    async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
+        """The model answered: charge its tokens and cost (past a limit the run fails
+        ``budget-cut``, S3-3); what was used is charged before the run is checked."""
+        run = self._run(check=False)
+        if not self.models:
+            run.check()
+            return
+        provider, model = _model_of(agent)
+        used = response.usage
+        usage = {
+            "input_tokens": used.input_tokens,
+            "output_tokens": used.output_tokens,
+            "cache_read_tokens": used.input_tokens_details.cached_tokens or 0,
+            "cache_write_tokens": getattr(used.input_tokens_details, "cache_write_tokens",
+                                          0) or 0,
+        }
+        cost: float | None = None
+        if self.prices is None:
+            price = _price_of(provider, model)
+            cost = None if price is None else price.cost(usage)
+        elif callable(self.prices):
+            cost = self.prices(usage)
+        else:
+            cost = (usage["input_tokens"] * self.prices.get("input", 0)
+                    + usage["output_tokens"] * self.prices.get("output", 0)) / _MILLION
+        charged = Usage(input_tokens=usage["input_tokens"], output_tokens=usage["output_tokens"])
+        if cost is not None:
+            charged["cost_usd"] = cost
+        try:
+            spend_usage(run, charged, None, None, model)
+        finally:  # recorded even when the tokens cut the run (the first stop is the one kept)
+            if used.requests > 1:  # the SDK's own retries (ModelSettings.retry): no hook ran
+                run.lowlevel.spend(((_PROVIDER_CALLS, used.requests - 1),), f"provider:{model}")
+        run.check()
+
+    async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
+        """Before a local tool runs: one ``tool_calls`` (and one ``agent_invocations`` for an
+        agent used as a tool); a refused tool never runs."""
+        run = self._run()
+        try:
+            if getattr(tool, "_is_agent_tool", False):  # set by Agent.as_tool()
+                run.charge_many({"tool_calls": 1, "agent_invocations": 1},
+                                target=f"agent:{tool.name}")
+            else:
+                run.charge("tool_calls", target=f"tool:{tool.name}")
+        except BudgetExceeded as err:
+            raise BudgetRefused(*err.args) from None
+
+    async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: object) -> None:
+        """A tool returned: the run's time is checked."""
+        self._run()
+
+    async def on_handoff(self, context: Any, from_agent: Any, to_agent: Any) -> None:
+        """A handoff: one ``agent_invocations`` before the new agent takes over."""
+        run = self._run()
+        try:
+            run.charge("agent_invocations", target=f"agent:{to_agent.name}")
+        except BudgetExceeded as err:
+            raise BudgetRefused(*err.args) from None
+
+
+def _price_of(provider: str, model: str) -> Price | None:
+    """genai-prices' price of the model, or None when it has none or is not installed (it needs
+    Python 3.11 or newer, and the extra leaves it out before)."""
+    try:
+        return price_of(provider, model)
+    except ImportError:
+        return None
+
+
+def _model_of(agent: Any) -> tuple[str, str]:
+    """The provider and model name an agent asks (a RunConfig(model=...) override is not
+    visible to hooks): its ``model`` string, or the ``model`` of its Model object, or the SDK's
+    default; a ``provider/`` prefix (``litellm/anthropic/...``) names the provider."""
+    model = agent.model
+    if model is not None and not isinstance(model, str):
+        model = getattr(model, "model", None)
+    if not model:
+        from agents.models import get_default_model
+
+        model = get_default_model()
+    name = str(model)
+    if name.startswith("litellm/"):
+        name = name.removeprefix("litellm/")
+    provider, slash, rest = name.partition("/")
+    return (provider, rest) if slash else ("openai", name)
