@@ -1,7 +1,7 @@
 """pydantic-ai's own usage-limit scenarios, each run twice with the same scripted model: once
 under pydantic-ai's `UsageLimits`, once under `nbbudget.pydantic_ai.Budgeted`. Each test asserts
-that the two agree, or the difference docs/bounding-agents-pydantic-ai.md documents, with its
-rule.
+that the two agree, or the difference the pydantic-ai section of docs/bounding-agents.md
+documents, with its rule.
 
 The axes map as: ``request_limit`` -> ``provider_calls``; ``total_tokens_limit``,
 ``input_tokens_limit`` -> ``tokens`` (nbbudget counts input and output together);
