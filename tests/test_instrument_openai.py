@@ -73,6 +73,17 @@ def test_a_refused_attempt_sends_nothing_and_raises_BudgetExceeded_S4_6(
     assert run.trace.latest("dispatch_refused_budget_exceeded") is not None
 
 
+def test_a_calls_first_attempt_takes_its_turn_and_its_permit_both_or_neither(
+        server: Server, client: openai.OpenAI) -> None:
+    server.queue(Reply.error(429), o.chat("one", o.chat_usage(1, 1)))
+    with pytest.raises(nb.BudgetExceeded) as caught, nb.budget(provider_calls=2) as run:
+        chat(client)  # two attempts, one turn
+        chat(client)  # refused before it is sent: no turn taken either
+    assert caught.value.kind == "provider_calls"
+    assert len(server.received) == 2
+    assert (run.consumed["turns"], run.consumed["provider_calls"]) == (1, 2)
+
+
 def test_chat_usage_is_charged_with_cached_input_and_reasoning_output(
         server: Server, client: openai.OpenAI) -> None:
     server.queue(o.chat("ok", o.chat_usage(100, 30, cached=40, reasoning=20)))

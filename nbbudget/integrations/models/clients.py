@@ -9,9 +9,10 @@ async alike, OpenAI and Anthropic alike, one mechanism. For a request to a model
 
 - the request's output cap is clamped to what remains of ``output_tokens`` (S2-9; none left
   refuses it), and once the run has degraded (S3-7) the request names the cheaper model;
-- one ``turns`` is reserved on a call's first attempt (the SDK numbers its attempts in
-  ``x-stainless-retry-count``), then one ``provider_calls`` permit for the attempt (S4-6), as
-  the pydantic-ai adapter charges them; a refusal raises the API module's ``Refused``
+- a call's first attempt reserves one ``turns`` and one ``provider_calls`` permit, both or
+  neither, and each retry one more ``provider_calls`` permit (S4-6; the SDK numbers its
+  attempts in ``x-stainless-retry-count``), as the LangChain and Agents SDK adapters charge
+  them; a refusal raises the API module's ``Refused``
   (`nbbudget.BudgetExceeded` and the SDK's own error: the SDK passes its own errors on
   unchanged, where Anthropic's would take any other error for a connection error and retry
   it) and nothing is sent;
@@ -185,8 +186,10 @@ class _Gate:
         try:
             capped = clamp(run, asked, target)  # S2-9: none left refuses, nothing reserved
             if request.headers.get("x-stainless-retry-count", "0") == "0":
-                run.charge("turns", target=target)  # a call's first attempt
-            run.charge("provider_calls", target=target)  # S4-6: every attempt
+                # a call's first attempt: its turn and its permit, both or neither
+                run.charge_many({"turns": 1, "provider_calls": 1}, target=target)
+            else:
+                run.charge("provider_calls", target=target)  # S4-6: every attempt
         except BudgetExceeded as err:
             raise self.api.refused(*err.args) from None
         if capped != asked:
