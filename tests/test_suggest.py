@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 import nbbudget as nb
 from nbbudget.core.suggest import suggest
@@ -243,3 +247,65 @@ def test_saved_traces_give_the_same_suggestion(clock: FakeClock, tmp_path: Path)
     loaded = [nb.Trace.load(tmp_path / f"{i}.json") for i in range(len(history))]
     a, b = suggest(history, quantile=0.8), suggest(loaded, quantile=0.8)
     assert (a.limits, a.rows, a.stopped) == (b.limits, b.rows, b.stopped)
+
+
+# -- replay: the vectorised pass gives the Python pass's answers -----------------------------------
+CHARGE = st.tuples(
+    st.sampled_from(["steps", "tool_calls", "tokens", "cost_usd"]),
+    st.integers(1, 40),
+    st.integers(0, 30),  # ms before it
+    st.booleans(),  # with a target
+    st.booleans(),  # in a grant
+)
+
+
+@settings(max_examples=300, deadline=None)
+@example(charges=[("steps", 5, 0, False, False), ("steps", 5, 10, False, True)],
+         limits={"steps": 7, "run_ms": 5})  # past both: refused by steps (S3-3)
+@example(charges=[("steps", 5, 0, False, False), ("steps", 1, 10, False, False)],
+         limits={"steps": 7, "run_ms": 5})  # past the time grant only
+@example(charges=[("tokens", 30, 0, True, False), ("tokens", 20, 1, False, False),
+                  ("tokens", 8, 1, False, True), ("tokens", 2, 1, True, False)],
+         limits={"tokens": 40})  # after the first refusal, charges that still fit pass
+@given(charges=st.lists(CHARGE, max_size=60),
+       limits=st.fixed_dictionaries({}, optional={
+           "steps": st.integers(1, 30), "tool_calls": st.integers(1, 30),
+           "tokens": st.integers(1, 400), "cost_usd": st.floats(0.05, 4),
+           "run_ms": st.integers(1, 600)}))
+def test_replay_with_numpy_and_without_gives_the_same_refusals(
+    charges: list[tuple[str, int, int, bool, bool]], limits: dict[str, float],
+) -> None:
+    """Each charge refused when it would pass its kind's limit or comes after the time grant,
+    a refused charge not counted against later ones: with numpy (vectorised) and without (one
+    pass of Python), grants' charges among the run's (S4-3), amounts in whole numbers and in
+    cents."""
+    pytest.importorskip("numpy")
+    clock = FakeClock()
+    with nb.budget(clock=clock, trace="full", notices=None) as run, \
+            run.grant(name="child") as child:
+        for kind, amount, wait, targeted, in_grant in charges:
+            clock.advance(wait)
+            (child if in_grant else run).charge(
+                kind, amount / 100 if kind == "cost_usd" else amount,
+                target="tool:t" if targeted else None)
+    with_numpy = run.trace.replay(nb.Limits(**limits))
+    with patch.dict(sys.modules, {"numpy": None}):  # import numpy raises ImportError
+        without = run.trace.replay(nb.Limits(**limits))
+    assert with_numpy == without
+    expected = _replayed_by_hand(run.trace, limits)
+    assert [(r["index"], r["budget_kind"]) for r in without.refusals] == expected
+
+
+def _replayed_by_hand(trace: nb.Trace, limits: dict[str, float]) -> list[tuple[int, str]]:
+    used: dict[str, float] = {}
+    out = []
+    for i, event in enumerate(trace.events):
+        if event.kind != "consumed":
+            continue
+        kind, amount = event.payload["budget_kind"], event.payload["amount"]
+        over_kind = used.get(kind, 0) + amount > limits.get(kind, math.inf)
+        if over_kind or event.t_ms > limits.get("run_ms", math.inf):
+            out.append((i, kind if over_kind else "run_ms"))
+        else:
+            used[kind] = used.get(kind, 0) + amount
+    return out
