@@ -109,8 +109,9 @@ def test_whole_numbers_are_not_rounded_up_by_float_noise_and_cost_keeps_micro_do
             run.charge("cost_usd", 0.01)
     s = suggest([run.trace])  # 10 * 1.2 is 12.000000000000002 in floating point
     assert s.limits.steps == 12
-    assert math.isclose(s.limits.cost_usd or 0, 0.12)
-    assert suggest([run.trace], margin=0.123).limits.cost_usd == pytest.approx(0.11230)
+    assert s.limits.cost_usd == 0.12  # ten charges of 0.01 add up to 0.09999999999999999
+    assert suggest([run.trace], margin=0.123).limits.cost_usd == 0.1123
+    assert suggest([run.trace], margin=0.1234567).limits.cost_usd == 0.112346
 
 
 def test_an_axis_at_zero_at_the_quantile_gets_the_smallest_limit_S4_1(clock: FakeClock) -> None:

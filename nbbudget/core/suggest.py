@@ -42,7 +42,7 @@ __all__ = ["Suggestion", "suggest"]
 #: the columns of `Suggestion.to_frame`, one row per axis
 COLUMNS = ("axis", "runs", "used_by", "finished", "quantile", "at_quantile", "margin", "limit",
            "stopped", "replay")
-_MICRO_USD = 1e-6
+_PER_USD = 1_000_000  # cost limits are whole millionths of a dollar
 
 
 class Suggestion:
@@ -179,7 +179,7 @@ def _rounded_up(axis: str, value: float) -> int | float:
     12.000000000000002) is not rounded up."""
     if KINDS[KIND_INDEX[axis]].integral:
         return max(1, math.ceil(round(value, 9)))
-    return max(1, math.ceil(round(value / _MICRO_USD, 6))) * _MICRO_USD
+    return max(1, math.ceil(round(value * _PER_USD, 6))) / _PER_USD
 
 
 def _stopping_axis(trace: Trace, totals: dict[str, float],
