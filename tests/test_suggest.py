@@ -139,6 +139,8 @@ def test_one_run_gives_its_own_use_plus_the_margin(clock: FakeClock) -> None:
 
 
 def test_something_other_than_a_trace_is_a_config_error(clock: FakeClock) -> None:
+    with pytest.raises(nb.ConfigError, match=r"not one nb\.Trace; pass a list, \[trace\]"):
+        suggest(loop(clock, 1))
     with pytest.raises(nb.ConfigError, match=r"run 1 of the history is dict, not nb\.Trace"):
         suggest([loop(clock, 1), {"steps": 3}])  # type: ignore[list-item]
 

@@ -100,6 +100,10 @@ def suggest(traces: Iterable[Trace], *, margin: float = 0.2,
     """
     _check_fraction("quantile", quantile, low_open=True, high=1.0)
     _check_fraction("margin", margin, low_open=False, high=None)
+    given: object = traces  # one Trace (which iterates over its events) is an easy slip
+    if isinstance(given, Trace):
+        raise ConfigError("suggest() takes a history of runs, not one nb.Trace; pass a list, "
+                          "[trace] for one run")
     runs = list(traces)
     for i, trace in enumerate(runs):
         if not isinstance(trace, Trace):
@@ -130,7 +134,8 @@ def suggest(traces: Iterable[Trace], *, margin: float = 0.2,
         if axis is not None:
             stopped_by[axis] += 1
     replay = ("exact" if exact == len(runs) else "from totals" if not exact else
-              f"exact for {exact} runs, from totals for {len(runs) - exact}")
+              f"exact for {exact} run{'s' if exact != 1 else ''}, from totals for "
+              f"{len(runs) - exact}")
     rows = [{
         "axis": a, "runs": len(runs), "used_by": sum(1 for t in totals if t.get(a, 0) > 0),
         "finished": len(done), "quantile": quantile, "at_quantile": at_quantile[a],
