@@ -27,6 +27,7 @@ from .core.errors import (
 )
 from .core.limits import Limits, Manifest
 from .core.outcome import Outcome, Status
+from .core.suggest import Suggestion
 from .core.trace import Event, Replay, Trace
 from .run.budget import Budget, Grant, Snapshot, budget, current
 from .run.tools import ToolContext
@@ -93,6 +94,7 @@ __all__ = [
     "Status",
     "StoreBusy",
     "StoreDamaged",
+    "Suggestion",
     "ToolContext",
     "Trace",
     "WideningError",
