@@ -389,6 +389,11 @@ class Trace:
             lowest = -len(KINDS) if code == 0 else 0  # only charges point at a kind
             if not (lowest <= ref < len(trace._payloads)) or run >= len(trace._runs):
                 raise ConfigError(f"event {i} points at a payload or run that is not there")
+            if code == 0 and ref >= 0 and not (
+                    isinstance(payload := trace._payloads[ref], Mapping)
+                    and payload.get("budget_kind") in KIND_INDEX):
+                raise ConfigError(f"event {i} is a charge whose payload names no kind of "
+                                  f"budget (budget_kind)")
         return trace
 
     def __repr__(self) -> str:
