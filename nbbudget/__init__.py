@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from .calls import history as _history  # installs the recording of runs that end
 from .calls.call import call, checkpoint, resume_state
 from .calls.jobs import Job, JobState
 from .calls.response import Response
@@ -46,6 +47,13 @@ def instrument(client: _Client, *, prices: Any = None, degrade: tuple[str, float
     from .integrations.models import instrument as _instrument
 
     return _instrument(client, prices=prices, degrade=degrade, name=name)
+
+
+def suggest_limits(traces: Any = None, *, margin: float = 0.2, quantile: float = 0.95) -> Any:
+    """Limits from a history of runs: *traces* (an iterable of `Trace`), or None for the
+    store's history (``nbbudget history``): the *quantile* of what the finished runs used,
+    plus *margin*, per axis; a `Suggestion` with ``.limits`` and ``.to_frame()``."""
+    return _history.suggest_limits(traces, margin=margin, quantile=quantile)
 
 
 def load_ipython_extension(shell: object) -> None:
@@ -106,4 +114,5 @@ __all__ = [
     "parse_duration",
     "resume_state",
     "store",
+    "suggest_limits",
 ]

@@ -60,6 +60,7 @@ PUBLIC = [
     "parse_duration",
     "resume_state",
     "store",
+    "suggest_limits",
 ]
 
 
