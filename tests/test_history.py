@@ -338,3 +338,29 @@ def test_a_kernel_keeps_its_cells_in_the_history_that_the_command_lists(tmp_path
     listed = cli("history", "--json", env_home=home)
     assert [(r["kind"], r["status"]) for r in json.loads(listed.stdout)] == [
         ("cell", "failed"), ("cell", "completed")]
+
+
+# -- nbbudget run ------------------------------------------------------------------------------
+def test_a_notebook_run_is_one_run_of_the_history_with_its_status_and_consumption(tmp_path):
+    from test_run import REPO, write_notebook
+
+    home = tmp_path / "home-run"
+    notebook = write_notebook(
+        tmp_path / "steps.ipynb",
+        "import nbbudget as nb\nfor _ in range(3):\n    nb.current().step()",
+        "%%budget --steps 5 --no-widget\nfor _ in range(3):\n    nb.current().step()",
+        "print('never')")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("AGENT_CALL_BUDGET_MS", "NBBUDGET_INTERACTIVE", "NBBUDGET_HISTORY")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["NBBUDGET_HOME"] = str(home)
+    done = subprocess.run([sys.executable, "-m", "nbbudget", "run", notebook.name, "--steps",
+                           "4", "--budget", "60s"], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert done.returncode == 1, done.stdout + done.stderr  # the run's budget stopped it
+    listed = json.loads(cli("history", "--json", env_home=home).stdout)
+    (run,) = [r for r in listed if r["kind"] == "notebook"]
+    assert run["name"] == str(notebook) and run["status"] == "failed"
+    assert run["cause"] == "StepBudgetExceeded"
+    assert run["limits"] == {"steps": 4} and run["consumed"]["steps"] == 4
+    assert [r["kind"] for r in listed] == ["notebook"]  # its cell's grant is part of it
