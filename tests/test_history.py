@@ -364,3 +364,22 @@ def test_a_notebook_run_is_one_run_of_the_history_with_its_status_and_consumptio
     assert run["cause"] == "StepBudgetExceeded"
     assert run["limits"] == {"steps": 4} and run["consumed"]["steps"] == 4
     assert [r["kind"] for r in listed] == ["notebook"]  # its cell's grant is part of it
+
+
+def test_a_store_that_cannot_take_the_history_leaves_the_runs_out_and_they_go_on(
+        keeping, home, tmp_path, monkeypatch):
+    nb.store()
+    damaged = tmp_path / "damaged"
+    damaged.mkdir(mode=0o700)
+    (damaged / "nbbudget.db").write_bytes(b"this is not a database" * 100)
+    monkeypatch.setenv("NBBUDGET_HOME", str(damaged))
+    before = history.writer().dropped
+    with nb.budget(steps=2, name="goes on") as run:
+        run.step()
+    assert run.outcome is not None and run.outcome.ok
+    assert history.flush() == 0 and history.writer().dropped == before + 1
+    monkeypatch.setenv("NBBUDGET_HOME", str(home))
+    assert history.entries() == []  # written nowhere else
+    refused = cli("history", env_home=damaged)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "is damaged" in refused.stderr and "Traceback" not in refused.stderr

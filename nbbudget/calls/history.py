@@ -162,16 +162,27 @@ class Writer:
 
     def _loop(self) -> None:
         idle_since = time.monotonic()
-        while True:
-            if self.flush():
-                idle_since = time.monotonic()
-            elif time.monotonic() - idle_since >= IDLE_S:
-                with self.lock:
-                    if not self.queue:
-                        self.thread = None
-                        _close_connection()
-                        return
-            time.sleep(_POLL_S)
+        try:
+            while True:
+                if self.flush():
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since >= IDLE_S:
+                    with self.lock:
+                        if not self.queue:
+                            self.thread = None
+                            return
+                time.sleep(_POLL_S)
+        finally:
+            _close_connection()
+            with self.lock:
+                if self.thread is threading.current_thread():  # ended by an error: the
+                    self.thread = None                           # next run starts another
+
+    def forget_thread(self) -> None:
+        """In a child made by ``os.fork``: the parent's thread does not exist here."""
+        self.thread = None
+        self.lock = threading.Lock()
+        self.writing = threading.Lock()
 
     def flush(self) -> int:
         """Write every run queued, in one transaction per store; how many were written."""
@@ -179,7 +190,12 @@ class Writer:
             batches: dict[str | None, list[tuple[Any, ...]]] = {}
             while self.queue:
                 run, how, trace, ended, home = self.queue.popleft()
-                batches.setdefault(home, []).append(_row(run, how, trace, ended))
+                try:
+                    row = _row(run, how, trace, ended)
+                except Exception:  # noqa: BLE001 - a run that cannot be read (its cluster
+                    self.dropped += 1  # gone, say) is left out; the others are written
+                    continue
+                batches.setdefault(home, []).append(row)
             written = 0
             for home, rows in batches.items():
                 try:
@@ -220,6 +236,8 @@ def flush() -> int:
 
 set_on_end(_writer.add)
 atexit.register(flush)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_writer.forget_thread)
 
 
 def _close_connection() -> None:
@@ -267,14 +285,16 @@ def record_notebook(db: SQLiteStore, path: str, started: float, status: str,
                     consumed: dict[str, float] | None) -> None:
     """Record a notebook run of ``nbbudget run`` that ended now (its runner calls it, unless
     ``NBBUDGET_HISTORY=0``): its totals, no trace; its cause is the code of the error that
-    ended it. *limits* are as ``--run-limits-json`` gives them."""
+    ended it. *limits* are as ``--run-limits-json`` gives them. A store that cannot take it
+    leaves it out: the run's end is recorded all the same."""
     setting = os.environ.get("NBBUDGET_HISTORY", "1").strip().lower()
     if setting in ("0", "false", "no", "off", ""):
         return
     code = (error or {}).get("code")
-    _insert(db, [("notebook", path, started, time.time(), status, code, None,
-                  json.dumps(Limits.from_json(limits).to_dict()), json.dumps(consumed or {}),
-                  None)])
+    row = ("notebook", path, started, time.time(), status, code, None,
+           json.dumps(Limits.from_json(limits).to_dict()), json.dumps(consumed or {}), None)
+    with contextlib.suppress(StoreBusy, StoreDamaged, ConfigError, OSError):
+        _insert(db, [row])  # the run's end is written already: its history may be left out
 
 
 def _insert(db: SQLiteStore, rows: list[tuple[Any, ...]]) -> None:
