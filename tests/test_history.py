@@ -383,3 +383,36 @@ def test_a_store_that_cannot_take_the_history_leaves_the_runs_out_and_they_go_on
     refused = cli("history", env_home=damaged)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
     assert "is damaged" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_suggest_limits_reads_the_stores_traces_when_given_none_and_passes_its_options_on(
+        keeping, home, monkeypatch):
+    """The computation is `nbbudget.core.suggest.suggest`'s (tested with it); this shows what
+    `nb.suggest_limits` hands it: the history's traces, newest first, or the traces given."""
+    import types
+
+    seen = []
+    module = types.ModuleType("nbbudget.core.suggest")
+    module.suggest = lambda traces, *, margin, quantile: seen.append(
+        ([t.name for t in traces], [t.stats()["consumed"].get("steps") for t in traces],
+         margin, quantile)) or "suggestion"
+    monkeypatch.setitem(sys.modules, "nbbudget.core.suggest", module)
+    for steps in (2, 3):
+        with nb.budget(steps=5, name=f"used {steps}") as run:
+            for _ in range(steps):
+                run.step()
+    assert nb.suggest_limits() == "suggestion"
+    assert nb.suggest_limits([run.trace], margin=0.5, quantile=0.5) == "suggestion"
+    assert seen == [(["used 3", "used 2"], [3, 2], 0.2, 0.95), (["used 3"], [3], 0.5, 0.5)]
+
+
+def test_budget_history_suggest_shows_the_suggestion_from_the_history(shell, monkeypatch):
+    import types
+
+    module = types.ModuleType("nbbudget.core.suggest")
+    module.suggest = lambda traces, *, margin, quantile: (
+        f"{len(traces)} runs, margin {margin}, quantile {quantile}")
+    monkeypatch.setitem(sys.modules, "nbbudget.core.suggest", module)
+    shell.run_cell_magic("budget", "--steps 5 --no-widget", "pass\n")
+    assert shell.run_line_magic("budget", "history --suggest") == (
+        "1 runs, margin 0.2, quantile 0.95")
