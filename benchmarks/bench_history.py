@@ -1,9 +1,8 @@
 #!/usr/bin/env python3
 """What the history of runs costs a run: a ``with nb.budget()`` block that charges one step,
-timed with no hook installed (the run layer alone), with the history's hook installed and the
-history off (plain Python), and with it on (the run queued for the background writer), in
-interleaved reps; the CPU time of the writer per run is the process's CPU time over the
-block's, measured with the writer draining.
+timed with the history off (no hook installed: plain Python) and on (the run queued for the
+background writer), in interleaved reps; then the hook alone; then the CPU time of the
+process a run, the rows written too.
 
     python benchmarks/bench_history.py            # about 20 s
     python benchmarks/bench_history.py --quick    # about 5 s
@@ -21,7 +20,6 @@ import time
 
 import nbbudget as nb
 from nbbudget.calls import history
-from nbbudget.run import budget as _budget
 
 
 def block(n: int) -> float:
@@ -43,29 +41,25 @@ def main() -> int:
     args = parser.parse_args()
     n, reps = (5_000, 5) if args.quick else (20_000, 9)
     os.environ["NBBUDGET_HOME"] = tempfile.mkdtemp(prefix="nbbudget-bench-")
-    cases = {
-        "no hook": (None, "0"),
-        "history off": (history.writer().add, "0"),
-        "history on": (history.writer().add, "1"),
-    }
+    cases = {"history off": "0", "history on": "1"}
     samples: dict[str, list[float]] = {name: [] for name in cases}
     for rep in range(reps):
         names = list(cases)
         names = names[rep % len(names):] + names[:rep % len(names)]
         for name in names:
-            hook, setting = cases[name]
-            _budget.set_on_end(hook)
-            os.environ["NBBUDGET_HISTORY"] = setting
+            os.environ["NBBUDGET_HISTORY"] = cases[name]
+            history.refresh()  # as importing nbbudget reads it
             samples[name].append(block(n))
             history.flush()
-    _budget.set_on_end(history.writer().add)
-    base = min(samples["no hook"])
+    base = min(samples["history off"])
     print(f"with nb.budget(steps=10) as run: run.step()   ({reps} reps of {n:,} blocks, "
           f"Python {sys.version.split()[0]})")
     for name, values in samples.items():
         best = min(values)
         print(f"  {name:<12} {best:7.2f} us a block, best rep (median "
-              f"{statistics.median(values):.2f})   {best - base:+5.2f} us over no hook")
+              f"{statistics.median(values):.2f})   {best - base:+5.2f} us over off")
+    os.environ["NBBUDGET_HISTORY"] = "1"
+    history.refresh()
     # what the run's own thread pays when the history is on: the hook alone
     run = nb.budget(steps=10)
     with run:
@@ -78,7 +72,6 @@ def main() -> int:
           f"on the run's thread")
     history.flush()
     # the writer's work per run, on another thread: CPU time of the process for blocks + write
-    os.environ["NBBUDGET_HISTORY"] = "1"
     c0 = time.process_time()
     for _ in range(1000):
         with nb.budget(steps=10) as run:

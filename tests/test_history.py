@@ -23,6 +23,7 @@ from traitlets.config import Config
 
 import nbbudget as nb
 from nbbudget.calls import history
+from nbbudget.run import budget as _budget
 
 pytestmark = pytest.mark.usefixtures("quick_idle_workers", "home")
 
@@ -30,6 +31,10 @@ pytestmark = pytest.mark.usefixtures("quick_idle_workers", "home")
 @pytest.fixture
 def keeping(monkeypatch):
     monkeypatch.setenv("NBBUDGET_HISTORY", "1")
+    history.refresh()  # as importing nbbudget does
+    yield
+    monkeypatch.delenv("NBBUDGET_HISTORY")
+    history.refresh()
 
 
 def rows(home) -> list[tuple]:
@@ -91,9 +96,12 @@ def test_grants_are_part_of_their_run_not_runs_of_their_own(keeping, home):
 
 def test_nothing_is_recorded_when_the_history_is_off_or_never_turned_on(monkeypatch, home):
     monkeypatch.setenv("NBBUDGET_HISTORY", "0")
+    history.refresh()
     with nb.budget(steps=2) as run:
         run.step()
     monkeypatch.delenv("NBBUDGET_HISTORY")  # plain Python: kept only when asked
+    history.refresh()
+    assert _budget._on_end is None  # nothing is called as a run ends
     with nb.budget(steps=2) as run:
         run.step()
     assert history.writer().thread is None

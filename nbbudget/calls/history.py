@@ -15,7 +15,9 @@ and runs at exit. ``nbbudget run`` records a notebook's run from its runner proc
 
 When it is kept: ``NBBUDGET_HISTORY=1`` keeps it, ``0`` never; unset, it is kept in IPython
 once ``%load_ext nbbudget`` has run (the setting ``NBBudget.history``, True unless set) and by
-``nbbudget run``, and not in plain Python. With it off, a run pays one test of a global.
+``nbbudget run``, and not in plain Python. It is read when nbbudget is imported and when the
+IPython layer loads or its setting changes (`refresh`); with it off no hook is installed, and a
+run that ends pays one test of a global.
 
 The bound: the last `KEEP_RUNS` runs of at most `KEEP_DAYS` days; the oldest are dropped as
 rows are added. The queue holds at most `KEEP_RUNS` runs too (a program that ends runs faster
@@ -107,9 +109,19 @@ _default: Callable[[], bool] | None = None
 
 def set_default(provider: Callable[[], bool] | None) -> None:
     """Install (or remove) whether the history is kept when ``NBBUDGET_HISTORY`` is unset: the
-    IPython layer installs its ``NBBudget.history`` setting."""
+    IPython layer installs its ``NBBudget.history`` setting (and calls `refresh` when it
+    changes)."""
     global _default
     _default = provider
+    refresh()
+
+
+def refresh() -> None:
+    """Read again whether the history is kept (`keeping`), and install the run layer's hook
+    only if it is: with the history off, a run that ends tests one global and calls nothing.
+    Done when nbbudget is imported, when the IPython layer loads or unloads, and when its
+    setting changes."""
+    set_on_end(_writer.add if keeping() else None)
 
 
 def keeping() -> bool:
@@ -150,8 +162,6 @@ class Writer:
     def add(self, run: Budget | Deferred, how: str, trace: Trace | None) -> None:
         """Queue *run*, which ended now (the hook `set_on_end` calls, on the run's thread), for
         the store of ``NBBUDGET_HOME`` as it is now."""
-        if not keeping():
-            return
         self.queue.append((run, how, trace, time.time(), os.environ.get("NBBUDGET_HOME")))
         if self.thread is None:
             with self.lock:
@@ -234,7 +244,7 @@ def flush() -> int:
     return _writer.flush()
 
 
-set_on_end(_writer.add)
+refresh()
 atexit.register(flush)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_writer.forget_thread)

@@ -465,6 +465,11 @@ class BudgetMagics(Magics):
 
 
 
+def _history_changed(change: Any) -> None:
+    """``%config NBBudget.history = ...``: the history is kept, or no longer, from now on."""
+    _history.refresh()
+
+
 def _history_shown(suggest: bool, limit: int | None) -> Any:
     """``%budget history``: the store's last runs as a DataFrame, newest first; with
     ``--suggest``, the limits suggested from them. A sentence where there is nothing to
@@ -701,6 +706,7 @@ def load(shell: Any) -> None:
     _call.set_default_cluster(lambda: config.cluster or None)
     _store.set_default_home(lambda: config.home or None)
     _history.set_default(lambda: bool(config.history))
+    config.observe(_history_changed, names="history")
     ended = _EndedJobs()
     ended.told.update(job.id for job in jobs if job.done())
     shell.events.register("pre_run_cell", ended)
@@ -727,4 +733,5 @@ def unload(shell: Any) -> None:
     _call.set_default_budget(None)
     _call.set_default_cluster(None)
     _store.set_default_home(None)
+    config.unobserve(_history_changed, names="history")
     _history.set_default(None)
