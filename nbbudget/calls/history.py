@@ -263,13 +263,12 @@ def _row(run: Budget | Deferred, how: str, trace: Trace | None,
     """The row of a run that ended at *ended* (``time.time()``)."""
     budget = run.run if isinstance(run, Deferred) else run  # made now, not built: its times
     kind = _marks.pop(budget, how)
-    snap = budget.snapshot()
-    outcome = snap.outcome
-    consumed = dict(snap.consumed)
+    outcome = budget.outcome
+    consumed = budget.consumed  # time included, in whole milliseconds
     saved = None if trace is None else zlib.compress(json.dumps(
         _compact(trace), separators=(",", ":"), default=str).encode())
-    return (kind, budget.name, ended - snap.elapsed_ms / 1000, ended,
-            outcome.status.value if outcome is not None else snap.status,
+    return (kind, budget.name, ended - consumed.get("run_ms", 0) / 1000, ended,
+            outcome.status.value if outcome is not None else "ended",
             outcome.cause if outcome is not None else None,
             outcome.by if outcome is not None else None,
             json.dumps(budget.limits.to_dict()), json.dumps(consumed), saved)

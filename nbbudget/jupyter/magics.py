@@ -478,9 +478,7 @@ def _history_shown(suggest: bool, limit: int | None) -> Any:
         raise UsageError(f"%budget history --limit {limit}: give a number of runs, 1 or more")
     try:
         if suggest:
-            import nbbudget
-
-            return nbbudget.suggest_limits()
+            return _history.suggest_limits()
         found = _history.entries(limit)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
