@@ -2,7 +2,7 @@
 """What ``nb.instrument`` adds to a model call, against the same call with the bare SDK, both
 against the local server of the tests (tests/wire) in one process.
 
-    python benchmarks/bench_instrument.py [--quick]
+    python benchmarks/bench_instrument.py [--quick | --instructions]
 
 A whole call (OpenAI Chat Completions, Anthropic Messages) is timed bare and instrumented,
 interleaved call by call, in CPU time of the calling thread (the server's threads are not
@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import re
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -72,7 +74,15 @@ def compare(bare: Callable[[], object], instrumented: Callable[[], object], n: i
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions under valgrind instead of timing")
+    parser.add_argument("--child", nargs=4, metavar=("URL", "API", "MODE", "N"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        return child(*args.child)
+    if args.instructions:
+        return instructions()
     n, reps = (30, 3) if args.quick else (200, 7)
     run = nb.budget(provider_calls=HUGE, turns=HUGE, tokens=HUGE, output_tokens=HUGE,
                     cost_usd=float(HUGE))
@@ -163,6 +173,71 @@ def paired(read: Callable[[openai.OpenAI], int], bare: openai.OpenAI, inst: open
     finally:
         gc.enable()
     return added, bare_us
+
+
+def instructions() -> int:
+    """The same comparisons in instructions, counted by valgrind's callgrind in a process that
+    makes the calls (the server runs here, outside valgrind): a count is the same whatever
+    else the machine is doing, where CPU time on a shared machine swings by more than the
+    figure. Each client makes a few calls, then many more; the difference over the calls
+    between is one call's instructions, with start-up and the first call's caches left out."""
+    few, many = 5, 35
+    print(f"nb.instrument overhead in instructions: Python {sys.version.split()[0]}, "
+          f"callgrind, {many} - {few} calls")
+    with Server() as server:
+        for api, reply, name in (("chat", o.chat("Paris.", o.chat_usage(20, 3, cached=5)),
+                                  "OpenAI chat"),
+                                 ("messages", a.message("Paris.", a.usage(20, 3)),
+                                  "Anthropic messages"),
+                                 ("stream", o.chat_stream(["tok "] * 200, o.chat_usage(20, 200)),
+                                  "OpenAI chat stream of 200 chunks")):
+            server.default = reply
+            per_call = {}
+            for mode in ("bare", "instrumented"):
+                counts = [_callgrind(server.url, api, mode, n) for n in (few, many)]
+                per_call[mode] = (counts[1] - counts[0]) / (many - few)
+            added = per_call["instrumented"] - per_call["bare"]
+            print(f"  {name:<34} bare {per_call['bare'] / 1e6:6.2f} M instructions a call, "
+                  f"added {added / 1e3:7.1f} k = {added / per_call['bare']:6.1%}"
+                  + (f" ({added / 200:.0f} a chunk)" if api == "stream" else ""))
+    return 0
+
+
+def _callgrind(url: str, api: str, mode: str, n: int) -> int:
+    """The instructions of a process that makes *n* calls of *api* with the *mode* client."""
+    done = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+         __file__, "--child", url, api, mode, str(n)],
+        capture_output=True, text=True, check=True)
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    assert found is not None, done.stderr
+    return int(found.group(1))
+
+
+def child(url: str, api: str, mode: str, n: str) -> int:
+    """In the counted process: *n* calls of *api* (chat, messages, stream) in a run with every
+    axis armed, with the bare client or the instrumented one."""
+    run = nb.budget(provider_calls=HUGE, turns=HUGE, tokens=HUGE, output_tokens=HUGE,
+                    cost_usd=float(HUGE))
+    with run:
+        if api == "messages":
+            client_a = anthropic.Anthropic(base_url=url, api_key="k", max_retries=0)
+            use_a = nb.instrument(client_a) if mode == "instrumented" else client_a
+            for _ in range(int(n)):
+                use_a.messages.create(model="claude-3-5-haiku-latest", messages=ASK,  # type: ignore[arg-type]
+                                      max_tokens=100)
+            return 0
+        client_o = openai.OpenAI(base_url=url, api_key="k", max_retries=0)
+        use_o = nb.instrument(client_o) if mode == "instrumented" else client_o
+        for _ in range(int(n)):
+            if api == "stream":
+                for _chunk in use_o.chat.completions.create(
+                        model="gpt-4o-mini", messages=ASK, stream=True):  # type: ignore[arg-type]
+                    pass
+            else:
+                use_o.chat.completions.create(model="gpt-4o-mini", messages=ASK,  # type: ignore[arg-type]
+                                              max_completion_tokens=100)
+    return 0
 
 
 def report(name: str, bare: tuple[float, float], inst: tuple[float, float]) -> None:

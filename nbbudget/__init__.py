@@ -7,6 +7,7 @@ pauses at a checkpoint (`call`, `checkpoint`, `jobs`). In IPython, ``%load_ext n
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from .calls import history as _history  # installs the recording of runs that end
@@ -28,6 +29,7 @@ from .core.errors import (
 )
 from .core.limits import Limits, Manifest
 from .core.outcome import Outcome, Status
+from .core.suggest import Suggestion
 from .core.trace import Event, Replay, Trace
 from .run.budget import Budget, Grant, Snapshot, budget, current
 from .run.tools import ToolContext
@@ -49,10 +51,12 @@ def instrument(client: _Client, *, prices: Any = None, degrade: tuple[str, float
     return _instrument(client, prices=prices, degrade=degrade, name=name)
 
 
-def suggest_limits(traces: Any = None, *, margin: float = 0.2, quantile: float = 0.95) -> Any:
+def suggest_limits(traces: Iterable[Trace] | None = None, *, margin: float = 0.2,
+                   quantile: float = 0.95) -> Suggestion:
     """Limits from a history of runs: *traces* (an iterable of `Trace`), or None for the
-    store's history (``nbbudget history``): the *quantile* of what the finished runs used,
-    plus *margin*, per axis; a `Suggestion` with ``.limits`` and ``.to_frame()``."""
+    store's history (``nbbudget history``): per axis the *quantile* of what the finished runs
+    used, plus *margin*; a `Suggestion` with ``.limits`` and ``.to_frame()``. No runs is a
+    `ConfigError`."""
     return _history.suggest_limits(traces, margin=margin, quantile=quantile)
 
 
@@ -101,6 +105,7 @@ __all__ = [
     "Status",
     "StoreBusy",
     "StoreDamaged",
+    "Suggestion",
     "ToolContext",
     "Trace",
     "WideningError",

@@ -33,7 +33,7 @@ def keeping(monkeypatch):
     monkeypatch.setenv("NBBUDGET_HISTORY", "1")
     history.refresh()  # as importing nbbudget does
     yield
-    monkeypatch.delenv("NBBUDGET_HISTORY")
+    monkeypatch.delenv("NBBUDGET_HISTORY", raising=False)
     history.refresh()
 
 
@@ -393,34 +393,37 @@ def test_a_store_that_cannot_take_the_history_leaves_the_runs_out_and_they_go_on
     assert "is damaged" in refused.stderr and "Traceback" not in refused.stderr
 
 
-def test_suggest_limits_reads_the_stores_traces_when_given_none_and_passes_its_options_on(
-        keeping, home, monkeypatch):
-    """The computation is `nbbudget.core.suggest.suggest`'s (tested with it); this shows what
-    `nb.suggest_limits` hands it: the history's traces, newest first, or the traces given."""
-    import types
-
-    seen = []
-    module = types.ModuleType("nbbudget.core.suggest")
-    module.suggest = lambda traces, *, margin, quantile: seen.append(
-        ([t.name for t in traces], [t.stats()["consumed"].get("steps") for t in traces],
-         margin, quantile)) or "suggestion"
-    monkeypatch.setitem(sys.modules, "nbbudget.core.suggest", module)
-    for steps in (2, 3):
-        with nb.budget(steps=5, name=f"used {steps}") as run:
+def test_suggest_limits_reads_the_stores_traces_when_given_none(keeping, home):
+    made = []
+    for steps in (2, 3, 4):
+        with nb.budget(steps=10, name=f"used {steps}") as run:
             for _ in range(steps):
                 run.step()
-    assert nb.suggest_limits() == "suggestion"
-    assert nb.suggest_limits([run.trace], margin=0.5, quantile=0.5) == "suggestion"
-    assert seen == [(["used 3", "used 2"], [3, 2], 0.2, 0.95), (["used 3"], [3], 0.5, 0.5)]
+        made.append(run.trace)
+    with pytest.raises(nb.BudgetExceeded), nb.budget(steps=1, name="cut") as run:
+        run.step()
+        run.step()
+    made.append(run.trace)
+    from_history = nb.suggest_limits()
+    # nearest rank: the 3rd smallest of the 3 finished runs (4 steps), plus 20 %, rounded up
+    assert from_history.limits.steps == 5
+    assert (from_history.runs, from_history.finished) == (4, 3)
+    assert from_history.limits == nb.suggest_limits(made).limits
+    assert nb.suggest_limits(margin=0.5, quantile=0.5).limits.steps == 5  # 3 steps * 1.5
 
 
-def test_budget_history_suggest_shows_the_suggestion_from_the_history(shell, monkeypatch):
-    import types
+def test_budget_history_suggest_shows_the_suggestion_from_the_history(shell):
+    shell.user_ns["nb"] = nb
+    for _ in range(2):
+        shell.run_cell_magic("budget", "--steps 5 --no-widget",
+                             "nb.current().step()\nnb.current().step()\n")
+    shown = shell.run_line_magic("budget", "history --suggest")
+    assert isinstance(shown, nb.Suggestion)
+    assert shown.limits.steps == 3 and shown.runs == 2  # 2 steps, plus 20 %, rounded up
 
-    module = types.ModuleType("nbbudget.core.suggest")
-    module.suggest = lambda traces, *, margin, quantile: (
-        f"{len(traces)} runs, margin {margin}, quantile {quantile}")
-    monkeypatch.setitem(sys.modules, "nbbudget.core.suggest", module)
-    shell.run_cell_magic("budget", "--steps 5 --no-widget", "pass\n")
-    assert shell.run_line_magic("budget", "history --suggest") == (
-        "1 runs, margin 0.2, quantile 0.95")
+
+def test_an_empty_history_suggests_nothing_and_says_so(shell):
+    with pytest.raises(nb.ConfigError):
+        nb.suggest_limits()
+    with pytest.raises(UsageError):
+        shell.run_line_magic("budget", "history --suggest")

@@ -47,6 +47,7 @@ PUBLIC = [
     "Status",
     "StoreBusy",
     "StoreDamaged",
+    "Suggestion",
     "ToolContext",
     "Trace",
     "WideningError",

@@ -456,6 +456,11 @@ def mutate(data: dict[str, Any], change: str) -> object:
         data["events"]["ref"][-1] = 999
     elif change == "dangling run":
         data["events"]["run"][-1] = 7
+    elif change == "charge of no kind":
+        events = data["events"]
+        first = next(i for i, (code, ref) in enumerate(
+            zip(events["code"], events["ref"], strict=True)) if code == "consumed" and ref >= 0)
+        del events["payloads"][events["ref"][first]]["budget_kind"]
     return data
 
 
@@ -472,6 +477,8 @@ def mutate(data: dict[str, Any], change: str) -> object:
         ("unknown event kind", "a field is missing or malformed (KeyError('exploded'))"),
         ("dangling payload", "event 13 points at a payload or run that is not there"),
         ("dangling run", "event 13 points at a payload or run that is not there"),
+        ("charge of no kind", "event 3 is a charge whose payload names no kind of budget "
+                              "(budget_kind)"),
     ],
 )
 def test_loading_a_malformed_trace_is_a_config_error_naming_the_file(

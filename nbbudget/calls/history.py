@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.errors import ConfigError
 from ..core.limits import Limits
+from ..core.suggest import Suggestion, suggest
 from ..core.trace import Trace
 from ..run.budget import Budget, Deferred, set_on_end
 from .store import SQLiteStore, StoreBusy, StoreDamaged, store
@@ -402,10 +403,10 @@ def _totals_trace(name: str, limits: dict[str, float], consumed: dict[str, float
 
 
 def suggest_limits(traces_given: Iterable[Trace] | None = None, *, margin: float = 0.2,
-                   quantile: float = 0.95) -> Any:
-    """Limits from a history of runs: see `nbbudget.suggest_limits`."""
-    from ..core.suggest import suggest  # type: ignore[import-not-found, unused-ignore]
-
-    chosen = traces() if traces_given is None else list(traces_given)
-    return suggest(chosen, margin=margin, quantile=quantile)
+                   quantile: float = 0.95) -> Suggestion:
+    """Limits from a history of runs (`nbbudget.suggest_limits`; ``%budget history
+    --suggest``): `nbbudget.core.suggest.suggest` of *traces_given*, passed on as given, or of
+    the traces of the store's history when None."""
+    return suggest(traces() if traces_given is None else traces_given, margin=margin,
+                   quantile=quantile)
 
