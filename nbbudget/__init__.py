@@ -7,8 +7,10 @@ pauses at a checkpoint (`call`, `checkpoint`, `jobs`). In IPython, ``%load_ext n
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
+from .calls import history as _history  # installs the recording of runs that end
 from .calls.call import call, checkpoint, resume_state
 from .calls.jobs import Job, JobState
 from .calls.response import Response
@@ -47,6 +49,15 @@ def instrument(client: _Client, *, prices: Any = None, degrade: tuple[str, float
     from .integrations.models import instrument as _instrument
 
     return _instrument(client, prices=prices, degrade=degrade, name=name)
+
+
+def suggest_limits(traces: Iterable[Trace] | None = None, *, margin: float = 0.2,
+                   quantile: float = 0.95) -> Suggestion:
+    """Limits from a history of runs: *traces* (an iterable of `Trace`), or None for the
+    store's history (``nbbudget history``): per axis the *quantile* of what the finished runs
+    used, plus *margin*; a `Suggestion` with ``.limits`` and ``.to_frame()``. No runs is a
+    `ConfigError`."""
+    return _history.suggest_limits(traces, margin=margin, quantile=quantile)
 
 
 def load_ipython_extension(shell: object) -> None:
@@ -108,4 +119,5 @@ __all__ = [
     "parse_duration",
     "resume_state",
     "store",
+    "suggest_limits",
 ]

@@ -61,6 +61,7 @@ PUBLIC = [
     "parse_duration",
     "resume_state",
     "store",
+    "suggest_limits",
 ]
 
 

@@ -28,6 +28,9 @@ database holds the store's tables, so a secret beside a database that is missing
 without them is a store that lost what it held; that, or a file SQLite reports malformed, raises
 `StoreDamaged` and the file is left as it is. A process killed mid-write leaves neither.
 
+The table ``history`` keeps the last runs that ended (`nbbudget.calls.history` writes and reads
+it, and keeps it bounded); a store made before it is given it as it opens, as every table is.
+
 Threat model: the signature stops tampering by anyone who cannot read the owner's secret
 (copied or downloaded files, shared folders, other users); code running as the same user can
 read the secret and is not kept out. A copy of the whole store put back (a backup) is that
@@ -95,6 +98,20 @@ CREATE TABLE IF NOT EXISTS runs (
     count    INTEGER NOT NULL,
     PRIMARY KEY (identity, day)
 );
+CREATE TABLE IF NOT EXISTS history (
+    id       INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind     TEXT NOT NULL,
+    name     TEXT NOT NULL,
+    started  REAL NOT NULL,
+    ended    REAL NOT NULL,
+    status   TEXT NOT NULL,
+    cause    TEXT,
+    by       TEXT,
+    limits   TEXT NOT NULL,
+    consumed TEXT NOT NULL,
+    trace    BLOB
+);
+CREATE INDEX IF NOT EXISTS history_ended ON history (ended);
 """
 
 

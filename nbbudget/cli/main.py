@@ -8,6 +8,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from ..calls import history as _history
+from ..calls.store import store
 from ..core.errors import ConfigError
 from ..core.limits import negative_values_joined
 from ..core.trace import Trace
@@ -28,6 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_inspect(sub)
     _add_explain(sub)
     add_run_commands(sub)
+    _add_history(sub)
     return parser
 
 
@@ -105,6 +108,60 @@ def _explain(args: argparse.Namespace) -> int:
         print(f"nbbudget explain: {exc.args[0]}", file=sys.stderr)
         return 2
     print(_rules.explain(rule))
+    return 0
+
+
+def _add_history(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    history = sub.add_parser(
+        "history",
+        help="list the last runs of the store: cells, calls, notebook runs, with blocks",
+        description=f"List the last runs the store of NBBUDGET_HOME kept, newest first: id, "
+                    f"kind (run, call, cell, notebook), name, when it started (UTC), status, "
+                    f"what stopped it (by) and what it consumed. The store keeps the last "
+                    f"{_history.KEEP_RUNS:,} runs of at most {_history.KEEP_DAYS} days; "
+                    f"NBBUDGET_HISTORY=0 keeps none, NBBUDGET_HISTORY=1 keeps them in plain "
+                    f"Python too. nb.suggest_limits() suggests limits from them.",
+        epilog="example: nbbudget history --limit 20 --json")
+    history.add_argument("--json", action="store_true",
+                         help="print the runs as JSON: a list of objects, newest first")
+    history.add_argument("--limit", metavar="N", type=int, default=None,
+                         help="show at most the N newest runs")
+    history.add_argument("--forget", metavar="ID", type=int, default=None,
+                         help="remove the run ID from the history (one that cannot be read)")
+    history.set_defaults(handler=_history_command)
+
+
+def _history_command(args: argparse.Namespace) -> int:
+    """``nbbudget history``: the store's last runs, as a table or as JSON."""
+    if args.limit is not None and args.limit < 1:
+        print(f"nbbudget history: --limit {args.limit}: give a number of runs, 1 or more",
+              file=sys.stderr)
+        return 2
+    try:
+        db = store()
+        if args.forget is not None:
+            if not _history.forget(args.forget, db):
+                print(f"nbbudget history: there is no run {args.forget} in the history of "
+                      f"{db.location}", file=sys.stderr)
+                return 2
+            print(f"run {args.forget} was removed from the history")
+            return 0
+        rows = [entry.row() for entry in _history.entries(args.limit, db)]
+    except ConfigError as exc:
+        print(f"nbbudget history: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    elif not rows:
+        print(f"no runs in the history of {db.location}")
+    else:
+        print(f"{'id':>6}  {'kind':<9}{'started':<21}{'status':<11}{'by':<14}{'name':<32}"
+              f"consumed")
+        for row in rows:
+            consumed = ", ".join(f"{k}={v:g}" for k, v in row["consumed"].items())
+            name = row["name"] if len(row["name"]) <= 30 else row["name"][:27] + "..."
+            print(f"{row['id']:>6}  {row['kind']:<9}{row['started']:<21}{row['status']:<11}"
+                  f"{row['by'] or '-':<14}{name:<32}{consumed}")
     return 0
 
 

@@ -38,6 +38,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..calls.history import record_notebook
 from ..calls.jobs import JobState
 from ..calls.store import store
 from ..core.endings import ENDINGS
@@ -133,6 +134,7 @@ class Runner:
         self.manager: NotebookExecutionManager | None = None  # papermill's records of the cells
         self.consumed: dict[str, Any] | None = None
         self.signalled: str | None = None  # the name of a stop signal received
+        self.recorded = False  # whether the run is in the store's history
 
     async def run(self) -> None:
         """Execute the notebook and record how it ended, whatever happens."""
@@ -158,8 +160,16 @@ class Runner:
         self.signalled = signal.Signals(signum).name
 
     def _finish(self, end: _End) -> None:
-        """Record how the run ended (once: a run that has ended keeps its first end)."""
+        """Record how the run ended (once: a run that has ended keeps its first end), and keep
+        the run in the store's history (`nbbudget.calls.history`)."""
         self.runs.finish(self.id, end.state, self._result(end))
+        if self.recorded:
+            return
+        self.recorded = True
+        record = self.runs.get(self.id)
+        record_notebook(self.runs.store, self.spec["notebook"],
+                        record.created if record is not None else time.time(),
+                        end.status.value, end.error, self.spec["limits"], self.consumed)
 
     def _result(self, end: _End) -> dict[str, Any]:
         data: dict[str, Any] = {"executed": self.executed, "cells": len(self.code_cells)}

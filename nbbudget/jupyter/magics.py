@@ -21,6 +21,7 @@ from traitlets import Bool, Dict, Int, List, Unicode
 from traitlets.config import Configurable
 
 from ..calls import call as _call
+from ..calls import history as _history
 from ..calls import interactive as _interactive
 from ..calls import store as _store
 from ..calls.jobs import Job
@@ -87,6 +88,11 @@ class NBBudget(Configurable):
              "counters of every %%budget cell's run, and whose workers run its branches "
              "(run.map, run.parallel) and the work of nb.call (a detached job survives the "
              "kernel); pip install 'nbbudget[dask]'. None: this kernel.",
+    ).tag(config=True)
+    history = Bool(
+        True, help="Keep each run that ends in this kernel (%%budget cells, nb.call, with "
+                   "nb.budget() blocks) in the store's history (%budget history, nbbudget "
+                   "history); NBBUDGET_HISTORY=1|0 overrides this.",
     ).tag(config=True)
     interactive = Bool(
         None, allow_none=True,
@@ -307,6 +313,8 @@ class BudgetMagics(Magics):
         run = Grant(outer, limits, _label(cell)) if outer is not None else \
             Budget(limits, name=_label(cell), notices=notices,
                    cluster=self.settings.cluster or None)
+        if outer is None:
+            _history.mark(run, "cell")
         self.last_run = run
         if panel is not None:
             panel.attach(run)
@@ -329,6 +337,7 @@ class BudgetMagics(Magics):
         def work() -> Any:
             run, call = current(), _call.current_call()
             assert run is not None and call is not None  # nb.call runs the work in its run
+            _history.mark(run, "cell")
             self.last_run = run
             if panel is not None:
                 panel.attach(run, call)
@@ -376,14 +385,20 @@ class BudgetMagics(Magics):
         raise _failure(resp)
 
     @magic_arguments()
-    @argument("command", choices=["jobs", "wait", "cancel", "status", "trace"],
+    @argument("command", choices=["jobs", "wait", "cancel", "status", "trace", "history"],
               help="jobs: list the background jobs; wait ID: wait for job ID and show its "
                    "result; cancel ID: ask job ID to stop at its next budget check, and say "
                    "whether it did; status: what the last %%%%budget cell's run used, per "
-                   "axis; trace: its trace events")
+                   "axis; trace: its trace events; history: the last runs the store kept "
+                   "(cells, calls, notebook runs, with blocks), newest first")
     @argument("job", nargs="?", help="the job id, as in %%budget jobs")
     @argument("--timeout", type=float, default=None,
               help="with wait: give up after this many seconds")
+    @argument("--suggest", action="store_true",
+              help="with history: the limits suggested from the history "
+                   "(nb.suggest_limits())")
+    @argument("--limit", type=int, default=None, metavar="N",
+              help="with history: at most the N newest runs")
     @line_magic
     def budget(self, line: str) -> Any:
         """Background jobs of nbbudget, and what the last ``%%budget`` cell used.
@@ -395,6 +410,8 @@ class BudgetMagics(Magics):
             %budget cancel 1a2b-3
             %budget status
             %budget trace
+            %budget history
+            %budget history --suggest
         """
         words = _shell_words("%budget", line)
         if not words:
@@ -411,6 +428,8 @@ class BudgetMagics(Magics):
                 raise UsageError(str(exc)) from None
         if args.command in ("status", "trace"):
             return self._last_run_shown(args.command)
+        if args.command == "history":
+            return _history_shown(args.suggest, args.limit)
         if not args.job:
             raise UsageError(f"%budget {args.command} needs a job id, e.g. "
                              f"%budget {args.command} 1a2b-3 (see %budget jobs)")
@@ -444,6 +463,30 @@ class BudgetMagics(Magics):
         return run.usage()
 
 
+
+
+def _history_changed(change: Any) -> None:
+    """``%config NBBudget.history = ...``: the history is kept, or no longer, from now on."""
+    _history.refresh()
+
+
+def _history_shown(suggest: bool, limit: int | None) -> Any:
+    """``%budget history``: the store's last runs as a DataFrame, newest first; with
+    ``--suggest``, the limits suggested from them. A sentence where there is nothing to
+    show; a store or row that cannot be read is a `UsageError` saying what to do."""
+    if limit is not None and limit < 1:
+        raise UsageError(f"%budget history --limit {limit}: give a number of runs, 1 or more")
+    try:
+        if suggest:
+            return _history.suggest_limits()
+        found = _history.entries(limit)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    if not found:
+        print(f"The history of {_store.store().location} holds no runs yet; each run that "
+              f"ends in this kernel is kept there (NBBudget.history).")
+        return None
+    return _history.frame(found)
 
 
 def _read_flags(line: str, defaults: Limits) -> tuple[Any, Limits]:
@@ -660,6 +703,8 @@ def load(shell: Any) -> None:
     _call.set_default_budget(lambda: config.default_budget_ms)
     _call.set_default_cluster(lambda: config.cluster or None)
     _store.set_default_home(lambda: config.home or None)
+    _history.set_default(lambda: bool(config.history))
+    config.observe(_history_changed, names="history")
     ended = _EndedJobs()
     ended.told.update(job.id for job in jobs if job.done())
     shell.events.register("pre_run_cell", ended)
@@ -686,3 +731,5 @@ def unload(shell: Any) -> None:
     _call.set_default_budget(None)
     _call.set_default_cluster(None)
     _store.set_default_home(None)
+    config.unobserve(_history_changed, names="history")
+    _history.set_default(None)

@@ -61,7 +61,8 @@ if TYPE_CHECKING:
     from ..core.ledger import Branch
 
 __all__ = ["DEFAULT_NOTICES", "STATE_VERSION", "Budget", "Deferred", "Grant", "Snapshot",
-           "activate", "budget", "check_notices", "current", "set_ambient", "stop_error"]
+           "activate", "budget", "check_notices", "current", "set_ambient", "set_on_end",
+           "stop_error"]
 
 _R = TypeVar("_R")
 _INF = math.inf
@@ -102,6 +103,21 @@ def set_ambient(find: Callable[[], Budget | None] | None) -> None:
     the lookup of the call running on this thread."""
     global _ambient
     _ambient = find
+
+
+#: what is told when a run (never a grant) ends: `set_on_end`
+_on_end: Callable[[Budget | Deferred, str, Trace | None], None] | None = None
+
+
+def set_on_end(hook: Callable[[Budget | Deferred, str, Trace | None], None] | None) -> None:
+    """Install (or remove) what is told, on the thread that ends it, when a run ends: the run
+    (a `Deferred` whose run was never made, for a call whose work never used it), how it was
+    run (``"run"``: a ``with`` block; ``"call"``: the work of a call) and its trace (None when
+    its parts were never built: it spent nothing but time). Called once per run, after its
+    outcome is kept, whatever the block raises; grants are not told. The hook must be cheap:
+    ``nbbudget.calls.history`` installs one that queues the run for its background writer."""
+    global _on_end
+    _on_end = hook
 
 
 def activate(run: Budget) -> None:
@@ -478,9 +494,20 @@ class Budget:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool | None:
-        if self._tokens:
-            _current.reset(self._tokens.pop())
-        return self._state.leave(self, exc)
+        return self._leave(exc, "run")
+
+    def _leave(self, exc: BaseException | None, how: str) -> bool | None:
+        """Leave the block with *exc*; once the outermost block of a run (not a grant) is left,
+        the end is told to `set_on_end`'s hook, *how* saying how the run was run."""
+        tokens = self._tokens
+        if tokens:
+            _current.reset(tokens.pop())
+        try:
+            return self._state.leave(self, exc)
+        finally:
+            if _on_end is not None and self._parent is None and not tokens:
+                state = self._state
+                _on_end(self, how, state.trace if state.__class__ is _Built else None)
 
     def _completed_at(self, ended: float) -> None:
         """The work of this run completed at *ended* on its clock (a run made after its work
@@ -772,13 +799,17 @@ class Deferred:
             self._ended = self._clock.now_ms()
             made = self._made
             if made is None:  # nothing made it meanwhile: its maker will see the end
+                if _on_end is not None:
+                    _on_end(self, "call", None)
                 return None
             with self._making:  # made meanwhile: once its maker is done, did it see the end?
-                if made.outcome is not None:
-                    return None
+                ended = made.outcome is not None
+            if ended:
+                if _on_end is not None:
+                    _on_end(made, "call", None)
+                return None
         run = made if made is not None else self.run
-        return run.__exit__(type(exc) if exc is not None else None, exc,
-                            exc.__traceback__ if exc is not None else None)
+        return run._leave(exc, "call")
 
     def _make(self) -> Budget:
         with self._making:
