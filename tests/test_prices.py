@@ -103,3 +103,11 @@ def test_without_genai_prices_no_model_has_a_price(monkeypatch) -> None:
     monkeypatch.setattr(prices, "_prices", {})
     assert prices.price_of("openai", "gpt-4o-mini") is None
     assert prices.cost_usd("openai", "gpt-4o-mini", {"input_tokens": 5}) is None
+
+
+def test_prices_given_per_million_tokens_price_cached_input_at_its_own_rate_or_as_input() -> None:
+    usage = {"input_tokens": 1_000_000, "cache_read_tokens": 400_000, "output_tokens": 100_000}
+    assert prices.given_price({"input": 2.0, "output": 8.0})(usage) == pytest.approx(2.0 + 0.8)
+    assert prices.given_price({"input": 2.0, "output": 8.0, "cache_read": 0.5})(usage) == \
+        pytest.approx(600_000 * 2e-6 + 400_000 * 0.5e-6 + 0.8)
+    assert prices.given_price(lambda used: used["output_tokens"] / 1e6)(usage) == 0.1

@@ -128,10 +128,18 @@ def refresh() -> None:
 def keeping() -> bool:
     """Whether runs that end now are recorded: ``NBBUDGET_HISTORY`` (``1`` or ``0``), else the
     IPython layer's setting once it is loaded, else not."""
-    setting = os.environ.get("NBBUDGET_HISTORY")
-    if setting is not None:
-        return setting.strip().lower() not in ("0", "false", "no", "off", "")
+    told = _told()
+    if told is not None:
+        return told
     return _default is not None and _default()
+
+
+def _told() -> bool | None:
+    """What ``NBBUDGET_HISTORY`` says: off for ``0``, ``false``, ``no``, ``off`` or empty, on
+    for anything else, None when it is unset."""
+    setting = os.environ.get("NBBUDGET_HISTORY")
+    return None if setting is None else setting.strip().lower() not in (
+        "0", "false", "no", "off", "")
 
 
 # -- recording ---------------------------------------------------------------------------------
@@ -297,8 +305,7 @@ def record_notebook(db: SQLiteStore, path: str, started: float, status: str,
     ``NBBUDGET_HISTORY=0``): its totals, no trace; its cause is the code of the error that
     ended it. *limits* are as ``--run-limits-json`` gives them. A store that cannot take it
     leaves it out: the run's end is recorded all the same."""
-    setting = os.environ.get("NBBUDGET_HISTORY", "1").strip().lower()
-    if setting in ("0", "false", "no", "off", ""):
+    if _told() is False:
         return
     code = (error or {}).get("code")
     row = ("notebook", path, started, time.time(), status, code, None,

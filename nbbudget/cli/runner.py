@@ -15,10 +15,9 @@ It outlives the command that started it (S0-2): a ``--detach`` run goes on to it
 ``--resume`` run pauses at the first cell boundary past its caller's budget, keeps the kernel
 and its state, and continues when the identical command gives it a new turn. Between cells and
 while a cell runs it watches for ``nbbudget cancel`` or a SIGTERM, SIGINT or SIGHUP sent to it
-(the run ends ``stopped``), the wall-clock
-limit counted from the first start (``cancelled``, S0-6) and the run's time grant; each
-interrupts the running cell, and a cell that ignores the interrupt for
-`INTERRUPT_GRACE_S` loses its kernel.
+(the run ends ``stopped``), the wall-clock limit counted from the first start (``cancelled``,
+S0-6) and the run's time grant; each interrupts the running cell, and a cell that ignores the
+interrupt for `INTERRUPT_GRACE_S` loses its kernel.
 
 Whatever happens, the runner writes how the run ended before it exits, so no command waits
 for it in vain; a runner killed outright is found ``lost`` by the next command.

@@ -90,7 +90,7 @@ from uuid import UUID
 from ..core.errors import BudgetExceeded, ConfigError
 from ..run.budget import Budget, current
 from ..run.providers import Usage, clamp, spend_usage
-from .prices import FIGURES, price_of
+from .prices import FIGURES, given_price, price_of
 
 #: The oldest langchain-core the handler was tested with (the ``langchain`` extra's bound).
 LANGCHAIN_CORE_NEEDED = "1.8.3"
@@ -120,7 +120,6 @@ class _OwnErrorsUnlogged(logging.Filter):
 
 logging.getLogger("langchain_core.callbacks.manager").addFilter(_OwnErrorsUnlogged())
 
-_MILLION = 1_000_000
 _PRICE_KEYS = frozenset({"input", "output", "cache_read", "cache_write"})
 
 
@@ -170,6 +169,7 @@ class Budgeted(BaseCallbackHandler):
                               f"a function of the usage")
         self.run = run
         self.prices = prices
+        self._given = None if prices is None else given_price(prices)  # else genai-prices'
         self._calls: dict[UUID, _Call] = {}  # model calls under way
         self._roots: dict[UUID, UUID] = {}  # every run under way -> the top run it is part of
         self._namespaces: dict[UUID, str] = {}  # chain runs under way -> their LangGraph task
@@ -392,17 +392,8 @@ class Budgeted(BaseCallbackHandler):
               model: str | None) -> float | None:
         """What *figures* cost: at ``prices=``, else at the price genai-prices gives the
         model that answered (else the model asked for) at its provider, else unknown."""
-        prices = self.prices
-        if callable(prices):
-            return float(prices(figures))
-        if prices is not None:
-            inp, cached = figures.get("input_tokens", 0), figures.get("cache_read_tokens", 0)
-            written = figures.get("cache_write_tokens", 0)
-            rate_in = prices.get("input", 0)
-            return (rate_in * (inp - cached - written)
-                    + prices.get("cache_read", rate_in) * cached
-                    + prices.get("cache_write", rate_in) * written
-                    + prices.get("output", 0) * figures.get("output_tokens", 0)) / _MILLION
+        if self._given is not None:
+            return self._given(figures)
         for name in (model, call.model):
             price = price_of(str(provider), name) if name else None
             if price is not None:

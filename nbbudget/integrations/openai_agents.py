@@ -86,7 +86,7 @@ from ..core.errors import BudgetExceeded, ConfigError
 from ..core.kinds import KIND_INDEX
 from ..run.budget import Budget, current
 from ..run.providers import Usage, clamp, spend_usage
-from .prices import Price, price_of
+from .prices import given_price, price_of
 
 #: The release of the OpenAI Agents SDK the hooks were tested with: 0.24 calls ``on_llm_start``
 #: before each model call and passes an ``AgentsException`` raised by a hook through unwrapped.
@@ -103,7 +103,6 @@ except ImportError as exc:
 
 __all__ = ["OPENAI_AGENTS_NEEDED", "BudgetRefused", "Budgeted"]
 
-_MILLION = 1_000_000
 _PROVIDER_CALLS = KIND_INDEX["provider_calls"]
 
 
@@ -145,6 +144,7 @@ class Budgeted(RunHooksBase[Any, Any]):
                               f"million tokens, or a function of the usage returning dollars")
         self.run = run
         self.prices = prices
+        self._given = None if prices is None else given_price(prices)  # else genai-prices'
         self.models = models
 
     def _run(self, *, check: bool = True) -> Budget:
@@ -171,7 +171,7 @@ class Budgeted(RunHooksBase[Any, Any]):
         provider, model = _model_of(agent)
         target = f"provider:{model}"
         if (self.prices is None and run.limits.cost_usd is not None
-                and _price_of(provider, model) is None):
+                and price_of(provider, model) is None):
             raise ConfigError(
                 f"no price is known for model {model!r} (provider {provider!r}) and the run "
                 f"limits cost_usd: give Budgeted(prices={{'input': USD, 'output': USD}}) per "
@@ -199,14 +199,11 @@ class Budgeted(RunHooksBase[Any, Any]):
                                           0) or 0,
         }
         cost: float | None = None
-        if self.prices is None:
-            price = _price_of(provider, model)
-            cost = None if price is None else price.cost(usage)
-        elif callable(self.prices):
-            cost = self.prices(usage)
+        if self._given is not None:
+            cost = self._given(usage)
         else:
-            cost = (usage["input_tokens"] * self.prices.get("input", 0)
-                    + usage["output_tokens"] * self.prices.get("output", 0)) / _MILLION
+            price = price_of(provider, model)
+            cost = None if price is None else price.cost(usage)
         charged = Usage(input_tokens=usage["input_tokens"], output_tokens=usage["output_tokens"])
         if cost is not None:
             charged["cost_usd"] = cost
@@ -241,15 +238,6 @@ class Budgeted(RunHooksBase[Any, Any]):
             run.charge("agent_invocations", target=f"agent:{to_agent.name}")
         except BudgetExceeded as err:
             raise BudgetRefused(*err.args) from None
-
-
-def _price_of(provider: str, model: str) -> Price | None:
-    """genai-prices' price of the model, or None when it has none or is not installed (it needs
-    Python 3.11 or newer, and the extra leaves it out before)."""
-    try:
-        return price_of(provider, model)
-    except ImportError:
-        return None
 
 
 def _model_of(agent: Any) -> tuple[str, str]:

@@ -15,12 +15,12 @@ genai-prices on every call.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-__all__ = ["FIGURES", "Price", "cost_usd", "price_of"]
+__all__ = ["FIGURES", "Given", "Price", "cost_usd", "given_price", "price_of"]
 
 #: The usage figures a price reads, in genai-prices' names. ``input_tokens`` counts every input
 #: token, cached ones included; ``cache_read_tokens`` and ``cache_write_tokens`` say how many
@@ -52,6 +52,31 @@ class Price:
 
         figures = {key: int(usage.get(key, 0)) for key in FIGURES}
         return float(self.model_price.calc_price(Usage(**figures))["total_price"])
+
+
+#: prices a user gives (``prices=``): USD per million tokens by ``input``, ``output`` and
+#: optionally ``cache_read`` and ``cache_write``, or a function of the usage figures
+Given = Mapping[str, float] | Callable[[Mapping[str, int]], float]
+
+
+def given_price(prices: Given) -> Callable[[Mapping[str, int]], float]:
+    """What usage (a mapping of `FIGURES`) costs at the *prices* a user gave (``prices=``, each
+    adapter checks its shape): the function itself, in dollars, or the mapping's USD per
+    million tokens, cached input at ``cache_read``/``cache_write`` where given, else at
+    ``input``. The model clients, the LangChain handler and the Agents SDK hooks read
+    ``prices=`` with it."""
+    if callable(prices):
+        return lambda usage: float(prices(usage))
+    rate_in, rate_out = prices.get("input", 0) / _MILLION, prices.get("output", 0) / _MILLION
+    rate_read = prices.get("cache_read", prices.get("input", 0)) / _MILLION
+    rate_write = prices.get("cache_write", prices.get("input", 0)) / _MILLION
+
+    def cost(usage: Mapping[str, int]) -> float:
+        read, written = usage.get("cache_read_tokens", 0), usage.get("cache_write_tokens", 0)
+        return (rate_in * (usage.get("input_tokens", 0) - read - written) + rate_read * read
+                + rate_write * written + rate_out * usage.get("output_tokens", 0))
+
+    return cost
 
 
 _prices: dict[tuple[str, str], Price | None] = {}

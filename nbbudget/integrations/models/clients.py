@@ -62,7 +62,7 @@ from ...core.errors import BudgetCut, BudgetExceeded, ConfigError
 from ...core.lowlevel import Unwind
 from ...run.budget import Budget, current
 from ...run.providers import GUARDRAIL_MS, Usage, clamp, degrade_past, spend_usage
-from ..prices import price_of
+from ..prices import Given, given_price, price_of
 from .shapes import Shape, events_of, reply_usage
 
 __all__ = ["instrument"]
@@ -70,8 +70,6 @@ __all__ = ["instrument"]
 _INF = math.inf
 _MILLION = 1_000_000
 _C = TypeVar("_C")
-
-Prices = Mapping[str, float] | Callable[[Mapping[str, int]], float]
 
 
 @dataclass(frozen=True)
@@ -83,7 +81,7 @@ class _Api:
     unpriced: type[ConfigError]
 
 
-def instrument(client: _C, *, prices: Prices | None = None,
+def instrument(client: _C, *, prices: Given | None = None,
                degrade: tuple[str, float] | None = None, name: str | None = None) -> _C:
     """A copy of *client* (``openai.OpenAI``/``AsyncOpenAI``, ``anthropic.Anthropic``/
     ``AsyncAnthropic``) whose model calls are provider calls of the run current when each is
@@ -130,7 +128,7 @@ def _api_of(client: object) -> _Api:
                       f"{type(client).__module__}.{type(client).__name__}")
 
 
-def _check(prices: Prices | None, degrade: tuple[str, float] | None, name: str | None) -> None:
+def _check(prices: Given | None, degrade: tuple[str, float] | None, name: str | None) -> None:
     if prices is not None and not callable(prices):
         figures = [prices.get(key) for key in ("input", "output")] if isinstance(
             prices, Mapping) else [None]
@@ -152,9 +150,10 @@ def _check(prices: Prices | None, degrade: tuple[str, float] | None, name: str |
 class _Gate:
     """What every request of one instrumented client goes through."""
 
-    def __init__(self, api: _Api, prices: Prices | None, degrade: tuple[str, float] | None,
+    def __init__(self, api: _Api, prices: Given | None, degrade: tuple[str, float] | None,
                  name: str | None) -> None:
-        self.api, self.prices, self.degrade, self.name = api, prices, degrade, name
+        self.api, self.degrade, self.name = api, degrade, name
+        self.given = None if prices is None else given_price(prices)  # else genai-prices'
 
     def open(self, request: httpx2.Request) -> tuple[httpx2.Request, _Attempt] | None:
         """Before an attempt is sent: the request to send and its attempt, or None when it is
@@ -202,13 +201,8 @@ class _Gate:
         return request, _Attempt(self, run, shape, model, label, price, stream, hide, bound)
 
     def _price(self, run: Budget, model: str) -> Callable[[Mapping[str, int]], float] | None:
-        prices = self.prices
-        if callable(prices):
-            return lambda figures: float(prices(figures))
-        if prices is not None:
-            per_in, per_out = prices["input"] / _MILLION, prices["output"] / _MILLION
-            return lambda figures: (figures.get("input_tokens", 0) * per_in
-                                    + figures.get("output_tokens", 0) * per_out)
+        if self.given is not None:
+            return self.given
         price = price_of(self.api.provider, model)
         if price is not None:
             return price.cost
