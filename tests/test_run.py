@@ -634,8 +634,7 @@ def test_ctrl_c_on_a_terminal_stops_the_notebook_and_says_so(env, tmp_path):
 @pytest.mark.parametrize("how", ["paused", "in a cell"])
 def test_a_stop_signal_to_the_runner_stops_the_run_as_cancel_does(env, tmp_path, how):
     if how == "paused":
-        notebook = write_notebook(tmp_path / "s.ipynb", "import time",
-                                  *(logged(i, 0.5) for i in range(6)))
+        notebook = slow_notebook(tmp_path, 6, 0.5, name="s.ipynb")
         command = ("run", notebook.name, "--resume", "--budget", "1s")
         job = nbbudget(env, *command, cwd=tmp_path).envelope["data"]["job"]
         wait_for_job(env, tmp_path, job, "paused", timeout=30)
