@@ -8,6 +8,8 @@ import threading
 import pytest
 
 import nbbudget as nb
+from nbbudget.core.kinds import KIND_INDEX
+from nbbudget.run.providers import reserve_request
 from nbbudget.testing import FakeClock, Reply, ScriptedProvider
 
 
@@ -204,3 +206,32 @@ def test_a_reply_that_reports_impossible_usage_is_a_config_error_naming_it(clock
         with pytest.raises(nb.ConfigError, match=r"provider odd reported \w+="):
             ask()
         assert run.consumed.get("tokens", 0) == 0
+
+
+# -- what a model request takes before it is sent (the model clients and the adapters) --------
+@pytest.mark.parametrize(("limits", "refused_by"), [
+    ({"output_tokens": 5, "turns": 1}, "output_tokens"),  # S2-9 first: none left
+    ({"turns": 1}, "turns"),
+    ({"provider_calls": 1}, "provider_calls"),
+])
+def test_S2_9_S4_3_a_model_request_takes_its_turn_and_permit_both_or_neither(
+        ledger, limits, refused_by):
+    with nb.budget(**limits, ledger=ledger) as run:
+        if refused_by == "output_tokens":
+            run.lowlevel.spend([(KIND_INDEX["output_tokens"], 5)], None)  # a reply used it
+        else:
+            assert reserve_request(run, 100, "provider:m") == 100
+        before = dict(run.consumed)
+        with pytest.raises(nb.BudgetExceeded) as info:
+            reserve_request(run, 100, "provider:m")
+        assert info.value.kind == refused_by
+        assert info.value.target == "provider:m"
+        assert dict(run.consumed) == before  # nothing reserved by the refused request
+
+
+def test_S2_9_S4_6_a_retry_takes_one_more_permit_and_the_cap_is_what_is_left(ledger):
+    with nb.budget(output_tokens=30, turns=1, provider_calls=3, ledger=ledger) as run:
+        assert reserve_request(run, 100, "provider:m") == 30  # clamped (S2-9)
+        assert reserve_request(run, None, "provider:m", retry=True) == 30
+        assert reserve_request(run, 10, "provider:m", retry=True) == 10
+        assert (run.consumed["turns"], run.consumed["provider_calls"]) == (1, 3)

@@ -208,6 +208,26 @@ class Core:
         if err is not None:
             self.fail(err)
 
+    def reserve_within(self, items: Sequence[tuple[int, float]], i: int,
+                       target: str | None) -> float:
+        """Reserve *items* as `reserve` does, unless kind *i* has less than one unit left: that
+        refuses first, and nothing is reserved (a model request when no output token is left,
+        S2-9); what is left of kind *i*. What a model request takes before it is sent, under one
+        lock: `nbbudget.run.providers.reserve_request` calls it."""
+        scope, ledger, account = self.scope, self.ledger, self.account
+        with ledger.lock:
+            stop = scope.stop or scope.root.stop
+            if stop is not None:
+                err: BaseException | None = stop.signal()
+            else:
+                t_ms = scope.t_ms()
+                err = ledger.check(account, i, 1, target, t_ms) or ledger.reserve(
+                    account, items, target, t_ms)
+                if err is None:
+                    return plain(ledger.remaining(account, i))
+        assert err is not None
+        self.fail(err)
+
     def require(self, i: int, n: float, target: str | None) -> None:
         """Refuse *n* of kind *i* (traced) unless this account and its run's both have that
         much left; nothing is reserved (a clamp before dispatch, S2-9). A stopped run raises its

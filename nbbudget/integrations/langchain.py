@@ -89,7 +89,7 @@ from uuid import UUID
 
 from ..core.errors import BudgetExceeded, ConfigError
 from ..run.budget import Budget, current
-from ..run.providers import Usage, clamp, spend_usage
+from ..run.providers import Usage, reserve_request, spend_usage
 from .prices import FIGURES, given_price, price_of
 
 #: The oldest langchain-core the handler was tested with (the ``langchain`` extra's bound).
@@ -209,8 +209,7 @@ class Budgeted(BaseCallbackHandler):
                     f"cost_usd is limited and genai-prices has no price for model {model!r} of "
                     f"provider {provider!r}: give its price, Budgeted(prices={{'input': ..., "
                     f"'output': ...}}) in USD per million tokens")
-            clamp(run, None, label)  # S2-9: with output_tokens spent, no more calls
-            run.charge_many({"turns": 1, "provider_calls": 1}, target=label)
+            reserve_request(run, None, label)  # S2-9: with output_tokens spent, no more calls
         except BudgetExceeded as err:
             self._refuse(run_id, root, err)
             raise

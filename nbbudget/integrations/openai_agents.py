@@ -85,7 +85,7 @@ from typing import Any
 from ..core.errors import BudgetExceeded, ConfigError
 from ..core.kinds import KIND_INDEX
 from ..run.budget import Budget, current
-from ..run.providers import Usage, clamp, spend_usage
+from ..run.providers import Usage, reserve_request, spend_usage
 from .prices import given_price, price_of
 
 #: The release of the OpenAI Agents SDK the hooks were tested with: 0.24 calls ``on_llm_start``
@@ -177,8 +177,7 @@ class Budgeted(RunHooksBase[Any, Any]):
                 f"limits cost_usd: give Budgeted(prices={{'input': USD, 'output': USD}}) per "
                 f"million tokens, or a function of the usage")
         try:
-            run.charge_many({"turns": 1, "provider_calls": 1}, target=target)
-            clamp(run, None, target)  # refuses the call when no output tokens are left
+            reserve_request(run, None, target)  # refused when no output token is left
         except BudgetExceeded as err:
             raise BudgetRefused(*err.args) from None
 

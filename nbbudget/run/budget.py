@@ -20,6 +20,7 @@ import contextvars
 import dataclasses
 import functools
 import math
+import operator
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -444,9 +445,14 @@ class Budget:
         When several would exceed their limit, the refusal names the first in the attribution
         order tokens > cost > turns > calls and steps > time (S3-3).
         """
-        pairs = ((kind_index(k, chargeable=True), _amount(k, n)) for k, n in amounts.items())
-        self._parts().core.reserve(tuple(sorted(pairs, key=lambda item: KINDS[item[0]].rank)),
-                                   target)
+        items = []
+        for kind, n in amounts.items():
+            i = _CHARGE_INDEX.get(kind) if type(kind) is str else None
+            if i is None or type(n) is not int or n < 0:  # a float, or a name to check
+                i, n = kind_index(kind, chargeable=True), _amount(kind, n)
+            items.append((_RANKS[i], i, n))
+        items.sort(key=_by_rank)  # stable: kinds of one rank keep the order given
+        self._parts().core.reserve(tuple((i, n) for _, i, n in items), target)
 
     # -- stopping and time --------------------------------------------------------------------
     def cancel(self, reason: Any = None) -> None:
@@ -923,6 +929,10 @@ def _on_cluster(cluster: Any, ledger: LedgerFactory) -> tuple[LedgerFactory, Clu
         raise ConfigError("give cluster= or ledger=, not both: cluster= chooses the ledger")
     on = load("dask").cluster(cluster)
     return on.ledger, on
+
+
+_RANKS = tuple(kind.rank for kind in KINDS)  # the attribution order of each kind index (S3-3)
+_by_rank = operator.itemgetter(0)
 
 
 def _amount(kind: str, n: object) -> float:

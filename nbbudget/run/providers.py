@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.duration import parse_duration
 from ..core.errors import BudgetCut, BudgetExceeded, ConfigError
-from ..core.kinds import KIND_INDEX
+from ..core.kinds import KIND_INDEX, KINDS
 
 if TYPE_CHECKING:
     from ..core.lowlevel import Run
 
-__all__ = ["GUARDRAIL_MS", "Usage", "clamp", "degrade_past", "make_provider", "spend_usage",
-           "usage_of"]
+__all__ = ["GUARDRAIL_MS", "Usage", "clamp", "degrade_past", "make_provider",
+           "reserve_request", "spend_usage", "usage_of"]
 
 #: a call that does not answer is cut after 1 h (S3-8): the default of a provider's guardrail,
 #: and the guardrail of each request of an instrumented model client
@@ -190,6 +190,27 @@ def clamp(run: Run, asked: Any, target: str) -> int | None:
     left = run.remaining("output_tokens")
     if left < 1:  # refused and traced (a stopped run raises its stop)
         run.lowlevel.require(_OUTPUT_TOKENS, 1, target)
+    if left == float("inf"):
+        return asked if asked is None else int(asked)
+    return int(left) if asked is None else int(min(asked, left))
+
+
+#: what the first attempt of a model call reserves (its turn and its permit, in the attribution
+#: order), and what each retry reserves (S4-6)
+_FIRST_ATTEMPT = tuple(sorted(((KIND_INDEX["turns"], 1), (KIND_INDEX["provider_calls"], 1)),
+                              key=lambda item: KINDS[item[0]].rank))
+_RETRY = ((KIND_INDEX["provider_calls"], 1),)
+
+
+def reserve_request(run: Run, asked: Any, target: str, *, retry: bool = False) -> int | None:
+    """What a model request takes before it is sent, under one lock: refused when no output
+    token is left (S2-9, nothing reserved), else its ``turns`` and ``provider_calls`` permits,
+    both or neither (a retry: one more ``provider_calls`` permit, S4-6); the output cap to send,
+    *asked* clamped to what ``output_tokens`` has left (None: no cap asked and none needed).
+    An instrumented model client (``nbbudget.integrations.models``) calls it before each
+    attempt; the LangChain and the Agents SDK adapters before each model call."""
+    left = run.lowlevel.reserve_within(_RETRY if retry else _FIRST_ATTEMPT, _OUTPUT_TOKENS,
+                                       target)
     if left == float("inf"):
         return asked if asked is None else int(asked)
     return int(left) if asked is None else int(min(asked, left))

@@ -61,7 +61,7 @@ import httpx2
 from ...core.errors import BudgetCut, BudgetExceeded, ConfigError
 from ...core.lowlevel import Unwind
 from ...run.budget import Budget, current
-from ...run.providers import GUARDRAIL_MS, Usage, clamp, degrade_past, spend_usage
+from ...run.providers import GUARDRAIL_MS, Usage, degrade_past, reserve_request, spend_usage
 from ..prices import Given, given_price, price_of
 from .shapes import Shape, events_of, reply_usage
 
@@ -182,13 +182,9 @@ class _Gate:
         price = self._price(run, model)
         key = shape.cap_key(body)
         asked = body.get(key)
+        retry = request.headers.get("x-stainless-retry-count", "0") != "0"
         try:
-            capped = clamp(run, asked, target)  # S2-9: none left refuses, nothing reserved
-            if request.headers.get("x-stainless-retry-count", "0") == "0":
-                # a call's first attempt: its turn and its permit, both or neither
-                run.charge_many({"turns": 1, "provider_calls": 1}, target=target)
-            else:
-                run.charge("provider_calls", target=target)  # S4-6: every attempt
+            capped = reserve_request(run, asked, target, retry=retry)
         except BudgetExceeded as err:
             raise self.api.refused(*err.args) from None
         if capped != asked:
