@@ -215,8 +215,8 @@ def test_a_reply_that_reports_impossible_usage_is_a_config_error_naming_it(clock
     ({"provider_calls": 1}, "provider_calls"),
 ])
 def test_S2_9_S4_3_a_model_request_takes_its_turn_and_permit_both_or_neither(
-        ledger, limits, refused_by):
-    with nb.budget(**limits, ledger=ledger) as run:
+        ledger, clock, limits, refused_by):
+    with nb.budget(**limits, ledger=ledger, clock=clock) as run:
         if refused_by == "output_tokens":
             run.lowlevel.spend([(KIND_INDEX["output_tokens"], 5)], None)  # a reply used it
         else:
@@ -229,8 +229,9 @@ def test_S2_9_S4_3_a_model_request_takes_its_turn_and_permit_both_or_neither(
         assert dict(run.consumed) == before  # nothing reserved by the refused request
 
 
-def test_S2_9_S4_6_a_retry_takes_one_more_permit_and_the_cap_is_what_is_left(ledger):
-    with nb.budget(output_tokens=30, turns=1, provider_calls=3, ledger=ledger) as run:
+def test_S2_9_S4_6_a_retry_takes_one_more_permit_and_the_cap_is_what_is_left(ledger, clock):
+    with nb.budget(output_tokens=30, turns=1, provider_calls=3, ledger=ledger,
+                   clock=clock) as run:
         assert reserve_request(run, 100, "provider:m") == 30  # clamped (S2-9)
         assert reserve_request(run, None, "provider:m", retry=True) == 30
         assert reserve_request(run, 10, "provider:m", retry=True) == 10
