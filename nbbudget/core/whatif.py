@@ -61,8 +61,8 @@ __all__ = ["Explorer", "Range", "Recorded", "Verdict", "WhatIf"]
 _TIME = KINDS[RUN_MS].name
 _REFUSED = "dispatch_refused_budget_exceeded"
 #: the events that end a run which did not complete, just before its ``outcome``
-_ENDING = frozenset({_REFUSED, "cut", "watchdog_cut", "cancelled", "cancel_observed",
-                     "suspended", "tool_abandoned"})
+_ENDING = frozenset({_REFUSED, "cut", "watchdog_cut", "cancelled", "cancel_requested",
+                     "cancel_observed", "suspended", "tool_abandoned"})
 _WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"  # ipywidgets' protocol, version 2
 _MAX_POINTS = 2000  # points drawn per axis: a plot is a few hundred pixels wide
 
@@ -266,7 +266,8 @@ class WhatIf:
                 return self._ended("beyond", limits, end, _TIME, float(self.t[end]),
                                    as_recorded=False)
             return self._ended("cut", limits, end, _TIME, float(self.t[end]), as_recorded=True)
-        by = str(self.recorded.get("by") or payload.get("by") or status)
+        by = str(self.recorded.get("by") or self.recorded.get("cause") or payload.get("by")
+                 or status)
         return self._ended("stopped", limits, end, by, float(self.t[end]) if end < self.n
                            else self.end_ms, as_recorded=True)
 
@@ -337,12 +338,14 @@ class WhatIf:
             head = (f"Cut by its time grant ({_amount(_TIME, limits.run_ms or 0)}) before event "
                     f"{v.event:,} of {of}, {share}")
         else:
-            head = f"Stopped at event {v.event:,} of {of} by {v.kind}"
+            status = str(self.recorded.get("status", "stopped")).capitalize()
+            head = f"{status} at event {v.event:,} of {of} (by {v.kind})"
         if v.as_recorded and self.recorded.get("status") == "suspended":
             head += (f", where the recorded run was suspended by its {_axis(v.kind)} window "
                      f"(S3-1): as a whole-run ceiling, the limit ends it there.")
         else:
-            head += ", as recorded." if v.as_recorded else "."
+            head += (", as recorded: limits do not change that." if v.status == "stopped" else
+                     ", as recorded." if v.as_recorded else ".")
         return [head, "Kept: " + _listed(v.kept, self.exact) + " (S4-10: done work stays done).",
                 "Lost: " + _listed(v.lost, self.exact) + "."]
 
@@ -471,7 +474,7 @@ class Explorer:
     def _ipython_display_(self) -> None:
         from IPython.display import display  # only IPython calls this: it is there
 
-        display(self.mimebundle(), raw=True)
+        display(self.mimebundle(), raw=True)  # type: ignore[no-untyped-call]  # IPython's: untyped
 
     def __repr__(self) -> str:
         return self.text
@@ -587,7 +590,8 @@ class _Plot:
             self.mark.set_data([], [])
         ax.set_ylim(0.0, min(top, 3.0))
         ax.set_title(_title(verdict), fontsize="small")
-        ax.legend(loc="upper left", fontsize="small")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="upper left", fontsize="small")
         buffer = io.BytesIO()
         self.figure.savefig(buffer, format="png")
         return buffer.getvalue()
