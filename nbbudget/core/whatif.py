@@ -166,6 +166,9 @@ class WhatIf:
             for name, after in self.used_after.items():
                 self.used[name] = max(self.used[name], float(after[-1]))
         self.axes = [k.name for k in KINDS if self.used[k.name] > 0]
+        #: where the checkpoints were saved and the tools reported their outputs
+        self.marks = {what: np.flatnonzero(self.events == event) for what, event in
+                      (("checkpoints", "checkpoint_saved"), ("tool outputs", "progress"))}
         self.recorded = dict(trace.outcome or {})
         self.end_index = self._recorded_end()
 
@@ -286,8 +289,7 @@ class WhatIf:
         outputs, and how much of each charged axis."""
         kept: dict[str, float] = {}
         lost: dict[str, float] = {}
-        for what, event in (("checkpoints", "checkpoint_saved"), ("tool outputs", "progress")):
-            at = np.flatnonzero(self.events == event)
+        for what, at in self.marks.items():
             kept[what] = int(np.count_nonzero(at < cut))
             lost[what] = len(at) - kept[what]
         for name, at in self.at.items():
