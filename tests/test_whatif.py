@@ -306,7 +306,7 @@ def test_one_slider_per_axis_used_starting_at_the_runs_own_limits(clock: FakeClo
     assert list(sliders) == ["tokens", "steps", "run_ms"]
     assert [(s.min, s.value, s.max) for s in sliders.values()] == [
         (1, 1000, 1500), (1, 8, 12), (1, 13500, 13500)]  # run_ms: none set, so the top
-    assert [s.description for s in sliders.values()] == ["tokens", "steps", "time"]
+    assert [s.description for s in sliders.values()] == ["tokens", "steps", "time (ms)"]
     assert explorer.draws == 1 and explorer.drawn == explorer.limits
     assert bytes(explorer._view.image.value).startswith(PNG)
 

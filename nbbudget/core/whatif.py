@@ -494,7 +494,8 @@ class _View:
             make = w.IntSlider if integral else w.FloatSlider
             start = getattr(explorer.limits, name)
             slider = make(value=start, min=r.low, max=r.high, step=r.step,
-                          description=_axis(name), continuous_update=True,
+                          description="time (ms)" if name == _TIME else name,
+                          continuous_update=True,
                           style={"description_width": "initial"},
                           layout=w.Layout(width="32em"),
                           **({} if integral else {"readout_format": ".4f"}))
@@ -672,12 +673,19 @@ def _title(v: Verdict) -> str:
     return f"{v.status} at event {v.event:,} by {_axis(v.kind)}"
 
 
+def _counted(name: str, n: float) -> str:
+    """What *n* of axis *name* are: ``1 step``, ``6 steps``, ``$0.01 of cost``."""
+    if name == "cost_usd":
+        return "of cost"
+    return name[:-1] if n == 1 and name.endswith("s") else name
+
+
 def _listed(counts: Mapping[str, float], exact: bool) -> str:
     parts = []
     for what in ("checkpoints", "tool outputs"):
         n = counts.get(what, 0)
         if n:
             parts.append(f"{n} {what[:-1] if n == 1 else what}")
-    parts += [f"{_amount(k, v)} {'of cost' if k == 'cost_usd' else k}"
-              for k, v in counts.items() if k in KIND_INDEX and v]
+    parts += [f"{_amount(k, v)} {_counted(k, v)}" for k, v in counts.items()
+              if k in KIND_INDEX and v]
     return "; ".join(parts) or "nothing"
