@@ -308,18 +308,19 @@ def test_one_slider_per_axis_used_starting_at_the_runs_own_limits(clock: FakeClo
         (1, 1000, 1500), (1, 8, 12), (1, 13500, 13500)]  # run_ms: none set, so the top
     assert [s.description for s in sliders.values()] == ["tokens", "steps", "time (ms)"]
     assert explorer.draws == 1 and explorer.drawn == explorer.limits
-    assert bytes(explorer._view.image.value).startswith(PNG)
+    assert explorer.png.startswith(PNG)
 
 
 def test_moving_a_slider_from_code_gives_the_new_verdict_and_redraws(clock: FakeClock) -> None:
     explorer = agent(clock).explore()
-    before = explorer._view.image.value
+    before = explorer.png
     explorer.sliders["steps"].value = 5  # as a front end's drag ends
     assert explorer.limits == nb.Limits(tokens=1000, steps=5, run_ms=13500)
     assert (explorer.verdict.status, explorer.verdict.event) == ("refused", 10)
     assert explorer.draws == 2 and explorer.drawn == explorer.limits
-    assert explorer._view.image.value != before
-    assert "Refused at event 10 of 20 by steps (limit 5)" in explorer._view.verdict.value
+    assert explorer.png != before and explorer.png.startswith(PNG)
+    verdict_html = explorer.widget.children[len(explorer.sliders)]
+    assert "Refused at event 10 of 20 by steps (limit 5)" in verdict_html.value
     explorer.set(steps=12, tokens=1500)  # two sliders, one drawing
     assert explorer.draws == 3 and explorer.verdict.status == "beyond"
 
@@ -327,18 +328,17 @@ def test_moving_a_slider_from_code_gives_the_new_verdict_and_redraws(clock: Fake
 @pytest.mark.realclock
 def test_a_drag_redraws_at_once_then_once_per_interval_with_the_last_limits(
         clock: FakeClock) -> None:
-    explorer = agent(clock).explore(interval_ms=1000)
-    explorer._last_draw = -1e9  # long ago: the first move draws at once
+    explorer = agent(clock).explore(interval_ms=1000)  # drawn once, as it is made
 
     async def drag() -> None:
         for steps in range(12, 0, -1):  # twelve moves in well under a second
             explorer.sliders["steps"].value = steps
-        assert explorer.draws == 2  # the first move drew; the others wait for the timer
-        assert explorer.verdict.event == 2 and explorer.drawn.steps == 12  # text at once
+        assert explorer.draws == 1  # within a second of the last drawing: none drew yet
+        assert explorer.verdict.event == 2 and explorer.drawn.steps == 8  # the text follows
         deadline = time.monotonic() + 10
-        while explorer.draws < 3 and time.monotonic() < deadline:
+        while explorer.draws < 2 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        assert explorer.draws == 3 and explorer.drawn == explorer.limits  # the last move
+        assert explorer.draws == 2 and explorer.drawn == explorer.limits  # the last move
         assert explorer.drawn.steps == 1
 
     asyncio.run(drag())

@@ -34,6 +34,7 @@ loaded, and be the kind of global mutable registry the package avoids.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import html
 import io
 import math
@@ -370,8 +371,8 @@ class Explorer:
 
     Headless: ``verdict`` (a `Verdict`; ``str()`` is its text), ``limits`` (the sliders'
     `nb.Limits`), ``sliders`` (axis to its ipywidgets slider), ``set(**limits)`` to move
-    sliders from code (one redraw), ``draws`` (how many times the plot was drawn) and
-    ``drawn`` (the limits it was last drawn for).
+    sliders from code (one redraw), ``draws`` (how many times the plot was drawn), ``drawn``
+    (the limits it was last drawn for), ``png`` (that drawing) and ``widget`` (the box).
     """
 
     def __init__(self, trace: Recorded, *, widgets: bool = True, plot: bool = True,
@@ -399,6 +400,20 @@ class Explorer:
             self._draw()
 
     @property
+    def widget(self) -> Any:
+        """The ipywidgets box shown in a notebook (its sliders, its verdict, its plot), or None
+        where there are no widgets."""
+        return self._view.box if self._view is not None else None
+
+    @property
+    def png(self) -> bytes | None:
+        """The plot as last drawn (a PNG), or None without widgets or matplotlib."""
+        view = self._view
+        if view is None or view.image is None or not view.image.value:
+            return None
+        return bytes(view.image.value)
+
+    @property
     def text(self) -> str:
         """The verdict as text: what shows where widgets cannot render."""
         return f"What if ({_shown_limits(self.limits)}):\n{self.verdict.text}"
@@ -415,9 +430,11 @@ class Explorer:
         if self._view is not None:
             self._quiet = True
             try:
-                with self._view.box.hold_sync():
+                with contextlib.ExitStack() as held:  # each slider's changes sent at once
                     for name, value in values.items():
-                        self.sliders[name].value = value
+                        slider = self.sliders[name]
+                        held.enter_context(slider.hold_sync())
+                        slider.value = value
             finally:
                 self._quiet = False
             limits = self._slider_limits()
