@@ -351,3 +351,48 @@ def test_a_run_with_nothing_charged_has_no_slider_and_completed(clock: FakeClock
     assert explorer.sliders == {} and explorer.verdict.lines == ("Completed, as recorded.",)
     assert json.loads(json.dumps(explorer.mimebundle()))["text/plain"].startswith(
         "What if (no limits):")
+
+
+# -- in a real kernel ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    from test_magic_kernel import run, started_kernel
+
+    for client in started_kernel(tmp_path_factory):
+        setup = run(client, f"""\
+            import sys
+            sys.path.insert(0, {str(Path(__file__).parent)!r})
+            from nbbudget.testing import FakeClock
+            from test_whatif import agent
+            """)
+        assert setup.status == "ok", setup.reply["content"]
+        yield client
+
+
+@pytest.mark.realclock
+def test_a_drag_of_thirty_moves_from_a_front_end_draws_a_few_times_in_a_kernel(kernel) -> None:
+    """What a front end sends while a slider is dragged: one ``update`` per position. The
+    verdict follows every move; the plot is drawn a few times, the last position among them."""
+    from test_magic_kernel import run
+
+    made = run(kernel, """\
+        explorer = agent(FakeClock()).explore(interval_ms=500)
+        print(explorer.sliders["steps"].model_id)
+        """)
+    assert made.status == "ok", made.reply["content"]
+    comm_id = made.stdout.strip()
+    positions = [12, 11, 10, 9, 8, 7, 6, 5, 4, 3] * 3
+    for steps in positions:
+        kernel.shell_channel.send(kernel.session.msg("comm_msg", {
+            "comm_id": comm_id, "data": {"method": "update", "state": {"value": steps},
+                                         "buffer_paths": []}}))
+    deadline = time.monotonic() + 20
+    while True:
+        probe = run(kernel, "print(explorer.draws, explorer.drawn.steps, explorer.limits.steps, "
+                            "explorer.verdict.event)")
+        draws, drawn, steps, event = map(int, probe.stdout.split())
+        if drawn == 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert (steps, event, drawn) == (3, 6, 3)  # the last position, drawn
+    assert 2 <= draws <= 5, f"{draws} drawings for {len(positions)} moves"
