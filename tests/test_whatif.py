@@ -323,6 +323,8 @@ def test_moving_a_slider_from_code_gives_the_new_verdict_and_redraws(clock: Fake
     assert "Refused at event 10 of 20 by steps (limit 5)" in verdict_html.value
     explorer.set(steps=12, tokens=1500)  # two sliders, one drawing
     assert explorer.draws == 3 and explorer.verdict.status == "beyond"
+    explorer.set(steps=50)  # past the slider's top: the slider grows to take it
+    assert explorer.sliders["steps"].max == 50 and explorer.limits.steps == 50
 
 
 @pytest.mark.realclock

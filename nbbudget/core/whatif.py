@@ -419,8 +419,9 @@ class Explorer:
         return f"What if ({_shown_limits(self.limits)}):\n{self.verdict.text}"
 
     def set(self, **values: float) -> Verdict:
-        """Move the sliders of the axes named to *values* (e.g. ``set(steps=5)``) and redraw
-        once; the new verdict. An axis the run did not use is a `ConfigError` naming it."""
+        """Move the sliders of the axes named to *values* (e.g. ``set(steps=5)``; a slider's range
+        grows to take a value past it) and redraw once; the new verdict. An axis the run did not
+        use is a `ConfigError` naming it, a bad value one naming the value (S3-4)."""
         ranges = self.model.ranges()
         for name in values:
             if name not in ranges:
@@ -431,9 +432,11 @@ class Explorer:
             self._quiet = True
             try:
                 with contextlib.ExitStack() as held:  # each slider's changes sent at once
-                    for name, value in values.items():
+                    for name, value in limits.to_dict().items():
                         slider = self.sliders[name]
                         held.enter_context(slider.hold_sync())
+                        slider.max = max(slider.max, value)  # a slider would clamp the value
+                        slider.min = min(slider.min, value)
                         slider.value = value
             finally:
                 self._quiet = False
