@@ -554,7 +554,9 @@ class _Plot:
         from matplotlib.figure import Figure
 
         self.model = model
-        self.figure = Figure(figsize=(8, 3.4), dpi=80, layout="constrained")
+        # fixed margins: a layout engine would lay the figure out again at each drawing
+        self.figure = Figure(figsize=(8, 3.4), dpi=80)
+        self.figure.subplots_adjust(left=0.08, right=0.98, bottom=0.14, top=0.92)
         FigureCanvasAgg(self.figure)
         ax = self.ax = self.figure.add_subplot()
         end = model.end_ms or 1.0
