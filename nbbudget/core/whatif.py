@@ -75,6 +75,7 @@ class Recorded(Protocol):
     full: bool
     name: str | None
     limits: dict[str, float]
+    notices: list[float]
     outcome: dict[str, Any] | None
 
     def stats(self) -> dict[str, dict[str, float]]: ...
@@ -579,6 +580,8 @@ class _Plot:
                 (line,) = ax.step(x, used, where="post")
             self.series[name] = (line, used)
         ax.axhline(1.0, color="black", linewidth=0.8)
+        for fraction in model.trace.notices:  # the approach notices' thresholds (S3-5)
+            ax.axhline(fraction, color="orange", linewidth=0.8, linestyle=":")
         if model.end_index < model.n and model.recorded.get("status") != "completed":
             ax.axvline(float(model.t[model.end_index]), color="grey", linestyle=":",
                        linewidth=1, label=f"recorded end ({model._recorded_how()})")
