@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from .limits import Limits
+    from .whatif import Explorer
 
 __all__ = ["TRACE_FORMAT", "Event", "Recorder", "Replay", "Trace"]
 
@@ -316,6 +317,20 @@ class Trace:
         from .frames import plot_trace
 
         return plot_trace(self.to_frame(), self.limits, self.notices, **kwargs)
+
+    def explore(self, *, widgets: bool = True, plot: bool = True,
+                interval_ms: float = 150) -> Explorer:
+        """How this run would have ended under other limits: in a notebook, one slider per axis
+        the run used, the verdict (completed, or refused at event N by axis K, after how much of
+        the work; what is kept and what lost) and the plot against the would-be limits; where
+        widgets cannot render, the verdict as text. ``widgets=False`` gives the text alone,
+        ``plot=False`` no plot (the plot needs matplotlib: the ``plot`` extra); a slider's
+        drag redraws the plot at most once per *interval_ms*. Needs the ``frames`` extra.
+        The explorer's ``verdict``, ``limits`` and ``set(**limits)`` work without a front end
+        (`nbbudget.core.whatif`)."""
+        from .whatif import Explorer as _Explorer
+
+        return _Explorer(self, widgets=widgets, plot=plot, interval_ms=interval_ms)
 
     # -- files ------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:

@@ -1,13 +1,14 @@
 """The quickstart in JupyterLab, in a real browser: the ``%%budget`` panel renders with its bars
 and, once finished, no button; a detached cell's late output appears under that cell; Stop on
 the panel of a cell that is running stops it at once, and Stop on the panel of a running
-background job stops it.
+background job stops it. Then what-if.ipynb, in a server of its own: a slider of the what-if
+explorer moved with the keyboard changes the verdict under it to the kernel's.
 
 Run with ``bash scripts/browser.sh``: JupyterLab on 127.0.0.1 (a free port, no token, a
 temporary root, workspace and settings), its kernels started as ``bash scripts/lab.sh`` starts
 them (nbbudget loaded at kernel start), driven through ``window.jupyterapp`` by Playwright with
-the system's Chromium. A screenshot is saved to ``tests/browser/artifacts/lab.png`` (or the
-folder in ``NBBUDGET_BROWSER_ARTIFACTS``).
+the system's Chromium. Screenshots are saved to ``tests/browser/artifacts/`` (``lab.png``,
+``what-if.png``; or the folder in ``NBBUDGET_BROWSER_ARTIFACTS``).
 
 Where Playwright, JupyterLab or ``/usr/bin/chromium`` is missing the tests are skipped, unless
 ``NBBUDGET_BROWSER_REQUIRED=1``: then that is a failure.
@@ -448,3 +449,80 @@ def test_stop_on_the_panel_ends_a_running_cell_within_a_second(notebook: Noteboo
           f"{', '.join(f'{s * 1000:.0f} ms' for s in latencies)}")
     notebook.screenshot("lab-stopped.png", index)
     assert max(latencies) < 1.0, f"a cell ended {max(latencies):.2f} s after its Stop click"
+
+
+# -- the what-if explorer -----------------------------------------------------------------------
+WHAT_IF = REPO / "notebooks" / "what-if.ipynb"
+#: the cell the test appends to its copy of what-if.ipynb: what the kernel's explorer says
+EXPLORER_STATE = """\
+print("explorer:", explorer.sliders["steps"].value, explorer.verdict.status)
+print(explorer.verdict.lines[0])
+"""
+
+
+def _what_if_copy(root: Path) -> str:
+    """what-if.ipynb without its stored outputs, plus the test's cell; its name."""
+    import nbformat
+
+    nb = nbformat.read(WHAT_IF, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    nb.cells.append(nbformat.v4.new_code_cell(EXPLORER_STATE, metadata={"tags": [TAG]}))
+    nbformat.write(nb, root / WHAT_IF.name)
+    return WHAT_IF.name
+
+
+def test_the_what_if_explorer_follows_a_slider_moved_in_the_browser(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """what-if.ipynb run in JupyterLab; the explorer's step slider moved to its least value
+    with the keyboard: the verdict under it changes to a refusal by steps, the one the kernel's
+    explorer gives."""
+    _check_requirements()
+    from playwright.sync_api import sync_playwright
+
+    lab = Lab(tmp_path_factory.mktemp("what-if"))
+    playwright = browser = nb = None
+    try:
+        lab.start()
+        name = _what_if_copy(lab.root)
+        playwright = sync_playwright().start()
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                             args=CHROMIUM_ARGS)
+        nb = Notebook(browser.new_page(viewport={"width": 1280, "height": 1200}))
+        nb.open(f"{lab.url}/lab/tree/{name}", name)
+        probe = len(nb.cells) - 1
+        for index, cell in enumerate(nb.cells[:probe]):
+            if cell["type"] == "code":
+                nb.run(index)
+        index = nb.find(lambda source, tags: source.startswith("explorer = run.trace.explore()"),
+                        "explorer cell")
+        outputs = nb.outputs(index)
+        verdict = outputs.locator(".widget-html").first
+        verdict.wait_for(state="visible")
+        before = verdict.inner_text()
+        slider = outputs.locator(".widget-slider", has=nb.page.locator("label", has_text="steps"))
+        assert slider.count() == 1, f"{slider.count()} step sliders"
+        slider.locator(".noUi-handle").first.focus()
+        nb.page.keyboard.press("Home")  # to the least limit: one step
+        _wait(lambda: "by steps (limit 1)" in verdict.inner_text(), 10,
+              "the verdict following the slider")
+        nb.run(probe)
+        state, first_line = nb.stdout(probe).split("\n")[:2]
+        assert state == "explorer: 1 refused"
+        assert verdict.inner_text().splitlines()[0] == first_line != before.splitlines()[0]
+        print(f"\nthe verdict after the move: {first_line}")
+        nb.screenshot("what-if.png", index)
+    except BaseException:
+        if nb is not None:
+            with contextlib.suppress(Exception):
+                print(f"\nscreenshot: {nb.screenshot('what-if.png')}")
+        print(f"\nJupyterLab's log ({lab.log}):\n{lab.log_tail()}")
+        raise
+    finally:
+        if browser is not None:
+            browser.close()
+        if playwright is not None:
+            playwright.stop()
+        forced = lab.stop()
+    assert not forced, f"JupyterLab left kernel processes running (killed): {forced}"
