@@ -64,7 +64,7 @@ def test_S3_2_a_tighter_limit_refuses_the_run_at_a_known_event(clock: FakeClock)
     assert verdict.lines == (
         "Refused at event 10 of 20 by steps (limit 5), at 6.0 s, after 50% of the recorded "
         "events and 67% of its time.",
-        "Kept: 600 tokens; 5 steps (S4-10: done work stays done).",
+        "Kept: 600 tokens; 5 steps; done work stays done (see: nbbudget explain S4-10).",
         "Lost: 360 tokens; 3 steps.",
     )
     assert str(verdict) == verdict.text == "\n".join(verdict.lines)
@@ -150,8 +150,9 @@ def test_S3_1_a_suspended_window_goes_on_under_a_wider_limit_and_ends_there_unde
                            "next was never recorded.",)
     same = explorer.set(tokens=100)
     assert (same.status, same.event, same.as_recorded) == ("refused", 3, True)
-    assert same.lines[0].endswith("where the recorded run was suspended by its tokens window "
-                                  "(S3-1): as a whole-run ceiling, the limit ends it there.")
+    assert same.lines[0].endswith("where the recorded run was suspended by its tokens window: "
+                                  "as a whole-run ceiling, the limit ends it there (see: "
+                                  "nbbudget explain S3-1).")
     assert explorer.set(tokens=50).event == 1  # the second charge: 60 > 50
 
 
@@ -232,8 +233,8 @@ def test_S4_10_checkpoints_and_tool_outputs_before_the_cut_are_kept(clock: FakeC
     assert verdict.status == "refused"
     assert verdict.kept == {"checkpoints": 2, "tool outputs": 2, "steps": 2, "tool_calls": 2}
     assert verdict.lost == {"checkpoints": 2, "tool outputs": 2, "steps": 2, "tool_calls": 2}
-    assert verdict.lines[1] == ("Kept: 2 checkpoints; 2 tool outputs; 2 steps; 2 tool_calls "
-                                "(S4-10: done work stays done).")
+    assert verdict.lines[1] == ("Kept: 2 checkpoints; 2 tool outputs; 2 steps; 2 tool_calls; "
+                                "done work stays done (see: nbbudget explain S4-10).")
 
 
 def test_a_trace_of_counts_says_which_limit_its_totals_pass_but_not_where(

@@ -345,12 +345,14 @@ class WhatIf:
             status = str(self.recorded.get("status", "stopped")).capitalize()
             head = f"{status} at event {v.event:,} of {of} (by {v.kind})"
         if v.as_recorded and self.recorded.get("status") == "suspended":
-            head += (f", where the recorded run was suspended by its {_axis(v.kind)} window "
-                     f"(S3-1): as a whole-run ceiling, the limit ends it there.")
+            head += (f", where the recorded run was suspended by its {_axis(v.kind)} window: "
+                     f"as a whole-run ceiling, the limit ends it there (see: nbbudget explain "
+                     f"S3-1).")
         else:
             head += (", as recorded: limits do not change that." if v.status == "stopped" else
                      ", as recorded." if v.as_recorded else ".")
-        return [head, "Kept: " + _listed(v.kept, self.exact) + " (S4-10: done work stays done).",
+        return [head, "Kept: " + _listed(v.kept, self.exact) + "; done work stays done (see: "
+                "nbbudget explain S4-10).",
                 "Lost: " + _listed(v.lost, self.exact) + "."]
 
     def _in_grant(self, index: int) -> str:
