@@ -36,7 +36,8 @@ from .runner import jobs as _jobs
 from .store import SQLiteStore
 
 __all__ = ["CANCEL_WAIT_S", "JOB_ID", "JOB_WAIT_S", "RUN_ID", "Cancel", "await_end",
-           "cancel_here", "cancel_job", "cancel_run", "check_id", "find", "rows", "run_row"]
+           "cancel_here", "cancel_job", "cancel_run", "check_id", "find", "job_ended", "rows",
+           "run_cancelled", "run_ended", "run_row"]
 
 #: a job's id (``nb.jobs[id]``: its process's pid in hex, a dash, a count), and a notebook
 #: run's; the server extension refuses an id that is neither (`check_id`)
@@ -162,12 +163,26 @@ def cancel_run(runs: Runs, record: RunRecord, wait_s: float = CANCEL_WAIT_S) -> 
     """Stop the notebook run *record* (``nbbudget cancel``): its runner interrupts the running
     cell; wait at most *wait_s* for it to end, and say how it ended. A run that had already
     ended is left as it is."""
-    record = runs.check(record)
-    if record.state.final:
-        return Cancel(record.id, "run", "ended", record.state.value,
-                      f"run {record.id} has already ended: {record.state}")
+    ended = run_ended(runs, record)
+    if ended is not None:
+        return ended
     runs.request_cancel(record.id)
-    record = await_end(runs, record, wait_s)
+    return run_cancelled(await_end(runs, record, wait_s))
+
+
+def run_ended(runs: Runs, record: RunRecord) -> Cancel | None:
+    """The answer to a cancel of *record* when the run has already ended (a run whose runner
+    died is found ``lost`` here), else None: it can be asked to stop."""
+    record = runs.check(record)
+    if not record.state.final:
+        return None
+    return Cancel(record.id, "run", "ended", record.state.value,
+                  f"run {record.id} has already ended: {record.state}")
+
+
+def run_cancelled(record: RunRecord) -> Cancel:
+    """What became of a cancel of the run *record*, asked and waited for: stopped, finished
+    anyway, or not stopped yet. The server extension waits for it on its event loop."""
     if not record.state.final:
         return Cancel(record.id, "run", "requested", record.state.value,
                       f"run {record.id} was asked to stop and has not stopped yet "
@@ -193,9 +208,7 @@ def cancel_job(job: Job, reason: str, wait_s: float = JOB_WAIT_S) -> Cancel:
     already ended, or it stopped at a budget check, or it ended anyway, or it has not reached
     a check yet."""
     if job.done():
-        return Cancel(job.id, "job", "ended", job.state.value,
-                      f"job {job.id} had already ended ({job.state}); there was nothing to "
-                      f"cancel")
+        return job_ended(job.id, job.state.value)
     status = job.cancel(reason, wait=wait_s)
     if status == "stopped":
         return Cancel(job.id, "job", "stopped", job.state.value,
@@ -208,6 +221,12 @@ def cancel_job(job: Job, reason: str, wait_s: float = JOB_WAIT_S) -> Cancel:
     return Cancel(job.id, "job", "requested", job.state.value,
                   f"cancel requested for job {job.id}; it has not reached a budget check yet: "
                   f"it will stop at its next one, or finish anyway (see %budget jobs)")
+
+
+def job_ended(job_id: str, state: str) -> Cancel:
+    """The answer to a cancel of the job *job_id*, which had already ended in *state*."""
+    return Cancel(job_id, "job", "ended", state,
+                  f"job {job_id} had already ended ({state}); there was nothing to cancel")
 
 
 def cancel_here(job_id: str, reason: str = "cancelled from JupyterLab") -> dict[str, str]:
