@@ -34,6 +34,7 @@ from tornado.httpclient import HTTPClientError
 
 import nbbudget as nb
 from nbbudget.calls.run_store import runner_alive
+from nbbudget.jupyter.server import own_client
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.realclock
@@ -108,7 +109,7 @@ class Server:
 
     async def _execute(self, kernel_id: str, code: str,
                        expressions: dict[str, str]) -> dict[str, Any]:
-        client = self.app.kernel_manager.get_kernel(kernel_id).client()
+        client = own_client(self.app.kernel_manager.get_kernel(kernel_id))
         client.start_channels(iopub=False, stdin=False, hb=False, control=False)
         try:
             msg_id = client.execute(code, user_expressions=expressions)
@@ -265,6 +266,40 @@ def test_a_cancel_reaches_the_kernel_that_runs_the_job_which_stops_at_a_budget_c
                           "message": f"job {job_id} had already ended (cancelled); there was "
                                      f"nothing to cancel"}
     assert server.get("jobs", job_id).body == row  # nothing changed
+
+
+def test_a_kernel_busy_with_a_cell_takes_the_cancel_when_the_cell_ends(server):
+    kernel_id = server.start_kernel()
+    job_id = detached_job(server, kernel_id)
+
+    async def cancel_while_a_cell_runs() -> tuple[Any, float]:
+        client = own_client(server.app.kernel_manager.get_kernel(kernel_id))
+        client.start_channels(iopub=False, stdin=False, hb=False, control=False)
+        try:
+            cell = client.execute("time.sleep(8)")
+            started = time.monotonic()
+            try:
+                answer = await server.fetch("nbbudget", "jobs", job_id, "cancel",
+                                            method="POST", body=b"", request_timeout=60)
+            finally:
+                answered_after = time.monotonic() - started
+                reply = await client.get_shell_msg(timeout=60)
+                while reply["parent_header"].get("msg_id") != cell:
+                    reply = await client.get_shell_msg(timeout=60)
+        finally:
+            client.stop_channels()
+        return answer, answered_after
+
+    answer, answered_after = server.loop.run_until_complete(cancel_while_a_cell_runs())
+    assert 4.5 < answered_after < 8  # the server waited 5 s, not for the cell
+    assert json.loads(answer.body) == {
+        "id": job_id, "kind": "job", "outcome": "requested", "state": "running",
+        "message": f"cancel requested for job {job_id}; its kernel is busy and takes the "
+                   f"cancel when its running cell ends (see %budget jobs)"}
+    # the cell has ended: the kernel took the cancel, and the job stopped at a budget check
+    server.wait_for(lambda: server.get("jobs", job_id).body["state"] == "cancelled")
+    reply = server.execute(kernel_id, "", cancel=f"nb.jobs[{job_id!r}].cancel_status")
+    assert reply["cancel"] == "'stopped'"
 
 
 def test_a_cancel_of_a_notebook_run_stops_its_running_cell_and_says_where(

@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 import tornado.web
+from jupyter_client.session import Session
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
@@ -41,7 +42,7 @@ from ..calls.run_store import Runs
 from ..calls.store import SQLiteStore, StoreBusy, StoreDamaged, store
 from ..core.errors import ConfigError
 
-__all__: list[str] = []
+__all__ = ["own_client"]
 
 #: how long a cancel waits for the kernel that runs the job to answer; a kernel busy with a
 #: cell answers when the cell ends, and the cancel is then answered ``requested``
@@ -218,12 +219,23 @@ class _CancelHandler(_Handler):
                               f"{answer['error']}", "kernel_error")
 
 
+def own_client(kernel: Any) -> Any:
+    """A client of the server's *kernel* (its kernel manager) with a session of its own: a
+    client made with the manager's session would share its identity on the kernel's shell
+    socket with every other such client, and the kernel's replies to one could go to another.
+    The tests of the extension talk to the server's kernels through it too."""
+    session = Session(key=kernel.session.key, signature_scheme=kernel.session.signature_scheme,
+                      packer=kernel.session.packer, unpacker=kernel.session.unpacker,
+                      username="nbbudget")
+    return kernel.client(session=session)
+
+
 async def _ask_kernel(kernel: Any, job_id: str) -> dict[str, str] | None:
     """Ask *kernel* to cancel its job *job_id* (`nbbudget.calls.background.cancel_here`, as a
     user expression of a silent request: nothing shows in the notebook, nothing goes in its
     history); the `Cancel` it answers as a dict, ``{"error": ...}`` when the expression failed,
     or None when it did not answer within `KERNEL_ANSWER_S` (a cell holds it)."""
-    client = kernel.client()
+    client = own_client(kernel)
     client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=False)
     try:
         msg_id = client.execute("", silent=True, store_history=False, allow_stdin=False,
