@@ -391,6 +391,26 @@ def test_a_damaged_store_is_a_500_with_its_message_and_code(server, home):
     assert (home / "nbbudget.db").read_bytes() == b""  # left as it is
 
 
+def test_a_store_locked_by_another_process_is_a_503_within_a_second(server, home):
+    assert server.get("jobs").body == []  # the store is made
+    locker = sqlite3.connect(home / "nbbudget.db", isolation_level=None)
+    try:
+        locker.execute("BEGIN IMMEDIATE")  # a write that hangs, in another connection
+        started = time.monotonic()
+        busy = server.get("jobs")
+        waited = time.monotonic() - started
+        assert busy.code == 503
+        assert busy.headers["Retry-After"] == "5"
+        assert busy.body["code"] == "store_busy"
+        assert busy.body["message"].startswith(
+            f"the nbbudget store {str(home / 'nbbudget.db')!r} stayed locked for 1 s by ")
+        assert 0.9 < waited < 5  # the server's own busy timeout, not the store's 10 s
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    assert server.get("jobs").code == 200
+
+
 # -- the server's own checks ------------------------------------------------------------------
 def test_a_request_without_the_token_is_refused(server):
     for answer in (server.get("jobs", headers={"Authorization": ""}),

@@ -20,6 +20,12 @@ An id that is neither a job's nor a run's is 400, an unknown one 404, both namin
 changing nothing; a store locked past its busy timeout is 503, a damaged one 500, each with
 the store's own message and ``code``. The store is the one ``nbbudget jobs`` reads:
 ``NBBUDGET_HOME`` of the server's environment, else ``nbbudget`` in Jupyter's data directory.
+
+The handlers run on the server's event loop and read the store there (a listing of 500 records
+takes about 10 ms): the extension opens the store with a busy timeout of `BUSY_TIMEOUT_S`, so
+a store another process keeps locked holds the server at most that long before it answers 503.
+A cancel waits for a run to end, or for a kernel to answer, on the event loop, without holding
+it; it starts no thread.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import asyncio
 import json
 import queue
 import time
+from pathlib import Path
 from typing import Any
 
 import tornado.web
@@ -39,11 +46,14 @@ from jupyter_server.utils import url_path_join
 from ..calls import background as _background
 from ..calls.jobs import JobState
 from ..calls.run_store import Runs
-from ..calls.store import SQLiteStore, StoreBusy, StoreDamaged, store
+from ..calls.store import SQLiteStore, StoreBusy, StoreDamaged, home
 from ..core.errors import ConfigError
 
 __all__ = ["own_client"]
 
+#: how long a statement of the server's on the store waits for a lock another process holds
+#: (SQLite's busy timeout) before the request is answered 503: the event loop waits with it
+BUSY_TIMEOUT_S = 1.0
 #: how long a cancel waits for the kernel that runs the job to answer; a kernel busy with a
 #: cell answers when the cell ends, and the cancel is then answered ``requested``
 KERNEL_ANSWER_S = 5.0
@@ -59,6 +69,7 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 
 def _load_jupyter_server_extension(serverapp: Any) -> None:
     web_app = serverapp.web_app
+    web_app.settings["nbbudget_stores"] = {}
     base = url_path_join(web_app.settings["base_url"], "nbbudget")
     web_app.add_handlers(".*$", [
         (url_path_join(base, "jobs"), _JobsHandler),
@@ -80,12 +91,19 @@ class _Handler(APIHandler):
         self._answer(status, {"message": message, "code": code})
 
     def _store(self) -> SQLiteStore | None:
-        """The store, or None once the refusal is answered."""
-        try:
-            return store()
-        except ConfigError as exc:
-            self._store_refused(exc)
-            return None
+        """The store, or None once the refusal is answered. One per folder for the server's
+        life, opened with the short busy timeout; a store that cannot be opened (damaged) is
+        tried again at the next request."""
+        stores: dict[Path, SQLiteStore] = self.settings["nbbudget_stores"]
+        folder = home().resolve()
+        found = stores.get(folder)
+        if found is None:
+            try:
+                found = stores[folder] = SQLiteStore(folder, busy_timeout_s=BUSY_TIMEOUT_S)
+            except ConfigError as exc:
+                self._store_refused(exc)
+                return None
+        return found
 
     def _store_refused(self, exc: ConfigError) -> None:
         if isinstance(exc, StoreBusy):
