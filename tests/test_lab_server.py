@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jupyter_server.auth import Authorizer
 from pytest_jupyter.jupyter_server import *  # noqa: F403  (its fixtures, for this module only)
 from tornado.httpclient import HTTPClientError
 
@@ -41,11 +42,23 @@ pytestmark = pytest.mark.realclock
 
 
 @pytest.fixture
-def jp_server_config() -> dict[str, Any]:
-    """The server with nbbudget's extension enabled, as its config file in the wheel does."""
+def jp_server_config(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The server with nbbudget's extension enabled, as its config file in the wheel does;
+    with the authorizer a test gives (``indirect``), if any."""
     config = json.loads((REPO / "jupyter-config/jupyter_server_config.d/nbbudget.json")
                         .read_text())
+    authorizer = getattr(request, "param", None)
+    if authorizer is not None:
+        config["ServerApp"]["authorizer_class"] = authorizer
     return dict(config)
+
+
+class ReadOnly(Authorizer):
+    """A server's authorizer that lets its users read and nothing more (as JupyterHub's scopes
+    can)."""
+
+    def is_authorized(self, handler: Any, user: Any, action: str, resource: str) -> bool:
+        return action == "read"
 
 
 @pytest.fixture
@@ -418,6 +431,24 @@ def test_a_request_without_the_token_is_refused(server):
                    server.cancel("run-0123abcd", headers={"Authorization": ""})):
         assert answer.code == 403
     assert server.get("jobs", headers={"Authorization": "token not-the-token"}).code == 403
+
+
+@pytest.mark.parametrize("jp_server_config", [ReadOnly], indirect=True)
+def test_the_servers_authorizer_decides_as_for_kernels_reading_is_not_cancelling(server, home):
+    import threading
+
+    release = threading.Event()
+    resp = nb.call(release.wait, 60, detach=True, budget="20ms")
+    job_id = resp.data["job"]
+    try:
+        server.wait_for(lambda: server.get("jobs", job_id).code == 200)
+        assert [row["id"] for row in server.get("jobs").body] == [job_id]
+        refused = server.cancel(job_id)
+        assert refused.code == 403
+        assert not resp.job.done() and server.get("jobs", job_id).body["state"] == "running"
+    finally:
+        release.set()
+        assert resp.job.result(timeout=10) is True
 
 
 def test_a_post_with_the_login_cookie_but_without_the_xsrf_token_is_refused(server):

@@ -40,6 +40,7 @@ from typing import Any
 
 import tornado.web
 from jupyter_client.session import Session
+from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
@@ -80,7 +81,12 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
 
 
 class _Handler(APIHandler):
-    """What every endpoint shares: the store, the kernels of this server, JSON answers."""
+    """What every endpoint shares: the store, the kernels of this server, JSON answers. The
+    jobs are the kernels' work, so a server's authorizer (JupyterHub's scopes, say) decides
+    on them as on the kernels: reading them is ``read`` on ``kernels``, a cancel, which has
+    the kernel run code, ``execute``."""
+
+    auth_resource = "kernels"
 
     def _answer(self, status: int, payload: Any) -> None:
         self.set_status(status)
@@ -140,6 +146,7 @@ class _Handler(APIHandler):
 
 class _JobsHandler(_Handler):
     @tornado.web.authenticated
+    @authorized
     def get(self) -> None:
         kernel = self.get_argument("kernel", None)
         if kernel is not None and kernel not in self.kernel_manager:
@@ -163,6 +170,7 @@ class _JobsHandler(_Handler):
 
 class _JobHandler(_Handler):
     @tornado.web.authenticated
+    @authorized
     def get(self, item_id: str) -> None:
         if not self._checked_id(item_id):
             return
@@ -181,7 +189,9 @@ class _JobHandler(_Handler):
 
 
 class _CancelHandler(_Handler):
+    # (authorized with an action is typed as returning a method, not a decorator)
     @tornado.web.authenticated
+    @authorized(action="execute")  # type: ignore[untyped-decorator]
     async def post(self, item_id: str) -> None:
         if not self._checked_id(item_id):
             return
