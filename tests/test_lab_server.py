@@ -361,6 +361,33 @@ def test_a_job_of_a_process_that_is_not_a_kernel_of_this_server_is_refused_namin
         assert resp.job.result(timeout=10) is True
 
 
+def test_a_job_whose_process_died_is_listed_lost_and_its_cancel_says_it_ended(server, home):
+    script = textwrap.dedent("""\
+        import os, sys, threading, time
+        import nbbudget as nb
+        resp = nb.call(threading.Event().wait, 60, detach=True, budget="20ms")
+        print(resp.data["job"], flush=True)
+        while not any(r["id"] == resp.data["job"] for r in nb.store().jobs()):
+            time.sleep(0.02)
+        os._exit(0)  # the process dies with its job running
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
+        str(REPO), os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+
+    row = server.get("jobs", job_id).body
+    assert (row["state"], row["cancellable"], row["ended"], row["elapsed_s"]) == (
+        "lost", False, None, None)
+    cancelled = server.cancel(job_id)
+    assert cancelled.body == {"id": job_id, "kind": "job", "outcome": "ended", "state": "lost",
+                              "message": f"job {job_id} had already ended (lost); there was "
+                                         f"nothing to cancel"}
+    assert server.get("jobs", job_id).body == row
+
+
 # -- bad input --------------------------------------------------------------------------------
 @pytest.mark.parametrize("method", ["GET", "POST"])
 def test_an_unknown_id_is_404_and_a_malformed_one_400_each_naming_it_and_changing_nothing(
