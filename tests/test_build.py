@@ -14,11 +14,13 @@ there, so a bound is a release the tests pass with.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -173,6 +175,7 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(REPO / "tests", source / "tests",
                     ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "jupyter-config", source / "jupyter-config")
     out = tmp_path_factory.mktemp("dist")
     built = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(source)],
                            capture_output=True, text=True, timeout=600, check=False)
@@ -201,6 +204,14 @@ def test_the_built_sdist_and_wheel_pass_the_checks(dist: Path) -> None:
     with zipfile.ZipFile(next(dist.glob("*.whl"))) as wheel:
         shipped = sorted(n for n in wheel.namelist() if n.startswith("nbbudget/rules/"))
     assert shipped == [f"nbbudget/rules/{group}.md" for group in ("N", "S0", "S2", "S3", "S4")]
+    # the file that enables the server extension where the wheel is installed, and in the sdist
+    config = "etc/jupyter/jupyter_server_config.d/nbbudget.json"
+    with zipfile.ZipFile(next(dist.glob("*.whl"))) as wheel:
+        enabling = json.loads(wheel.read(f"nbbudget-{version}.data/data/{config}"))
+    assert enabling == {"ServerApp": {"jpserver_extensions": {"nbbudget.jupyter.server": True}}}
+    with tarfile.open(next(dist.glob("*.tar.gz"))) as sdist:
+        assert f"nbbudget-{version}/jupyter-config/jupyter_server_config.d/nbbudget.json" in \
+            sdist.getnames()
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ import nbbudget.testing
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
-PAGES = ["index", "quickstart", "concepts", "magics", "api", "run", "cli", "configuration",
+PAGES = ["index", "quickstart", "concepts", "magics", "api", "run", "cli", "lab", "configuration",
          "bounding-agents", "limits", "scaling-out", "architecture"]
 AUTODOC = re.compile(
     r"^\.\. auto(?:function|class|exception|data|attribute|method)::\s+([\w.]+)", re.M

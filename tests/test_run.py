@@ -31,7 +31,7 @@ from typing import Any
 import nbformat
 import pytest
 
-from nbbudget.cli.run_store import runner_alive
+from nbbudget.calls.run_store import runner_alive
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.realclock

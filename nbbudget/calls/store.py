@@ -446,7 +446,7 @@ class SQLiteStore:
     def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
         """A write transaction (``BEGIN IMMEDIATE``, rolled back on an exception) on this
         thread's connection, for modules that keep a table of their own in the store
-        (`nbbudget.cli.run_store`); SQLite's errors are the store's (`StoreBusy`...)."""
+        (`nbbudget.calls.run_store`); SQLite's errors are the store's (`StoreBusy`...)."""
         return self._write()
 
     def read_transaction(self) -> AbstractContextManager[sqlite3.Connection]:

@@ -26,20 +26,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..calls.background import await_end, cancel_run, run_row
 from ..calls.call import FLAG_SPELLING, check_interruption, resolve_budget, take_run
 from ..calls.jobs import JobState
 from ..calls.response import EXIT_INCOMPLETE, Response, meta
+from ..calls.run_store import RUNNER_MODULE, Claim, RunRecord, Runs
 from ..calls.store import store
 from ..core.duration import parse_duration
 from ..core.errors import ConfigError, RunsPerDayExceeded
 from ..core.limits import Limits, budget_flags, limits_from_flags
-from .run_store import RUNNER_MODULE, Claim, RunRecord, Runs
 
 __all__ = ["add_commands"]
 
 POLL_S = 0.05  # how often a waiting command reads the run's row
 CHECK_S = 0.5  # how often it checks that the runner is alive
-CANCEL_WAIT_S = 15.0  # how long `nbbudget cancel` (and Ctrl-C) waits for the run to stop
 _CELL_TYPES = ("code", "markdown", "raw")
 #: the flags of %%budget that `nbbudget run` takes as they are
 LIMIT_FLAGS = tuple(flag for flag, _ in budget_flags())
@@ -375,19 +375,10 @@ def _wait(runs: Runs, claim: Claim, checked: Plan, started: float,
 def _stop(runs: Runs, record: RunRecord, checked: Plan, started: float) -> Response:
     """Ctrl-C: stop the run, and tell how it ended (stopped, as a rule)."""
     runs.request_cancel(record.id)
-    ended = _await_end(runs, record)
+    ended = await_end(runs, record)
     if ended.state.final:
         return _ended(runs, ended, checked, started)
     return _incomplete(ended, checked, started)
-
-
-def _await_end(runs: Runs, record: RunRecord) -> RunRecord:
-    """Wait up to `CANCEL_WAIT_S` for a run asked to stop to end; the record then."""
-    until = time.monotonic() + CANCEL_WAIT_S
-    while not record.state.final and time.monotonic() < until:
-        time.sleep(POLL_S)
-        record = runs.check(runs.get(record.id) or record)
-    return record
 
 
 def _ended(runs: Runs, record: RunRecord, checked: Plan, started: float) -> Response:
@@ -493,7 +484,7 @@ def jobs_command(args: argparse.Namespace) -> int:
     runs = _open("jobs")
     if runs is None:
         return 2
-    rows = [_job(record) for record in runs.all()]
+    rows = [run_row(record) for record in runs.all()]
     if args.json:
         print(json.dumps(rows, indent=2))
     elif not rows:
@@ -516,15 +507,6 @@ def _open(command: str) -> Runs | None:
         return None
 
 
-def _job(record: RunRecord) -> dict[str, Any]:
-    error = (record.result or {}).get("error") or {}
-    return {"id": record.id, "state": record.state.value, "notebook": record.spec["notebook"],
-            "output": record.output, "mode": record.spec["mode"], "cell": record.cell,
-            "executed": record.executed, "cells": record.cells, "pid": record.pid,
-            "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.created)),
-            "delivered": record.delivered, "error": error.get("code")}
-
-
 def cancel_command(args: argparse.Namespace) -> int:
     """``nbbudget cancel ID``: stop a run, and say how it ended."""
     runs = _open("cancel")
@@ -535,16 +517,6 @@ def cancel_command(args: argparse.Namespace) -> int:
         print(f"nbbudget cancel: no run {args.id!r} in the store at {runs.store.folder}; "
               f"nbbudget jobs lists the runs", file=sys.stderr)
         return 2
-    record = runs.check(record)
-    if record.state.final:
-        print(f"run {record.id} has already ended: {record.state}")
-        return 0
-    runs.request_cancel(record.id)
-    record = _await_end(runs, record)
-    if not record.state.final:
-        print(f"run {record.id} was asked to stop and has not stopped yet ({record.state}); "
-              f"nbbudget jobs shows when it does")
-        return 1
-    print(f"run {record.id} {record.state} at cell {record.cell}; the notebook as far as it "
-          f"got is in {record.output}")
-    return 0
+    cancel = cancel_run(runs, record)
+    print(cancel.message)
+    return 1 if cancel.outcome == "requested" else 0

@@ -1,6 +1,6 @@
 """The runner of ``nbbudget run``: a process of its own (``python -m nbbudget.cli.runner RUN_ID``)
 that owns the kernel, executes the notebook cell by cell with nbclient, saves it after every
-cell, and reports to the run's row in the store (`nbbudget.cli.run_store`).
+cell, and reports to the run's row in the store (`nbbudget.calls.run_store`).
 
 The executed notebook is what papermill would write, made with papermill's own functions: the
 parameters injected after the cell tagged ``parameters`` (at the top, with a warning, when no
@@ -39,11 +39,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..calls.history import record_notebook
 from ..calls.jobs import JobState
+from ..calls.run_store import RunRecord, Runs
 from ..calls.store import store
 from ..core.endings import ENDINGS
 from ..core.files import atomic_write
 from ..core.outcome import Status
-from .run_store import RunRecord, Runs
 
 if TYPE_CHECKING:
     from jupyter_client.manager import AsyncKernelManager

@@ -24,6 +24,7 @@ from ..calls import call as _call
 from ..calls import history as _history
 from ..calls import interactive as _interactive
 from ..calls import store as _store
+from ..calls.background import cancel_job
 from ..calls.jobs import Job
 from ..calls.response import EXIT_INCOMPLETE, Response
 from ..calls.runner import jobs
@@ -542,24 +543,10 @@ def _shell_words(magic: str, line: str) -> list[str]:
                          f"as a shell does, e.g. --key 'my work' or --key \"my work\"") from None
 
 
-#: how long ``%budget cancel`` waits to see whether the job stops at a budget check
-_CANCEL_WAIT_S = 0.5
-
-
 def _cancel(job: Job) -> str:
-    """Cancel *job* and say what that did, in one line: the job had already ended, or it
-    stopped at a budget check, or it ended anyway, or it has not reached a check yet."""
-    if job.done():
-        return f"job {job.id} had already ended ({job.state}); there was nothing to cancel"
-    status = job.cancel("cancelled with %budget cancel", wait=_CANCEL_WAIT_S)
-    if status == "stopped":
-        return f"job {job.id} stopped at a budget check"
-    if status == "not honoured":
-        kept = "error" if job.state.value == "failed" else "result"
-        return (f"job {job.id} ended ({job.state}) before it reached a budget check: the cancel "
-                f"was not honoured, and its {kept} is kept (nb.jobs[{job.id!r}])")
-    return (f"cancel requested for job {job.id}; it has not reached a budget check yet: it will "
-            f"stop at its next one, or finish anyway (see %budget jobs)")
+    """Cancel *job* and say what that did, in one line (`nbbudget.calls.background.cancel_job`:
+    the server extension's cancel says the same)."""
+    return cancel_job(job, "cancelled with %budget cancel").message
 
 
 _CANCEL_NOTES = {"stopped": " (stopped at a budget check)",

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..calls.jobs import JobState
-from ..calls.store import SQLiteStore
+from .jobs import JobState
+from .store import SQLiteStore
 
 __all__ = ["Claim", "RunRecord", "Runs", "runner_alive"]
 
