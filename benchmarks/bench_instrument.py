@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -208,7 +209,8 @@ def _callgrind(url: str, api: str, mode: str, n: int) -> int:
     done = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
          __file__, "--child", url, api, mode, str(n)],
-        capture_output=True, text=True, check=True)
+        capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONHASHSEED": "0"})  # the same dicts and sets in every process
     found = re.search(r"Collected : (\d+)", done.stderr)
     assert found is not None, done.stderr
     return int(found.group(1))

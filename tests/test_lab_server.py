@@ -93,9 +93,12 @@ class Server:
     def request(self, *parts: str, method: str = "GET", **kwargs: Any) -> Answer:
         if method == "POST":
             kwargs.setdefault("body", b"")
+        async def fetch() -> Any:  # made on the running loop: an earlier test's asyncio.run
+            return await self.fetch(*parts, method=method, request_timeout=60,  # left none set
+                                    **kwargs)
+
         try:
-            response = self.loop.run_until_complete(
-                self.fetch(*parts, method=method, request_timeout=60, **kwargs))
+            response = self.loop.run_until_complete(fetch())
         except HTTPClientError as exc:
             response = exc.response
             assert response is not None, exc
