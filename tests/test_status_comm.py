@@ -255,3 +255,30 @@ def test_a_kernel_without_nbbudget_refuses_the_comm(kernel):  # noqa: F811
     comm_id, _ = _open(kernel)  # loaded again: answered again
     assert _first(heard, comm_id)["running"] is False
     _close(kernel, comm_id)
+
+
+# -- what a message says, on a fake clock ----------------------------------------------------------
+def test_a_message_says_the_time_left_and_the_most_used_other_axis():
+    import nbbudget as nb
+    from nbbudget.jupyter.status import message
+    from nbbudget.testing import FakeClock
+
+    assert message(None, 2) == {"running": False, "name": None, "time_left_s": None,
+                                "axis": None, "fraction": None, "label": "", "jobs": 2}
+    clock = FakeClock()
+    with nb.budget(time="20s", steps=100, tool_calls=10, clock=clock, name="cell: etl") as run:
+        for _ in range(64):
+            run.step()
+        clock.advance("8s")
+        said = message(run.snapshot(), 0)
+        assert said == {"running": True, "name": "cell: etl", "time_left_s": 12.0,
+                        "axis": "steps", "fraction": 0.64, "label": "12 s left, steps 64%",
+                        "jobs": 0}
+    assert message(run.snapshot(), 0)["running"] is False  # its run has ended
+    with nb.budget(time="10s", clock=clock, name="cell: wait") as run:
+        clock.advance(2500)
+        said = message(run.snapshot(), 1)  # the time grant alone: it is the axis too
+        assert (said["time_left_s"], said["axis"], said["fraction"], said["label"]) == (
+            7.5, "time", 0.25, "7.5 s left, time 25%")
+    with nb.budget(clock=clock, name="cell: free") as run:
+        assert message(run.snapshot(), 0)["label"] == "running"  # no limits: nothing to count

@@ -204,7 +204,11 @@ class Status:
         with comms_sent_as(self.shell, self._parent):
             while not stop.is_set():
                 self._wake.clear()  # a wake-up from now on is seen at the next wait
-                said = self._now()
+                try:
+                    said = self._now()
+                except Exception:  # noqa: BLE001  (never break the kernel: try again later)
+                    stop.wait(1.0)
+                    continue
                 with self._lock:
                     if stop.is_set():
                         return
