@@ -8,7 +8,10 @@ refuses it (the front end shows nothing).
 from __future__ import annotations
 
 import itertools
+import json
+import os
 import queue
+import sys
 import textwrap
 import time
 import uuid
@@ -239,7 +242,40 @@ def test_an_interval_is_asked_at_open_and_a_bad_one_is_refused(kernel):  # noqa:
     _close(kernel, comm_id)
 
 
-def test_a_kernel_without_nbbudget_refuses_the_comm(kernel):  # noqa: F811
+@pytest.fixture
+def plain_kernel(tmp_path):
+    """A kernel of this Python in which nbbudget was never loaded."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
+    spec = tmp_path / "kernels" / "plain"
+    spec.mkdir(parents=True)
+    spec.joinpath("kernel.json").write_text(json.dumps({
+        "argv": [os.environ.get("NBBUDGET_KERNEL_PYTHON", sys.executable), "-m",
+                 "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "plain kernel", "language": "python"}))
+    km = KernelManager(kernel_name="plain", kernel_spec_manager=KernelSpecManager(
+        kernel_dirs=[str(tmp_path / "kernels")]))
+    km.start_kernel(env={**os.environ, "NBBUDGET_HOME": str(tmp_path / "store")})
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+        yield kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def test_a_kernel_that_never_loaded_nbbudget_closes_the_comm_unanswered(plain_kernel):
+    heard = Heard(plain_kernel)
+    comm_id, _ = _open(plain_kernel)
+    heard.until(lambda m: heard.closes(comm_id) != [], 30)  # the front end shows nothing
+    heard.quiet_for(1.0)
+    assert heard.said(comm_id) == []
+
+
+def test_a_kernel_that_unloads_nbbudget_closes_and_refuses_the_comm(kernel):  # noqa: F811
     heard = Heard(kernel)
     open_before, _ = _open(kernel)
     _first(heard, open_before)
