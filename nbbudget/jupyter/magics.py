@@ -50,6 +50,7 @@ from .cells import (
 )
 from .clicks import Clicks
 from .panel import Panel, summary
+from .status import Status
 
 __all__ = ["BudgetMagics", "NBBudget", "load", "unload"]
 
@@ -76,6 +77,11 @@ class NBBudget(Configurable):
                              "stands in where widgets cannot render).").tag(config=True)
     update_interval_ms = Int(
         100, help="How often the panel redraws, in ms; at least 100 (ten times a second)."
+    ).tag(config=True)
+    status_interval_ms = Int(
+        500, help="How often, at most, the status comm (nbbudget.status) tells a front end "
+                  "such as JupyterLab's status bar how the running %%budget cell stands, in "
+                  "ms, from 100 to 60000, when the front end asks for no interval of its own."
     ).tag(config=True)
     approach_notice = List(
         [0.8, 0.95], allow_none=True,
@@ -216,6 +222,7 @@ class BudgetMagics(Magics):
         self.last_panel: Panel | None = None  # the panel of the last cell, if it had one
         self.last_run: Budget | None = None  # the run of the last cell
         self.clicks = Clicks(shell)  # where the clicks on the panels are handled
+        self.status = Status(shell, lambda: config.status_interval_ms, self.clicks.route)
         self._lines: dict[tuple[Any, ...], _Line] = {}  # cell lines read, by line and settings
 
     @magic_arguments("%budget")  # IPython adds a % for a cell magic: shown as %%budget
@@ -270,6 +277,7 @@ class BudgetMagics(Magics):
                 return self._call(compiled, line, cell, args, limits, panel, ceilings)
             return self._run_here(compiled, cell, args, limits, panel, notices)
         finally:
+            self.status.cell_ended()
             if panel is not None:
                 panel.end_cell()  # however the cell ended (a second call does nothing)
 
@@ -317,6 +325,7 @@ class BudgetMagics(Magics):
         if outer is None:
             _history.mark(run, "cell")
         self.last_run = run
+        self.status.watch(run)
         if panel is not None:
             panel.attach(run)
         try:
@@ -340,6 +349,7 @@ class BudgetMagics(Magics):
             assert run is not None and call is not None  # nb.call runs the work in its run
             _history.mark(run, "cell")
             self.last_run = run
+            self.status.watch(run)
             if panel is not None:
                 panel.attach(run, call)
             with keep_output(call.job.output):  # N-2: a driver that drops late output loses
@@ -695,6 +705,8 @@ def load(shell: Any) -> None:
     ended = _EndedJobs()
     ended.told.update(job.id for job in jobs if job.done())
     shell.events.register("pre_run_cell", ended)
+    shell.events.register("post_run_cell", magics.status.wake)  # a job may have come or gone
+    magics.status.register()  # the comm a status bar opens (nbbudget.status)
     streams.install()  # a job keeps a copy of what its work prints (N-2)
     _LOADED[id(shell)] = (config, magics, ended)
 
@@ -705,6 +717,8 @@ def unload(shell: Any) -> None:
     if loaded is None:
         return
     config, magics, ended = loaded
+    magics.status.unregister()
+    shell.events.unregister("post_run_cell", magics.status.wake)
     shell.events.unregister("pre_run_cell", ended)
     streams.uninstall()
     for kind, method in (("line", magics.budget), ("cell", magics.budget_cell)):
