@@ -699,6 +699,9 @@ def test_the_identical_call_in_the_same_process_on_an_emptied_store_fails_and_ru
 def shell():
     config = Config()
     config.HistoryManager.enabled = False  # no history thread: every test ends with no thread
+    # nor nbbudget's history of runs: the store is damaged under it here, and its writer would
+    # wait on the damaged file up to the store's busy timeout (10 s) before it drops the run
+    config.NBBudget.history = False
     ip = InteractiveShell.instance(config=config)
     ip.run_line_magic("load_ext", "nbbudget")
     ip.run_cell("import nbbudget as nb")
