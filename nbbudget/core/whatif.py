@@ -555,6 +555,7 @@ class _Plot:
     def __init__(self, model: WhatIf) -> None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
+        from matplotlib.patches import Rectangle
 
         self.model = model
         # fixed margins: a layout engine would lay the figure out again at each drawing
@@ -589,7 +590,11 @@ class _Plot:
                        linewidth=1, label=f"recorded end ({model._recorded_how()})")
         self.cut = ax.axvline(0.0, color="red", linestyle="--", linewidth=1, visible=False)
         (self.mark,) = ax.plot([], [], "x", color="red", markersize=9, zorder=3)
-        self.lost = ax.axvspan(end, end, color="grey", alpha=0.15, visible=False)
+        # the time after the cut: a rectangle the full height of the axes (axvspan gives a
+        # Polygon before matplotlib 3.9, which cannot be moved with set_x)
+        self.lost = Rectangle((end, 0.0), 0.0, 1.0, transform=ax.get_xaxis_transform(),
+                              color="grey", alpha=0.15, visible=False)
+        ax.add_patch(self.lost)
         ax.set_xlim(0.0, end * 1.02)
         ax.set_xlabel("t (ms)")
         ax.set_ylabel("used / would-be limit")
