@@ -474,22 +474,17 @@ def _what_if_copy(root: Path) -> str:
 
 
 def test_the_what_if_explorer_follows_a_slider_moved_in_the_browser(
-        tmp_path_factory: pytest.TempPathFactory) -> None:
+        tmp_path_factory: pytest.TempPathFactory, notebook: Notebook) -> None:
     """what-if.ipynb run in JupyterLab; the explorer's step slider moved to its least value
     with the keyboard: the verdict under it changes to a refusal by steps, the one the kernel's
-    explorer gives."""
-    _check_requirements()
-    from playwright.sync_api import sync_playwright
-
+    explorer gives. In a page of the quickstart's browser: one sync Playwright a thread."""
     lab = Lab(tmp_path_factory.mktemp("what-if"))
-    playwright = browser = nb = None
+    page = nb = None
     try:
         lab.start()
         name = _what_if_copy(lab.root)
-        playwright = sync_playwright().start()
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                             args=CHROMIUM_ARGS)
-        nb = Notebook(browser.new_page(viewport={"width": 1280, "height": 1200}))
+        page = notebook.page.context.browser.new_page(viewport={"width": 1280, "height": 1200})
+        nb = Notebook(page)
         nb.open(f"{lab.url}/lab/tree/{name}", name)
         probe = len(nb.cells) - 1
         for index, cell in enumerate(nb.cells[:probe]):
@@ -520,9 +515,7 @@ def test_the_what_if_explorer_follows_a_slider_moved_in_the_browser(
         print(f"\nJupyterLab's log ({lab.log}):\n{lab.log_tail()}")
         raise
     finally:
-        if browser is not None:
-            browser.close()
-        if playwright is not None:
-            playwright.stop()
+        if page is not None:
+            page.close()
         forced = lab.stop()
     assert not forced, f"JupyterLab left kernel processes running (killed): {forced}"
