@@ -185,8 +185,8 @@ def degrade_past(run: Run, fraction: float, source: str, to: str) -> None:
 def clamp(run: Run, asked: Any, target: str) -> int | None:
     """S2-9, S3-6: a reply may not ask for more output than the grant has left; with none
     left the request is refused before dispatch, as any refusal (S4-8). A provider clamps
-    ``max_output_tokens`` with it; so do the pydantic-ai adapter, before each model request, and
-    an instrumented model client (``nbbudget.integrations.models``), before each attempt."""
+    ``max_output_tokens`` with it; so does the pydantic-ai adapter, before each model request
+    (the model clients and the other adapters clamp through `reserve_request`)."""
     left = run.remaining("output_tokens")
     if left < 1:  # refused and traced (a stopped run raises its stop)
         run.lowlevel.require(_OUTPUT_TOKENS, 1, target)
