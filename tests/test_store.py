@@ -24,6 +24,7 @@ from stores import execute, rows
 from traitlets.config import Config
 
 import nbbudget as nb
+from nbbudget.calls import history
 from nbbudget.calls import store as store_module
 from nbbudget.calls.call import _identity
 from nbbudget.calls.store import CHECKPOINT_FORMAT, SQLiteStore, home
@@ -696,14 +697,17 @@ def test_the_identical_call_in_the_same_process_on_an_emptied_store_fails_and_ru
 
 
 @pytest.fixture
-def shell():
+def shell(monkeypatch):
     config = Config()
     config.HistoryManager.enabled = False  # no history thread: every test ends with no thread
-    # nor nbbudget's history of runs: the store is damaged under it here, and its writer would
-    # wait on the damaged file up to the store's busy timeout (10 s) before it drops the run
-    config.NBBudget.history = False
     ip = InteractiveShell.instance(config=config)
+    # nor nbbudget's history of runs: the store is damaged under it here, and its writer would
+    # wait on the damaged file up to the store's busy timeout (10 s) before it drops the run.
+    # Said by the environment, which the extension reads as it loads: the shell is IPython's
+    # singleton, so a config given here is ignored when another module made it first
+    monkeypatch.setenv("NBBUDGET_HISTORY", "0")
     ip.run_line_magic("load_ext", "nbbudget")
+    assert not history.keeping()
     ip.run_cell("import nbbudget as nb")
     yield ip
     ip.run_line_magic("unload_ext", "nbbudget")
