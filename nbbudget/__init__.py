@@ -74,6 +74,12 @@ def unload_ipython_extension(shell: object) -> None:
     unload(shell)
 
 
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Where the JupyterLab extension lies in the package (``jupyter labextension develop``
+    links it from there; the wheel installs it under ``share/jupyter/labextensions``)."""
+    return [{"src": "labextension", "dest": "nbbudget"}]
+
+
 # Errors show where users import them from: ``nbbudget.ConfigError`` in a traceback, not the
 # private module that defines it. (Not the other classes: their type hints are resolved in the
 # module that defines them.)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The quickstart in JupyterLab in a real browser (tests/browser): set up .venv with the browser
-# extra, install Debian's Chromium if /usr/bin/chromium is missing (Playwright's own browsers are
-# never downloaded), then run the browser tests; here a missing piece fails instead of skipping.
+# The quickstart and nbbudget's JupyterLab extension in a real browser (tests/browser): set up
+# .venv with the browser extra and the extension, install Debian's Chromium if /usr/bin/chromium
+# is missing (Playwright's own browsers are never downloaded), then run the browser tests; here
+# a missing piece fails instead of skipping.
 # Extra arguments go to pytest. Screenshots: tests/browser/artifacts/ (or
 # $NBBUDGET_BROWSER_ARTIFACTS).
 set -euo pipefail
@@ -9,6 +10,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/setup.sh browser
+bash scripts/labextension.sh  # the JupyterLab extension under test, built from src/
 
 if [ ! -x /usr/bin/chromium ]; then
     sudo=""

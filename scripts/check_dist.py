@@ -5,17 +5,20 @@
 - the sdist holds every file of the package, README.md, LICENSE and pyproject.toml, and no
   tests (they read the repository's docs and notebooks, which it does not carry);
 - the wheel holds every file of the package (``py.typed`` and the rules' Markdown files,
-  ``nbbudget/rules/*.md``, included) and the ``nbbudget`` command;
+  ``nbbudget/rules/*.md``, included), the ``nbbudget`` command and the JupyterLab extension,
+  built (``share/jupyter/labextensions/nbbudget``: its metadata, settings schema and entry);
+  the sdist holds the extension built and the sources to build it again;
 - the wheel installs in a fresh virtual environment (without its dependencies: the core is the
   standard library), where ``import nbbudget`` gives the built version, ``nbbudget explain``
   lists every rule of the repository's Markdown files and ``nbbudget explain S0-1`` prints the
-  first.
+  first, and the extension's entry lies where JupyterLab looks for it.
 
 One line per check on stdout; the first failure is one line on stderr, and the exit status 1.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -52,11 +55,23 @@ def only(folder: Path, pattern: str) -> Path:
     return found[0]
 
 
+#: the JupyterLab extension as npm and jupyter-builder build it (package.json "outputDir"),
+#: which the wheel installs under share/jupyter/labextensions/nbbudget, not in the package
+LABEXTENSION = "nbbudget/labextension"
+#: where the wheel puts it, and the files without which JupyterLab would not load it
+SHARED = "share/jupyter/labextensions/nbbudget"
+EXTENSION_FILES = {"package.json", "schemas/nbbudget/plugin.json"}
+#: what rebuilds the extension from an sdist
+EXTENSION_SOURCES = {"package.json", "package-lock.json", "tsconfig.json", "install.json",
+                     "src/index.ts", "schema/plugin.json", "style/index.js"}
+
+
 def package_files() -> set[str]:
-    """The package's files in the repository: ``nbbudget/...``."""
+    """The package's files in the repository: ``nbbudget/...``, the built extension aside."""
     root = REPO / "nbbudget"
     return {path.relative_to(REPO).as_posix() for path in root.rglob("*")
-            if path.is_file() and "__pycache__" not in path.parts}
+            if path.is_file() and "__pycache__" not in path.parts
+            and not path.relative_to(REPO).as_posix().startswith(LABEXTENSION + "/")}
 
 
 def require(archive: Path, names: set[str], wanted: set[str], fix: str) -> None:
@@ -65,16 +80,28 @@ def require(archive: Path, names: set[str], wanted: set[str], fix: str) -> None:
         raise Refused(f"{archive.name} lacks {', '.join(missing)}; {fix}")
 
 
+def check_extension(archive: Path, names: set[str], prefix: str, fix: str) -> None:
+    """The built extension under *prefix* in *names*: its metadata, its settings schema and
+    an entry point (a build that failed half way has none)."""
+    require(archive, names, {f"{prefix}/{name}" for name in EXTENSION_FILES}, fix)
+    if not any(name.startswith(f"{prefix}/static/remoteEntry.") for name in names):
+        raise Refused(f"{archive.name} lacks {prefix}/static/remoteEntry.*.js; {fix}")
+
+
 def check_sdist(sdist: Path) -> None:
     top = sdist.name.removesuffix(".tar.gz")
     with tarfile.open(sdist) as tar:
         names = {name.removeprefix(f"{top}/") for name in tar.getnames()}
-    wanted = package_files() | {"README.md", "LICENSE", "pyproject.toml"}
-    require(sdist, names, wanted, "check MANIFEST.in and [tool.setuptools] in pyproject.toml")
+    wanted = package_files() | {"README.md", "LICENSE", "pyproject.toml"} | EXTENSION_SOURCES
+    require(sdist, names, wanted, "check [tool.hatch.build.targets.sdist] in pyproject.toml")
+    check_extension(sdist, names, LABEXTENSION,
+                    "check artifacts in [tool.hatch.build.targets.sdist] of pyproject.toml")
     tests = sorted(name for name in names if name.startswith("tests/"))
     if tests:
-        raise Refused(f"{sdist.name} holds {tests[0]}; MANIFEST.in prunes tests/")
-    print(f"sdist {sdist.name}: the package, README.md, LICENSE and pyproject.toml")
+        raise Refused(f"{sdist.name} holds {tests[0]}; [tool.hatch.build.targets.sdist] "
+                      f"excludes tests/")
+    print(f"sdist {sdist.name}: the package, the JupyterLab extension built and its sources, "
+          f"README.md, LICENSE and pyproject.toml")
 
 
 def check_wheel(wheel: Path) -> None:
@@ -82,11 +109,18 @@ def check_wheel(wheel: Path) -> None:
         names = set(archive.namelist())
         entry_points = next((n for n in names if n.endswith(".dist-info/entry_points.txt")), None)
         commands = archive.read(entry_points).decode() if entry_points else ""
-    require(wheel, names, package_files(), "check [tool.setuptools] in pyproject.toml")
+    require(wheel, names, package_files(), "check [tool.hatch.build] in pyproject.toml")
+    version = wheel.name.split("-")[1]
+    shared = f"nbbudget-{version}.data/data/{SHARED}"
+    check_extension(wheel, names, shared,
+                    "check [tool.hatch.build.targets.wheel.shared-data] in pyproject.toml")
+    require(wheel, names, {f"{shared}/install.json"},
+            "check [tool.hatch.build.targets.wheel.shared-data] in pyproject.toml")
     if "nbbudget = nbbudget.cli.main:main" not in commands:
         raise Refused(f"{wheel.name} does not declare the nbbudget command; "
                       f"check [project.scripts] in pyproject.toml")
-    print(f"wheel {wheel.name}: every module, py.typed and the nbbudget command")
+    print(f"wheel {wheel.name}: every module, py.typed, the nbbudget command and the "
+          f"JupyterLab extension")
 
 
 def check_install(wheel: Path) -> None:
@@ -106,14 +140,22 @@ def check_install(wheel: Path) -> None:
         headings = sum(path.read_text(encoding="utf-8").count("\n## ") for path in rules)
         if len(listed) != headings:
             raise Refused(f"nbbudget explain lists {len(listed)} rules, where nbbudget/rules/ "
-                          f"has {headings}; check [tool.setuptools.package-data] in "
+                          f"has {headings}; check [tool.hatch.build] in "
                           f"pyproject.toml")
         rule = run([str(venv / "bin/nbbudget"), "explain", "S0-1"], tmp)
         if not rule.startswith("S0-1: "):
             raise Refused(f"nbbudget explain S0-1 printed {rule[:80]!r}; check "
-                          f"[tool.setuptools.package-data] in pyproject.toml")
+                          f"[tool.hatch.build] in pyproject.toml")
+        # where JupyterLab looks for a prebuilt extension: {sys.prefix}/share/jupyter/...
+        installed = venv / SHARED
+        meta = json.loads((installed / "package.json").read_text(encoding="utf-8"))
+        entry = installed / meta["jupyterlab"]["_build"]["load"]
+        if not entry.is_file():
+            raise Refused(f"the JupyterLab extension's entry {entry.name} is not installed "
+                          f"beside its package.json; rebuild it (npm run build:prod)")
     print(f"wheel installed in a fresh virtual environment: import nbbudget {version}, "
-          f"nbbudget explain lists the {headings} rules and explains S0-1")
+          f"nbbudget explain lists the {headings} rules and explains S0-1, the JupyterLab "
+          f"extension is in share/jupyter/labextensions")
 
 
 def run(command: list[str], cwd: str) -> str:

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Set up .venv with the lab extra, then open JupyterLab on notebooks/quickstart.ipynb. Its
+# Set up .venv with the lab extra and nbbudget's JupyterLab extension (the status-bar item and
+# the Budgets panel; scripts/labextension.sh), then open JupyterLab on
+# notebooks/quickstart.ipynb. Its
 # kernels load the nbbudget extension at start (the python3 kernel of scripts/jupyter, found
 # first through JUPYTER_PATH for this server only; nothing is written to your home), quietly:
 # a notebook's own `%load_ext nbbudget` then says nothing.
@@ -19,6 +21,9 @@ export JUPYTER_PATH="$PWD/scripts/jupyter${JUPYTER_PATH:+:$JUPYTER_PATH}"
 if [ "${1:-}" = "--headless" ]; then
     shift
     exec .venv/bin/python scripts/run_quickstart.py "$@"
+fi
+if ! bash scripts/labextension.sh; then
+    echo "[lab] JupyterLab opens without nbbudget's status-bar item and Budgets panel" >&2
 fi
 extra=()
 if [ "$(id -u)" -eq 0 ]; then

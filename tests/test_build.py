@@ -169,13 +169,16 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The sdist and the wheel, built from a copy of the repository's package files."""
     pytest.importorskip("build")
     source = tmp_path_factory.mktemp("source")
-    for name in ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in"):
+    for name in ("pyproject.toml", "README.md", "LICENSE", "package.json", "package-lock.json",
+                 "tsconfig.json", "install.json"):
         shutil.copy(REPO / name, source / name)
+    # the package with the extension as setup built it (the build then skips npm), and what
+    # builds it again
     shutil.copytree(REPO / "nbbudget", source / "nbbudget",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(REPO / "tests", source / "tests",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(REPO / "jupyter-config", source / "jupyter-config")
+    for folder in ("tests", "jupyter-config", "src", "schema", "style"):
+        shutil.copytree(REPO / folder, source / folder,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("dist")
     built = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(source)],
                            capture_output=True, text=True, timeout=600, check=False)
@@ -195,11 +198,13 @@ def test_the_built_sdist_and_wheel_pass_the_checks(dist: Path) -> None:
     assert (result.returncode, result.stderr) == (0, "")
     version = nb.__version__
     assert result.stdout.splitlines() == [
-        f"sdist nbbudget-{version}.tar.gz: the package, README.md, LICENSE and pyproject.toml",
-        f"wheel nbbudget-{version}-py3-none-any.whl: every module, py.typed and the nbbudget "
-        f"command",
+        f"sdist nbbudget-{version}.tar.gz: the package, the JupyterLab extension built and its "
+        f"sources, README.md, LICENSE and pyproject.toml",
+        f"wheel nbbudget-{version}-py3-none-any.whl: every module, py.typed, the nbbudget "
+        f"command and the JupyterLab extension",
         f"wheel installed in a fresh virtual environment: import nbbudget {version}, "
-        f"nbbudget explain lists the 46 rules and explains S0-1",
+        f"nbbudget explain lists the 46 rules and explains S0-1, the JupyterLab extension is "
+        f"in share/jupyter/labextensions",
     ]
     with zipfile.ZipFile(next(dist.glob("*.whl"))) as wheel:
         shipped = sorted(n for n in wheel.namelist() if n.startswith("nbbudget/rules/"))
@@ -227,4 +232,4 @@ def test_a_wheel_without_a_module_or_a_rules_file_is_refused_naming_it(
     result = check_dist(tmp_path)
     assert result.returncode == 1
     assert result.stderr == (f"check_dist.py: {wheel.name} lacks {left_out}; "
-                             f"check [tool.setuptools] in pyproject.toml\n")
+                             f"check [tool.hatch.build] in pyproject.toml\n")

@@ -223,10 +223,10 @@ def unmoving(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 # -- listing ----------------------------------------------------------------------------------
 def test_the_list_has_a_kernels_detached_job_and_a_background_notebook_run(
-        server, home, tmp_path, runners):
+        server, home, jp_root_dir, runners):
     kernel_id = server.start_kernel()
     job_id = detached_job(server, kernel_id)
-    run_id = background_run(server, home, tmp_path)
+    run_id = background_run(server, home, jp_root_dir)  # in the server's root: it can open it
     kernel_pid = server.app.kernel_manager.get_kernel(kernel_id).provisioner.pid
 
     listed = server.get("jobs")
@@ -241,8 +241,10 @@ def test_the_list_has_a_kernels_detached_job_and_a_background_notebook_run(
         "kind": "job", "state": "running", "name": "train", "pid": kernel_pid,
         "kernel": kernel_id, "error": None, "output": None, "cancellable": True, "ended": None}
     assert run["kind"] == "run" and run["state"] == "running" and run["kernel"] is None
-    assert run["name"] == str(tmp_path / "slow.ipynb")
-    assert run["output"] == str(tmp_path / "slow.out.ipynb")
+    assert run["name"] == str(jp_root_dir / "slow.ipynb")
+    assert run["output"] == str(jp_root_dir / "slow.out.ipynb")
+    assert run["output_path"] == "slow.out.ipynb"  # as the contents API names it
+    assert job["output_path"] is None
     assert run["mode"] == "detach" and run["cells"] == 2 and run["cancellable"] is True
     assert isinstance(run["pid"], int) and runner_alive(run["pid"])
     for row in (job, run):
@@ -331,6 +333,7 @@ def test_a_cancel_of_a_notebook_run_stops_its_running_cell_and_says_where(
                    f"{output}"}
     row = server.get("jobs", run_id).body
     assert (row["state"], row["cancellable"], row["heartbeat"]) == ("cancelled", False, None)
+    assert row["output_path"] is None  # saved outside the server's root: it cannot be opened
     server.wait_for(lambda: not runner_alive(row["pid"]))  # the runner has ended
 
     again = server.cancel(run_id)

@@ -14,11 +14,14 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from conftest import pyproject
 
 import nbbudget as nb
+
+REPO = Path(__file__).resolve().parent.parent
 
 HEAVY = ("IPython", "ipywidgets", "pandas", "traitlets", "numpy", "dask", "distributed",
          "genai_prices", "httpx", "httpx2", "openai", "anthropic", "langchain_core", "langgraph",
@@ -132,9 +135,10 @@ def test_py_typed_ships_with_the_package() -> None:
     assert importlib.resources.files("nbbudget").joinpath("py.typed").is_file()
 
 
-def test_py_typed_is_declared_as_package_data() -> None:
+def test_the_wheel_takes_the_whole_package_folder_with_py_typed() -> None:
     config = pyproject()
-    assert "py.typed" in config["tool"]["setuptools"]["package-data"]["nbbudget"]
+    assert config["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == ["nbbudget"]
+    assert (REPO / "nbbudget" / "py.typed").is_file()
 
 
 # -- how errors show -------------------------------------------------------------------------------

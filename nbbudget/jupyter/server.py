@@ -130,8 +130,13 @@ class _Handler(APIHandler):
                 found[pid] = kernel_id
         return found
 
-    def _with_kernel(self, row: dict[str, Any], kernels: dict[int, str]) -> dict[str, Any]:
-        return {**row, "kernel": kernels.get(row["pid"]) if row["kind"] == "job" else None}
+    def _shown(self, row: dict[str, Any], kernels: dict[int, str]) -> dict[str, Any]:
+        """*row* as the panel reads it: with the id of this server's kernel that runs a job,
+        and a run's saved notebook as a path under the server's root (what JupyterLab opens),
+        null when it is saved outside the root."""
+        return {**row, "kernel": kernels.get(row["pid"]) if row["kind"] == "job" else None,
+                "output_path": _under_root(row.get("output"),
+                                           self.settings.get("server_root_dir"))}
 
     def _checked_id(self, item_id: str) -> bool:
         why = _background.check_id(item_id)
@@ -162,7 +167,7 @@ class _JobsHandler(_Handler):
             self._store_refused(exc)
             return
         kernels = self._kernels()
-        shown = [self._with_kernel(row, kernels) for row in rows]
+        shown = [self._shown(row, kernels) for row in rows]
         if kernel is not None:
             shown = [row for row in shown if row["kernel"] == kernel]
         self._answer(200, shown)
@@ -185,7 +190,7 @@ class _JobHandler(_Handler):
         if row is None:
             self._unknown(item_id, db)
             return
-        self._answer(200, self._with_kernel(row, self._kernels()))
+        self._answer(200, self._shown(row, self._kernels()))
 
 
 class _CancelHandler(_Handler):
@@ -245,6 +250,18 @@ class _CancelHandler(_Handler):
         else:
             self._refuse(502, f"the kernel of job {row['id']} could not cancel it: "
                               f"{answer['error']}", "kernel_error")
+
+
+def _under_root(path: str | None, root: str | None) -> str | None:
+    """*path* relative to the server's root folder *root*, with ``/`` between its parts (the
+    contents API's paths), or None when either is missing or *path* lies outside *root*."""
+    if not path or not root:
+        return None
+    try:
+        inside = Path(path).resolve().relative_to(Path(root).expanduser().resolve())
+    except ValueError:
+        return None
+    return inside.as_posix()
 
 
 def own_client(kernel: Any) -> Any:

@@ -159,8 +159,9 @@ class Lab:
     """JupyterLab in a process group of its own; its kernels are found by the runtime folder
     their connection files are in, so that every one of them is stopped at the end."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, token: str = "") -> None:
         self.tmp = tmp
+        self.token = token  # with one, the server's XSRF checks are on too
         self.root = tmp / "root"
         self.runtime = tmp / "runtime"
         self.log = tmp / "lab.log"
@@ -182,8 +183,9 @@ class Lab:
         command = [
             sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root",
             "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}",
-            "--ServerApp.port_retries=0", "--IdentityProvider.token=", "--ServerApp.password=",
-            "--ServerApp.disable_check_xsrf=True", f"--ServerApp.root_dir={self.root}",
+            "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}",
+            "--ServerApp.password=", f"--ServerApp.disable_check_xsrf={not self.token}",
+            f"--ServerApp.root_dir={self.root}",
             f"--LabApp.workspaces_dir={self.tmp / 'workspaces'}",
             f"--LabApp.user_settings_dir={self.tmp / 'settings'}",
             "--LabApp.expose_app_in_browser=True",
@@ -199,10 +201,15 @@ class Lab:
 
     def _answers(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.url}/api/status", timeout=2) as response:
+            with urllib.request.urlopen(self.request("api/status"), timeout=2) as response:
                 return bool(response.status == 200)
         except OSError:
             return False
+
+    def request(self, path: str, method: str = "GET", token: bool = True) -> Any:
+        """A request to the server's *path*, with its token unless *token* is false."""
+        headers = {"Authorization": f"token {self.token}"} if token and self.token else {}
+        return urllib.request.Request(f"{self.url}/{path}", method=method, headers=headers)
 
     def stop(self) -> list[int]:
         """Shut the server down (it shuts its kernels down), then kill what is left of it;
@@ -210,8 +217,7 @@ class Lab:
         if self.process is None:
             return []
         with contextlib.suppress(OSError):
-            request = urllib.request.Request(f"{self.url}/api/shutdown", method="POST")
-            urllib.request.urlopen(request, timeout=5).close()
+            urllib.request.urlopen(self.request("api/shutdown", method="POST"), timeout=5).close()
         try:
             self.process.wait(timeout=15)
         except subprocess.TimeoutExpired:

@@ -1,0 +1,300 @@
+"""nbbudget's JupyterLab extension in a real JupyterLab in Chromium, on a server with a token and
+its XSRF checks on, as a user's server runs: the status-bar item shows the running ``%%budget``
+cell's time left and most used limit and clears when the cell ends; the Budgets panel, opened
+by a click on that item, lists a detached job of the notebook's kernel and a notebook run that
+``nbbudget run`` left in the background; Cancel on each stops it and the panel says how it
+ended; Open output opens the run's saved notebook; the REST endpoint refuses a request without
+the server's token.
+
+Run with ``bash scripts/browser.sh``. Screenshots: ``lab-status.png``, ``lab-budgets.png`` and
+``lab-cancelled.png`` under ``tests/browser/artifacts/`` (or ``NBBUDGET_BROWSER_ARTIFACTS``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_lab import (
+    CELL_DONE,
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    RUN_CELL,
+    Lab,
+    Notebook,
+    _check_requirements,
+)
+
+pytestmark = pytest.mark.browser
+
+REPO = Path(__file__).resolve().parents[2]
+NOTEBOOK = "budgets.ipynb"
+STATUS_CELL = """\
+%%budget --time 60s --steps 200
+import time
+for tick in range(50):          # about five seconds
+    nb.current().step()
+    time.sleep(0.1)
+"""
+DETACH_CELL = """\
+%%budget --detach --budget 1s --steps 2000
+import time
+for tick in range(1200):        # about two minutes, unless cancelled
+    nb.current().step()
+    time.sleep(0.1)
+"""
+LABEL = re.compile(r"^\d+(\.\d+)? s left, steps \d+%$")
+
+# The status comm's messages the page receives, counted by the test (the extension's own comm:
+# its data carries "running" and "jobs"), with the time of each.
+COUNT_STATUS = """() => {
+    const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+    window.nbbStatus = [];
+    kernel.anyMessage.connect((_, args) => {
+        const data = args.msg.content && args.msg.content.data;
+        if (args.direction === 'recv' && args.msg.header.msg_type === 'comm_msg'
+                && data && 'running' in data && 'jobs' in data) {
+            window.nbbStatus.push([performance.now(), data.running]);
+        }
+    });
+}"""
+ITEM = """() => {
+    const node = document.querySelector('.nbb-StatusItem');
+    return node ? {text: node.textContent, shown: node.offsetParent !== null} : null;
+}"""
+CURRENT_PATH = "() => window.jupyterapp.shell.currentWidget?.context?.path ?? null"
+
+
+def _notebook(root: Path) -> None:
+    import nbformat
+
+    book = nbformat.v4.new_notebook()
+    book.cells = [nbformat.v4.new_code_cell(source)
+                  for source in ("import nbbudget as nb", STATUS_CELL, DETACH_CELL)]
+    book.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                   "language": "python"}
+    nbformat.write(book, root / NOTEBOOK)
+
+
+class Page(Notebook):
+    """The notebook open in JupyterLab, and the server it came from."""
+
+    lab: Lab
+
+    def item(self) -> dict[str, Any]:
+        found = self.page.evaluate(ITEM)
+        assert found is not None, "the status bar has no nbbudget item: is the extension on?"
+        return dict(found)
+
+    def rows(self) -> dict[str, dict[str, str]]:
+        """The Budgets panel's rows by id: their state and the buttons they offer."""
+        return {row["id"]: row for row in self.page.evaluate("""() => Array.from(
+            document.querySelectorAll('.nbb-Panel-row')).map(tr => ({
+                id: tr.dataset.id, kind: tr.dataset.kind, state: tr.dataset.state,
+                buttons: Array.from(tr.querySelectorAll('button')).map(b => b.textContent)}))""")}
+
+    def message(self) -> dict[str, str]:
+        return dict(self.page.evaluate("""() => {
+            const node = document.querySelector('.nbb-Panel-message');
+            return {text: node.textContent, outcome: node.dataset.outcome || '',
+                    kind: node.dataset.kind || ''};
+        }"""))
+
+    def jobs(self) -> list[dict[str, Any]]:
+        with urllib.request.urlopen(self.lab.request("nbbudget/jobs"), timeout=10) as answer:
+            return list(json.load(answer))
+
+    def shot(self, name: str) -> Path:
+        from test_lab import ARTIFACTS
+
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        path = ARTIFACTS / name
+        path.write_bytes(self.page.screenshot())
+        return path
+
+
+def _until(check: Any, seconds: float, what: str, seen: Any = None) -> Any:
+    """Wait until *check* gives something true, and give it; on time out, fail saying what
+    *seen* (a function) shows of the page then."""
+    deadline = time.monotonic() + seconds
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            shown = f"; the page showed {seen()!r}" if seen is not None else ""
+            raise AssertionError(f"{what} did not happen within {seconds:g} s{shown}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def lab_page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Page]:
+    """JupyterLab with a token, the test's notebook open in Chromium on its kernel (nbbudget
+    loaded at start). Stopped at the end, with every kernel and runner it started."""
+    _check_requirements()
+    from playwright.sync_api import sync_playwright
+
+    lab = Lab(tmp_path_factory.mktemp("lab-extension"), token=secrets.token_hex(16))
+    playwright = browser = page = None
+    try:
+        lab.start()
+        _notebook(lab.root)
+        playwright = sync_playwright().start()
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                             args=CHROMIUM_ARGS)
+        page = Page(browser.new_page(viewport={"width": 1400, "height": 900}))
+        page.lab = lab
+        page.open(f"{lab.url}/lab/tree/{NOTEBOOK}?token={lab.token}", NOTEBOOK)
+        page.run(0)
+        yield page
+    except BaseException:
+        if page is not None:
+            print(f"\nscreenshot: {page.shot('lab-extension.png')}")
+        print(f"\nJupyterLab's log ({lab.log}):\n{lab.log_tail()}")
+        raise
+    finally:
+        if browser is not None:
+            browser.close()
+        if playwright is not None:
+            playwright.stop()
+        forced = lab.stop()
+        _stop_runners(lab)
+    assert not forced, f"JupyterLab left kernel processes running (killed): {forced}"
+
+
+def _stop_runners(lab: Lab) -> None:
+    """Kill what is left of the runs the test started (their runner and its kernel)."""
+    for pid in lab.kernels():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _background_run(lab: Lab) -> str:
+    """A notebook run that ``nbbudget run`` left going on in the background, in the server's
+    root (so that the panel can open its output), once it runs its long cell: its id."""
+    import nbformat
+
+    book = nbformat.v4.new_notebook()
+    book.cells = [nbformat.v4.new_code_cell("import time"),
+                  nbformat.v4.new_code_cell("time.sleep(120)")]
+    book.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                   "language": "python"}
+    nbformat.write(book, lab.root / "slow.ipynb")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("AGENT_CALL_BUDGET_MS", "NBBUDGET_INTERACTIVE", "PYTEST_CURRENT_TEST")}
+    env.update(NBBUDGET_HOME=str(lab.tmp / "home"), JUPYTER_RUNTIME_DIR=str(lab.runtime),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-m", "nbbudget", "run", "slow.ipynb", "--budget",
+                           "1s", "--json"], env=env, cwd=lab.root, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 14, done.stdout + done.stderr  # left running in the background
+    return str(json.loads(done.stdout)["data"]["job"])
+
+
+def test_the_status_item_shows_the_running_cell_and_clears_when_it_ends(
+        lab_page: Page) -> None:
+    page = lab_page
+    assert page.item()["text"] == ""  # nothing runs: nothing shown
+    page.page.evaluate(COUNT_STATUS)
+    page.page.evaluate(RUN_CELL, 1)
+    shown = _until(lambda: (item := page.item())["shown"] and LABEL.match(item["text"])
+                   and item, 30, "the status item showing the running cell",
+                   lambda: (page.item(), page.page.evaluate("() => window.nbbStatus")))
+    print(f"\nthe status item while the cell runs: {shown['text']!r}")
+    time.sleep(1.5)  # a few of the kernel's messages
+    page.shot("lab-status.png")
+    later = page.item()["text"]
+    assert LABEL.match(later), later
+    page.page.wait_for_function(CELL_DONE, arg=1, timeout=30_000)
+    _until(lambda: page.item()["text"] == "" and not page.item()["shown"], 10,
+           "the status item clearing once the cell ended")
+
+    received = page.page.evaluate("() => window.nbbStatus")
+    running = [t for t, is_running in received if is_running]
+    assert len(running) >= 3, received
+    span_s = (running[-1] - running[0]) / 1000
+    rate = (len(running) - 1) / span_s
+    gaps = [b - a for a, b in itertools.pairwise(running)]
+    print(f"status messages while the cell ran: {len(running)} over {span_s:.1f} s "
+          f"({rate:.2f}/s), shortest gap {min(gaps):.0f} ms; after it: "
+          f"{len(received) - len(running)}")
+    # the kernel's 500 ms throttle (a gap seen here is shorter when the one before it was
+    # delivered late)
+    assert rate <= 2.5 and min(gaps) >= 200, (rate, gaps)
+    assert received[-1][1] is False  # the last word: nothing runs
+
+
+def test_the_panel_lists_a_detached_job_and_a_background_run(lab_page: Page) -> None:
+    page = lab_page
+    page.page.evaluate(RUN_CELL, 2)
+    page.page.wait_for_function(CELL_DONE, arg=2, timeout=30_000)
+    _until(lambda: page.item()["text"] == "1 background job", 10,
+           "the status item counting the kernel's background job")
+    run_id = _background_run(page.lab)
+    job_id = next(row["id"] for row in page.jobs() if row["kind"] == "job")
+
+    page.page.click(".nbb-StatusItem")  # the click opens the Budgets panel
+    page.page.wait_for_selector(".nbb-Panel", state="visible")
+    # listed at once; the run's runner says "running" once its kernel has started
+    rows = _until(lambda: (found := page.rows()) and {job_id, run_id} <= set(found)
+                  and found[run_id]["state"] == "running" and found, 60,
+                  "the panel listing the job and the run, running", page.rows)
+    assert (rows[job_id]["kind"], rows[job_id]["state"]) == ("job", "running")
+    assert (rows[run_id]["kind"], rows[run_id]["state"]) == ("run", "running")
+    assert rows[job_id]["buttons"] == ["Cancel"]
+    assert rows[run_id]["buttons"] == ["Cancel", "Open output"]
+    page.shot("lab-budgets.png")
+
+
+def test_cancel_on_the_panel_stops_each_and_says_how_it_ended(lab_page: Page) -> None:
+    page = lab_page
+    rows = page.rows()
+    job_id = next(i for i, row in rows.items() if row["kind"] == "job")
+    run_id = next(i for i, row in rows.items() if row["kind"] == "run")
+
+    page.page.click(f".nbb-Panel-row[data-id='{job_id}'] .nbb-Panel-cancel")
+    said = _until(lambda: (m := page.message())["outcome"] and m, 20, "the job's cancel answer")
+    assert said["outcome"] == "stopped", said
+    assert said["text"] == f"job {job_id} stopped at a budget check"
+    _until(lambda: page.rows()[job_id]["state"] == "cancelled", 10, "the job's row: cancelled")
+    assert page.rows()[job_id]["buttons"] == []  # nothing left to cancel
+    _until(lambda: page.item()["text"] == "", 10, "the status item's job count clearing")
+
+    page.page.click(f".nbb-Panel-row[data-id='{run_id}'] .nbb-Panel-cancel")
+    said = _until(lambda: (m := page.message())["text"].startswith(f"run {run_id}") and m, 30,
+                  "the run's cancel answer")
+    assert said["outcome"] == "stopped", said
+    assert said["text"].startswith(f"run {run_id} cancelled at cell 1"), said
+    _until(lambda: page.rows()[run_id]["state"] == "cancelled", 10, "the run's row: cancelled")
+    page.shot("lab-cancelled.png")
+
+    page.page.click(f".nbb-Panel-row[data-id='{run_id}'] .nbb-Panel-open")
+    _until(lambda: page.page.evaluate(CURRENT_PATH) == "slow.out.ipynb", 20,
+           "the run's saved notebook opening")
+
+
+def test_the_rest_endpoint_refuses_a_request_without_the_servers_token(
+        lab_page: Page) -> None:
+    lab = lab_page.lab
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(lab.request("nbbudget/jobs", token=False), timeout=10)
+    assert refused.value.code == 403
+    with pytest.raises(urllib.error.HTTPError) as refused:  # nor a cancel
+        urllib.request.urlopen(lab.request("nbbudget/jobs/run-00000000/cancel", method="POST",
+                                           token=False), timeout=10)
+    assert refused.value.code == 403
+    assert isinstance(lab_page.jobs(), list)  # with it, the same request is answered
