@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The JupyterLab extension (src/, style/, schema/) built and active in .venv's JupyterLab:
-# rebuilt with npm when a source is newer than the build (nbbudget/labextension), then linked
-# into .venv (jupyter-builder develop), so that JupyterLab loads what was built last.
+# rebuilt with npm when a source is newer than the build (nbbudget/labextension), then copied
+# where the wheel installs it (.venv/share/jupyter/labextensions/nbbudget), so that JupyterLab
+# loads what was built last. (A copy, not jupyter-builder develop's link: pip, reinstalling the
+# package, would write its own files through the link into the build.)
 # The editable install of scripts/setup.sh builds it once; this keeps it current after edits.
 # Needs Node.js 20.19+ and npm; without them it says so and exits 1.
 #
@@ -28,5 +30,9 @@ if [ "$stale" = 1 ]; then
     [ -d node_modules ] || npm ci --no-audit --no-fund
     npm run build
 fi
-jupyter-builder develop --overwrite . >/dev/null 2>&1
+target=".venv/share/jupyter/labextensions/nbbudget"
+rm -rf "$target"
+mkdir -p "$(dirname "$target")"
+cp -R nbbudget/labextension "$target"
+cp install.json "$target/install.json"
 echo "[labextension] active: $(jupyter labextension list 2>&1 | grep -m1 ' nbbudget ' | sed 's/\x1b\[[0-9;]*m//g' | xargs)" >&2

@@ -233,3 +233,19 @@ def test_a_wheel_without_a_module_or_a_rules_file_is_refused_naming_it(
     assert result.returncode == 1
     assert result.stderr == (f"check_dist.py: {wheel.name} lacks {left_out}; "
                              f"check [tool.hatch.build] in pyproject.toml\n")
+
+
+def test_the_jupyterlab_extension_is_the_packages_version_and_its_settings_the_kernels() -> None:
+    package = json.loads((REPO / "package.json").read_text())
+    assert package["version"] == pyproject()["project"]["version"] == nb.__version__
+    assert package["jupyterlab"]["outputDir"] == "nbbudget/labextension"
+    shared = pyproject()["tool"]["hatch"]["build"]["targets"]["wheel"]["shared-data"]
+    assert shared["nbbudget/labextension"] == "share/jupyter/labextensions/nbbudget"
+    # the interval the status item asks of the kernel, by default, is the kernel's own
+    from nbbudget.jupyter.magics import NBBudget
+    from nbbudget.jupyter.status import MAX_INTERVAL_MS, MIN_INTERVAL_MS
+
+    schema = json.loads((REPO / "schema/plugin.json").read_text())["properties"]
+    asked = schema["statusIntervalMs"]
+    assert asked["default"] == NBBudget.status_interval_ms.default_value
+    assert (asked["minimum"], asked["maximum"]) == (MIN_INTERVAL_MS, MAX_INTERVAL_MS)
