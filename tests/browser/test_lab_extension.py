@@ -118,14 +118,6 @@ class Page(Notebook):
         with urllib.request.urlopen(self.lab.request("nbbudget/jobs"), timeout=10) as answer:
             return list(json.load(answer))
 
-    def shot(self, name: str) -> Path:
-        from test_lab import ARTIFACTS
-
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        path = ARTIFACTS / name
-        path.write_bytes(self.page.screenshot())
-        return path
-
 
 def _until(check: Any, seconds: float, what: str, seen: Any = None) -> Any:
     """Wait until *check* gives something true, and give it; on time out, fail saying what
@@ -163,7 +155,7 @@ def lab_page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Page]:
         yield page
     except BaseException:
         if page is not None:
-            print(f"\nscreenshot: {page.shot('lab-extension.png')}")
+            print(f"\nscreenshot: {page.screenshot('lab-extension.png')}")
         print(f"\nJupyterLab's log ({lab.log}):\n{lab.log_tail()}")
         raise
     finally:
@@ -216,7 +208,7 @@ def test_the_status_item_shows_the_running_cell_and_clears_when_it_ends(
                    lambda: (page.item(), page.page.evaluate("() => window.nbbStatus")))
     print(f"\nthe status item while the cell runs: {shown['text']!r}")
     time.sleep(1.5)  # a few of the kernel's messages
-    page.shot("lab-status.png")
+    page.screenshot("lab-status.png")
     later = page.item()["text"]
     assert LABEL.match(later), later
     page.page.wait_for_function(CELL_DONE, arg=1, timeout=30_000)
@@ -257,7 +249,7 @@ def test_the_panel_lists_a_detached_job_and_a_background_run(lab_page: Page) -> 
     assert (rows[run_id]["kind"], rows[run_id]["state"]) == ("run", "running")
     assert rows[job_id]["buttons"] == ["Cancel"]
     assert rows[run_id]["buttons"] == ["Cancel", "Open output"]
-    page.shot("lab-budgets.png")
+    page.screenshot("lab-budgets.png")
 
 
 def test_cancel_on_the_panel_stops_each_and_says_how_it_ended(lab_page: Page) -> None:
@@ -280,7 +272,7 @@ def test_cancel_on_the_panel_stops_each_and_says_how_it_ended(lab_page: Page) ->
     assert said["outcome"] == "stopped", said
     assert said["text"].startswith(f"run {run_id} cancelled at cell 1"), said
     _until(lambda: page.rows()[run_id]["state"] == "cancelled", 10, "the run's row: cancelled")
-    page.shot("lab-cancelled.png")
+    page.screenshot("lab-cancelled.png")
 
     page.page.click(f".nbb-Panel-row[data-id='{run_id}'] .nbb-Panel-open")
     _until(lambda: page.page.evaluate(CURRENT_PATH) == "slow.out.ipynb", 20,
