@@ -4,7 +4,8 @@ cell's time left and most used limit and clears when the cell ends; the Budgets 
 by a click on that item, lists a detached job of the notebook's kernel and a notebook run that
 ``nbbudget run`` left in the background; Cancel on each stops it and the panel says how it
 ended; Open output opens the run's saved notebook; the REST endpoint refuses a request without
-the server's token.
+the server's token; the settings editor has the extension's settings, and one of them hides the
+status item.
 
 Run with ``bash scripts/browser.sh``. Screenshots: ``lab-status.png``, ``lab-budgets.png`` and
 ``lab-cancelled.png`` under ``tests/browser/artifacts/`` (or ``NBBUDGET_BROWSER_ARTIFACTS``).
@@ -290,3 +291,27 @@ def test_the_rest_endpoint_refuses_a_request_without_the_servers_token(
                                            token=False), timeout=10)
     assert refused.value.code == 403
     assert isinstance(lab_page.jobs(), list)  # with it, the same request is answered
+
+
+def test_the_settings_editor_has_the_settings_and_one_hides_the_status_item(
+        lab_page: Page) -> None:
+    page, lab = lab_page, lab_page.lab
+    with urllib.request.urlopen(lab.request("lab/api/settings/nbbudget:plugin"),
+                                timeout=10) as answer:
+        schema = json.load(answer)["schema"]
+    assert set(schema["properties"]) == {"showStatusItem", "statusIntervalMs",
+                                         "refreshIntervalMs"}
+    change = lab.request("lab/api/settings/nbbudget:plugin", method="PUT")
+    change.data = json.dumps({"raw": json.dumps({"showStatusItem": False})}).encode()
+    change.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(change, timeout=10) as answer:
+        assert answer.status == 204
+
+    page.open(f"{lab.url}/lab/tree/{NOTEBOOK}", NOTEBOOK)  # the page again, with the setting
+    page.page.evaluate(COUNT_STATUS)
+    page.page.evaluate(RUN_CELL, 1)
+    _until(lambda: any(running for _, running in page.page.evaluate("() => window.nbbStatus")),
+           30, "the kernel telling the page that the cell runs")
+    time.sleep(1)
+    assert page.item()["shown"] is False  # told, and not shown
+    page.page.wait_for_function(CELL_DONE, arg=1, timeout=30_000)
