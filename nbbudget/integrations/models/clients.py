@@ -74,6 +74,8 @@ _MILLION = 1_000_000
 _scan: Callable[[str, int], tuple[Any, int]] = make_scanner(
     json.JSONDecoder())  # type: ignore[arg-type]
 _C = TypeVar("_C")
+#: the header of an SDK's first attempt at a request (S4-6: a retry takes one more permit)
+_FIRST = (b"x-stainless-retry-count", b"0")
 
 
 @dataclass(frozen=True)
@@ -200,7 +202,8 @@ class _Gate:
             self._priceless(run, model)
         key = shape.cap_key(body)
         asked = body.get(key)
-        retry = request.headers.get("x-stainless-retry-count", "0") != "0"
+        headers = request.headers  # a first attempt's header found in C, else looked up
+        retry = _FIRST not in headers.raw and headers.get("x-stainless-retry-count", "0") != "0"
         try:
             capped = reserve_request(run, asked, target, retry=retry)
         except BudgetExceeded as err:
@@ -215,7 +218,7 @@ class _Gate:
         if changed or hide or stream:
             request = _prepared(request, body if changed or hide else None, stream)
         timeout = request.extensions.get("timeout")
-        if not timeout or _above(timeout, bound):
+        if not timeout or None in (values := timeout.values()) or max(values) > bound:
             _lower(request, timeout, bound)
         return request, _Attempt(self, run, shape, model, label, target, price, stream, hide,
                                  bound)
@@ -254,12 +257,6 @@ def _body(content: bytes) -> Any:
     if end != len(text):
         body = json.loads(text)
     return body
-
-
-def _above(timeout: Mapping[str, float | None], bound: float) -> bool:
-    """Whether a request's timeouts wait longer than *bound* seconds (None: without end)."""
-    values = timeout.values()
-    return None in values or max(values) > bound  # type: ignore[type-var,operator]  # no None
 
 
 def _lower(request: httpx2.Request, timeout: Mapping[str, float | None] | None,
