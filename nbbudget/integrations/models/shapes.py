@@ -65,8 +65,10 @@ def reply_usage(shape: Shape, content: bytes) -> dict[str, int] | None:
     if at < 0:
         return None
     text = content[at + 7:].decode()
-    if text[:2] == ":{":  # compact, as the APIs send it
+    if text[:2] == ":{":  # compact
         start = 1
+    elif text[:3] == ": {":  # as json.dumps writes it
+        start = 2
     else:
         key = _USAGE_KEY.match(text)
         if key is None:
