@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 import sys
 import threading
 import time
@@ -96,6 +97,39 @@ def test_chat_usage_is_charged_with_cached_input_and_reasoning_output(
     assert run.consumed["output_tokens"] == 30
     assert run.consumed["cost_usd"] == pytest.approx(price)
     assert price == pytest.approx(60 * 2.5e-6 + 40 * 1.25e-6 + 30 * 1e-5)
+
+
+@pytest.mark.parametrize("spacing", [
+    {"separators": (",", ":")},  # compact
+    {},  # json.dumps' default, ": " after a key
+    {"indent": 2},  # pretty-printed, as OpenAI's own replies come
+    {"separators": (" , ", " :  ")},  # white space before the colon too
+])
+def test_a_replys_usage_is_read_whatever_its_json_spacing(
+        server: Server, client: openai.OpenAI, spacing: dict[str, Any]) -> None:
+    reply = o.chat("ok", o.chat_usage(100, 30, cached=40))
+    server.queue(Reply(raw=json.dumps(reply.body, **spacing).encode()))
+    with nb.budget(cost_usd=1.0) as run:
+        assert chat(client).usage.prompt_tokens == 100
+    price = cost_usd("openai", "gpt-4o", {"input_tokens": 100, "cache_read_tokens": 40,
+                                          "output_tokens": 30})
+    assert (run.consumed["tokens"], run.consumed["output_tokens"]) == (130, 30)
+    assert run.consumed["cost_usd"] == pytest.approx(price)
+
+
+def test_a_request_body_with_white_space_around_it_is_still_bounded(
+        server: Server, client: openai.OpenAI) -> None:
+    """A body the SDK did not serialise itself (``client.post`` with bytes) is read all the
+    same: the request is reserved and clamped like any other."""
+    server.queue(o.chat("ok", o.chat_usage(10, 3)))
+    body = json.dumps({"model": "gpt-4o", "messages": ASK, "max_completion_tokens": 500})
+    with nb.budget(output_tokens=40, provider_calls=5) as run:
+        client.post("/chat/completions", cast_to=openai.types.chat.ChatCompletion,
+                    content=f"  {body}\n".encode(),
+                    options={"headers": {"content-type": "application/json"}})
+    assert server.received[0].body["max_completion_tokens"] == 40  # clamped (S2-9)
+    assert run.consumed["provider_calls"] == 1
+    assert run.consumed["output_tokens"] == 3
 
 
 def test_responses_usage_is_charged_in_its_own_shape(server: Server,

@@ -506,16 +506,19 @@ class LocalLedger:
         """Reserve every item on the run, or none: the first that cannot be had, else None.
         Dollars get back their exact figures; pooled kinds give back by count."""
         root = self.root
-        before = [(root.counts[i], root.bulk[i]) for i, _ in items]
-        for k, (i, n) in enumerate(items):
+        counts, bulks = root.counts, root.bulk
+        before: list[tuple[float, float]] = []
+        for i, n in items:
+            count, bulk = counts[i], bulks[i]
             if not self._take(i, n):
-                for (j, m), (count, bulk) in zip(items[:k], before, strict=False):
+                for (j, m), (count, bulk) in zip(items, before, strict=False):
                     if POOLED[j]:
-                        root.counts[j] -= m
-                        root.bulk[j] -= m - 1
+                        counts[j] -= m
+                        bulks[j] -= m - 1
                     else:
-                        root.counts[j], root.bulk[j] = count, bulk
+                        counts[j], bulks[j] = count, bulk
                 return i, n
+            before.append((count, bulk))
         return None
 
     def _take(self, i: int, n: float) -> bool:
@@ -541,12 +544,14 @@ class LocalLedger:
                     t_ms: float) -> None:
         """What follows a reservation: a full-trace event, a notice, a refill of the lease."""
         root = self.root
-        if self.figures.full:
+        figures = self.figures
+        if figures.full:
             account.recorder.charge(i, n, t_ms, target)
-        if root.used(i) >= root.watch[i]:
-            self.figures.notice(t_ms)
-        pool = root.pools[i]
-        room = root.cap[i] - root.counts[i]
+        pool, count = root.pools[i], root.counts[i]
+        if count - len(pool) - root.base[i] >= root.watch[i]:  # root.used(i), inline
+            figures.notice(t_ms)
+            count = root.counts[i]
+        room = root.cap[i] - count
         if room >= 1 and not pool and not root.closed:  # refill an empty pool only
             k = int(min(root.block[i], room))
             root.block[i] = min(2 * root.block[i], _MAX_BLOCK)
@@ -572,16 +577,22 @@ class LocalLedger:
         its run, the first kind whose limit it passed there, in the attribution order (S2-9,
         S3-3): a reply can pass its grant's allowance and its run's limit at once."""
         root = self.root
+        counts, bulk = root.counts, root.bulk
         for i, n in items:
             if account is not root:
                 account.counts[i] += n
-            root.counts[i] += n
-            root.bulk[i] += n - 1
+            counts[i] += n
+            bulk[i] += n - 1
             self._after_take(account, i, n, target, t_ms)
-        holders = (account,) if account is root else (account, root)
-        return [(holder, passed[0]) for holder in holders
-                if (passed := [i for i, _ in items if holder.thr[i] != _INF
-                               and holder.used(i) + holder.base[i] > holder.thr[i]])]
+        out = []
+        for holder in (account,) if account is root else (account, root):
+            thr, base, pools = holder.thr, holder.base, holder.pools
+            for i, _ in items:  # holder.used(i) inline
+                if thr[i] != _INF and holder.counts[i] - len(pools[i]) - base[i] + base[i] \
+                        > thr[i]:
+                    out.append((holder, i))
+                    break
+        return out
 
     def window(self, holder: Account, i: int) -> bool:
         """Whether *holder* passing kind *i* spends a window that suspends the run (S3-1)."""

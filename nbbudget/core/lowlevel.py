@@ -261,9 +261,9 @@ class Core:
         S3-3). *items* are ``(kind index, amount)`` pairs in that order, already checked."""
         with self.ledger.lock:
             passed = self.ledger.spend(self.account, items, target, self.scope.t_ms())
+            if not passed:
+                return
             stops = [self._passed(holder, i) for holder, i in passed]
-        if not stops:
-            return
         for stop in stops:  # this grant's own cut first, then its run's (S3-2)
             stop.origin.halt(stop)
         first = stops[0].origin.stop

@@ -46,8 +46,13 @@ class Price:
 
     def cost(self, usage: Mapping[str, int]) -> float:
         """The dollars *usage* (a mapping of `FIGURES`; missing ones are 0) cost."""
-        if self.per_token is not None:
-            return sum(rate * usage.get(key, 0) for key, rate in self.per_token.items())
+        per_token = self.per_token
+        if per_token is not None:  # the figures in FIGURES' order, as a sum of them would
+            get = usage.get
+            return (per_token["input_tokens"] * get("input_tokens", 0)
+                    + per_token["output_tokens"] * get("output_tokens", 0)
+                    + per_token["cache_read_tokens"] * get("cache_read_tokens", 0)
+                    + per_token["cache_write_tokens"] * get("cache_write_tokens", 0))
         from genai_prices import Usage
 
         figures = {key: int(usage.get(key, 0)) for key in FIGURES}

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..core.lowlevel import Run
 
 __all__ = ["GUARDRAIL_MS", "Usage", "clamp", "degrade_past", "make_provider",
-           "reserve_request", "spend_usage", "usage_of"]
+           "reserve_request", "spend_reply", "spend_usage", "usage_of"]
 
 #: a call that does not answer is cut after 1 h (S3-8): the default of a provider's guardrail,
 #: and the guardrail of each request of an instrumented model client
@@ -36,6 +36,7 @@ GUARDRAIL_MS = 3_600_000
 
 
 _USAGE_KEYS = ("input_tokens", "output_tokens", "cost_usd")
+_INF = float("inf")
 _TOKENS, _OUTPUT_TOKENS, _COST = (KIND_INDEX[k] for k in ("tokens", "output_tokens", "cost_usd"))
 
 
@@ -268,6 +269,28 @@ def spend_usage(run: Run, usage: Usage, prices: Mapping[str, float] | None,
         items.append((_COST, _amount("cost_usd", cost, label)))
     if items:
         run.lowlevel.spend(items, f"provider:{label}")
+
+
+def spend_reply(run: Run, inp: float, out: float, cost: float | None, label: str,
+                target: str) -> None:
+    """Charge what a model reply used, *inp* input and *out* output tokens and *cost* dollars
+    (None or 0: no cost), as `spend_usage` does, charged to *target*: the lean path of a caller
+    that read whole numbers from the reply itself and worked out the cost, the model clients
+    (``nbbudget.integrations.models``), whose every reply takes it."""
+    if not (type(inp) is int and type(out) is int and inp >= 0 and out >= 0):
+        inp = _amount("input_tokens", inp, label)
+        out = _amount("output_tokens", out, label)
+    items: list[tuple[int, float]] = []  # in the attribution order: tokens > output > cost
+    if inp or out:
+        items.append((_TOKENS, inp + out))
+    if out:
+        items.append((_OUTPUT_TOKENS, out))
+    if cost:
+        if not (type(cost) is float and 0 < cost < _INF):
+            cost = _amount("cost_usd", cost, label)
+        items.append((_COST, cost))
+    if items:
+        run.lowlevel.spend(items, target)
 
 
 def _amount(key: str, value: Any, label: str) -> float:

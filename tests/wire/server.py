@@ -39,6 +39,7 @@ class Reply:
     delay: float = 0.0
     event_delay: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
+    raw: bytes | None = None  # the body's exact bytes, sent instead of ``body`` as JSON
 
     @classmethod
     def error(cls, status: int, message: str = "try again", kind: str = "rate_limit_error"
@@ -117,6 +118,10 @@ def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         timeout = 10  # a connection kept open and idle this long is closed
+        # writes are buffered until a flush: a reply's head and body leave in one write, as
+        # a server's usually do, so that a client reads them in as many reads every time (the
+        # benchmark counts a client's instructions); a stream flushes each event
+        wbufsize = -1
 
         def setup(self) -> None:
             super().setup()
@@ -150,7 +155,7 @@ def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
             for key, value in reply.headers.items():
                 self.send_header(key, value)
             if reply.events is None:
-                data = json.dumps(reply.body).encode()
+                data = reply.raw if reply.raw is not None else json.dumps(reply.body).encode()
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()

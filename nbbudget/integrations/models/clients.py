@@ -23,7 +23,7 @@ async alike, OpenAI and Anthropic alike, one mechanism. For a request to a model
   ``"guardrail"``), never the HTTP timeout the SDK would retry; the SDK's own shorter timeouts
   stay its own.
 
-**After.** What a reply used is charged as its API reports it (`spend_usage`): ``tokens`` (input,
+**After.** What a reply used is charged as its API reports it (`spend_reply`): ``tokens`` (input,
 cached included, plus output), ``output_tokens`` (reasoning included) and ``cost_usd`` from
 ``prices=`` or genai-prices (`nbbudget.integrations.prices`, read once per model). Spending that
 happened is recorded even past a limit; the run is then cut by the first limit passed (S3-3) and
@@ -54,6 +54,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
+from json.scanner import make_scanner
 from typing import Any, TypeVar
 
 import httpx2
@@ -61,7 +62,7 @@ import httpx2
 from ...core.errors import BudgetCut, BudgetExceeded, ConfigError
 from ...core.lowlevel import Unwind
 from ...run.budget import Budget, current
-from ...run.providers import GUARDRAIL_MS, Usage, degrade_past, reserve_request, spend_usage
+from ...run.providers import GUARDRAIL_MS, degrade_past, reserve_request, spend_reply
 from ..prices import Given, given_price, price_of
 from .shapes import Shape, events_of, reply_usage
 
@@ -69,7 +70,12 @@ __all__ = ["instrument"]
 
 _INF = math.inf
 _MILLION = 1_000_000
+# (text, index) -> (value, end), in C; typeshed types make_scanner's argument oddly
+_scan: Callable[[str, int], tuple[Any, int]] = make_scanner(
+    json.JSONDecoder())  # type: ignore[arg-type]
 _C = TypeVar("_C")
+#: the header of an SDK's first attempt at a request (S4-6: a retry takes one more permit)
+_FIRST = (b"x-stainless-retry-count", b"0")
 
 
 @dataclass(frozen=True)
@@ -148,12 +154,19 @@ def _check(prices: Given | None, degrade: tuple[str, float] | None, name: str | 
 
 
 class _Gate:
-    """What every request of one instrumented client goes through."""
+    """What every request of one instrumented client goes through.
+
+    Kept lean: its work is added to every model call (the goal: at most 5% of a call's CPU
+    time, ``benchmarks/bench_instrument.py``). What depends only on the model (the calls' name
+    and target, the price) is worked out once per model and kept."""
 
     def __init__(self, api: _Api, prices: Given | None, degrade: tuple[str, float] | None,
                  name: str | None) -> None:
         self.api, self.degrade, self.name = api, degrade, name
         self.given = None if prices is None else given_price(prices)  # else genai-prices'
+        # by model: (label, target, price or None); filled as models are met
+        self.models: dict[str, tuple[str, str, Callable[[Mapping[str, int]], float] | None]] \
+            = {}
 
     def open(self, request: httpx2.Request) -> tuple[httpx2.Request, _Attempt] | None:
         """Before an attempt is sent: the request to send and its attempt, or None when it is
@@ -162,27 +175,35 @@ class _Gate:
         if run is None or request.method != "POST":
             return None
         path = request.url.path
-        shape = next((s for s in self.api.shapes if path.endswith(s.path)), None)
-        if shape is None:
+        for shape in self.api.shapes:
+            if path.endswith(shape.path):
+                break
+        else:
             return None
         try:
-            body = json.loads(request.content)
+            body = _body(request.content)
         except (httpx2.RequestNotRead, ValueError):
             return None
-        if not isinstance(body, dict):
+        if type(body) is not dict:
             return None
         changed = False
         degrade = self.degrade
         if degrade is not None and run.lowlevel.degraded is not None and (
                 body.get("model") != degrade[0]):
             body["model"], changed = degrade[0], True
-        model = str(body.get("model"))
-        label = self.name or model
-        target = "provider:" + label
-        price = self._price(run, model)
+        model = body.get("model")
+        if type(model) is not str:
+            model = str(model)
+        known = self.models.get(model)
+        if known is None:
+            known = self._model(model)
+        label, target, price = known
+        if price is None:
+            self._priceless(run, model)
         key = shape.cap_key(body)
         asked = body.get(key)
-        retry = request.headers.get("x-stainless-retry-count", "0") != "0"
+        headers = request.headers  # a first attempt's header found in C, else looked up
+        retry = _FIRST not in headers.raw and headers.get("x-stainless-retry-count", "0") != "0"
         try:
             capped = reserve_request(run, asked, target, retry=retry)
         except BudgetExceeded as err:
@@ -192,16 +213,28 @@ class _Gate:
         stream = body.get("stream") is True
         hide = stream and shape.ask_usage(body)
         left_ms = run.remaining_ms
-        bound = min(GUARDRAIL_MS, _INF if left_ms is None else left_ms) / 1000
-        request = _prepared(request, body if changed or hide else None, bound, stream)
-        return request, _Attempt(self, run, shape, model, label, price, stream, hide, bound)
+        guardrail = GUARDRAIL_MS
+        bound = (guardrail if left_ms is None or left_ms >= guardrail else left_ms) / 1000
+        if changed or hide or stream:
+            request = _prepared(request, body if changed or hide else None, stream)
+        timeout = request.extensions.get("timeout")
+        if not timeout or None in (values := timeout.values()) or max(values) > bound:
+            _lower(request, timeout, bound)
+        return request, _Attempt(self, run, shape, model, label, target, price, stream, hide,
+                                 bound)
 
-    def _price(self, run: Budget, model: str) -> Callable[[Mapping[str, int]], float] | None:
-        if self.given is not None:
-            return self.given
-        price = price_of(self.api.provider, model)
-        if price is not None:
-            return price.cost
+    def _model(self, model: str) -> tuple[str, str, Callable[[Mapping[str, int]], float] | None]:
+        """The calls' name, target and price for *model*, kept for its next calls."""
+        label = self.name or model
+        price = self.given
+        if price is None:
+            found = price_of(self.api.provider, model)
+            price = None if found is None else found.cost
+        known = self.models[model] = (label, "provider:" + label, price)
+        return known
+
+    def _priceless(self, run: Budget, model: str) -> None:
+        """A model with no price: refused while ``cost_usd`` is limited."""
         if run.remaining("cost_usd") != _INF:
             raise self.api.unpriced(
                 f"cost_usd is limited and there is no price for {self.api.provider} model "
@@ -209,13 +242,35 @@ class _Gate:
                 f"nbbudget[{self.api.provider}] on Python 3.11 or newer): give "
                 f"nb.instrument(client, prices={{'input': usd, 'output': usd}}) per million "
                 f"tokens, or a function of the usage")
-        return None
 
 
-def _prepared(request: httpx2.Request, body: dict[str, Any] | None, bound: float,
+def _body(content: bytes) -> Any:
+    """A request's JSON body, which the SDK serialised compactly: read with the C scanner
+    alone (`json.loads` adds its encoding detection and a second pass for the end), else with
+    `json.loads` (leading or trailing white space; a body that is not JSON raises
+    ValueError)."""
+    text = content.decode()
+    try:
+        body, end = _scan(text, 0)
+    except StopIteration:
+        end = -1
+    if end != len(text):
+        body = json.loads(text)
+    return body
+
+
+def _lower(request: httpx2.Request, timeout: Mapping[str, float | None] | None,
+           bound: float) -> None:
+    """Lower *request*'s timeouts to *bound* seconds."""
+    timeout = timeout or dict.fromkeys(("connect", "read", "write", "pool"))
+    request.extensions["timeout"] = {key: bound if value is None else min(value, bound)
+                                     for key, value in timeout.items()}
+
+
+def _prepared(request: httpx2.Request, body: dict[str, Any] | None,
               stream: bool) -> httpx2.Request:
-    """*request* with *body* (when it changed) and its timeouts lowered to *bound* seconds; a
-    stream is asked uncompressed, so that its bytes can be read as they come."""
+    """*request* with *body* (when it changed); a stream is asked uncompressed, so that its
+    bytes can be read as they come."""
     if body is not None:
         headers = request.headers.copy()
         del headers["content-length"]
@@ -224,11 +279,6 @@ def _prepared(request: httpx2.Request, body: dict[str, Any] | None, bound: float
                                  extensions=dict(request.extensions))
     if stream:
         request.headers["accept-encoding"] = "identity"
-    timeout = request.extensions.get("timeout") or dict.fromkeys(
-        ("connect", "read", "write", "pool"))
-    if any(value is None or value > bound for value in timeout.values()):
-        request.extensions["timeout"] = {key: bound if value is None else min(value, bound)
-                                         for key, value in timeout.items()}
     return request
 
 
@@ -236,21 +286,18 @@ class _Attempt:
     """One attempt of a model request in a run: what it charges and how it is cut."""
 
     def __init__(self, gate: _Gate, run: Budget, shape: Shape, model: str, label: str,
-                 price: Callable[[Mapping[str, int]], float] | None, stream: bool, hide: bool,
-                 bound: float) -> None:
+                 target: str, price: Callable[[Mapping[str, int]], float] | None,
+                 stream: bool, hide: bool, bound: float) -> None:
         self.gate, self.run, self.shape, self.model, self.label = gate, run, shape, model, label
-        self.price, self.stream, self.hide = price, stream, hide
+        self.target, self.price, self.stream, self.hide = target, price, stream, hide
         self.started = time.monotonic()
         self.deadline = self.started + bound
 
     def charge(self, figures: Mapping[str, int], cost: float | None) -> None:
         """Charge what was used (S3-3: recorded even past a limit, which raises the run's
         stop), then degrade if the run has used enough (S3-7)."""
-        usage = Usage(input_tokens=figures.get("input_tokens", 0),
-                      output_tokens=figures.get("output_tokens", 0))
-        if cost:
-            usage["cost_usd"] = cost
-        spend_usage(self.run, usage, None, None, self.label)
+        spend_reply(self.run, figures.get("input_tokens", 0), figures.get("output_tokens", 0),
+                    cost, self.label, self.target)
         degrade = self.gate.degrade
         if degrade is not None:
             degrade_past(self.run, degrade[1], self.model, degrade[0])
@@ -286,7 +333,7 @@ class _Attempt:
 
     def answered(self, response: httpx2.Response) -> None:
         """A whole reply (read): charge its usage. Error statuses used nothing."""
-        if not response.is_success:
+        if not 200 <= response.status_code < 300:  # is_success, without its two calls
             return
         figures = reply_usage(self.shape, response.content)
         if figures is None:

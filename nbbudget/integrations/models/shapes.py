@@ -18,12 +18,15 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from json.scanner import make_scanner
 from typing import Any
 
 __all__ = ["Shape", "events_of", "reply_usage"]
 
-_USAGE_KEY = re.compile(r'"usage"\s*:\s*')
-_DECODER = json.JSONDecoder()
+_USAGE_KEY = re.compile(r'\s*:\s*')  # what follows the key "usage"
+# (text, index) -> (value, end), in C; typeshed types make_scanner's argument oddly
+_scan: Callable[[str, int], tuple[Any, int]] = make_scanner(
+    json.JSONDecoder())  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -61,15 +64,21 @@ def reply_usage(shape: Shape, content: bytes) -> dict[str, int] | None:
     at = content.rfind(b'"usage"')
     if at < 0:
         return None
-    text = content[at:].decode()
-    key = _USAGE_KEY.match(text)
-    if key is None:
-        return None
+    text = content[at + 7:].decode()
+    if text[:2] == ":{":  # compact
+        start = 1
+    elif text[:3] == ": {":  # as json.dumps writes it
+        start = 2
+    else:
+        key = _USAGE_KEY.match(text)
+        if key is None:
+            return None
+        start = key.end()
     try:
-        obj, _ = _DECODER.raw_decode(text, key.end())
-    except json.JSONDecodeError:
+        obj, _ = _scan(text, start)
+    except (StopIteration, ValueError):
         return None
-    return shape.usage(obj) if isinstance(obj, dict) else None
+    return shape.usage(obj) if type(obj) is dict else None
 
 
 def events_of(data: bytes | bytearray, start: int = 0, end: int | None = None
