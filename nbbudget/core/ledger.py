@@ -587,7 +587,9 @@ class LocalLedger:
         out = []
         for holder in (account,) if account is root else (account, root):
             thr, base, pools = holder.thr, holder.base, holder.pools
-            for i, _ in items:  # holder.used(i) inline
+            for i, _ in items:
+                # holder.used(i) + base[i], inline and in the same order of operations, so that
+                # a float (dollars) rounds exactly as it did through the method
                 if thr[i] != _INF and holder.counts[i] - len(pools[i]) - base[i] + base[i] \
                         > thr[i]:
                     out.append((holder, i))
