@@ -603,3 +603,23 @@ def test_a_priced_model_is_charged_what_genai_prices_says():
     ours, _, run = under_budget(sync(agent(), "go"), cost_usd=0.5)
     assert "Exceeded the `cost_limit` of 0.5" in str(theirs)
     assert isinstance(ours, UsageLimitCut) and ours.by == "cost_usd"
+
+
+def test_a_cut_pickles_with_its_whole_chain_as_dask_pickles_errors():
+    """Dask installs tblib's pickling of exceptions, which carries an error's ``__context__``
+    too: the cut's context, the run's internal unwinding, goes as the run's public error (its
+    stop holds the run, which does not pickle)."""
+    pickling_support = pytest.importorskip("tblib.pickling_support")
+    from nbbudget.core.scope import Unwind
+
+    agent = Agent(FunctionModel(stream_function=three_chunks))
+    with pytest.raises(UsageLimitCut) as info, nb.budget(output_tokens=2) as run:
+        asyncio.run(stream_text(agent, [], capabilities=[Budgeted(run)]))
+    err = info.value
+    assert type(err.__context__) is Unwind
+    pickling_support.install(err)  # this error's chain, as tblib.install() does for every class
+    back = pickle.loads(pickle.dumps(err))
+    assert (type(back), back.by, back.salvage) == (UsageLimitCut, "output_tokens", "onetwothree")
+    public = err.__context__.stop.error()
+    assert type(back.__context__) is type(public) is nb.BudgetCut  # a stream cut (S3-9)
+    assert str(back.__context__) == str(public)

@@ -38,6 +38,12 @@ class Unwind(BaseException):
         super().__init__(stop.message)
         self.stop = stop
 
+    def __reduce__(self) -> str | tuple[Any, ...]:
+        """Pickled as its stop's public error: an `Unwind` crosses a process only as the
+        context of another error (tblib, which Dask installs, pickles an exception's whole
+        chain), and its stop holds the run, which does not pickle."""
+        return self.stop.error().__reduce__()
+
     def _render_traceback_(self) -> list[str]:
         """How IPython shows a stop that reached the top of a cell, where no ``with`` block
         turned it into its public error (a run made current with `activate`): that error, in
