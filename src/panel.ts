@@ -125,7 +125,7 @@ export class BudgetsPanel extends Widget {
       this._rows.length > 0 || this._error !== null;
   }
 
-  /** One job or run: its state, name and actions on a line, then where it runs and when. */
+  /** One job or run: its state and name, where it runs and when, then what can be done. */
   private _row(row: IRow): HTMLElement {
     const item = document.createElement('div');
     item.className = 'nbb-Panel-row';
@@ -157,7 +157,6 @@ export class BudgetsPanel extends Widget {
       const path = row.output_path;
       actions.append(this._button('Open output', 'nbb-Panel-open', () => this._open(path)));
     }
-    head.append(actions);
     const facts = [where, `started ${clock(row.started)}`];
     if (row.elapsed_s !== null) {
       facts.push(seconds(row.elapsed_s));
@@ -169,6 +168,9 @@ export class BudgetsPanel extends Widget {
     item.append(head, detail);
     if (row.error) {
       item.append(this._span(row.error, 'nbb-Panel-error'));
+    }
+    if (actions.childElementCount) {
+      item.append(actions);
     }
     return item;
   }
