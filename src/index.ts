@@ -31,7 +31,7 @@ const budgetsIcon = new LabIcon({
 });
 
 /** What the status bar shows for a state: the running cell's label, the background jobs. */
-export function statusText(status: IStatus | null): string {
+function statusText(status: IStatus | null): string {
   if (!status) {
     return '';
   }

@@ -255,28 +255,21 @@ def spend_usage(run: Run, usage: Usage, prices: Mapping[str, float] | None,
     so does the pydantic-ai adapter, after each model response."""
     inp = _amount("input_tokens", usage.get("input_tokens", 0), label)
     out = _amount("output_tokens", usage.get("output_tokens", 0), label)
-    items: list[tuple[int, float]] = []  # in the attribution order: tokens > output > cost
-    if inp or out:
-        items.append((_TOKENS, inp + out))
-    if out:
-        items.append((_OUTPUT_TOKENS, out))
     cost = usage.get("cost_usd")
     if cost is None and prices is not None:
         cost = inp / 1000 * prices.get("input", 0) + out / 1000 * prices.get("output", 0)
     if cost is None and price is not None:
         cost = price(usage)
-    if cost:
-        items.append((_COST, _amount("cost_usd", cost, label)))
-    if items:
-        run.lowlevel.spend(items, f"provider:{label}")
+    spend_reply(run, inp, out, cost, label, f"provider:{label}")
 
 
 def spend_reply(run: Run, inp: float, out: float, cost: float | None, label: str,
                 target: str) -> None:
     """Charge what a model reply used, *inp* input and *out* output tokens and *cost* dollars
-    (None or 0: no cost), as `spend_usage` does, charged to *target*: the lean path of a caller
-    that read whole numbers from the reply itself and worked out the cost, the model clients
-    (``nbbudget.integrations.models``), whose every reply takes it."""
+    (None or 0: no cost), to *target*, each figure checked as `spend_usage` checks it (whole
+    numbers of tokens pass at once). The model clients (``nbbudget.integrations.models``) call
+    it with what they read from each reply and its price; `spend_usage` once it has worked out
+    the cost of a usage mapping."""
     if not (type(inp) is int and type(out) is int and inp >= 0 and out >= 0):
         inp = _amount("input_tokens", inp, label)
         out = _amount("output_tokens", out, label)

@@ -164,16 +164,21 @@ def lab_page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Page]:
             browser.close()
         if playwright is not None:
             playwright.stop()
-        forced = lab.stop()
         _stop_runners(lab)
+        forced = lab.stop()
     assert not forced, f"JupyterLab left kernel processes running (killed): {forced}"
 
 
 def _stop_runners(lab: Lab) -> None:
-    """Kill what is left of the runs the test started (their runner and its kernel)."""
-    for pid in lab.kernels():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    """Kill the ``nbbudget run`` runners a failed test left going (each was started in the
+    server's root); their kernels are then the server's to stop (`Lab.stop`)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if b"nbbudget\x00run\x00" in (entry / "cmdline").read_bytes() \
+                    and Path(os.readlink(entry / "cwd")) == lab.root:
+                os.kill(int(entry.name), signal.SIGKILL)
 
 
 def _background_run(lab: Lab) -> str:

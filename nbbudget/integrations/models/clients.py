@@ -54,7 +54,6 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from json.scanner import make_scanner
 from typing import Any, TypeVar
 
 import httpx2
@@ -64,15 +63,12 @@ from ...core.lowlevel import Unwind
 from ...run.budget import Budget, current
 from ...run.providers import GUARDRAIL_MS, degrade_past, reserve_request, spend_reply
 from ..prices import Given, given_price, price_of
-from .shapes import Shape, events_of, reply_usage
+from .shapes import Shape, events_of, reply_usage, request_body
 
 __all__ = ["instrument"]
 
 _INF = math.inf
 _MILLION = 1_000_000
-# (text, index) -> (value, end), in C; typeshed types make_scanner's argument oddly
-_scan: Callable[[str, int], tuple[Any, int]] = make_scanner(
-    json.JSONDecoder())  # type: ignore[arg-type]
 _C = TypeVar("_C")
 #: the header of an SDK's first attempt at a request (S4-6: a retry takes one more permit)
 _FIRST = (b"x-stainless-retry-count", b"0")
@@ -181,7 +177,7 @@ class _Gate:
         else:
             return None
         try:
-            body = _body(request.content)
+            body = request_body(request.content)
         except (httpx2.RequestNotRead, ValueError):
             return None
         if type(body) is not dict:
@@ -242,21 +238,6 @@ class _Gate:
                 f"nbbudget[{self.api.provider}] on Python 3.11 or newer): give "
                 f"nb.instrument(client, prices={{'input': usd, 'output': usd}}) per million "
                 f"tokens, or a function of the usage")
-
-
-def _body(content: bytes) -> Any:
-    """A request's JSON body, which the SDK serialised compactly: read with the C scanner
-    alone (`json.loads` adds its encoding detection and a second pass for the end), else with
-    `json.loads` (leading or trailing white space; a body that is not JSON raises
-    ValueError)."""
-    text = content.decode()
-    try:
-        body, end = _scan(text, 0)
-    except StopIteration:
-        end = -1
-    if end != len(text):
-        body = json.loads(text)
-    return body
 
 
 def _lower(request: httpx2.Request, timeout: Mapping[str, float | None] | None,
