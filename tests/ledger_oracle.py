@@ -260,11 +260,7 @@ class Ledger:
                 return STOPPED
             left = self.remaining(name, "output_tokens")
             if left < 1:  # S2-9: nothing left to ask for; refused and traced like any charge
-                if acct is not self.root and self.own_remaining(name, "output_tokens") < 1:
-                    return self._refuse(Refusal("output_tokens", acct.limits["output_tokens"],
-                                                acct.spent["output_tokens"], 1, PROVIDER,
-                                                "grant"))
-                return self._refuse(self._run_refusal("output_tokens", 1, PROVIDER)[0])
+                return self._no_output(acct)
             permit = self._charge(acct, {"provider_calls": 1}, PROVIDER)
             if permit is not GRANTED or error:
                 return permit if permit is not GRANTED else FAILED_DISPATCH
@@ -274,6 +270,36 @@ class Ledger:
             self._spend(acct, [("tokens", input_tokens + out), ("output_tokens", out),
                                ("cost_usd", cost_usd)])
             return STOPPED if self.stopped(name) else out
+
+    def request(self, name: str, asked: int | None, retry: bool) -> Any:
+        """A model request before it is sent, as a model client or an agent adapter makes it:
+        refused when no output token is left (S2-9, as `ask`), else its first attempt takes
+        one ``turns`` and one ``provider_calls`` permit, both or neither (S4-3), and a retry
+        one more ``provider_calls`` permit (S4-6). Returns the output cap to send, *asked*
+        clamped to what is left (None: none asked and none needed), or `STOPPED` or a
+        `Refusal`."""
+        with self._lock:
+            acct = self._accounts[name]
+            if self.stopped(name):
+                return STOPPED
+            left = self.remaining(name, "output_tokens")
+            if left < 1:
+                return self._no_output(acct)
+            permits = {"provider_calls": 1} if retry else {"turns": 1, "provider_calls": 1}
+            taken = self._charge(acct, permits, PROVIDER)
+            if taken is not GRANTED:
+                return taken
+            if left == INF:
+                return asked
+            return int(left) if asked is None else int(min(asked, left))
+
+    def _no_output(self, acct: Account) -> Refusal:
+        """The refusal of a model request with no output token left (S2-9): by the grant's own
+        allowance first, else by the run's; traced like any refusal (S4-8)."""
+        if acct is not self.root and self.own_remaining(acct.name, "output_tokens") < 1:
+            return self._refuse(Refusal("output_tokens", acct.limits["output_tokens"],
+                                        acct.spent["output_tokens"], 1, PROVIDER, "grant"))
+        return self._refuse(self._run_refusal("output_tokens", 1, PROVIDER)[0])
 
     def _spend(self, acct: Account, items: list[tuple[str, float]]) -> None:
         for kind, n in items:

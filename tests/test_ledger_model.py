@@ -44,6 +44,7 @@ from ledger_oracle import (
 )
 
 import nbbudget as nb
+from nbbudget.run.providers import reserve_request
 from nbbudget.testing import FakeClock, Reply, ScriptedProvider
 
 REFUSED = "dispatch_refused_budget_exceeded"
@@ -192,6 +193,20 @@ class LedgerMachine(RuleBasedStateMachine):
             return
         got = attempt(lambda: self.budgets[name].charge_many(amounts, target=target_ref))
         assert got == self.model.charge_many(name, amounts, target_ref)
+
+    @rule(pick=picks, asked=st.none() | st.integers(1, 20), retry=st.booleans())
+    def request(self, pick, asked, retry):
+        """A model request before it is sent (what every model client and agent adapter
+        reserves, `reserve_request`): no output token left refuses it (S2-9); else its turn and
+        its permit, both or neither (S4-3), or a retry's one permit (S4-6); the cap clamped."""
+        name = self.pick(pick)
+        permits = {"provider_calls": 1} if retry else {"turns": 1, "provider_calls": 1}
+        past_run, past_own = self.model.over(name, permits)
+        if past_run and past_own and "grant_refusal_named_first" in KNOWN_DIVERGENCES:
+            return
+        got = attempt(lambda: reserve_request(self.budgets[name], asked, PROVIDER, retry=retry))
+        expected = self.model.request(name, asked, retry)
+        assert got == (GRANTED if expected is None else expected)
 
     @rule(pick=picks)
     def step(self, pick):
@@ -359,6 +374,105 @@ def test_S4_3_S2_2_S2_3_S3_1_S4_4_nbbudget_and_the_reference_ledger_agree_step_b
     run_state_machine_as_test(lambda: LedgerMachine(ledger), settings=settings(
         DETERMINISTIC, max_examples=examples(ledger, 300), stateful_step_count=50,
         suppress_health_check=[HealthCheck.too_slow]))
+
+
+# -- model requests, one after another (S2-9, S4-3, S4-6) ------------------------------------------
+#: what a run of model requests meets: a first attempt, a retry, a single charge of a turn or a
+#: call from elsewhere (a pool's fast path), a reply's usage; with the cap asked
+request_plans = st.lists(
+    st.tuples(st.sampled_from(["first", "first", "first", "retry", "turn", "call", "reply"]),
+              st.none() | st.integers(1, 12)), min_size=20, max_size=90)
+
+
+def notice_levels(run: nb.Budget) -> list[int]:
+    """The approach notices in the run's trace, by level (S3-5)."""
+    return [e.payload["level"] for e in run.trace.events if e.kind == "approach_notice"]
+
+
+@settings(DETERMINISTIC, max_examples=150)
+@given(limits=st.fixed_dictionaries({}, optional={
+    "turns": st.integers(1, 40), "provider_calls": st.integers(1, 40),
+    "output_tokens": st.integers(1, 80), "tokens": st.integers(1, 300)}),
+    plan=request_plans, mode=st.sampled_from(["counts", "counts", "full"]))
+def test_S2_9_S4_6_model_requests_reserve_refuse_and_clamp_as_the_reference_ledger_says(
+        ledger, limits, plan, mode):
+    """Long runs of model requests before they are sent (`reserve_request`, what each model
+    client and agent adapter reserves), among single charges of the same kinds and replies:
+    nbbudget grants, refuses and clamps each as the reference ledger does, reads the same
+    figures after each and gives each approach notice (S3-5) as the most used limit reaches
+    80% and 95%, while the pools hold permits, run dry and refill on the way."""
+    model = Ledger(limits)
+    run = nb.budget(nb.Limits(**limits), clock=FakeClock(), trace=mode, name="run",
+                    ledger=ledger)
+
+    def play() -> None:
+        for step, (op, asked) in enumerate(plan):
+            if op in ("first", "retry"):
+                got = attempt(lambda op=op, asked=asked: reserve_request(
+                    run, asked, PROVIDER, retry=op == "retry"))
+                expected = model.request("run", asked, op == "retry")
+                expected = GRANTED if expected is None else expected
+            elif op in ("turn", "call"):
+                kind = "turns" if op == "turn" else "provider_calls"
+                got = attempt(lambda kind=kind: run.charge(kind))
+                expected = model.charge("run", kind)
+            else:
+                out = asked or 0
+                reply = Reply("answer", input_tokens=3, output_tokens=out)
+                call = run.provider(ScriptedProvider([reply]), name="model", guardrail=0)
+                got = attempt(lambda call=call: call("question").output_tokens)
+                expected = model.ask("run", input_tokens=3, output_tokens=out, cost_usd=0)
+            assert got == expected, (step, op, asked)
+            assert run.consumed == model.consumed("run"), step
+            for kind in ("turns", "provider_calls", "output_tokens", "tokens"):
+                assert run.remaining(kind) == model.remaining("run", kind), (step, kind)
+            used = model.consumed("run")
+            most = max((used.get(k, 0) / v for k, v in limits.items()), default=0)
+            assert notice_levels(run) == [level for level, at in ((1, 0.8), (2, 0.95))
+                                          if most >= at], step
+            if model.stopped("run"):
+                return
+
+    try:
+        with run:
+            play()
+    except nb.BudgetCut:
+        assert model.stop_of("run") == ("failed", run.outcome.by)
+    else:
+        assert model.stop_of("run") is None
+    assert traced_refusals(run) == [(r.kind, r.limit, r.consumed, r.target, r.code)
+                                    for r in model.refusals]
+    if mode == "full":
+        assert traced_charges(run) == model.charges
+    refused = Counter(r.kind for r in model.refusals)
+    assert by_kind(run) == {
+        k: (model.root.spent[k], model.consumptions[k], refused[k]) for k in KINDS}
+
+
+def test_S4_3_a_reply_spent_while_the_pool_holds_permits_leaves_none_past_the_limit(ledger):
+    """A reply's tokens, spent after the fact (S4-10), count on top of the permits the run's
+    pool holds for charges without the lock: those past the limit go, and the next charge is
+    refused (found by the machine above: it was granted, 4 tokens of 3)."""
+    with nb.budget(tokens=3, clock=FakeClock(), ledger=ledger) as run:
+        run.charge("tokens")
+        grant = run.grant(name="g1")
+        grant.provider(ScriptedProvider([Reply("a", output_tokens=2)]), guardrail=0)("q")
+        with pytest.raises(nb.BudgetExceeded) as refused:
+            run.charge("tokens")
+        assert (refused.value.limit, refused.value.consumed) == (3, 3)
+        assert run.consumed["tokens"] == 3
+
+
+def test_S3_5_model_requests_leave_no_permit_past_the_next_notice(ledger):
+    """Model requests reserve their turns among the permits the pool holds: the charge that
+    then reaches 95% of the limit still gives the second notice (it was skipped)."""
+    with nb.budget(turns=14, clock=FakeClock(), ledger=ledger) as run:
+        for _ in range(13):
+            reserve_request(run, None, PROVIDER)
+        assert notice_levels(run) == [1]
+        run.charge("turns")
+        assert notice_levels(run) == [1, 2]
+        assert run.consumed["turns"] == 14
 
 
 # -- several threads at once (S4-3, S2-3) ----------------------------------------------------------

@@ -43,7 +43,8 @@ if TYPE_CHECKING:
     from .scope import Scope, Stop
 
 __all__ = ["STATE_VERSION", "Account", "Branch", "ClusterLedger", "Figures", "Ledger",
-           "LedgerFactory", "LocalLedger", "check_totals", "plain", "read_state"]
+           "LedgerFactory", "LocalLedger", "check_totals", "plain", "read_state",
+           "reserve_within"]
 
 #: the version a run's saved state (`Budget.state`) carries, which `read_state` checks before a
 #: run is resumed from it; `nbbudget.run.budget` offers it beside `Budget.resume`
@@ -176,6 +177,13 @@ class Ledger(Protocol):
 
     def reserve(self, account: Account, items: Items, target: str | None,
                 t_ms: float) -> BudgetExceeded | None: ...
+
+    def reserve_within(self, account: Account, items: Items, i: int, target: str | None,
+                       t_ms: float) -> float | BudgetExceeded:
+        """`reserve` *items* unless kind *i* has less than one unit left (refused first, as
+        `check` refuses it, and nothing is reserved); what is then left of kind *i*
+        (`remaining`), else the refusal. `reserve_within` below does it with those three
+        steps, for any ledger."""
 
     def spend(self, account: Account, items: Items, target: str | None,
               t_ms: float) -> list[tuple[Account, int]]: ...
@@ -496,11 +504,41 @@ class LocalLedger:
         short = self._take_all(items)
         if short is not None:
             return figures.refuse(account, root, *short, target, t_ms)
-        for i, n in items:
-            if account is not root:
+        if account is not root:
+            for i, n in items:
                 account.counts[i] += n
-            self._after_take(account, i, n, target, t_ms)
+        self._after_take(account, items, target, t_ms)
         return None
+
+    def reserve_within(self, account: Account, items: Items, i: int, target: str | None,
+                       t_ms: float) -> float | BudgetExceeded:
+        """`reserve` *items* unless kind *i* has less than one unit left (refused first,
+        nothing reserved); what is then left of kind *i*, else the refusal. A model request's
+        reservation, before every attempt (`Core.reserve_within`).
+
+        The run's own permits, one of each kind, come from its pools when each holds one (as a
+        single charge's do without the lock; here under it, all or none): what `check`,
+        `reserve` and `remaining` would do then, without their calls, whose cost is most of
+        the time a model call adds. Anything else goes through them (`reserve_within` below).
+        """
+        root = self.root
+        if account is root and not self.figures.full:
+            pools = root.pools
+            if root.counts[i] - len(pools[i]) + 1 <= root.thr[i]:  # check: used + base + 1
+                taken = 0
+                for j, n in items:
+                    if n != 1:
+                        break
+                    try:
+                        pools[j].pop()
+                    except IndexError:
+                        break
+                    taken += 1
+                else:  # a pool run dry is refilled by the next take, as after a charge
+                    return _left(root, i)
+                for j, _ in items[:taken]:  # all or none (S4-3)
+                    pools[j].append(None)
+        return reserve_within(self, account, items, i, target, t_ms)
 
     def _take_all(self, items: Items) -> tuple[int, float] | None:
         """Reserve every item on the run, or none: the first that cannot be had, else None.
@@ -525,38 +563,41 @@ class LocalLedger:
         """Reserve *n* of kind *i*: from what is not yet reserved, then from the pool."""
         root = self.root
         counts, pool, thr = root.counts, root.pools[i], root.thr[i]
-        short = counts[i] + n - thr
-        taken = 0
-        while taken < short:  # only whole-number kinds have pools; for others this fails at once
-            try:
-                list.pop(pool)  # not a charge of its own: a traced pool must not record it
-            except IndexError:
-                counts[i] -= taken  # what was taken from the pool is free again
-                if POOLED[i] and not pool and thr - counts[i] < 1:
-                    root.exhausted[i] = True
-                return False
-            taken += 1
+        taken = _from_pool(pool, counts[i] + n - thr)  # only what the limit leaves no room for
+        if counts[i] + n - taken > thr:
+            counts[i] -= taken  # what was taken from the pool is free again
+            if POOLED[i] and not pool and thr - counts[i] < 1:
+                root.exhausted[i] = True
+            return False
         counts[i] += n - taken
         root.bulk[i] += n - 1
         return True
 
-    def _after_take(self, account: Account, i: int, n: float, target: str | None,
+    def _after_take(self, account: Account, items: Items, target: str | None,
                     t_ms: float) -> None:
-        """What follows a reservation: a full-trace event, a notice, a refill of the lease."""
+        """What follows a reservation or a spending of *items*: a full-trace event, a notice,
+        a refill of the lease, for each kind in turn. First, the permits the pool holds past
+        its cap go: a reservation or a spending of more than one unit counts on top of them,
+        and a permit taken from the pool without the lock must never pass the limit or the
+        next notice (S4-3, S3-5)."""
         root = self.root
         figures = self.figures
-        if figures.full:
-            account.recorder.charge(i, n, t_ms, target)
-        pool, count = root.pools[i], root.counts[i]
-        if count - len(pool) - root.base[i] >= root.watch[i]:  # root.used(i), inline
-            figures.notice(t_ms)
-            count = root.counts[i]
-        room = root.cap[i] - count
-        if room >= 1 and not pool and not root.closed:  # refill an empty pool only
-            k = int(min(root.block[i], room))
-            root.block[i] = min(2 * root.block[i], _MAX_BLOCK)
-            root.counts[i] += k
-            pool.extend(_PERMITS[:k])
+        counts, base, watch, cap, pools = root.counts, root.base, root.watch, root.cap, root.pools
+        for i, n in items:
+            if figures.full:
+                account.recorder.charge(i, n, t_ms, target)
+            pool, count = pools[i], counts[i]
+            if pool and count > cap[i]:
+                count = counts[i] = count - _from_pool(pool, count - cap[i])
+            if count - len(pool) - base[i] >= watch[i]:  # root.used(i), inline
+                figures.notice(t_ms)
+                watch, cap, count = root.watch, root.cap, counts[i]  # armed again
+            room = cap[i] - count
+            if room >= 1 and not pool and not root.closed:  # refill an empty pool only
+                k = int(min(root.block[i], room))
+                root.block[i] = min(2 * root.block[i], _MAX_BLOCK)
+                counts[i] += k
+                pool.extend(_PERMITS[:k])
 
     def drain(self, account: Account) -> None:
         """Give back the permits waiting in *account*'s pools and never refill them (a stop:
@@ -583,7 +624,7 @@ class LocalLedger:
                 account.counts[i] += n
             counts[i] += n
             bulk[i] += n - 1
-            self._after_take(account, i, n, target, t_ms)
+        self._after_take(account, items, target, t_ms)
         out = []
         for holder in (account,) if account is root else (account, root):
             thr, base, pools = holder.thr, holder.base, holder.pools
@@ -656,8 +697,32 @@ class LocalLedger:
         self.figures.restart(int(state["notice_level"]))
 
 
+def _from_pool(pool: list[None], n: float) -> int:
+    """Take up to *n* permits from *pool* (a run's, lock held; only whole-number kinds have
+    permits), one at a time, as a charge without the lock may take one meanwhile: how many it
+    gave. Not charges of their own: a traced pool records none."""
+    taken = 0
+    while taken < n:
+        try:
+            list.pop(pool)
+        except IndexError:
+            break
+        taken += 1
+    return taken
+
+
 def _left(account: Account, i: int) -> float:
     return max(0, account.thr[i] - account.base[i] - account.used(i))
+
+
+def reserve_within(ledger: Ledger, account: Account, items: Items, i: int, target: str | None,
+                   t_ms: float) -> float | BudgetExceeded:
+    """`Ledger.reserve_within` in its three steps (`Ledger.check`, `Ledger.reserve`,
+    `Ledger.remaining`), for any ledger: the Dask backend's ledger and the general case of
+    `LocalLedger`'s (lock held)."""
+    err = ledger.check(account, i, 1, target, t_ms) or ledger.reserve(account, items, target,
+                                                                      t_ms)
+    return err if err is not None else ledger.remaining(account, i)
 
 
 def read_state(state: object) -> Mapping[str, Any]:

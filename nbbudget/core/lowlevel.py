@@ -218,14 +218,12 @@ class Core:
         with ledger.lock:
             stop = scope.stop or scope.root.stop
             if stop is not None:
-                err: BaseException | None = stop.signal()
+                err: BaseException = stop.signal()
             else:
-                t_ms = scope.t_ms()
-                err = ledger.check(account, i, 1, target, t_ms) or ledger.reserve(
-                    account, items, target, t_ms)
-                if err is None:
-                    return plain(ledger.remaining(account, i))
-        assert err is not None
+                left = ledger.reserve_within(account, items, i, target, scope.t_ms())
+                if not isinstance(left, BudgetExceeded):
+                    return plain(left)
+                err = left
         self.fail(err)
 
     def require(self, i: int, n: float, target: str | None) -> None:

@@ -43,6 +43,7 @@ from ...core.ledger import (
     Items,
     Ledger,
     LedgerFactory,
+    reserve_within,
 )
 from ...core.limits import Limits
 from ...core.outcome import Status
@@ -345,6 +346,12 @@ class DaskLedger:
                 account.recorder.charge(i, n, t_ms, target)
         self.heard_level(reply, t_ms)
         return None
+
+    def reserve_within(self, account: Account, items: Items, i: int, target: str | None,
+                       t_ms: float) -> float | BudgetExceeded:
+        """`reserve` *items* unless kind *i* has less than one unit left on the scheduler
+        (refused first, nothing reserved); what is then left of kind *i*, else the refusal."""
+        return reserve_within(self, account, items, i, target, t_ms)
 
     def lease(self, i: int, target: str | None, t_ms: float) -> BudgetExceeded | None:
         """Settle the run's lease of kind *i* and take the next, in one round trip; one of its
