@@ -204,7 +204,8 @@ class LedgerMachine(RuleBasedStateMachine):
         past_run, past_own = self.model.over(name, permits)
         if past_run and past_own and "grant_refusal_named_first" in KNOWN_DIVERGENCES:
             return
-        got = attempt(lambda: reserve_request(self.budgets[name], asked, PROVIDER, retry=retry))
+        core = self.budgets[name].lowlevel
+        got = attempt(lambda: reserve_request(core, asked, PROVIDER, retry=retry))
         expected = self.model.request(name, asked, retry)
         assert got == (GRANTED if expected is None else expected)
 
@@ -409,7 +410,7 @@ def test_S2_9_S4_6_model_requests_reserve_refuse_and_clamp_as_the_reference_ledg
         for step, (op, asked) in enumerate(plan):
             if op in ("first", "retry"):
                 got = attempt(lambda op=op, asked=asked: reserve_request(
-                    run, asked, PROVIDER, retry=op == "retry"))
+                    run.lowlevel, asked, PROVIDER, retry=op == "retry"))
                 expected = model.request("run", asked, op == "retry")
                 expected = GRANTED if expected is None else expected
             elif op in ("turn", "call"):
@@ -468,7 +469,7 @@ def test_S3_5_model_requests_leave_no_permit_past_the_next_notice(ledger):
     then reaches 95% of the limit still gives the second notice (it was skipped)."""
     with nb.budget(turns=14, clock=FakeClock(), ledger=ledger) as run:
         for _ in range(13):
-            reserve_request(run, None, PROVIDER)
+            reserve_request(run.lowlevel, None, PROVIDER)
         assert notice_levels(run) == [1]
         run.charge("turns")
         assert notice_levels(run) == [1, 2]

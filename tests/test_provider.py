@@ -220,10 +220,10 @@ def test_S2_9_S4_3_a_model_request_takes_its_turn_and_permit_both_or_neither(
         if refused_by == "output_tokens":
             run.lowlevel.spend([(KIND_INDEX["output_tokens"], 5)], None)  # a reply used it
         else:
-            assert reserve_request(run, 100, "provider:m") == 100
+            assert reserve_request(run.lowlevel, 100, "provider:m") == 100
         before = dict(run.consumed)
         with pytest.raises(nb.BudgetExceeded) as info:
-            reserve_request(run, 100, "provider:m")
+            reserve_request(run.lowlevel, 100, "provider:m")
         assert info.value.kind == refused_by
         assert info.value.target == "provider:m"
         assert dict(run.consumed) == before  # nothing reserved by the refused request
@@ -232,7 +232,7 @@ def test_S2_9_S4_3_a_model_request_takes_its_turn_and_permit_both_or_neither(
 def test_S2_9_S4_6_a_retry_takes_one_more_permit_and_the_cap_is_what_is_left(ledger, clock):
     with nb.budget(output_tokens=30, turns=1, provider_calls=3, ledger=ledger,
                    clock=clock) as run:
-        assert reserve_request(run, 100, "provider:m") == 30  # clamped (S2-9)
-        assert reserve_request(run, None, "provider:m", retry=True) == 30
-        assert reserve_request(run, 10, "provider:m", retry=True) == 10
+        assert reserve_request(run.lowlevel, 100, "provider:m") == 30  # clamped (S2-9)
+        assert reserve_request(run.lowlevel, None, "provider:m", retry=True) == 30
+        assert reserve_request(run.lowlevel, 10, "provider:m", retry=True) == 10
         assert (run.consumed["turns"], run.consumed["provider_calls"]) == (1, 3)

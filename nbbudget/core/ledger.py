@@ -179,14 +179,18 @@ class Ledger(Protocol):
                 t_ms: float) -> BudgetExceeded | None: ...
 
     def reserve_within(self, account: Account, items: Items, i: int, target: str | None,
-                       t_ms: float) -> float | BudgetExceeded:
+                       when: Callable[[], float]) -> float | BudgetExceeded:
         """`reserve` *items* unless kind *i* has less than one unit left (refused first, as
         `check` refuses it, and nothing is reserved); what is then left of kind *i*
         (`remaining`), else the refusal. `reserve_within` below does it with those three
-        steps, for any ledger."""
+        steps, for any ledger. *when* reads the trace's time (`Scope.t_ms`), only when an
+        event is recorded: a model request's reservation mostly records none."""
 
     def spend(self, account: Account, items: Items, target: str | None,
-              t_ms: float) -> list[tuple[Account, int]]: ...
+              when: Callable[[], float]) -> list[tuple[Account, int]]:
+        """Record spending that already happened (S4-10), even past a limit; the holders whose
+        limit it passed, each with the first kind passed (S2-9, S3-3). *when* as for
+        `reserve_within`."""
 
     def window(self, holder: Account, i: int) -> bool: ...
 
@@ -507,11 +511,11 @@ class LocalLedger:
         if account is not root:
             for i, n in items:
                 account.counts[i] += n
-        self._after_take(account, items, target, t_ms)
+        self._after_take(account, items, target, lambda: t_ms)
         return None
 
     def reserve_within(self, account: Account, items: Items, i: int, target: str | None,
-                       t_ms: float) -> float | BudgetExceeded:
+                       when: Callable[[], float]) -> float | BudgetExceeded:
         """`reserve` *items* unless kind *i* has less than one unit left (refused first,
         nothing reserved); what is then left of kind *i*, else the refusal. A model request's
         reservation, before every attempt (`Core.reserve_within`).
@@ -535,10 +539,12 @@ class LocalLedger:
                         break
                     taken += 1
                 else:  # a pool run dry is refilled by the next take, as after a charge
-                    return _left(root, i)
+                    thr, base = root.thr[i], root.base[i]  # _left(root, i), inline:
+                    left = thr - base - (root.counts[i] - len(pools[i]) - base)
+                    return left if left > 0 else 0
                 for j, _ in items[:taken]:  # all or none (S4-3)
                     pools[j].append(None)
-        return reserve_within(self, account, items, i, target, t_ms)
+        return reserve_within(self, account, items, i, target, when())
 
     def _take_all(self, items: Items) -> tuple[int, float] | None:
         """Reserve every item on the run, or none: the first that cannot be had, else None.
@@ -574,7 +580,7 @@ class LocalLedger:
         return True
 
     def _after_take(self, account: Account, items: Items, target: str | None,
-                    t_ms: float) -> None:
+                    when: Callable[[], float]) -> None:
         """What follows a reservation or a spending of *items*: a full-trace event, a notice,
         a refill of the lease, for each kind in turn. First, the permits the pool holds past
         its cap go: a reservation or a spending of more than one unit counts on top of them,
@@ -585,12 +591,12 @@ class LocalLedger:
         counts, base, watch, cap, pools = root.counts, root.base, root.watch, root.cap, root.pools
         for i, n in items:
             if figures.full:
-                account.recorder.charge(i, n, t_ms, target)
+                account.recorder.charge(i, n, when(), target)
             pool, count = pools[i], counts[i]
             if pool and count > cap[i]:
                 count = counts[i] = count - _from_pool(pool, count - cap[i])
             if count - len(pool) - base[i] >= watch[i]:  # root.used(i), inline
-                figures.notice(t_ms)
+                figures.notice(when())
                 watch, cap, count = root.watch, root.cap, counts[i]  # armed again
             room = cap[i] - count
             if room >= 1 and not pool and not root.closed:  # refill an empty pool only
@@ -613,7 +619,7 @@ class LocalLedger:
 
     # -- after the fact and without reserving (lock held) ---------------------------------------
     def spend(self, account: Account, items: Items, target: str | None,
-              t_ms: float) -> list[tuple[Account, int]]:
+              when: Callable[[], float]) -> list[tuple[Account, int]]:
         """Record spending that already happened, even past a limit (S4-10); for *account*, then
         its run, the first kind whose limit it passed there, in the attribution order (S2-9,
         S3-3): a reply can pass its grant's allowance and its run's limit at once."""
@@ -624,7 +630,7 @@ class LocalLedger:
                 account.counts[i] += n
             counts[i] += n
             bulk[i] += n - 1
-        self._after_take(account, items, target, t_ms)
+        self._after_take(account, items, target, when)
         out = []
         for holder in (account,) if account is root else (account, root):
             thr, base, pools = holder.thr, holder.base, holder.pools

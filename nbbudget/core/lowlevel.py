@@ -220,7 +220,7 @@ class Core:
             if stop is not None:
                 err: BaseException = stop.signal()
             else:
-                left = ledger.reserve_within(account, items, i, target, scope.t_ms())
+                left = ledger.reserve_within(account, items, i, target, scope.t_ms)
                 if not isinstance(left, BudgetExceeded):
                     return plain(left)
                 err = left
@@ -258,7 +258,7 @@ class Core:
         grant or its run is cut by the first limit passed, in the attribution order (S2-9,
         S3-3). *items* are ``(kind index, amount)`` pairs in that order, already checked."""
         with self.ledger.lock:
-            passed = self.ledger.spend(self.account, items, target, self.scope.t_ms())
+            passed = self.ledger.spend(self.account, items, target, self.scope.t_ms)
             if not passed:
                 return
             stops = [self._passed(holder, i) for holder, i in passed]

@@ -209,7 +209,8 @@ class Budgeted(BaseCallbackHandler):
                     f"cost_usd is limited and genai-prices has no price for model {model!r} of "
                     f"provider {provider!r}: give its price, Budgeted(prices={{'input': ..., "
                     f"'output': ...}}) in USD per million tokens")
-            reserve_request(run, None, label)  # S2-9: with output_tokens spent, no more calls
+            # S2-9: with output_tokens spent, no more calls
+            reserve_request(run.lowlevel, None, label)
         except BudgetExceeded as err:
             self._refuse(run_id, root, err)
             raise

@@ -177,7 +177,7 @@ class Budgeted(RunHooksBase[Any, Any]):
                 f"limits cost_usd: give Budgeted(prices={{'input': USD, 'output': USD}}) per "
                 f"million tokens, or a function of the usage")
         try:
-            reserve_request(run, None, target)  # refused when no output token is left
+            reserve_request(run.lowlevel, None, target)  # refused when no output token is left
         except BudgetExceeded as err:
             raise BudgetRefused(*err.args) from None
 

@@ -24,7 +24,7 @@ from ..core.errors import BudgetCut, BudgetExceeded, ConfigError
 from ..core.kinds import KIND_INDEX, KINDS
 
 if TYPE_CHECKING:
-    from ..core.lowlevel import Run
+    from ..core.lowlevel import Core, Run
 
 __all__ = ["GUARDRAIL_MS", "Usage", "clamp", "degrade_past", "make_provider",
            "reserve_request", "spend_reply", "spend_usage", "usage_of"]
@@ -203,15 +203,15 @@ _FIRST_ATTEMPT = tuple(sorted(((KIND_INDEX["turns"], 1), (KIND_INDEX["provider_c
 _RETRY = ((KIND_INDEX["provider_calls"], 1),)
 
 
-def reserve_request(run: Run, asked: Any, target: str, *, retry: bool = False) -> int | None:
+def reserve_request(core: Core, asked: Any, target: str, *, retry: bool = False) -> int | None:
     """What a model request takes before it is sent, under one lock: refused when no output
     token is left (S2-9, nothing reserved), else its ``turns`` and ``provider_calls`` permits,
     both or neither (a retry: one more ``provider_calls`` permit, S4-6); the output cap to send,
     *asked* clamped to what ``output_tokens`` has left (None: no cap asked and none needed).
-    An instrumented model client (``nbbudget.integrations.models``) calls it before each
-    attempt; the LangChain and the Agents SDK adapters before each model call."""
-    left = run.lowlevel.reserve_within(_RETRY if retry else _FIRST_ATTEMPT, _OUTPUT_TOKENS,
-                                       target)
+    *core* is the run's (``run.lowlevel``). An instrumented model client
+    (``nbbudget.integrations.models``) calls it before each attempt; the LangChain and the
+    Agents SDK adapters before each model call."""
+    left = core.reserve_within(_RETRY if retry else _FIRST_ATTEMPT, _OUTPUT_TOKENS, target)
     if left == float("inf"):
         return asked if asked is None else int(asked)
     return int(left) if asked is None else int(min(asked, left))
@@ -260,16 +260,16 @@ def spend_usage(run: Run, usage: Usage, prices: Mapping[str, float] | None,
         cost = inp / 1000 * prices.get("input", 0) + out / 1000 * prices.get("output", 0)
     if cost is None and price is not None:
         cost = price(usage)
-    spend_reply(run, inp, out, cost, label, f"provider:{label}")
+    spend_reply(run.lowlevel, inp, out, cost, label, f"provider:{label}")
 
 
-def spend_reply(run: Run, inp: float, out: float, cost: float | None, label: str,
+def spend_reply(core: Core, inp: float, out: float, cost: float | None, label: str,
                 target: str) -> None:
     """Charge what a model reply used, *inp* input and *out* output tokens and *cost* dollars
-    (None or 0: no cost), to *target*, each figure checked as `spend_usage` checks it (whole
-    numbers of tokens pass at once). The model clients (``nbbudget.integrations.models``) call
-    it with what they read from each reply and its price; `spend_usage` once it has worked out
-    the cost of a usage mapping."""
+    (None or 0: no cost), to *target* on the run whose *core* it is (``run.lowlevel``), each
+    figure checked as `spend_usage` checks it (whole numbers of tokens pass at once). The model
+    clients (``nbbudget.integrations.models``) call it with what they read from each reply and
+    its price; `spend_usage` once it has worked out the cost of a usage mapping."""
     if not (type(inp) is int and type(out) is int and inp >= 0 and out >= 0):
         inp = _amount("input_tokens", inp, label)
         out = _amount("output_tokens", out, label)
@@ -283,7 +283,7 @@ def spend_reply(run: Run, inp: float, out: float, cost: float | None, label: str
             cost = _amount("cost_usd", cost, label)
         items.append((_COST, cost))
     if items:
-        run.lowlevel.spend(items, target)
+        core.spend(items, target)
 
 
 def _amount(key: str, value: Any, label: str) -> float:

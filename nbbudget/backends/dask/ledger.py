@@ -348,10 +348,10 @@ class DaskLedger:
         return None
 
     def reserve_within(self, account: Account, items: Items, i: int, target: str | None,
-                       t_ms: float) -> float | BudgetExceeded:
+                       when: Callable[[], float]) -> float | BudgetExceeded:
         """`reserve` *items* unless kind *i* has less than one unit left on the scheduler
         (refused first, nothing reserved); what is then left of kind *i*, else the refusal."""
-        return reserve_within(self, account, items, i, target, t_ms)
+        return reserve_within(self, account, items, i, target, when())
 
     def lease(self, i: int, target: str | None, t_ms: float) -> BudgetExceeded | None:
         """Settle the run's lease of kind *i* and take the next, in one round trip; one of its
@@ -423,11 +423,12 @@ class DaskLedger:
 
     # -- after the fact and without reserving (lock held) ---------------------------------------
     def spend(self, account: Account, items: Items, target: str | None,
-              t_ms: float) -> list[tuple[Account, int]]:
+              when: Callable[[], float]) -> list[tuple[Account, int]]:
         """Count spending that already happened on the scheduler, even past a limit (S4-10);
         the scopes whose limit it passed, each with the first kind passed (S2-9, S3-3)."""
         assert isinstance(account, DaskAccount)
         self.ensure_open()
+        t_ms = when()
         reply = self.call("nbb_spend", scope=account.key, rid=self.rid(items[0][0]),
                           items=[[KINDS[i].name, n] for i, n in items])
         for i, n in items:

@@ -74,7 +74,7 @@ def _reply_text(body: Mapping[str, Any]) -> str:
 
 #: Messages (``POST /v1/messages``), for `instrument`
 MESSAGES = Shape(
-    name="messages", path="/messages", cap_key=lambda body: "max_tokens",
+    name="messages", path="/messages", cap_keys=("max_tokens",),
     ask_usage=lambda body: False, usage=_usage, stream_usage=_stream_usage, stream_text=_text,
     reply_text=_reply_text, hidden=lambda event: False,
     text_marker=b'"type":"text_delta"')

@@ -59,7 +59,7 @@ from typing import Any, TypeVar
 import httpx2
 
 from ...core.errors import BudgetCut, BudgetExceeded, ConfigError
-from ...core.lowlevel import Unwind
+from ...core.lowlevel import Core, Unwind
 from ...run.budget import Budget, current
 from ...run.providers import GUARDRAIL_MS, degrade_past, reserve_request, spend_reply
 from ..prices import Given, given_price, price_of
@@ -196,19 +196,22 @@ class _Gate:
         label, target, price = known
         if price is None:
             self._priceless(run, model)
-        key = shape.cap_key(body)
+        for key in shape.cap_keys:  # the first the body has, else the last
+            if key in body:
+                break
         asked = body.get(key)
         headers = request.headers  # a first attempt's header found in C, else looked up
         retry = _FIRST not in headers.raw and headers.get("x-stainless-retry-count", "0") != "0"
+        core = run.lowlevel
         try:
-            capped = reserve_request(run, asked, target, retry=retry)
+            capped = reserve_request(core, asked, target, retry=retry)
         except BudgetExceeded as err:
             raise self.api.refused(*err.args) from None
         if capped != asked:
             body[key], changed = capped, True
         stream = body.get("stream") is True
         hide = stream and shape.ask_usage(body)
-        left_ms = run.remaining_ms
+        left_ms = core.scope.remaining_ms()
         guardrail = GUARDRAIL_MS
         bound = (guardrail if left_ms is None or left_ms >= guardrail else left_ms) / 1000
         if changed or hide or stream:
@@ -216,8 +219,8 @@ class _Gate:
         timeout = request.extensions.get("timeout")
         if not timeout or None in (values := timeout.values()) or max(values) > bound:
             _lower(request, timeout, bound)
-        return request, _Attempt(self, run, shape, model, label, target, price, stream, hide,
-                                 bound)
+        return request, _Attempt(self, run, core, shape, model, label, target, price, stream,
+                                 hide, bound)
 
     def _model(self, model: str) -> tuple[str, str, Callable[[Mapping[str, int]], float] | None]:
         """The calls' name, target and price for *model*, kept for its next calls."""
@@ -266,10 +269,11 @@ def _prepared(request: httpx2.Request, body: dict[str, Any] | None,
 class _Attempt:
     """One attempt of a model request in a run: what it charges and how it is cut."""
 
-    def __init__(self, gate: _Gate, run: Budget, shape: Shape, model: str, label: str,
-                 target: str, price: Callable[[Mapping[str, int]], float] | None,
+    def __init__(self, gate: _Gate, run: Budget, core: Core, shape: Shape, model: str,
+                 label: str, target: str, price: Callable[[Mapping[str, int]], float] | None,
                  stream: bool, hide: bool, bound: float) -> None:
-        self.gate, self.run, self.shape, self.model, self.label = gate, run, shape, model, label
+        self.gate, self.run, self.core, self.shape = gate, run, core, shape
+        self.model, self.label = model, label
         self.target, self.price, self.stream, self.hide = target, price, stream, hide
         self.started = time.monotonic()
         self.deadline = self.started + bound
@@ -277,7 +281,7 @@ class _Attempt:
     def charge(self, figures: Mapping[str, int], cost: float | None) -> None:
         """Charge what was used (S3-3: recorded even past a limit, which raises the run's
         stop), then degrade if the run has used enough (S3-7)."""
-        spend_reply(self.run, figures.get("input_tokens", 0), figures.get("output_tokens", 0),
+        spend_reply(self.core, figures.get("input_tokens", 0), figures.get("output_tokens", 0),
                     cost, self.label, self.target)
         degrade = self.gate.degrade
         if degrade is not None:
@@ -529,9 +533,9 @@ class _Budgeted(httpx2.Client):
         super().__init__(timeout=inner.timeout, transport=httpx2.BaseTransport(),
                          trust_env=False)
         self.inner, self.gate = inner, gate
-
-    def build_request(self, *args: Any, **kwargs: Any) -> httpx2.Request:
-        return self.inner.build_request(*args, **kwargs)
+        # the original client builds every request (its base URL, headers, auth), called
+        # straight from the SDK: no frame of this wrapper's in between
+        self.build_request = inner.build_request  # type: ignore[method-assign]
 
     def send(self, request: httpx2.Request, **kwargs: Any) -> httpx2.Response:
         opened = self.gate.open(request)
@@ -566,9 +570,7 @@ class _AsyncBudgeted(httpx2.AsyncClient):
         super().__init__(timeout=inner.timeout, transport=httpx2.AsyncBaseTransport(),
                          trust_env=False)
         self.inner, self.gate = inner, gate
-
-    def build_request(self, *args: Any, **kwargs: Any) -> httpx2.Request:
-        return self.inner.build_request(*args, **kwargs)
+        self.build_request = inner.build_request  # type: ignore[method-assign]  # as _Budgeted
 
     async def send(self, request: httpx2.Request, **kwargs: Any) -> httpx2.Response:
         opened = self.gate.open(request)

@@ -42,10 +42,6 @@ class Unpriced(ConfigError, OpenAIError):
     """A request naming a model with no known price while ``cost_usd`` is limited."""
 
 
-def _chat_cap(body: Mapping[str, Any]) -> str:
-    return "max_tokens" if "max_tokens" in body else "max_completion_tokens"
-
-
 def _chat_ask_usage(body: dict[str, Any]) -> bool:
     options = body.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage") is True:
@@ -83,7 +79,8 @@ def _chat_hidden(event: Mapping[str, Any]) -> bool:
 
 #: Chat Completions (``POST /chat/completions``), for `instrument`
 CHAT = Shape(
-    name="chat", path="/chat/completions", cap_key=_chat_cap, ask_usage=_chat_ask_usage,
+    name="chat", path="/chat/completions", cap_keys=("max_tokens", "max_completion_tokens"),
+    ask_usage=_chat_ask_usage,
     usage=_chat_usage, stream_usage=_chat_stream_usage, stream_text=_chat_text,
     reply_text=_chat_reply_text, hidden=_chat_hidden,
     text_marker=b'"content":"', empty_marker=b'"content":""', asked_field=b',"usage":null')
@@ -116,7 +113,7 @@ def _responses_reply_text(body: Mapping[str, Any]) -> str:
 
 #: Responses (``POST /responses``), for `instrument`
 RESPONSES = Shape(
-    name="responses", path="/responses", cap_key=lambda body: "max_output_tokens",
+    name="responses", path="/responses", cap_keys=("max_output_tokens",),
     ask_usage=lambda body: False, usage=_responses_usage, stream_usage=_responses_stream_usage,
     stream_text=_responses_text, reply_text=_responses_reply_text, hidden=lambda event: False,
     text_marker=b'"type":"response.output_text.delta"')

@@ -33,7 +33,8 @@ _scan: Callable[[str, int], tuple[Any, int]] = make_scanner(
 class Shape:
     """One endpoint of a model API (Chat Completions, Responses, Messages).
 
-    ``cap_key(body)``: the request's output-cap field; ``ask_usage(body)``: make a streamed
+    ``cap_keys``: the request's output-cap field, the first of these the body has, else the
+    last; ``ask_usage(body)``: make a streamed
     request report its usage, True when the caller had not asked for it (the usage event is then
     kept from the caller); ``usage(obj)``: a reply's ``usage`` object as figures;
     ``stream_usage(event)``: the figures an event reports, or None; ``stream_text(event)``: the
@@ -45,7 +46,7 @@ class Shape:
 
     name: str
     path: str
-    cap_key: Callable[[Mapping[str, Any]], str]
+    cap_keys: tuple[str, ...]
     ask_usage: Callable[[dict[str, Any]], bool]
     usage: Callable[[Mapping[str, Any]], dict[str, int]]
     stream_usage: Callable[[Mapping[str, Any]], dict[str, int] | None]
