@@ -155,6 +155,7 @@ class _Unbuilt:
 
     full = False  # a run traced in full is built at once
     pools = _NO_POOLS  # every charge misses the pool and takes the path that builds the parts
+    core = None  # no parts yet: `Budget.lowlevel` builds them
 
     def __init__(self, recipe: _Recipe, began: float | None) -> None:
         self.recipe = recipe  # what builds the parts: checked, lazy() is True
@@ -401,6 +402,7 @@ class Budget:
         # takes the locked path, which builds it. Written after `_state`: a thread that finds
         # a pool empty finds the state it will be refilled from.
         self._pools, self._step_pool, self._full = state.pools, state.pools[STEPS], state.full
+        self._core: Core | None = state.core  # what `lowlevel` reads, once built
 
     def _parts(self) -> _Built:
         """This run's built state, its parts built now if they were not."""
@@ -410,7 +412,8 @@ class Budget:
     def lowlevel(self) -> Core:
         """This run's parts (ledger account, scope, recorder), for the layers built on it: see
         `nbbudget.core.lowlevel`. Users need none of it."""
-        return self._state.built(self).core
+        core = self._core  # read before every model request: one attribute, once built
+        return core if core is not None else self._state.built(self).core
 
     # -- charging -----------------------------------------------------------------------------
     def charge(self, kind: str, n: float = 1, *, target: str | None = None) -> None:

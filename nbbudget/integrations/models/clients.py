@@ -269,6 +269,9 @@ def _prepared(request: httpx2.Request, body: dict[str, Any] | None,
 class _Attempt:
     """One attempt of a model request in a run: what it charges and how it is cut."""
 
+    __slots__ = ("core", "deadline", "gate", "hide", "label", "model", "price", "run", "shape",
+                 "started", "stream", "target")
+
     def __init__(self, gate: _Gate, run: Budget, core: Core, shape: Shape, model: str,
                  label: str, target: str, price: Callable[[Mapping[str, int]], float] | None,
                  stream: bool, hide: bool, bound: float) -> None:
