@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("openai")
+import httpx2
 import openai  # after the skip
 from wire import Reply, Server
 from wire import openai_shapes as o
@@ -60,6 +61,22 @@ def test_every_attempt_the_sdks_retries_included_reserves_a_provider_call_S4_6(
     assert [r.headers["x-stainless-retry-count"] for r in server.received] == ["0", "1", "2"]
     assert run.consumed["provider_calls"] == 3
     assert run.consumed["turns"] == 1  # one call
+
+
+def test_a_first_attempt_is_told_from_a_retry_by_its_header_where_httpx2_keeps_it_S4_6(
+        server: Server) -> None:
+    """The gate reads the SDK's retry header in place, in httpx2's own list of (raw key,
+    lower-case key, value) triples, as it is cheaper than a copy (`Headers.raw`): should httpx2
+    keep it otherwise, the header is looked up instead, correct but slower, and this fails."""
+    seen: list[Any] = []
+    server.queue(Reply.error(500, kind="server_error"), o.chat("done", o.chat_usage(3, 1)))
+    with httpx2.Client(event_hooks={"request": [seen.append]}) as http, openai.OpenAI(
+            base_url=server.url, api_key="test", http_client=http, max_retries=1) as bare, \
+            nb.budget(provider_calls=5) as run:
+        chat(nb.instrument(bare))
+    first = (b"x-stainless-retry-count", b"x-stainless-retry-count", b"0")
+    assert [first in request.headers._list for request in seen] == [True, False]
+    assert (run.consumed["provider_calls"], run.consumed["turns"]) == (2, 1)
 
 
 def test_a_refused_attempt_sends_nothing_and_raises_BudgetExceeded_S4_6(
