@@ -42,11 +42,12 @@ class Unpriced(ConfigError, AnthropicError):
 def _usage(usage: Mapping[str, Any]) -> dict[str, int]:
     read = int(usage.get("cache_read_input_tokens") or 0)
     written = int(usage.get("cache_creation_input_tokens") or 0)
-    out = {"output_tokens": int(usage.get("output_tokens") or 0)}
+    out = int(usage.get("output_tokens") or 0)
     if "input_tokens" in usage or read or written:
-        out.update(input_tokens=int(usage.get("input_tokens") or 0) + read + written,
-                   cache_read_tokens=read, cache_write_tokens=written)
-    return out
+        return {"output_tokens": out,
+                "input_tokens": int(usage.get("input_tokens") or 0) + read + written,
+                "cache_read_tokens": read, "cache_write_tokens": written}
+    return {"output_tokens": out}
 
 
 def _stream_usage(event: Mapping[str, Any]) -> dict[str, int] | None:
