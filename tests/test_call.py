@@ -454,7 +454,14 @@ def test_S0_11_detach_and_collect_cycles_leave_no_entries_and_no_growth_in_memor
     import tracemalloc
 
     from nbbudget.calls.jobs import Jobs
-    from nbbudget.calls.runner import Backend, LocalRunner, current_backend, use_backend
+    from nbbudget.calls.runner import (
+        RECORD_AFTER_MS,
+        Backend,
+        LocalRunner,
+        current_backend,
+        use_backend,
+    )
+    from nbbudget.core.clock import default_clock
 
     jobs = Jobs(list)  # this test's own nb.jobs and runner: no other test's jobs in them
     runner = LocalRunner(jobs)
@@ -474,9 +481,15 @@ def test_S0_11_detach_and_collect_cycles_leave_no_entries_and_no_growth_in_memor
 
     def settled() -> None:
         """Until the job records, written off the callers' path, are written: a record being
-        written holds its job a moment longer. Then nothing holds any job."""
+        written holds its job a moment longer. Then nothing holds any job. And until the timers
+        that write them have all fired: each is set `RECORD_AFTER_MS` after its call and holds
+        a few hundred bytes until then (a fast machine leaves about 150 of them pending, which
+        the measure took for growth), and one set now fires after every one of them."""
         _eventually(lambda: gc.collect() is not None and runner.attached() == 0
                     and len(jobs) == 0)
+        clock, fired = default_clock(), threading.Event()
+        clock.call_at(clock.now_ms() + RECORD_AFTER_MS, fired.set)
+        assert fired.wait(SOON)
 
     for n in range(1000):  # warm up: workers, the store's connections and statement caches
         cycle(n)
