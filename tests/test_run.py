@@ -243,15 +243,20 @@ def test_S0_1_a_resumable_notebook_pauses_at_the_first_boundary_past_2s_and_cont
     notebook = write_notebook(tmp_path / "slow.ipynb", "import time\ncount = 0",
                               *(logged(i, 0.6) for i in range(8)), "print('count', count)")
     env["AGENT_CALL_BUDGET_MS"] = "2000"
-    for _ in range(5):  # a kernel slower to start than 2 s (a busy machine) answers "starting":
-        began = time.time()  # the identical command takes the turn over, with a budget of its own
-        first = nbbudget(env, "run", notebook.name, "--resume", cwd=tmp_path)
-        assert first.code == 14, first.stderr
+    starting = 0
+    for _ in range(5):  # a kernel slower to start than 2 s (a busy machine): "starting", and
+        began = time.time()  # the identical command takes the turn over, with a budget of its
+        first = nbbudget(env, "run", notebook.name, "--resume", cwd=tmp_path)  # own, while the
+        assert first.code == 14, first.stderr  # kernel is still starting
         data = first.envelope["data"]
         if data["state"] != "starting":
             break
+        starting += 1
     assert data["state"] == "paused"
-    assert 2.0 <= first.envelope["meta"]["duration_ms"] / 1000 < 6.0
+    # a command that came once the kernel was up joined the turn its start had used up, and
+    # may be told at once that the run paused (`Runs.claim` in nbbudget.calls.run_store)
+    least = 0.0 if starting else 2.0
+    assert least <= first.envelope["meta"]["duration_ms"] / 1000 < 6.0
     assert data["next"] == "nbbudget run slow.ipynb --resume"
     assert data["checkpoint"] == f"{data['job']}:{data['cell']}"
     if data["executed"]:  # the kernel was up before 2 s: the last cell ran across them
