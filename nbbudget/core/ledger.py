@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = ["STATE_VERSION", "Account", "Branch", "ClusterLedger", "Figures", "Ledger",
            "LedgerFactory", "LocalLedger", "check_totals", "plain", "read_state",
-           "reserve_within"]
+           "reserve_in_steps"]
 
 #: the version a run's saved state (`Budget.state`) carries, which `read_state` checks before a
 #: run is resumed from it; `nbbudget.run.budget` offers it beside `Budget.resume`
@@ -182,8 +182,8 @@ class Ledger(Protocol):
                        when: Callable[[], float]) -> float | BudgetExceeded:
         """`reserve` *items* unless kind *i* has less than one unit left (refused first, as
         `check` refuses it, and nothing is reserved); what is then left of kind *i*
-        (`remaining`), else the refusal. `reserve_within` below does it with those three
-        steps, for any ledger. *when* reads the trace's time (`Scope.t_ms`), only when an
+        (`remaining`), else the refusal. `reserve_in_steps` does it with those three steps,
+        for any ledger. *when* reads the trace's time (`Scope.t_ms`), only when an
         event is recorded: a model request's reservation mostly records none."""
 
     def spend(self, account: Account, items: Items, target: str | None,
@@ -523,7 +523,7 @@ class LocalLedger:
         The run's own permits, one of each kind, come from its pools when each holds one (as a
         single charge's do without the lock; here under it, all or none): what `check`,
         `reserve` and `remaining` would do then, without their calls, whose cost is most of
-        the time a model call adds. Anything else goes through them (`reserve_within` below).
+        the time a model call adds. Anything else goes through them (`reserve_in_steps`).
         """
         root = self.root
         if account is root and not self.figures.full:
@@ -544,7 +544,7 @@ class LocalLedger:
                     return left if left > 0 else 0
                 for j, _ in items[:taken]:  # all or none (S4-3)
                     pools[j].append(None)
-        return reserve_within(self, account, items, i, target, when())
+        return reserve_in_steps(self, account, items, i, target, when())
 
     def _take_all(self, items: Items) -> tuple[int, float] | None:
         """Reserve every item on the run, or none: the first that cannot be had, else None.
@@ -721,8 +721,8 @@ def _left(account: Account, i: int) -> float:
     return max(0, account.thr[i] - account.base[i] - account.used(i))
 
 
-def reserve_within(ledger: Ledger, account: Account, items: Items, i: int, target: str | None,
-                   t_ms: float) -> float | BudgetExceeded:
+def reserve_in_steps(ledger: Ledger, account: Account, items: Items, i: int,
+                     target: str | None, t_ms: float) -> float | BudgetExceeded:
     """`Ledger.reserve_within` in its three steps (`Ledger.check`, `Ledger.reserve`,
     `Ledger.remaining`), for any ledger: the Dask backend's ledger and the general case of
     `LocalLedger`'s (lock held)."""

@@ -222,6 +222,7 @@ class Core:
             else:
                 left = ledger.reserve_within(account, items, i, target, scope.t_ms)
                 if not isinstance(left, BudgetExceeded):
+                    # a whole count is returned as it is: `plain`'s own test, without its call
                     return left if type(left) is int else plain(left)
                 err = left
         self.fail(err)

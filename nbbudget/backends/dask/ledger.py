@@ -43,7 +43,7 @@ from ...core.ledger import (
     Items,
     Ledger,
     LedgerFactory,
-    reserve_within,
+    reserve_in_steps,
 )
 from ...core.limits import Limits
 from ...core.outcome import Status
@@ -351,7 +351,7 @@ class DaskLedger:
                        when: Callable[[], float]) -> float | BudgetExceeded:
         """`reserve` *items* unless kind *i* has less than one unit left on the scheduler
         (refused first, nothing reserved); what is then left of kind *i*, else the refusal."""
-        return reserve_within(self, account, items, i, target, when())
+        return reserve_in_steps(self, account, items, i, target, when())
 
     def lease(self, i: int, target: str | None, t_ms: float) -> BudgetExceeded | None:
         """Settle the run's lease of kind *i* and take the next, in one round trip; one of its

@@ -34,9 +34,9 @@ class Shape:
     """One endpoint of a model API (Chat Completions, Responses, Messages).
 
     ``cap_keys``: the request's output-cap field, the first of these the body has, else the
-    last; ``ask_usage(body)``: make a streamed
-    request report its usage, True when the caller had not asked for it (the usage event is then
-    kept from the caller); ``usage(obj)``: a reply's ``usage`` object as figures;
+    last; ``ask_usage(body)``: make a streamed request report its usage, True when the caller
+    had not asked for it (the usage event is then kept from the caller); ``usage(obj)``: a
+    reply's ``usage`` object as figures;
     ``stream_usage(event)``: the figures an event reports, or None; ``stream_text(event)``: the
     text an event adds; ``reply_text(body)``: the text of a whole reply; ``hidden(event)``: an
     event the caller did not ask for (the usage event asked for by ``ask_usage``);
