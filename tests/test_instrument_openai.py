@@ -260,6 +260,62 @@ def test_a_chat_stream_is_cut_at_the_crossing_with_the_text_so_far_S3_9(
     assert answer.disconnected and answer.events_sent < answer.events_total
 
 
+def _events(pieces: list[str], asked: bool) -> list[bytes]:
+    """The bytes of a streamed chat completion of *pieces*, an event each, as the server
+    writes them (usage asked or not)."""
+    body = {"stream_options": {"include_usage": True}} if asked else {}
+    reply = o.chat_stream(pieces, o.chat_usage(3, len(pieces)))
+    assert callable(reply.events)
+    return [f"data: {d if isinstance(d, str) else json.dumps(d, separators=(',', ':'))}\n\n"
+            .encode() for _, d in reply.events(body)]
+
+
+@pytest.mark.parametrize("limit", [1, 6, 17, 29])
+@pytest.mark.parametrize("per_chunk", [1, 3])
+def test_a_stream_counted_lazily_is_cut_at_the_event_a_count_of_each_chunk_gives_S3_9(
+        limit: int, per_chunk: int) -> None:
+    """The meter counts text deltas only once the bytes since its last count could hold
+    enough of them to pass the limit; the stream is cut in the chunk where the deltas first
+    pass it, as when every chunk is counted. The chunks are the transport's, *per_chunk*
+    events each (the role chunk's empty text is no delta)."""
+    pieces = [f"w{i} " for i in range(40)]
+    events = _events(pieces, asked=True)
+    chunks = [b"".join(events[i:i + per_chunk]) for i in range(0, len(events), per_chunk)]
+    # the reference: the first chunk whose deltas, with those before it, pass the limit
+    deltas, crossing = 0, None
+    for at, chunk in enumerate(chunks):
+        deltas += chunk.count(b'"content":"') - chunk.count(b'"content":""')
+        if deltas > limit:
+            crossing = at
+            break
+    assert crossing is not None
+
+    def send(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"},
+                               content=iter(chunks))
+
+    received: list[str] = []
+    with httpx2.Client(transport=httpx2.MockTransport(send)) as http, openai.OpenAI(
+            base_url="http://memory", api_key="k", http_client=http) as bare, \
+            pytest.raises(nb.BudgetCut) as caught, nb.budget(output_tokens=limit) as run:
+        for chunk in chat(nb.instrument(bare), stream=True):
+            received.append(chunk.choices[0].delta.content or "")
+    before = sum(len(chunk.split(b"\n\n")) - 1 for chunk in chunks[:crossing]) - 1
+    assert "".join(received) == "".join(pieces[:max(before, 0)])
+    assert caught.value.by == "output_tokens"
+    assert run.consumed["output_tokens"] == deltas
+
+
+def test_an_empty_text_delta_counts_no_token_S3_9(server: Server, client: openai.OpenAI) -> None:
+    server.queue(o.chat_stream(["a", "", "b"], o.chat_usage(3, 2), event_delay=0.002))
+    with nb.budget(output_tokens=2) as run:
+        text = "".join(c.choices[0].delta.content or "" for c in chat(client, stream=True)
+                       if c.choices)
+    assert text == "ab"
+    assert run.consumed["output_tokens"] == 2
+    assert run.outcome is not None and run.outcome.ok
+
+
 def test_a_responses_stream_is_cut_by_cost_S3_9(server: Server, bare: openai.OpenAI) -> None:
     client = nb.instrument(bare, prices={"input": 0, "output": 1_000_000})  # $1 a token
     pieces = [f"{i}," for i in range(40)]
@@ -432,6 +488,20 @@ def test_a_stream_left_early_is_charged_what_it_counted(server: Server,
     assert 3 <= run.consumed["output_tokens"] < 40  # the deltas received, no usage reported
     server.wait_finished()
     assert server.received[0].disconnected
+
+
+def test_a_stream_left_early_with_no_token_limit_still_records_what_it_counted(
+        server: Server, client: openai.OpenAI) -> None:
+    server.queue(o.chat_stream([f"{i} " for i in range(40)], o.chat_usage(5, 40),
+                               event_delay=0.005))
+    with nb.budget(provider_calls=5) as run:
+        stream = chat(client, stream=True)
+        for seen, _ in enumerate(stream):
+            if seen == 3:
+                break
+        stream.close()
+    assert 3 <= run.consumed["output_tokens"] < 40
+    assert run.consumed["tokens"] == run.consumed["output_tokens"]  # no input reported
 
 
 def test_without_genai_prices_a_limited_cost_asks_for_it_or_for_prices(

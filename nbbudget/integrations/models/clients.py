@@ -345,9 +345,14 @@ class _Attempt:
 class _Meter:
     """A stream's meter: whole events pass on, text deltas are counted, usage charged (S3-9).
 
-    Kept cheap per chunk (the SDK's own work is a few microseconds an event): a chunk that
-    ends on an event's end, as a server sends them, passes on as it is, searched for the usage
-    marker and counted for text markers in C; only events that carry usage are parsed."""
+    Kept cheap per chunk (a chunk costs the SDK tens of microseconds, and nbbudget's work on
+    it runs with its caches cold): a chunk that ends on an event's end, as a server sends
+    them, passes on as it is, searched in C for the usage marker; only events that carry
+    usage are parsed. Text deltas are counted in C too, but only when they could reach the
+    limit: each is a marker of ``len(text)`` bytes, so until the bytes received since the last
+    count exceed the tokens left times that length (``slack``), no limit can have been
+    crossed, and the count waits. Far from a limit it waits for the stream's end; near one, it
+    runs at every chunk, so the stream is cut at the same event either way."""
 
     def __init__(self, attempt: _Attempt) -> None:
         self.attempt = attempt
@@ -359,6 +364,7 @@ class _Meter:
         self.received: list[bytes] = []  # the whole events passed on so far
         self.pending = b""  # the start of an event not complete yet
         self.deltas = 0  # text deltas counted
+        self.counted = 0  # how many of ``received`` are counted in ``deltas``
         self.charged: dict[str, int] = {}
         self.charged_out = 0  # the output tokens in ``charged``
         self.charged_cost = 0.0
@@ -367,6 +373,7 @@ class _Meter:
         price = attempt.price
         self.per_output = price({"output_tokens": _MILLION}) / _MILLION if price else 0.0
         self.left = self._left()
+        self.slack: float = self._slack()  # bytes that can pass before the next count
 
     def _left(self) -> float:
         """How many more output tokens the run's limits allow now."""
@@ -375,6 +382,10 @@ class _Meter:
         if self.per_output > 0:
             left = min(left, run.remaining("cost_usd") / self.per_output)
         return left
+
+    def _slack(self) -> float:
+        """How many bytes can pass uncounted now: too few markers to reach the limit."""
+        return (self.left - (self.deltas - self.charged_out)) * len(self.text)
 
     def feed(self, chunk: bytes) -> bytes:
         """The whole events *chunk* completes, to pass on (charged, or cut, first)."""
@@ -392,15 +403,25 @@ class _Meter:
             chunk = chunk.replace(self.strip, b"")
         self.received.append(chunk)
         out = self._usage(chunk) if self.usage in chunk else chunk
-        if self.left != _INF:
-            n = chunk.count(self.text)
-            if n and self.empty and not self.deltas:  # the role chunk's empty text
-                n -= chunk.count(self.empty)
-            if n > 0:
-                self.deltas += n
-                if self.deltas - self.charged_out > self.left:
-                    self._cross()
+        self.slack -= len(chunk)
+        if self.slack < 0:
+            self._count()
         return out
+
+    def _count(self) -> None:
+        """Count the text deltas of the events received since the last count (an empty text,
+        as a role chunk's, is none); cut the stream if they pass the limit."""
+        received, counted = self.received, self.counted
+        if counted < len(received):
+            data = received[-1] if counted == len(received) - 1 else b"".join(received[counted:])
+            self.counted = len(received)
+            n = data.count(self.text)
+            if n and self.empty:
+                n -= data.count(self.empty)
+            self.deltas += n
+            if self.deltas - self.charged_out > self.left:
+                self._cross()
+        self.slack = self._slack()
 
     def _usage(self, data: bytes) -> bytes:
         """Charge the usage the events of *data* report; the events to pass on."""
@@ -446,6 +467,7 @@ class _Meter:
             self.ended = True
             raise self.attempt.cut(signal, self.salvage()) from None
         self.left = self._left()
+        self._count()
 
     def finish(self) -> bytes:
         """The stream ended: its last bytes, charged."""
@@ -468,6 +490,7 @@ class _Meter:
         event received (a server whose JSON is spaced otherwise), else its count."""
         if self.reported:
             return
+        self._count()
         self._usage(b"".join(self.received))
         if not self.reported and self.deltas:
             self._charge_to({"output_tokens": self.deltas})
