@@ -272,14 +272,22 @@ def _events(pieces: list[str], asked: bool) -> list[bytes]:
 
 @pytest.mark.parametrize("limit", [1, 6, 17, 29])
 @pytest.mark.parametrize("per_chunk", [1, 3])
+@pytest.mark.parametrize("usage_at", [None, 12])
 def test_a_stream_counted_lazily_is_cut_at_the_event_a_count_of_each_chunk_gives_S3_9(
-        limit: int, per_chunk: int) -> None:
+        limit: int, per_chunk: int, usage_at: int | None) -> None:
     """The meter counts text deltas only once the bytes since its last count could hold
     enough of them to pass the limit; the stream is cut in the chunk where the deltas first
     pass it, as when every chunk is counted. The chunks are the transport's, *per_chunk*
-    events each (the role chunk's empty text is no delta)."""
+    events each (the role chunk's empty text is no delta); with *usage_at*, an event there
+    reports usage so far (2 output tokens), charged while deltas wait uncounted."""
     pieces = [f"w{i} " for i in range(40)]
     events = _events(pieces, asked=True)
+    if usage_at is not None:
+        usage = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
+                 "model": "gpt-4o-mini", "choices": [], "usage": o.chat_usage(3, 2)}
+        events.insert(usage_at, f"data: {json.dumps(usage, separators=(',', ':'))}\n\n"
+                      .encode())
+        pieces.insert(usage_at - 1, "")  # no text, where the caller's chunks are counted
     chunks = [b"".join(events[i:i + per_chunk]) for i in range(0, len(events), per_chunk)]
     # the reference: the first chunk whose deltas, with those before it, pass the limit
     deltas, crossing = 0, None

@@ -361,10 +361,10 @@ class _Meter:
             shape.usage_marker
         self.deadline = attempt.deadline
         self.strip = shape.asked_field if attempt.hide else b""
-        self.received: list[bytes] = []  # the whole events passed on so far
+        self.received = bytearray()  # the whole events passed on so far
         self.pending = b""  # the start of an event not complete yet
         self.deltas = 0  # text deltas counted
-        self.counted = 0  # how many of ``received`` are counted in ``deltas``
+        self.counted = 0  # how many bytes of ``received`` are counted in ``deltas``
         self.charged: dict[str, int] = {}
         self.charged_out = 0  # the output tokens in ``charged``
         self.charged_cost = 0.0
@@ -384,8 +384,10 @@ class _Meter:
         return left
 
     def _slack(self) -> float:
-        """How many bytes can pass uncounted now: too few markers to reach the limit."""
-        return (self.left - (self.deltas - self.charged_out)) * len(self.text)
+        """How many more bytes can pass uncounted now: too few markers, with those received
+        but not counted yet, to reach the limit."""
+        return ((self.left - (self.deltas - self.charged_out)) * len(self.text)
+                - (len(self.received) - self.counted))
 
     def feed(self, chunk: bytes) -> bytes:
         """The whole events *chunk* completes, to pass on (charged, or cut, first)."""
@@ -401,7 +403,7 @@ class _Meter:
             self.attempt.timed_out(self.salvage())
         if self.strip:
             chunk = chunk.replace(self.strip, b"")
-        self.received.append(chunk)
+        self.received += chunk
         out = self._usage(chunk) if self.usage in chunk else chunk
         self.slack -= len(chunk)
         if self.slack < 0:
@@ -413,11 +415,10 @@ class _Meter:
         as a role chunk's, is none); cut the stream if they pass the limit."""
         received, counted = self.received, self.counted
         if counted < len(received):
-            data = received[-1] if counted == len(received) - 1 else b"".join(received[counted:])
             self.counted = len(received)
-            n = data.count(self.text)
+            n = received.count(self.text, counted)
             if n and self.empty:
-                n -= data.count(self.empty)
+                n -= received.count(self.empty, counted)
             self.deltas += n
             if self.deltas - self.charged_out > self.left:
                 self._cross()
@@ -467,7 +468,7 @@ class _Meter:
             self.ended = True
             raise self.attempt.cut(signal, self.salvage()) from None
         self.left = self._left()
-        self._count()
+        self.slack = self._slack()
 
     def finish(self) -> bytes:
         """The stream ended: its last bytes, charged."""
@@ -491,14 +492,14 @@ class _Meter:
         if self.reported:
             return
         self._count()
-        self._usage(b"".join(self.received))
+        self._usage(bytes(self.received))
         if not self.reported and self.deltas:
             self._charge_to({"output_tokens": self.deltas})
 
     def salvage(self) -> str:
         """The text of the events received so far."""
         text = self.attempt.shape.stream_text
-        return "".join(text(event) for _, _, event in events_of(b"".join(self.received))
+        return "".join(text(event) for _, _, event in events_of(self.received)
                        if isinstance(event, dict))
 
 
