@@ -314,6 +314,32 @@ def test_a_stream_counted_lazily_is_cut_at_the_event_a_count_of_each_chunk_gives
     assert run.consumed["output_tokens"] == deltas
 
 
+@pytest.mark.parametrize("per_chunk", [1, 2, 3, 5])
+def test_the_usage_a_caller_did_not_ask_for_is_charged_and_kept_from_it_however_events_arrive(
+        per_chunk: int) -> None:
+    """Events arrive *per_chunk* to a chunk of the transport, so that the usage event comes
+    alone or beside text events (which carry ``"usage":null``): it is charged and kept from the
+    caller, and every other event reaches it as the bare SDK reads it."""
+    pieces = ["Par", "is", " is", " far"]
+
+    def chunked(events: list[bytes]) -> list[bytes]:
+        return [b"".join(events[i:i + per_chunk]) for i in range(0, len(events), per_chunk)]
+
+    def send(request: httpx2.Request) -> httpx2.Response:
+        asked = "stream_options" in json.loads(request.content)
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"},
+                               content=iter(chunked(_events(pieces, asked))))
+
+    with httpx2.Client(transport=httpx2.MockTransport(send)) as http, openai.OpenAI(
+            base_url="http://memory", api_key="k", http_client=http) as bare, \
+            nb.budget(tokens=100) as run:
+        chunks = list(chat(nb.instrument(bare), stream=True))
+        bare_chunks = list(chat(bare, stream=True))
+    assert [c.model_dump(exclude_unset=True) for c in chunks] == [
+        c.model_dump(exclude_unset=True) for c in bare_chunks]
+    assert (run.consumed["tokens"], run.consumed["output_tokens"]) == (3 + 4, 4)
+
+
 def test_an_empty_text_delta_counts_no_token_S3_9(server: Server, client: openai.OpenAI) -> None:
     server.queue(o.chat_stream(["a", "", "b"], o.chat_usage(3, 2), event_delay=0.002))
     with nb.budget(output_tokens=2) as run:

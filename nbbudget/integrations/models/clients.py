@@ -348,11 +348,13 @@ class _Meter:
     Kept cheap per chunk (a chunk costs the SDK tens of microseconds, and nbbudget's work on
     it runs with its caches cold): a chunk that ends on an event's end, as a server sends
     them, passes on as it is, searched in C for the usage marker; only events that carry
-    usage are parsed. Text deltas are counted in C too, but only when they could reach the
-    limit: each is a marker of ``len(text)`` bytes, so until the bytes received since the last
-    count exceed the tokens left times that length (``slack``), no limit can have been
-    crossed, and the count waits. Far from a limit it waits for the stream's end; near one, it
-    runs at every chunk, so the stream is cut at the same event either way."""
+    usage are parsed; when the caller did not ask for usage, a chunk of one event that carried
+    the field asked for it in the caller's stead is not searched (it is not the usage event).
+    Text deltas are counted in C too, but only when they could reach the limit: each is a
+    marker of ``len(text)`` bytes, so until the bytes received since the last count exceed the
+    tokens left times that length, no limit can have been crossed, and the count waits
+    (``count_at``). Far from a limit it waits for the stream's end; near one, it runs at every
+    chunk, so the stream is cut at the same event either way."""
 
     def __init__(self, attempt: _Attempt) -> None:
         self.attempt = attempt
@@ -373,7 +375,8 @@ class _Meter:
         price = attempt.price
         self.per_output = price({"output_tokens": _MILLION}) / _MILLION if price else 0.0
         self.left = self._left()
-        self.slack: float = self._slack()  # bytes that can pass before the next count
+        self.count_at = 0.0  # the length of ``received`` past which the deltas are counted
+        self._rearm()
 
     def _left(self) -> float:
         """How many more output tokens the run's limits allow now."""
@@ -383,11 +386,11 @@ class _Meter:
             left = min(left, run.remaining("cost_usd") / self.per_output)
         return left
 
-    def _slack(self) -> float:
-        """How many more bytes can pass uncounted now: too few markers, with those received
-        but not counted yet, to reach the limit."""
-        return ((self.left - (self.deltas - self.charged_out)) * len(self.text)
-                - (len(self.received) - self.counted))
+    def _rearm(self) -> None:
+        """Set when the next count is due: once more bytes are received uncounted than could
+        hold the markers of the tokens left."""
+        self.count_at = (self.counted
+                         + (self.left - (self.deltas - self.charged_out)) * len(self.text))
 
     def feed(self, chunk: bytes) -> bytes:
         """The whole events *chunk* completes, to pass on (charged, or cut, first)."""
@@ -401,12 +404,18 @@ class _Meter:
                 return b""
         if time.monotonic() > self.deadline:
             self.attempt.timed_out(self.salvage())
-        if self.strip:
-            chunk = chunk.replace(self.strip, b"")
-        self.received += chunk
-        out = self._usage(chunk) if self.usage in chunk else chunk
-        self.slack -= len(chunk)
-        if self.slack < 0:
+        received, strip = self.received, self.strip
+        if strip:
+            out = chunk.replace(strip, b"")
+            received += out
+            # one event on one line (the chunk's first line end is its last) that carried it
+            if (len(out) == len(chunk) or chunk.find(b"\n") != len(chunk) - 2) and (
+                    self.usage in out):
+                out = self._usage(out)
+        else:
+            received += chunk
+            out = self._usage(chunk) if self.usage in chunk else chunk
+        if len(received) > self.count_at:
             self._count()
         return out
 
@@ -422,7 +431,7 @@ class _Meter:
             self.deltas += n
             if self.deltas - self.charged_out > self.left:
                 self._cross()
-        self.slack = self._slack()
+        self._rearm()
 
     def _usage(self, data: bytes) -> bytes:
         """Charge the usage the events of *data* report; the events to pass on."""
@@ -468,7 +477,7 @@ class _Meter:
             self.ended = True
             raise self.attempt.cut(signal, self.salvage()) from None
         self.left = self._left()
-        self.slack = self._slack()
+        self._rearm()
 
     def finish(self) -> bytes:
         """The stream ended: its last bytes, charged."""
