@@ -177,6 +177,14 @@ class Core:
         with self.ledger.lock:
             return plain(self.ledger.remaining(self.account, i))
 
+    def remaining_of(self, kinds: tuple[int, ...]) -> tuple[float, ...]:
+        """What is left of each of *kinds* (not time), read together under the ledger's lock:
+        for a stream's meter in the model clients (``nbbudget.integrations.models``), which
+        asks for three at a stream's start and after each charge."""
+        ledger, account = self.ledger, self.account
+        with ledger.lock:
+            return tuple(plain(ledger.remaining(account, i)) for i in kinds)
+
     def stats(self) -> dict[str, dict[str, float]]:
         """Checks, consumptions, amounts and refusals by kind, for the trace's summary (S4-9)."""
         stats = self.ledger.stats(self.recorder.trace.refusals_by_kind())

@@ -59,6 +59,7 @@ from typing import Any, TypeVar
 import httpx2
 
 from ...core.errors import BudgetCut, BudgetExceeded, ConfigError
+from ...core.kinds import KIND_INDEX
 from ...core.lowlevel import Core, Unwind
 from ...run.budget import Budget, current
 from ...run.providers import GUARDRAIL_MS, degrade_past, reserve_request, spend_reply
@@ -68,6 +69,8 @@ from .shapes import Shape, events_of, reply_usage, request_body
 __all__ = ["instrument"]
 
 _INF = math.inf
+#: what bounds a stream's output, for `_Meter._left`
+_OUTPUT_LEFT = tuple(KIND_INDEX[kind] for kind in ("output_tokens", "tokens", "cost_usd"))
 _MILLION = 1_000_000
 _C = TypeVar("_C")
 #: the header of an SDK's first attempt at a request (S4-6: a retry takes one more permit), as
@@ -259,16 +262,24 @@ def _lower(request: httpx2.Request, timeout: Mapping[str, float | None] | None,
 def _prepared(request: httpx2.Request, body: dict[str, Any] | None,
               stream: bool) -> httpx2.Request:
     """*request* with *body* (when it changed); a stream is asked uncompressed, so that its
-    bytes can be read as they come."""
-    if body is not None:
-        headers = request.headers.copy()
-        del headers["content-length"]
-        request = httpx2.Request(request.method, request.url, headers=headers,
-                                 content=json.dumps(body, separators=(",", ":")).encode(),
-                                 extensions=dict(request.extensions))
+    bytes can be read as they come. A new body makes a new request, its headers given once
+    as the raw pairs (a ``Headers`` copy, then a request's own, cost twice as much)."""
+    if body is None:
+        if stream:
+            request.headers["accept-encoding"] = "identity"
+        return request
+    content = json.dumps(body, separators=(",", ":")).encode()
+    dropped = (b"content-length", b"accept-encoding") if stream else (b"content-length",)
+    headers = [(key, value) for key, value in request.headers.raw
+               if key.lower() not in dropped]
+    headers.append((b"Content-Length", str(len(content)).encode()))
     if stream:
-        request.headers["accept-encoding"] = "identity"
-    return request
+        headers.append((b"Accept-Encoding", b"identity"))
+    prepared = httpx2.Request(request.method, request.url, headers=headers,
+                              stream=httpx2.ByteStream(content),
+                              extensions=dict(request.extensions))
+    prepared.read()  # its content, as a request made with content= has it
+    return prepared
 
 
 class _Attempt:
@@ -380,10 +391,10 @@ class _Meter:
 
     def _left(self) -> float:
         """How many more output tokens the run's limits allow now."""
-        run = self.attempt.run
-        left = min(run.remaining("output_tokens"), run.remaining("tokens"))
+        output_tokens, tokens, cost = self.attempt.core.remaining_of(_OUTPUT_LEFT)
+        left = min(output_tokens, tokens)
         if self.per_output > 0:
-            left = min(left, run.remaining("cost_usd") / self.per_output)
+            left = min(left, cost / self.per_output)
         return left
 
     def _rearm(self) -> None:
