@@ -509,33 +509,22 @@ def test_the_guardrail_bounds_a_request_that_never_answers_S3_8(
     assert event is not None and event.payload["code"] == "guardrail_timeout"
 
 
-def test_a_stream_left_early_is_charged_what_it_counted(server: Server,
-                                                        client: openai.OpenAI) -> None:
+@pytest.mark.parametrize("limits", [{"output_tokens": 1000}, {"provider_calls": 5}],
+                         ids=["a-token-limit", "no-token-limit"])
+def test_a_stream_left_early_is_charged_what_it_counted(server: Server, client: openai.OpenAI,
+                                                        limits: dict[str, int]) -> None:
     server.queue(o.chat_stream([f"{i} " for i in range(40)], o.chat_usage(5, 40),
                                event_delay=0.005))
-    with nb.budget(output_tokens=1000) as run:
+    with nb.budget(**limits) as run:
         stream = chat(client, stream=True)
         for seen, _ in enumerate(stream):
             if seen == 3:
                 break
         stream.close()
     assert 3 <= run.consumed["output_tokens"] < 40  # the deltas received, no usage reported
+    assert run.consumed["tokens"] == run.consumed["output_tokens"]  # no input reported
     server.wait_finished()
     assert server.received[0].disconnected
-
-
-def test_a_stream_left_early_with_no_token_limit_still_records_what_it_counted(
-        server: Server, client: openai.OpenAI) -> None:
-    server.queue(o.chat_stream([f"{i} " for i in range(40)], o.chat_usage(5, 40),
-                               event_delay=0.005))
-    with nb.budget(provider_calls=5) as run:
-        stream = chat(client, stream=True)
-        for seen, _ in enumerate(stream):
-            if seen == 3:
-                break
-        stream.close()
-    assert 3 <= run.consumed["output_tokens"] < 40
-    assert run.consumed["tokens"] == run.consumed["output_tokens"]  # no input reported
 
 
 def test_without_genai_prices_a_limited_cost_asks_for_it_or_for_prices(
