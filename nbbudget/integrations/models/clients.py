@@ -419,7 +419,8 @@ class _Meter:
         if strip:
             out = chunk.replace(strip, b"")
             received += out
-            # one event on one line (the chunk's first line end is its last) that carried it
+            # not searched: a chunk of one event (its first line end is its last) that carried
+            # the field, which the usage event does not carry
             if (len(out) == len(chunk) or chunk.find(b"\n") != len(chunk) - 2) and (
                     self.usage in out):
                 out = self._usage(out)
