@@ -209,6 +209,38 @@ def test_the_output_cap_is_clamped_in_the_field_each_api_takes_S2_9(
     assert run.consumed["output_tokens"] == 40
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_whose_body_changed_keeps_its_headers_with_the_new_length(
+        stream: bool) -> None:
+    """A clamped cap (and, for a stream, the usage asked for) makes a new request: every
+    header the SDK set is kept, with one length, the new body's, and a stream is asked for
+    uncompressed."""
+    sent: list[httpx2.Request] = []
+
+    def send(request: httpx2.Request) -> httpx2.Response:
+        sent.append(request)
+        if stream:
+            return httpx2.Response(200, headers={"content-type": "text/event-stream"},
+                                   content=iter(_events(["a"], asked=True)))
+        return httpx2.Response(200, json=o.chat("a", o.chat_usage(3, 1)).body)
+
+    with httpx2.Client(transport=httpx2.MockTransport(send)) as http, openai.OpenAI(
+            base_url="http://memory", api_key="k", http_client=http) as bare, \
+            nb.budget(output_tokens=50):
+        for client in (bare, nb.instrument(bare)):
+            reply = chat(client, max_completion_tokens=100, stream=stream)
+            if stream:
+                list(reply)
+    before, after = sent
+    assert json.loads(after.content)["max_completion_tokens"] == 50
+    assert after.headers.get_list("content-length") == [str(len(after.content))]
+    assert after.headers.get_list("accept-encoding") == (
+        ["identity"] if stream else before.headers.get_list("accept-encoding"))
+    kept = {key: value for key, value in before.headers.items()
+            if key not in ("content-length", "accept-encoding")}
+    assert {key: after.headers[key] for key in kept} == kept
+
+
 def test_an_exhausted_output_grant_refuses_the_request(server: Server,
                                                        client: openai.OpenAI) -> None:
     server.queue(o.chat("x", o.chat_usage(5, 10)))

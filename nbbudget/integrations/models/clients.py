@@ -72,6 +72,8 @@ _INF = math.inf
 #: what bounds a stream's output, for `_Meter._left`
 _OUTPUT_LEFT = tuple(KIND_INDEX[kind] for kind in ("output_tokens", "tokens", "cost_usd"))
 _MILLION = 1_000_000
+#: the headers of a body's length, which a new body replaces
+_LENGTH = (b"content-length", b"transfer-encoding")
 _C = TypeVar("_C")
 #: the header of an SDK's first attempt at a request (S4-6: a retry takes one more permit), as
 #: httpx2 keeps it: ``Headers._list`` holds (raw key, lower-case key, value) triples, read in
@@ -269,7 +271,7 @@ def _prepared(request: httpx2.Request, body: dict[str, Any] | None,
             request.headers["accept-encoding"] = "identity"
         return request
     content = json.dumps(body, separators=(",", ":")).encode()
-    dropped = (b"content-length", b"accept-encoding") if stream else (b"content-length",)
+    dropped = (*_LENGTH, b"accept-encoding") if stream else _LENGTH
     headers = [(key, value) for key, value in request.headers.raw
                if key.lower() not in dropped]
     headers.append((b"Content-Length", str(len(content)).encode()))
