@@ -178,21 +178,23 @@ def whole_calls(n: int, reps: int) -> dict[str, list[float]]:
     return out
 
 
+#: the two ways a stream is read in `per_chunk`
+CALLER_READS = "chunks as the caller reads them"
+BYTES_READ = "bytes under the SDK's parser"
+
+
 def per_chunk(pairs: int) -> dict[str, dict[str, Any]]:
     """In this process: a streamed chat completion's cost per chunk, bare and instrumented,
     with the SDK reading from an in-memory transport (httpx2.MockTransport: the events of
     tests/wire, one chunk an event, no socket), so that the figure is not lost in the noise of
     the network stack: a stream of 1,000 chunks each way, in pairs; for each way of reading,
     the difference of each pair and the bare median, microseconds a chunk (the per-call cost,
-    spread over 1,000 chunks, included). The server's bytes are made
-    once, before the timing: the instrumented request asks for usage, which makes every event
-    longer to write, and that is the server's work, not the caller's."""
+    spread over 1,000 chunks, included). The server's bytes are made once, before the timing:
+    the instrumented request asks for usage, which makes every event longer to write, and that
+    is the server's work, not the caller's."""
     chunks = 1000
     reply = o.chat_stream(["tok "] * chunks, o.chat_usage(20, chunks))
-    assert callable(reply.events)
-    written = {asked: [f"data: {d if isinstance(d, str) else json.dumps(d, separators=(',', ':'))}"
-                       f"\n\n".encode() for _, d in reply.events(
-                           {"stream_options": {"include_usage": True}} if asked else {})]
+    written = {asked: reply.written({"stream_options": {"include_usage": True}} if asked else {})
                for asked in (False, True)}
 
     def handler(request: httpx2.Request) -> httpx2.Response:
@@ -221,10 +223,6 @@ def per_chunk(pairs: int) -> dict[str, dict[str, Any]]:
             added, bare_us = paired(read, bare, inst, pairs, chunks)
             out[name] = {"added": added, "bare": statistics.median(bare_us)}
     return out
-
-
-CALLER_READS = "chunks as the caller reads them"
-BYTES_READ = "bytes under the SDK's parser"
 
 
 def paired(read: Callable[[openai.OpenAI], int], bare: openai.OpenAI, inst: openai.OpenAI,

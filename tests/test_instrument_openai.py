@@ -296,10 +296,7 @@ def _events(pieces: list[str], asked: bool) -> list[bytes]:
     """The bytes of a streamed chat completion of *pieces*, an event each, as the server
     writes them (usage asked or not)."""
     body = {"stream_options": {"include_usage": True}} if asked else {}
-    reply = o.chat_stream(pieces, o.chat_usage(3, len(pieces)))
-    assert callable(reply.events)
-    return [f"data: {d if isinstance(d, str) else json.dumps(d, separators=(',', ':'))}\n\n"
-            .encode() for _, d in reply.events(body)]
+    return o.chat_stream(pieces, o.chat_usage(3, len(pieces))).written(body)
 
 
 @pytest.mark.parametrize("limit", [1, 6, 17, 29])

@@ -41,6 +41,17 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     raw: bytes | None = None  # the body's exact bytes, sent instead of ``body`` as JSON
 
+    def written(self, body: Any) -> list[bytes]:
+        """The server-sent events of this reply to a request of JSON *body*, each as the
+        server writes it (compact JSON); for an in-memory transport too (httpx2's
+        ``MockTransport``), in tests and benchmarks."""
+        events = self.events(body) if callable(self.events) else self.events or []
+        out = []
+        for name, data in events:
+            text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+            out.append(((f"event: {name}\n" if name else "") + f"data: {text}\n\n").encode())
+        return out
+
     @classmethod
     def error(cls, status: int, message: str = "try again", kind: str = "rate_limit_error"
               ) -> Reply:
@@ -164,12 +175,9 @@ def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            events = reply.events(received.body) if callable(reply.events) else reply.events
+            events = reply.written(received.body)
             received.events_total = len(events)
-            for name, data in events:
-                text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-                event = (f"event: {name}\n" if name else "") + f"data: {text}\n\n"
-                chunk = event.encode()
+            for chunk in events:
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                 self.wfile.flush()
                 received.events_sent += 1
