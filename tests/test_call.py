@@ -1121,7 +1121,7 @@ def test_a_cancelled_job_whose_work_never_checks_runs_on_then_keeps_its_result(a
         release.wait(SOON)
         return "finished A"
 
-    resp = nb.call(never_checks, detach=True, budget="1s", clock=clock)
+    resp = nb.call(never_checks, detach=True, budget="1s", clock=clock, preempt=False)
     job = nb.jobs[resp.data["job"]]
     assert job.cancel_status is None
     assert job.cancel() == "requested"

@@ -26,8 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ..core import preempt
 from ..core.clock import Clock, Latch, default_clock
-from ..core.duration import parse_duration
+from ..core.duration import flag_duration, parse_duration
 from ..core.endings import ENDINGS, envelope_code
 from ..core.errors import (
     Cancelled,
@@ -108,6 +109,9 @@ class _Plan:
     """The run's approach-notice thresholds (S3-5), or None for none."""
     runs_per_day: int | None
     """How many times a day (UTC) the work may start (S4-12), or None for no quota."""
+    preempt: bool
+    """A stop of the work's run interrupts the thread the work runs on (N-5); False: the work
+    stops only at its budget checks."""
     found: list[str]
     """The work's identity once `identity_of` has worked it out (one item; empty before): the
     only thing about a plan found out after it is made, once (two threads that ask at once
@@ -138,7 +142,7 @@ def _planned(work: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], st
              label: str, detach: bool, resume: bool, budget_ms: int | None,
              timeout_ms: int | None, estimate_ms: int | None, limits: Limits,
              envelope_bytes: int | None, notices: tuple[float, float] | None,
-             runs_per_day: int | None) -> _Plan:
+             runs_per_day: int | None, preempt: bool) -> _Plan:
     """A `_Plan` of these fields, in their order: what `call` makes every call into.
 
     The hot path, tuned (every call makes a plan): the fields are written into a `_Draft`,
@@ -160,6 +164,7 @@ def _planned(work: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], st
     draft.envelope_bytes = envelope_bytes
     draft.notices = notices
     draft.runs_per_day = runs_per_day
+    draft.preempt = preempt
     draft.found = []
     draft.__class__ = _Plan  # frozen from here on
     plan: _Plan = draft
@@ -276,7 +281,8 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
          key: str | None = None, estimate_ms: int | str | None = None,
          limits: Limits | None = None, manifest: str | os.PathLike[str] | Manifest | None = None,
          clock: Clock | None = None, notices: tuple[float, float] | None = DEFAULT_NOTICES,
-         runs_per_day: int | None = None, cluster: Any = None, **kwargs: Any) -> Response:
+         runs_per_day: int | None = None, cluster: Any = None, preempt: bool = True,
+         **kwargs: Any) -> Response:
     """Run ``fn(*args, **kwargs)`` under a call budget and answer with a `Response`.
 
     A call that declares interruption (``detach=True`` or ``resume=True``) holds its caller at
@@ -310,7 +316,7 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     # it, and `_run_direct` hands it to its runner at once. Anything else, or anything to
     # refuse, takes the general path below, which checks everything and says what is wrong.
     if (detach is True and resume is False and timeout is None and estimate_ms is None
-            and manifest is None and runs_per_day is None):
+            and manifest is None and runs_per_day is None and preempt is True):
         budget_ms = resolve_budget(budget, declares=True)
         if (budget_ms and callable(fn) and (key is None or (key.__class__ is str and key))
                 and (limits is None or limits.__class__ is Limits)):
@@ -318,7 +324,7 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
                 notices = check_notices(notices)
             return _run_direct(_planned(work, _label(fn, key), True, False, budget_ms, None,
                                         None, _NO_LIMITS if limits is None else limits, None,
-                                        notices, None), cluster, clock, t0_ms, started)
+                                        notices, None, True), cluster, clock, t0_ms, started)
     # -- the general path: every option checked, then planned
     if not callable(fn):
         raise ConfigError(f"nb.call() takes a function first, not {fn!r}")
@@ -334,9 +340,17 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
         work, _label(fn, key), detach, resume, budget_ms, timeout_ms,
         None if estimate_ms is None else parse_duration(estimate_ms, field="estimate_ms"),
         _NO_LIMITS if limits is None and loaded is None else _limits(limits, loaded),
-        loaded.envelope_bytes if loaded is not None else None, notices, runs_per_day)
+        loaded.envelope_bytes if loaded is not None else None, notices, runs_per_day,
+        _check_preempt(preempt))
     # (the wall clock of a first start counts from here, S0-6)
     return _run(plan, cluster, clock, t0_ms, started, _wall())
+
+
+def _check_preempt(preempt: object) -> bool:
+    if preempt is True or preempt is False:
+        return preempt
+    raise ConfigError(f"preempt={preempt!r}: give True (a stop interrupts the work's thread) or "
+                      f"False (the work stops at its budget checks)")
 
 
 def _unanswered(exc: ClusterUnanswered, started: float) -> Response:
@@ -410,7 +424,7 @@ def _run_direct(plan: _Plan, cluster: Any, clock: Clock, t0_ms: float,
         _await(job, plan, runner, clock, t0_ms)
         return _answer(job, plan, started, runner, None)
     held = Deferred(plan.limits, clock=clock, name=plan.label, notices=plan.notices,
-                    began=t0_ms)
+                    began=t0_ms, preempt=plan.preempt)
     ctx = _Call(plan, held, backend.store, None, None, None, None)
     # a run not made needs no entering: `nb.current` finds it through the call (`_ambient_run`)
     runner.start(plan, None if runner.runs_here else ctx.job,
@@ -664,7 +678,7 @@ def check_options(budget: object, timeout: object, key: object, runs_per_day: ob
     checks them, for ``%%budget``, which checks its flags before its cell runs: a
     `ConfigError` names them as *spelling* writes them."""
     if budget is not None:
-        parse_duration(budget, field=spelling.field("budget"))
+        _duration(budget, "budget", spelling)
     if timeout is not None:
         _positive(timeout, "timeout", spelling)
     _check_key_and_quota(key, runs_per_day, spelling)
@@ -720,8 +734,15 @@ def set_default_cluster(provider: Callable[[], Any] | None) -> None:
     _default_cluster = provider
 
 
+def _duration(value: object, field: str, spelling: Spelling) -> int:
+    """A duration as the caller gave it: on a flag it carries its unit (`flag_duration`)."""
+    if spelling.flags and isinstance(value, str):
+        return flag_duration(value, spelling.field(field))
+    return parse_duration(value, field=spelling.field(field))
+
+
 def _positive(value: object, field: str, spelling: Spelling) -> int:
-    ms = parse_duration(value, field=spelling.field(field))
+    ms = _duration(value, field, spelling)
     if ms == 0:
         raise ConfigError(f"{spelling.given(field, 0)} would cancel the work at once; "
                           f"{spelling.unset(field)} for no limit")
@@ -803,9 +824,10 @@ def _open_run(plan: _Plan, loaded: Checkpoint | None, db: Store | None,
               clock: Clock) -> Budget | Deferred:
     """The work's run: a new one, or the paused one continued from its checkpoint (S4-4)."""
     if loaded is None:  # made when the work first uses it: most work never does
-        return Deferred(plan.limits, clock=clock, name=plan.label, notices=plan.notices)
+        return Deferred(plan.limits, clock=clock, name=plan.label, notices=plan.notices,
+                        preempt=plan.preempt)
     try:
-        return Budget.resume(loaded.ledger, plan.limits, clock=clock)
+        return Budget.resume(loaded.ledger, plan.limits, clock=clock, preempt=plan.preempt)
     except ConfigError as exc:  # a signed checkpoint whose ledger lacks its state (S4-5)
         assert db is not None
         raise CheckpointRefused(plan.identity, db.location, str(exc)) from None
@@ -856,7 +878,7 @@ def _prepared(ctx: _Call, enter: bool) -> contextvars.Context:
     context = contextvars.copy_context()
     context.run(_current_call.set, ctx)
     if enter:
-        context.run(ctx.held.__enter__)
+        context.run(ctx.held.enter_for)
     return context
 
 
@@ -874,15 +896,25 @@ def _work(ctx: _Call) -> Callable[[], None]:
     of its run (as leaving its ``with`` block). Settles the call, and returns what tells its
     waiters, run once the worker is free again."""
     fn, args, kwargs, _ = ctx.plan.work
+    entry = ctx.held.interrupt_here()  # N-5: a stop of the run is raised in this thread
     try:
-        value = fn(*args, **kwargs)
-    except BaseException as exc:  # noqa: BLE001 - kept, with its traceback: never dropped
-        return _raised(ctx, exc)
-    try:
-        ctx.held.__exit__(None, None, None)
-    except BaseException as exc:  # noqa: BLE001 - its run's end: a cancel, say
-        return _ended_early(ctx.job, exc, True, value)
-    return ctx.returned(value)
+        try:
+            value = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - kept, with its traceback: never dropped
+            return _raised(ctx, exc)
+        try:
+            ctx.held.__exit__(None, None, None)
+        except BaseException as exc:  # noqa: BLE001 - its run's end: a cancel, say
+            return _ended_early(ctx.job, exc, True, value)
+        return ctx.returned(value)
+    finally:
+        if entry is not None:  # closed by the run's end; here whatever happened (a worker
+            preempt.leave(entry)  # thread outlives its task: nothing may be raised in it later)
+
+
+# N-5: a stop that would land in a call's own ending (after its work, before its run's end)
+# waits: the run's end reads it
+preempt.shield(_work.__code__)
 
 
 def _raised(ctx: _Call, exc: BaseException) -> Callable[[], None]:

@@ -32,7 +32,7 @@ from ..calls.jobs import JobState
 from ..calls.response import EXIT_INCOMPLETE, Response, meta
 from ..calls.run_store import RUNNER_MODULE, Claim, RunRecord, Runs
 from ..calls.store import store
-from ..core.duration import parse_duration
+from ..core.duration import flag_duration
 from ..core.errors import ConfigError, RunsPerDayExceeded
 from ..core.limits import Limits, budget_flags, limits_from_flags
 
@@ -167,7 +167,7 @@ def plan(args: argparse.Namespace) -> Plan:
     """Check the command's input; a `ConfigError` naming the value and the fix otherwise."""
     _check_installed()
     check_interruption(args.detach, args.resume, None, spelling=FLAG_SPELLING)
-    budget = None if args.budget is None else parse_duration(args.budget, field="--budget")
+    budget = None if args.budget is None else flag_duration(args.budget, "--budget")
     budget_ms = resolve_budget(budget, declares=True)
     timeout_ms = _timeout(args.timeout)
     notebook, data = _notebook(args.notebook)
@@ -215,7 +215,7 @@ def _check_installed() -> None:
 def _timeout(value: str | None) -> int | None:
     if value is None:
         return None
-    ms = parse_duration(value, field="--timeout")
+    ms = flag_duration(value, "--timeout")
     if ms == 0:
         raise ConfigError("--timeout 0 would cancel the notebook at once; leave --timeout out "
                           "for no wall-clock limit")

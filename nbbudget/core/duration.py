@@ -7,7 +7,7 @@ from decimal import ROUND_HALF_EVEN, Context, Decimal
 
 from .errors import ConfigError, show
 
-__all__ = ["parse_duration", "spoken"]
+__all__ = ["flag_duration", "parse_duration", "spoken"]
 
 _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "": 1}
 _PATTERN = re.compile(r"([0-9]+)(?:\.([0-9]+))?\s*(ms|s|m|h|)")
@@ -38,6 +38,19 @@ def parse_duration(value: object, *, field: str = "duration") -> int:
             _parsed.clear()
         _parsed[value] = ms
     return ms
+
+
+def flag_duration(value: str, flag: str) -> int:
+    """The duration a command-line flag was given (``--time 5s``), in ms: on a flag a number
+    carries its unit, so that ``--time 5`` is never 5 ms in silence (a `ConfigError` says
+    ``5s`` or ``5000ms``); ``0`` alone stays 0 where 0 means off. ``%%budget`` and
+    ``nbbudget run`` read ``--time``, ``--budget`` and ``--timeout`` with it; ``nb.call``,
+    ``nb.budget`` and ``AGENT_CALL_BUDGET_MS`` keep bare milliseconds (seed 000)."""
+    text = value.strip()
+    if text.isdigit() and text.lstrip("0"):
+        raise ConfigError(f"{flag} {text} has no unit: write {flag} {text.lstrip('0')}s for "
+                          f"seconds or {flag} {text.lstrip('0')}ms for milliseconds (also m, h)")
+    return parse_duration(value, field=flag)
 
 
 #: durations read before, by their text (a call's budget is read at every call)

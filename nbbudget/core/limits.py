@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .duration import parse_duration
+from .duration import flag_duration
 from .errors import ConfigError, WideningError, show
 from .files import file_path, read_json
 from .kinds import KIND_INDEX, KINDS, Kind
@@ -361,7 +361,7 @@ def _flag_value(kind: Kind, value: Any) -> Any:
     read as a duration (``--time 30s``), not zero."""
     if not kind.clock:
         return check_limit(kind.name, value, flag=kind.flag)
-    ms = parse_duration(value, field=kind.flag)
+    ms = flag_duration(value, kind.flag)
     if ms == 0:
         raise ConfigError(f"{kind.flag} 0 is not a time grant; leave {kind.flag} out for none")
     return ms

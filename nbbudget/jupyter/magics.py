@@ -242,6 +242,11 @@ class BudgetMagics(Magics):
     @_budget_flags  # --time, one per kind, --run-limits-json, --manifest, --runs-per-day
     @argument("--trace", metavar="PATH", help="save the run's trace to PATH")
     @argument("--no-widget", action="store_true", help="show a text summary only")
+    @argument("--cooperative", action="store_true",
+              help="stop the cell only at its budget checks (nb.current().step(), .check()), "
+                   "never in the middle of its code: for code that must not be interrupted "
+                   "mid-way; by default --time, Stop and a cancel interrupt it (a sleep or a "
+                   "read at once, Python at its next bytecode)")
     @cell_magic("budget")  # type: ignore[arg-type]  # IPython's decorator is loosely typed
     def budget_cell(self, line: str, cell: str) -> Any:
         """Run the cell under a budget; ``nb.current()`` is the cell's run.
@@ -319,9 +324,10 @@ class BudgetMagics(Magics):
         plain cell would: in its own run, or as a grant of the run active around it (a
         notebook's under ``nbbudget run``, S2-1, S4-2)."""
         outer = current()
-        run = Grant(outer, limits, _label(cell)) if outer is not None else \
+        preempt = not args.cooperative
+        run = Grant(outer, limits, _label(cell), preempt) if outer is not None else \
             Budget(limits, name=_label(cell), notices=notices,
-                   cluster=self.settings.cluster or None)
+                   cluster=self.settings.cluster or None, preempt=preempt)
         if outer is None:
             _history.mark(run, "cell")
         self.last_run = run
@@ -362,7 +368,7 @@ class BudgetMagics(Magics):
             resp = _call.call(work, detach=args.detach, resume=args.resume, budget=args.budget,
                               timeout=args.timeout, key=key, limits=limits, manifest=ceilings,
                               notices=self.settings.notices(), runs_per_day=args.runs_per_day,
-                              cluster=False)  # the body runs in the kernel; what it sends
+                              preempt=not args.cooperative, cluster=False)  # the body runs in the kernel; what it sends
                                               # (branches, calls) may go to the cluster
         except ConfigError as exc:
             raise UsageError(str(exc)) from None

@@ -26,11 +26,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, overload
 
+from ..core import preempt as _preempt
 from ..core.backends import load
 from ..core.clock import Clock, default_clock
 from ..core.duration import parse_duration
 from ..core.endings import outcome_of
-from ..core.errors import BudgetError, ConfigError
+from ..core.errors import BudgetCut, BudgetError, Cancelled, ConfigError
 from ..core.kinds import CHARGE_INDEX as _CHARGE_INDEX
 from ..core.kinds import KIND_INDEX, KINDS, RUN_MS, STEPS, kind_index
 from ..core.ledger import (
@@ -174,6 +175,10 @@ class _Unbuilt:
     def limits(self) -> Limits:
         return self.recipe.limits
 
+    @property
+    def clock(self) -> Clock:
+        return self.recipe.clock
+
     def built(self, run: Budget) -> _Built:
         """The run's built state: its parts are built now."""
         return run._build(self)
@@ -255,6 +260,10 @@ class _Built:
     @property
     def limits(self) -> Limits:
         return self.account.limits
+
+    @property
+    def clock(self) -> Clock:
+        return self.scope.clock
 
     def built(self, run: Budget) -> _Built:
         return self
@@ -359,14 +368,17 @@ class Budget:
                  clock: Clock | None = None, name: str | None = None, suspend: bool = False,
                  totals: Limits | None = None, notices: tuple[float, float] | None = (0.8, 0.95),
                  trace: str = "counts", ledger: LedgerFactory = LocalLedger, cluster: Any = None,
-                 **limit_fields: Any) -> None:
+                 preempt: bool = True, **limit_fields: Any) -> None:
         ledger, on = _on_cluster(cluster, ledger)
         recipe = _recipe(name, _combine(limits, time, limit_fields), clock, trace, suspend,
                          totals, notices, ledger)
-        self._open(recipe.name, self, None, recipe.state(None), on)
+        if preempt is not True and preempt is not False:
+            raise ConfigError(f"preempt={preempt!r}: give True (a stop interrupts the code "
+                              f"that entered the run) or False (it stops at budget checks)")
+        self._open(recipe.name, self, None, recipe.state(None), on, preempt)
 
     def _open(self, name: str, root: Budget, parent: Budget | None, state: _State,
-              cluster: Cluster | None = None) -> None:
+              cluster: Cluster | None = None, preempt: bool = True) -> None:
         """What every run and grant holds, set in the same order each time so that they all
         share one layout of keys (a run whose keys came in another order would read each
         attribute slower)."""
@@ -377,6 +389,10 @@ class Budget:
         self._grants: list[Grant] = []  # grants made from this one and still open
         self._output: Any = None  # the work's output so far, for a failed outcome (S3-2)
         self._tokens: list[contextvars.Token[Budget | Deferred | None]] = []  # one per entry
+        # N-5: whether a stop interrupts the threads inside the run; those threads, one entry
+        # each (`nbbudget.core.preempt`), fired by a listener on the scope once it is built
+        self._preempt = preempt
+        self._entries: list[_preempt.Entry] = []
         self._switch(state)
 
     def _build(self, unbuilt: _Unbuilt) -> _Built:
@@ -391,6 +407,8 @@ class Budget:
             built = _Built(unbuilt.recipe.build())
             self._switch(built)
             built.take_over(self, unbuilt)
+            for entry in list(self._entries):  # entered before: its stops reach them now
+                built.scope.add_listener(entry.fire)
         return built
 
     def _switch(self, state: _State) -> None:
@@ -500,7 +518,33 @@ class Budget:
                               f"make a new budget for new work")
         state.enter(self)
         self._tokens.append(_current.set(self))
+        self.interrupt_here()
         return self
+
+    def enter_for(self) -> None:
+        """Enter the run as a ``with`` block would, for work that another thread will run and
+        leave (``nbbudget.calls.call`` prepares a call's context so): that thread calls
+        `interrupt_here` when it starts."""
+        state = self._state
+        if state.outcome is not None:
+            raise ConfigError(f"{self.name} has already ended ({state.outcome.status})")
+        state.enter(self)
+        self._tokens.append(_current.set(self))
+
+    def interrupt_here(self) -> _preempt.Entry | None:
+        """N-5: this thread is inside the run until it leaves it; a stop from elsewhere
+        interrupts it (`nbbudget.core.preempt`), unless the run was made with
+        ``preempt=False``. A run not built yet cannot be stopped: its builder listens for it
+        (`_build`); if it was built meanwhile, both may: a stop fires once. The entry, which
+        leaving the run closes (``nbbudget.calls.call`` closes it too, whatever happens)."""
+        if not self._preempt:
+            return None
+        entry = _preempt.enter(self._state.clock.now_ms)
+        self._entries.append(entry)
+        state = self._state
+        if state.__class__ is _Built:
+            state.scope.add_listener(entry.fire)
+        return entry
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool | None:
         return self._leave(exc, "run")
@@ -508,15 +552,56 @@ class Budget:
     def _leave(self, exc: BaseException | None, how: str) -> bool | None:
         """Leave the block with *exc*; once the outermost block of a run (not a grant) is left,
         the end is told to `set_on_end`'s hook, *how* saying how the run was run."""
+        late = self._uninterruptible(exc is None) if self._entries else None
         tokens = self._tokens
         if tokens:
             _current.reset(tokens.pop())
         try:
             return self._state.leave(self, exc)
+        except (BudgetCut, Cancelled) as error:
+            if late is not None and error.outcome is not None:
+                error.args = (f"{error}; {late}", *error.args[1:])
+            raise
         finally:
             if _on_end is not None and self._parent is None and not tokens:
                 state = self._state
                 _on_end(self, how, state.trace if state.__class__ is _Built else None)
+
+    def _uninterruptible(self, completed: bool) -> str | None:
+        """This thread has left the run: no stop is raised in it any more. What the run's
+        error adds when the thread went on long after its stop (C code, N-7)."""
+        entry = None
+        try:
+            entry = self._entry_here()
+            if entry is None:
+                return None
+            _preempt.leave(entry)
+        except _preempt.Interrupt:  # the stop landed as the thread left: the run reads it
+            if entry is None:
+                return None
+            _preempt.leave(entry)
+        state = self._state
+        if state.__class__ is not _Built:
+            return None  # nothing could stop it
+        scope = state.scope
+        scope.remove_listener(entry.fire)
+        return entry.late_note(scope.clock.now_ms(), scope.deadline_ms(), completed)
+
+    def _entry_here(self) -> _preempt.Entry | None:
+        """This thread's innermost entry into the run, taken off its list."""
+        entries, here = self._entries, threading.get_ident()
+        for i in range(len(entries) - 1, -1, -1):
+            if entries[i].thread == here:
+                return entries.pop(i)
+        return None
+
+    def _adopt_entry(self, entry: _preempt.Entry) -> None:
+        """A thread entered this run before it was made (the work of a call, `Deferred`):
+        its stops reach that thread from now on."""
+        self._entries.append(entry)
+        state = self._state
+        if state.__class__ is _Built:
+            state.scope.add_listener(entry.fire)
 
     def _completed_at(self, ended: float) -> None:
         """The work of this run completed at *ended* on its clock (a run made after its work
@@ -675,7 +760,8 @@ class Budget:
     @classmethod
     def resume(cls, state: Mapping[str, Any], limits: Limits | None = None, *,
                clock: Clock | None = None, trace: str = "counts", cluster: Any = None,
-               ledger: LedgerFactory = LocalLedger, **limit_fields: Any) -> Budget:
+               ledger: LedgerFactory = LocalLedger, preempt: bool = True,
+               **limit_fields: Any) -> Budget:
         """A run that continues from *state*: nothing is reset (S4-4). The saved and the given
         limits combine by minimum; with suspend, windows start fresh and totals stay frozen
         (S3-1). A state that lacks a field or has another version is refused unchanged (S4-5)."""
@@ -684,7 +770,7 @@ class Budget:
                   clock=clock, name=saved["name"], suspend=saved["suspend"],
                   totals=Limits.from_json(saved["totals"]) if saved["suspend"] else None,
                   notices=tuple(saved["notices"]) if saved["notices"] else None,
-                  trace=trace, ledger=ledger, cluster=cluster)
+                  trace=trace, ledger=ledger, cluster=cluster, preempt=preempt)
         run._parts().core.restore(saved)
         return run
 
@@ -698,12 +784,15 @@ class Grant(Budget):
     """A child grant of a run (see `Budget.grant`): its own allowances, the run's shared
     counters, a deadline no later than its parent's, and its parent's cancellation."""
 
-    def __init__(self, parent: Budget, limits: Limits, name: str | None) -> None:
+    def __init__(self, parent: Budget, limits: Limits, name: str | None,
+                 preempt: bool | None = None) -> None:
+        """A grant of *parent*; *preempt* None: interruptible as *parent* is (N-5)."""
         parts = parent._parts()
         with parts.scope.lock:
             core = parts.core.grant(name, limits)
             state = _Built(core)
-            self._open(core.name, parent._root, parent, state)
+            self._open(core.name, parent._root, parent, state, None,
+                       parent._preempt if preempt is None else preempt)
             parent._adopt(self)
         state.scope.start()
 
@@ -735,16 +824,18 @@ class Deferred:
     the run is made, else when (if) it is, at the time it was noted, ahead of its end.
     """
 
-    __slots__ = ("_began", "_clock", "_ended", "_limits", "_made", "_name", "_notes", "_notices",
-                 "_token")
+    __slots__ = ("_began", "_clock", "_ended", "_entry", "_limits", "_made", "_name", "_notes",
+                 "_notices", "_preempt", "_token")
     #: makes a run once, whichever thread asks first (the maker may then build the run's
     #: parts, under `_BUILDING`: never taken the other way round)
     _making = threading.Lock()
 
     def __init__(self, limits: Limits, *, clock: Clock, name: str,
                  notices: tuple[float, float] | None = DEFAULT_NOTICES,
-                 began: float | None = None) -> None:
+                 began: float | None = None, preempt: bool = True) -> None:
         self._limits, self._clock, self._name = limits, clock, name
+        self._preempt = preempt  # N-5: a stop interrupts the thread the work runs on
+        self._entry: _preempt.Entry | None = None  # that thread, while the run is not made
         if notices is not DEFAULT_NOTICES and notices != DEFAULT_NOTICES:
             notices = check_notices(notices)
         self._notices = notices
@@ -786,13 +877,32 @@ class Deferred:
         self.__enter__()
 
     def __enter__(self) -> Deferred:
+        self.enter_for()
+        self.interrupt_here()
+        return self
+
+    def enter_for(self) -> None:
+        """Start the run in this context for work that another thread will run and end: that
+        thread calls `interrupt_here` when it starts (``nbbudget.calls.call``)."""
         made = self._made
         if made is not None:
-            made.__enter__()
+            made.enter_for()
         elif self._began is None:
             self._began = self._clock.now_ms()
         self._token = _current.set(self)
-        return self
+
+    def interrupt_here(self) -> _preempt.Entry | None:
+        """N-5: a stop of the run interrupts this thread until the run ends here (`end`); if
+        the run is not made yet, from when it is (`_make`). None with ``preempt=False``."""
+        made = self._made
+        if made is not None:
+            return made.interrupt_here()
+        if not self._preempt:
+            return None
+        entry = self._entry = _preempt.enter(self._clock.now_ms)
+        if self._made is not None and not entry.closed:  # made meanwhile: it may not have seen it
+            self._made._adopt_entry(entry)
+        return entry
 
     def end(self, exc: BaseException | None) -> bool | None:
         """End the run as leaving its ``with`` block with *exc* would (its outcome kept, a stop
@@ -800,6 +910,12 @@ class Deferred:
         return self.__exit__(None, exc, None)
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool | None:
+        entry = self._entry
+        if entry is not None:
+            try:
+                _preempt.leave(entry)
+            except _preempt.Interrupt:  # it landed as the work ended: the run reads its stop
+                _preempt.leave(entry)
         if self._token is not None:
             _current.reset(self._token)
             self._token = None
@@ -830,7 +946,10 @@ class Deferred:
                              self._notices, LocalLedger)
             # made late only when nothing about it is timed: its parts wait, as an entered
             # run's do, and it began (and ended) when its work did
-            run._open(recipe.name, run, None, recipe.state(self._began))
+            run._open(recipe.name, run, None, recipe.state(self._began), None, self._preempt)
+            entry = self._entry
+            if entry is not None and not entry.closed:
+                run._adopt_entry(entry)
             notes = self._notes
             if notes:  # what was noted goes first, at its time: its parts are needed now
                 core = run.lowlevel  # (built under `_BUILDING`, started when its work began)
@@ -970,3 +1089,7 @@ def _trace_mode(mode: object) -> bool:
         raise ConfigError(f"trace={mode!r}: use 'counts' (the default) or 'full'")
     return mode == "full"
 
+
+# N-5: a stop is never raised inside nbbudget's own leaving of a run, which reads it anyway
+for _leaving in (Budget.__exit__, Budget._leave, Deferred.__exit__, Deferred.end):
+    _preempt.shield(_leaving.__code__)

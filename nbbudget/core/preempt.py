@@ -1,0 +1,245 @@
+"""Preemption: a run's stop reaches the thread that entered it even when that thread's code
+never calls nbbudget (N-5; seed 002: the abort frees the turn even when the work ignores its
+signal).
+
+A thread that enters a run (``with nb.budget(...)``, a ``%%budget`` cell, the work of a call)
+is registered here while it is inside (`enter`, `leave`). When the run stops from elsewhere
+(its deadline on the clock's timer thread, ``run.cancel()`` or the panel's Stop from another
+thread, a limit passed by another thread), `Entry.fire` interrupts the thread:
+
+- **The main thread** is sent a signal of nbbudget's own (`SIGNAL`), whose handler is
+  installed on the main thread when it first enters a run. A signal interrupts what a kernel
+  interrupt interrupts: a sleep, a socket read, a lock or event wait return at once, and pure
+  Python stops at its next bytecode. The kernel's own SIGINT handling is left as it is. The
+  handler decides, on the main thread, whether to raise: only while the entry is live, once,
+  and never inside nbbudget's own leaving of a run (which reads the run's stop anyway).
+- **Any other thread** has the stop raised at its next bytecode
+  (``PyThreadState_SetAsyncExc``, as stopit and func-timeout do): it cannot wake a thread
+  blocked in a sleep or a read. It is raised once, only while the entry is live: leaving
+  revokes one not raised yet, under the lock the firing takes, so none can follow.
+
+What is raised is the run's own `Unwind`, a ``BaseException``: it unwinds past ``except
+Exception:`` to the run's ``with`` block, which turns it into the public error. One call into C
+code that does not look at signals (a long numpy operation, ``sum(range(10**9))``) finishes
+first: when the stop has not landed after `LATE_MS`, `Entry.waiting` says so (the panel shows
+it), and `Entry.late_note` gives the run's error the time the code went on.
+
+Used by ``nbbudget.run.budget``: every run entered with ``preempt=True`` (the default) registers
+the entering thread, and fires its entries from a listener on its scope.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from types import CodeType, FrameType
+
+from .scope import Stop, Unwind
+
+__all__ = ["LATE_MS", "SIGNAL", "Entry", "Interrupt", "enter", "leave", "shield"]
+
+#: the signal nbbudget sends the main thread to interrupt it: a real-time signal where the
+#: platform has them (nothing in a kernel uses one), else SIGUSR2; 0 where there is none
+SIGNAL: int = int(getattr(signal, "SIGRTMIN", 0) + 3 if hasattr(signal, "SIGRTMIN")
+                  else getattr(signal, "SIGUSR2", 0))
+#: how long a fired stop may take to land before the entry says it waits for C code
+LATE_MS = 100.0
+
+# Firing and leaving take this lock, so that nothing is sent to a thread after its entry is
+# closed, and a thread's pending interrupt is revoked while no firing can add another.
+_lock = threading.Lock()
+_MAIN = threading.main_thread().ident
+#: each thread's live entries, innermost last
+_entries: dict[int, list[Entry]] = {}
+#: nbbudget's own leaving of a run: an interrupt never lands there (`shield`)
+_shielded: set[CodeType] = set()
+
+
+class Entry:
+    """One thread inside one run, from `enter` to `leave`. `fire` (from any thread) interrupts
+    the thread with the run's stop, once; `waiting` says that the stop has not landed."""
+
+    __slots__ = ("_deliver", "_fire", "clock_ms", "closed", "fired_at", "landed_at", "signals",
+                 "stop", "thread")
+
+    def __init__(self, thread: int, signals: bool, clock_ms: Callable[[], float]) -> None:
+        self.thread = thread
+        self.signals = signals  # the main thread, with the handler installed: sent a signal
+        self.clock_ms = clock_ms
+        self.closed = False  # the thread left: nothing is raised for it any more
+        self.stop: Stop | None = None  # what is raised: set once, before anything is sent
+        self.fired_at: float | None = None  # on the clock, when the interrupt was sent
+        self.landed_at: float | None = None  # on the clock, when the stop was raised
+        self._fire: list[None] = [None]  # popped (atomic) by the one firing
+        self._deliver: list[None] = [None]  # popped by the one raising, or by leaving
+
+    def fire(self, stop: Stop) -> None:
+        """Interrupt the thread with *stop*, once, unless it has left, or is the thread calling
+        (which raises the stop itself at its next check). A scope listener: any thread."""
+        if self.closed or threading.get_ident() == self.thread:
+            return
+        try:
+            self._fire.pop()
+        except IndexError:
+            return
+        self.stop = stop
+        self.fired_at = self.clock_ms()
+        self._send()
+
+    def _send(self) -> None:
+        with _lock:
+            if self.closed or self.landed_at is not None:
+                return
+            if self.signals:
+                signal.pthread_kill(self.thread, SIGNAL)
+            elif not _in_shielded(sys._current_frames().get(self.thread)):
+                _raise_in(self.thread, Interrupt)
+            # else: the thread is leaving a run; `leave` sends it again if it stays inside
+
+    def take(self) -> bool:
+        """In the thread: whether the stop is raised now (once, and never after leaving)."""
+        if self.closed or self.stop is None:
+            return False
+        try:
+            self._deliver.pop()
+        except IndexError:
+            return False
+        self.landed_at = self.clock_ms()
+        return True
+
+    def waiting(self) -> float | None:
+        """Milliseconds since the stop was sent, while it has not landed and that is longer
+        than `LATE_MS`; else None. The panel then says that the cell waits for a call into C
+        code to return."""
+        fired = self.fired_at
+        if fired is None or self.landed_at is not None or self.closed:
+            return None
+        late = self.clock_ms() - fired
+        return late if late >= LATE_MS else None
+
+    def late_note(self, left_ms: float, due_ms: float | None, completed: bool) -> str | None:
+        """What the run's error adds when the thread went on more than `LATE_MS` after its
+        stop was sent or after *due_ms*, its deadline (a call into C code that holds the GIL
+        keeps even the clock's timer from sending it), when the stop was sent or the block
+        *completed* without it. *left_ms*: when it left the run. None when the stop landed in
+        time, or was raised at a budget check of the thread itself."""
+        if self.fired_at is None and not completed:
+            return None
+        sent = [t for t in (self.fired_at, due_ms) if t is not None]
+        if not sent:
+            return None
+        since = min(sent)
+        landed = self.landed_at if self.landed_at is not None else left_ms
+        if landed - since < LATE_MS:
+            return None
+        return (f"the code went on for {round(landed - since)} ms past that, inside a call "
+                f"Python cannot interrupt (C code that does not look at signals"
+                f"{'' if self.signals else ', or a wait on a thread other than the main one'})")
+
+
+class Interrupt(Unwind):
+    """What ``PyThreadState_SetAsyncExc`` raises in a thread (it raises a class, made with no
+    arguments): the run's `Unwind`, its stop read from the thread's fired entry. Leaving a run
+    (``nbbudget.run.budget``) catches one that lands as it leaves."""
+
+    def __init__(self) -> None:
+        stop = None
+        for entry in reversed(_entries.get(threading.get_ident(), ())):
+            if entry.stop is not None and not entry.closed:
+                entry.take()
+                stop = entry.stop
+                break
+        if stop is None:  # leaving had closed it: `leave` catches this one
+            stop = next((e.stop for e in _entries.get(threading.get_ident(), ()) if e.stop),
+                        None)
+        assert stop is not None, "an interrupt is sent only with a stop"
+        super().__init__(stop)
+
+
+def enter(clock_ms: Callable[[], float]) -> Entry:
+    """Register this thread as inside a run whose clock reads *clock_ms*: what `leave` takes.
+    On the main thread the signal's handler is installed the first time."""
+    ident = threading.get_ident()
+    entry = Entry(ident, ident == _MAIN and _install(), clock_ms)
+    stack = _entries.get(ident)
+    if stack is None:
+        _entries[ident] = [entry]
+    else:
+        stack.append(entry)
+    return entry
+
+
+def leave(entry: Entry) -> None:
+    """In the thread that entered: it has left the run, and nothing more is raised for it (a
+    stop sent and not raised yet is revoked). An outer run of the same thread whose stop was
+    held back while this one was leaving is sent again."""
+    try:
+        with _lock:
+            entry.closed = True
+            if entry.fired_at is not None and entry.landed_at is None and not entry.signals:
+                _raise_in(entry.thread, None)  # revoke what was not raised yet
+    except Interrupt:
+        entry.closed = True  # it landed as the thread left: nothing is pending any more
+    stack = _entries.get(entry.thread)
+    if stack is not None:
+        with contextlib.suppress(ValueError):
+            stack.remove(entry)
+        if not stack:
+            _entries.pop(entry.thread, None)
+        else:
+            for outer in stack:
+                if outer.fired_at is not None and outer.landed_at is None:
+                    outer._send()
+
+
+def shield(code: CodeType) -> None:
+    """Never raise an interrupt inside *code*, or in nbbudget's code it calls: nbbudget's own
+    leaving of a run (``nbbudget.run.budget``, ``nbbudget.calls.call``), which reads the run's
+    stop itself. User code it calls (a call's work) is interrupted as any other."""
+    _shielded.add(code)
+
+
+def _in_shielded(frame: FrameType | None) -> bool:
+    """Whether *frame* is nbbudget's own code called (through nbbudget's code only) from a
+    shielded one."""
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("nbbudget."):
+        if frame.f_code in _shielded:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _install() -> bool:
+    """Install the handler of `SIGNAL` (on the main thread), unless something else handles
+    it; whether the handler is nbbudget's (else the main thread is interrupted as other
+    threads are)."""
+    if not SIGNAL or not hasattr(signal, "pthread_kill"):
+        return False
+    current = signal.getsignal(SIGNAL)
+    if current is _on_signal:
+        return True
+    if current not in (signal.SIG_DFL, None):
+        return False
+    signal.signal(SIGNAL, _on_signal)
+    return True
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    """On the main thread, at its next bytecode after the signal: raise the innermost fired
+    entry's stop, unless nbbudget is leaving a run there (`leave` sends it again if needed)."""
+    for entry in reversed(_entries.get(_MAIN, ())):
+        if entry.stop is not None and not entry.closed and entry.landed_at is None:
+            if _in_shielded(frame) or not entry.take():
+                return
+            raise entry.stop.signal()
+
+
+def _raise_in(thread: int, exc: type[BaseException] | None) -> None:
+    """Raise *exc* in *thread* at its next bytecode (None: revoke one not raised yet)."""
+    import ctypes
+
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread),
+                                               ctypes.py_object(exc) if exc else None)
