@@ -79,7 +79,7 @@ def test_budget_cancel_stops_a_cooperative_job_and_says_so(shell, capsys):
     resp = nb.call(loop, detach=True, budget="50ms")
     job_id = resp.data["job"]
     shell.run_line_magic("budget", f"cancel {job_id}")
-    assert capsys.readouterr().out == f"job {job_id} stopped at a budget check\n"
+    assert capsys.readouterr().out == f"job {job_id} stopped\n"
     assert nb.jobs[job_id].wait_done(5)
     assert nb.jobs[job_id].state is nb.JobState.CANCELLED
 
@@ -97,7 +97,7 @@ def test_budget_cancel_says_when_a_job_ended_anyway_and_kept_its_result(shell, c
     job_id = resp.data["job"]
     shell.run_line_magic("budget", f"cancel {job_id}")
     assert capsys.readouterr().out == (
-        f"job {job_id} ended (done) before it reached a budget check: the cancel was not "
+        f"job {job_id} ended (done) before the cancel reached it: the cancel was not "
         f"honoured, and its result is kept (nb.jobs[{job_id!r}])\n")
     assert nb.jobs[job_id].result() == "finished A"
 

@@ -83,7 +83,7 @@ def test_S2_3_a_cancelled_job_that_checks_stops_at_its_next_check(kernel):
     started = time.monotonic()
     cancel = run(kernel, f"%budget cancel {job}")
     assert time.monotonic() - started < 5
-    assert said(cancel) == f"job {job} stopped at a budget check"
+    assert said(cancel) == f"job {job} stopped"
     assert probe(kernel, job, "j.state, j.cancel_status") == "cancelled stopped"
     assert cancel_kinds(kernel, job) == "['cancel_requested', 'cancel_observed']"
     assert probe(kernel, job, "nb.jobs.to_frame().loc[j.id, 'cancel']") == "stopped"

@@ -269,7 +269,7 @@ def test_a_cancel_reaches_the_kernel_that_runs_the_job_which_stops_at_a_budget_c
     assert cancelled.code == 200
     assert cancelled.body == {"id": job_id, "kind": "job", "outcome": "stopped",
                               "state": "cancelled",
-                              "message": f"job {job_id} stopped at a budget check"}
+                              "message": f"job {job_id} stopped"}
     server.wait_for(lambda: server.get("jobs", job_id).body["state"] == "cancelled")
     row = server.get("jobs", job_id).body
     assert row["cancellable"] is False and row["ended"] is not None
@@ -314,7 +314,7 @@ def test_a_kernel_busy_with_a_cell_takes_the_cancel_when_the_cell_ends(server):
         "id": job_id, "kind": "job", "outcome": "requested", "state": "running",
         "message": f"cancel requested for job {job_id}; its kernel is busy and takes the "
                    f"cancel when its running cell ends (see %budget jobs)"}
-    # the cell has ended: the kernel took the cancel, and the job stopped at a budget check
+    # the cell has ended: the kernel took the cancel, and the job stopped
     server.wait_for(lambda: server.get("jobs", job_id).body["state"] == "cancelled")
     reply = server.execute(kernel_id, "", cancel=f"nb.jobs[{job_id!r}].cancel_status")
     assert reply["cancel"] == "'stopped'"

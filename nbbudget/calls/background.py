@@ -10,7 +10,7 @@ the cancel of each, with what became of it.
 A cancel ends in one of four `Cancel.outcome` values:
 
 - ``ended``: the job or run had already ended; nothing was changed.
-- ``stopped``: it stopped for the cancel (a job at its next budget check, a notebook run's
+- ``stopped``: it stopped for the cancel (a job at its next bytecode or budget check, a notebook run's
   running cell interrupted by its runner).
 - ``finished``: it ended anyway before the cancel reached it (the cancel was not honoured); its
   result or error is kept.
@@ -205,22 +205,23 @@ def await_end(runs: Runs, record: RunRecord, wait_s: float = CANCEL_WAIT_S) -> R
 
 def cancel_job(job: Job, reason: str, wait_s: float = JOB_WAIT_S) -> Cancel:
     """Cancel *job*, a job of this process (``%budget cancel``), and say what that did: it had
-    already ended, or it stopped at a budget check, or it ended anyway, or it has not reached
-    a check yet."""
+    already ended, or it stopped, or it ended anyway, or it has not stopped yet."""
     if job.done():
         return job_ended(job.id, job.state.value)
     status = job.cancel(reason, wait=wait_s)
     if status == "stopped":
         return Cancel(job.id, "job", "stopped", job.state.value,
-                      f"job {job.id} stopped at a budget check")
+                      f"job {job.id} stopped")
     if status == "not honoured":
         kept = "error" if job.state is JobState.FAILED else "result"
         return Cancel(job.id, "job", "finished", job.state.value,
-                      f"job {job.id} ended ({job.state}) before it reached a budget check: the "
+                      f"job {job.id} ended ({job.state}) before the cancel reached it: the "
                       f"cancel was not honoured, and its {kept} is kept (nb.jobs[{job.id!r}])")
     return Cancel(job.id, "job", "requested", job.state.value,
-                  f"cancel requested for job {job.id}; it has not reached a budget check yet: "
-                  f"it will stop at its next one, or finish anyway (see %budget jobs)")
+                  f"cancel requested for job {job.id}; it has not stopped yet: it stops at its "
+                  f"next bytecode once out of a call Python cannot interrupt (a sleep or a read "
+                  f"on its thread, C code), or at its next budget check if it is cooperative, "
+                  f"or finishes anyway (see %budget jobs)")
 
 
 def job_ended(job_id: str, state: str) -> Cancel:

@@ -404,7 +404,7 @@ class BudgetMagics(Magics):
     @magic_arguments()
     @argument("command", choices=["jobs", "wait", "cancel", "status", "trace", "history"],
               help="jobs: list the background jobs; wait ID: wait for job ID and show its "
-                   "result; cancel ID: ask job ID to stop at its next budget check, and say "
+                   "result; cancel ID: stop job ID, and say "
                    "whether it did; status: what the last %%%%budget cell's run used, per "
                    "axis; trace: its trace events; history: the last runs the store kept "
                    "(cells, calls, notebook runs, with blocks), newest first")
@@ -565,7 +565,7 @@ def _cancel(job: Job) -> str:
     return cancel_job(job, "cancelled with %budget cancel").message
 
 
-_CANCEL_NOTES = {"stopped": " (stopped at a budget check)",
+_CANCEL_NOTES = {"stopped": " (stopped)",
                  "not honoured": " (cancel not honoured)"}
 
 

@@ -267,7 +267,7 @@ def test_cancel_on_the_panel_stops_each_and_says_how_it_ended(lab_page: Page) ->
     page.page.click(f".nbb-Panel-row[data-id='{job_id}'] .nbb-Panel-cancel")
     said = _until(lambda: (m := page.message())["outcome"] and m, 20, "the job's cancel answer")
     assert said["outcome"] == "stopped", said
-    assert said["text"] == f"job {job_id} stopped at a budget check"
+    assert said["text"] == f"job {job_id} stopped"
     _until(lambda: page.rows()[job_id]["state"] == "cancelled", 10, "the job's row: cancelled")
     assert page.rows()[job_id]["buttons"] == []  # nothing left to cancel
     _until(lambda: page.item()["text"] == "", 10, "the status item's job count clearing")
