@@ -200,3 +200,27 @@ def test_N_5_a_cancel_as_the_block_ends_is_raised_once_and_never_after_it(where)
     assert set(outcomes) <= {"stopped", "completed"}
     assert sum(outcomes.values()) == 300
     assert not preempt._entries.get(threading.get_ident())
+
+
+def test_N_7_a_stop_that_has_not_landed_is_said_while_it_waits():
+    """The panel's words come from here: a thread blocked where the stop cannot land (a sleep,
+    on a thread other than the main one) is waited for, and the run says how long."""
+    entered = threading.Event()
+    holder: list[nb.Budget] = []
+
+    def work() -> None:
+        with pytest.raises(nb.BudgetCut), nb.budget(time="100ms") as run:
+            holder.append(run)
+            entered.set()
+            time.sleep(1.0)
+
+    thread = threading.Thread(target=work, name="test-waited-for")
+    thread.start()
+    assert entered.wait(5)
+    run = holder[0]
+    assert run.stop_waits_ms() is None  # nothing stopped it yet
+    time.sleep(0.6)
+    waits = run.stop_waits_ms()
+    assert waits is not None and waits >= preempt.LATE_MS
+    thread.join(10)
+    assert run.stop_waits_ms() is None  # it left: nothing waits

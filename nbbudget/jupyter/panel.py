@@ -185,7 +185,7 @@ class Panel:
                 return False
             if not self._cell_over:  # the cell holds its caller: the panel follows the run
                 snap = run.snapshot()
-                self._draw(snap, summary(snap))
+                self._draw(snap, summary(snap) + _waiting(run))
                 return True
             if time.monotonic() < self._late_from:  # its driver may still be listening
                 return True
@@ -302,6 +302,15 @@ class _View:
         bundle = self.box._repr_mimebundle_()
         bundle.pop("text/plain", None)
         return dict(bundle)
+
+
+def _waiting(run: Budget) -> str:
+    """N-5, N-7: what a stopped cell waits for when its stop has not landed."""
+    waits = run.stop_waits_ms()
+    if waits is None:
+        return ""
+    return (f"; stopping: waiting {waits / 1000:.1f} s for a call into C code to return; "
+            f"interrupt the kernel to stop it now")
 
 
 def _settled(job: Job | None) -> str | None:

@@ -587,6 +587,13 @@ class Budget:
         scope.remove_listener(entry.fire)
         return entry.late_note(scope.clock.now_ms(), scope.deadline_ms(), completed)
 
+    def stop_waits_ms(self) -> float | None:
+        """N-5, N-7: how long a stop sent to a thread inside the run has waited without landing
+        (past `nbbudget.core.preempt.LATE_MS`: the thread is inside a call Python cannot
+        interrupt), or None. The panel says then what it waits for."""
+        waits = [w for entry in list(self._entries) if (w := entry.waiting()) is not None]
+        return max(waits) if waits else None
+
     def _entry_here(self) -> _preempt.Entry | None:
         """This thread's innermost entry into the run, taken off its list."""
         entries, here = self._entries, threading.get_ident()
