@@ -28,6 +28,7 @@ from .ledger import Account, Ledger, LedgerFactory, LocalLedger, plain
 from .limits import Limits
 from .outcome import Status
 from .scope import Incomplete, Scope, Stop, Unwind
+from .preempt import Entry
 from .trace import Recorder, Trace
 
 __all__ = ["Core", "Incomplete", "Recorder", "Run", "Scope", "Stop", "Unwind"]
@@ -57,6 +58,10 @@ class Run(Protocol):
 
     def grant(self, *, time: int | str | None = None, name: str | None = None,
               **limit_fields: Any) -> Run: ...
+
+    def interrupt_here(self) -> Entry | None: ...
+
+    def interrupt_done(self, entry: Entry) -> None: ...
 
 
 class Core:

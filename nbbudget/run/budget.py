@@ -16,6 +16,7 @@ is atomic: no lock, no clock.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import functools
@@ -586,6 +587,19 @@ class Budget:
         scope = state.scope
         scope.remove_listener(entry.fire)
         return entry.late_note(scope.clock.now_ms(), scope.deadline_ms(), completed)
+
+    def interrupt_done(self, entry: _preempt.Entry) -> None:
+        """The thread of *entry* (from `interrupt_here`) is done with the run without leaving a
+        block of it (a tool's worker, ``nbbudget.run.tools``): nothing more is raised in it."""
+        try:
+            _preempt.leave(entry)
+        except _preempt.Interrupt:  # landed as it finished: the caller reads the run's stop
+            _preempt.leave(entry)
+        state = self._state
+        if state.__class__ is _Built:
+            state.scope.remove_listener(entry.fire)
+        with contextlib.suppress(ValueError):
+            self._entries.remove(entry)
 
     def stop_waits_ms(self) -> float | None:
         """N-5, N-7: how long a stop sent to a thread inside the run has waited without landing

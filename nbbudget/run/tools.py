@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..core import workers
+from ..core import preempt, workers
 from ..core.clock import Latch, Scheduled
 from ..core.duration import parse_duration
 from ..core.errors import BudgetCut, ConfigError
@@ -133,11 +133,14 @@ class _ToolCall:
 
     def _work(self, fn: Callable[..., Any], args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> None:
+        entry = self.run.interrupt_here()  # N-5: the run's stop is raised in the tool's thread
         try:
             self.result = fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - kept and re-raised in the caller
             self.error = exc
         finally:
+            if entry is not None:
+                self.run.interrupt_done(entry)
             self.ended.set()
 
     def _finish(self) -> Any:
@@ -184,3 +187,8 @@ class _ToolCall:
                                          "silent_ms": round(silent_for, 3),
                                          "max_silence_ms": self.silence_ms})
             self.wake.set()
+
+
+# N-5: the caller waiting for its tool is woken by the run's stop and raises it itself (after
+# the grace in which an abandoned tool is traced): no interrupt lands in that wait
+preempt.shield(_ToolCall.invoke.__code__)
