@@ -33,7 +33,7 @@ def _spin_swallowing() -> None:
     while True:
         try:
             sum(range(10))
-        except Exception:  # noqa: BLE001, S112 - the user code this rule is about
+        except Exception:  # noqa: S112 - the user code this rule is about
             continue
 
 
@@ -63,7 +63,7 @@ def _timed(work, **kwargs) -> tuple[BaseException | None, float]:
     try:
         with nb.budget(**kwargs):
             work()
-    except BaseException as exc:  # noqa: BLE001 - what the block raised is the observation
+    except BaseException as exc:
         return exc, time.monotonic() - started
     return None, time.monotonic() - started
 
@@ -184,7 +184,7 @@ def test_N_5_a_cancel_as_the_block_ends_is_raised_once_and_never_after_it(where)
                 for _ in range(2000):  # code after the block: nothing may land here
                     pass
                 time.sleep(0.0005)
-            except BaseException as exc:  # noqa: BLE001 - a stray is the failure observed
+            except BaseException as exc:
                 strays.append(exc)
                 canceller.join()
             status = run.outcome.status.value

@@ -10,8 +10,8 @@ the cancel of each, with what became of it.
 A cancel ends in one of four `Cancel.outcome` values:
 
 - ``ended``: the job or run had already ended; nothing was changed.
-- ``stopped``: it stopped for the cancel (a job at its next bytecode or budget check, a notebook run's
-  running cell interrupted by its runner).
+- ``stopped``: it stopped for the cancel (a job at its next bytecode or budget check, a
+  notebook run's running cell interrupted by its runner).
 - ``finished``: it ended anyway before the cancel reached it (the cancel was not honoured); its
   result or error is kept.
 - ``requested``: the cancel is asked and it has not stopped yet: a job stops at its next budget

@@ -27,8 +27,8 @@ from .kinds import KINDS, RUN_MS
 from .ledger import Account, Ledger, LedgerFactory, LocalLedger, plain
 from .limits import Limits
 from .outcome import Status
-from .scope import Incomplete, Scope, Stop, Unwind
 from .preempt import Entry
+from .scope import Incomplete, Scope, Stop, Unwind
 from .trace import Recorder, Trace
 
 __all__ = ["Core", "Incomplete", "Recorder", "Run", "Scope", "Stop", "Unwind"]

@@ -51,7 +51,7 @@ LATE_MS = 100.0
 # Firing and leaving take this lock, so that nothing is sent to a thread after its entry is
 # closed, and a thread's pending interrupt is revoked while no firing can add another.
 _lock = threading.Lock()
-_MAIN = threading.main_thread().ident
+_MAIN: int = threading.main_thread().ident or 0
 #: each thread's live entries, innermost last
 _entries: dict[int, list[Entry]] = {}
 #: nbbudget's own leaving of a run: an interrupt never lands there (`shield`)

@@ -368,7 +368,8 @@ class BudgetMagics(Magics):
             resp = _call.call(work, detach=args.detach, resume=args.resume, budget=args.budget,
                               timeout=args.timeout, key=key, limits=limits, manifest=ceilings,
                               notices=self.settings.notices(), runs_per_day=args.runs_per_day,
-                              preempt=not args.cooperative, cluster=False)  # the body runs in the kernel; what it sends
+                              preempt=not args.cooperative,
+                              cluster=False)  # the body runs in the kernel; what it sends
                                               # (branches, calls) may go to the cluster
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
