@@ -19,8 +19,10 @@ def kernel(tmp_path_factory):
 
 
 def detach(kernel, body: str) -> str:
-    """Start *body* as a ``--detach --budget 1s`` cell that outlives its budget; its job id."""
-    cell = run(kernel, "%%budget --detach --budget 1s\n" + body)
+    """Start *body* as a ``--detach --budget 1s --cooperative`` cell that outlives its budget;
+    its job id. Cooperative: these tests show a cancel met at budget checks (S2-3); a stop
+    raised into work that never checks is `test_preempt_kernel`'s (N-5)."""
+    cell = run(kernel, "%%budget --detach --budget 1s --cooperative\n" + body)
     assert cell.envelope is not None, cell.outputs
     assert cell.envelope["data"]["state"] == "running"
     return cell.envelope["data"]["job"]
@@ -62,8 +64,10 @@ def test_S2_3_a_cancelled_job_that_never_checks_runs_on_then_finishes_not_honour
     cancel = run(kernel, f"%budget cancel {job}")
     assert cancel.status == "ok"
     assert said(cancel) == (
-        f"cancel requested for job {job}; it has not reached a budget check yet: it will stop "
-        f"at its next one, or finish anyway (see %budget jobs)")
+        f"cancel requested for job {job}; it has not stopped yet: it stops at its next bytecode "
+        f"once out of a call Python cannot interrupt (a sleep or a read on its thread, C code), "
+        f"or at its next budget check if it is cooperative, or finishes anyway (see %budget "
+        f"jobs)")
     assert probe(kernel, job, "j.state, j.cancel_status") == "running requested"
     assert cancel_kinds(kernel, job) == "['cancel_requested']"
 
