@@ -39,7 +39,7 @@ from types import CodeType, FrameType
 
 from .scope import Stop, Unwind
 
-__all__ = ["LATE_MS", "SIGNAL", "Entry", "Interrupt", "enter", "leave", "shield"]
+__all__ = ["LATE_MS", "SIGNAL", "Entry", "Interrupt", "enter", "guard", "leave", "shield"]
 
 #: the signal nbbudget sends the main thread to interrupt it: a real-time signal where the
 #: platform has them (nothing in a kernel uses one), else SIGUSR2; 0 where there is none
@@ -202,11 +202,26 @@ def shield(code: CodeType) -> None:
     _shielded.add(code)
 
 
+def guard(code: CodeType) -> None:
+    """Hold an interrupt back while the thread is anywhere inside *code*: nbbudget's own waits
+    that read the run's stop themselves and end with a richer error (a model request's stream,
+    cut with the text received so far). User code never runs beneath them."""
+    _guarded.add(code)
+
+
+_guarded: set[CodeType] = set()
+
+
 def _in_shielded(frame: FrameType | None) -> bool:
     """Whether *frame* is nbbudget's own code called (through nbbudget's code only) from a
-    shielded one."""
-    while frame is not None and frame.f_globals.get("__name__", "").startswith("nbbudget."):
-        if frame.f_code in _shielded:
+    shielded one, or is anywhere beneath a guarded one."""
+    ours = True
+    while frame is not None:
+        code = frame.f_code
+        if code in _guarded:
+            return True
+        ours = ours and frame.f_globals.get("__name__", "").startswith("nbbudget.")
+        if ours and code in _shielded:
             return True
         frame = frame.f_back
     return False

@@ -1033,7 +1033,7 @@ def join(branch: Branch) -> Budget:
     left = branch.remaining_ms
     return Budget(Limits.from_json(branch.limits), name=branch.name, notices=branch.notices,
                   time=None if left is None else max(1, math.ceil(left)),
-                  ledger=load("dask").joining(branch))
+                  ledger=load("dask").joining(branch), preempt=False)
 
 
 def budget(limits: Limits | None = None, **kwargs: Any) -> Budget:

@@ -306,7 +306,8 @@ class DaskRunner:
         if loaded is not None:
             run = Budget.resume(loaded.ledger, work.limits, cluster=self.client)
         else:
-            run = Budget(work.limits, name=work.label, notices=work.notices, cluster=self.client)
+            run = Budget(work.limits, name=work.label, notices=work.notices, cluster=self.client,
+                         preempt=work.preempt)
         core = run.lowlevel
         core.scope.start()
         job.use_run(run)
@@ -426,11 +427,12 @@ class DaskRunner:
         that its counters show here and cancelling the job reaches the task (a run of its own
         when the job was published without its run)."""
         if branch is None:
-            return Budget(work.limits, name=work.label, notices=work.notices)
+            return Budget(work.limits, name=work.label, notices=work.notices,
+                          preempt=getattr(work, "preempt", False))
         from .ledger import watching
 
         return Budget(Limits.from_json(branch.limits), name=branch.name, notices=branch.notices,
-                      ledger=watching(self.client, branch))
+                      ledger=watching(self.client, branch), preempt=False)
 
     def deliver(self, work: Work, job: Job) -> None:
         """*job*'s result went out: it is forgotten here, and on the scheduler (what its task

@@ -58,6 +58,7 @@ from typing import Any, TypeVar
 
 import httpx2
 
+from ...core import preempt
 from ...core.errors import BudgetCut, BudgetExceeded, ConfigError
 from ...core.kinds import KIND_INDEX
 from ...core.lowlevel import Core, Unwind
@@ -654,3 +655,7 @@ class _AsyncBudgeted(httpx2.AsyncClient):
         await self.inner.aclose()
 
 
+# N-5: a request and its stream read the run's deadline and stop themselves, cut with the text
+# received so far (S3-9): a stop from elsewhere is held back while the thread is inside them
+for _own in (_Budgeted.send, _Stream.__iter__):
+    preempt.guard(_own.__code__)
