@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..core import preempt
+from ..core import preempt as _preempt
 from ..core.clock import Clock, Latch, default_clock
 from ..core.duration import flag_duration, parse_duration
 from ..core.endings import ENDINGS, envelope_code
@@ -341,16 +341,9 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
         None if estimate_ms is None else parse_duration(estimate_ms, field="estimate_ms"),
         _NO_LIMITS if limits is None and loaded is None else _limits(limits, loaded),
         loaded.envelope_bytes if loaded is not None else None, notices, runs_per_day,
-        _check_preempt(preempt))
+        _preempt.checked(preempt))
     # (the wall clock of a first start counts from here, S0-6)
     return _run(plan, cluster, clock, t0_ms, started, _wall())
-
-
-def _check_preempt(preempt: object) -> bool:
-    if preempt is True or preempt is False:
-        return preempt
-    raise ConfigError(f"preempt={preempt!r}: give True (a stop interrupts the work's thread) or "
-                      f"False (the work stops at its budget checks)")
 
 
 def _unanswered(exc: ClusterUnanswered, started: float) -> Response:
@@ -909,12 +902,12 @@ def _work(ctx: _Call) -> Callable[[], None]:
         return ctx.returned(value)
     finally:
         if entry is not None:  # closed by the run's end; here whatever happened (a worker
-            preempt.leave(entry)  # thread outlives its task: nothing may be raised in it later)
+            _preempt.leave(entry)  # thread outlives its task: nothing may be raised in it later)
 
 
 # N-5: a stop that would land in a call's own ending (after its work, before its run's end)
 # waits: the run's end reads it
-preempt.shield(_work.__code__)
+_preempt.shield(_work.__code__)
 
 
 def _raised(ctx: _Call, exc: BaseException) -> Callable[[], None]:

@@ -83,6 +83,10 @@ class Work(Protocol):
         """The call's budget (None or 0: none)."""
 
     @property
+    def preempt(self) -> bool:
+        """A stop of the work's run interrupts the thread that runs the work (N-5)."""
+
+    @property
     def estimate_ms(self) -> int | None:
         """What the work says it needs (S0-7), or None."""
 

@@ -34,18 +34,21 @@ import contextlib
 import signal
 import sys
 import threading
-from collections.abc import Callable
 from types import CodeType, FrameType
 
+from .clock import Clock
+from .errors import ConfigError
 from .scope import Stop, Unwind
 
-__all__ = ["LATE_MS", "SIGNAL", "Entry", "Interrupt", "enter", "guard", "leave", "shield"]
+__all__ = ["LATE_MS", "SIGNAL", "Entry", "Interrupt", "checked", "enter", "guard", "leave",
+           "shield"]
 
 #: the signal nbbudget sends the main thread to interrupt it: a real-time signal where the
 #: platform has them (nothing in a kernel uses one), else SIGUSR2; 0 where there is none
 SIGNAL: int = int(getattr(signal, "SIGRTMIN", 0) + 3 if hasattr(signal, "SIGRTMIN")
                   else getattr(signal, "SIGUSR2", 0))
-#: how long a fired stop may take to land before the entry says it waits for C code
+#: how long a fired stop may take to land before the entry says it waits for C code; a stop
+#: not landed is sent again this often, until it lands or the thread leaves the run
 LATE_MS = 100.0
 
 # Firing and leaving take this lock, so that nothing is sent to a thread after its entry is
@@ -60,15 +63,15 @@ _shielded: set[CodeType] = set()
 
 class Entry:
     """One thread inside one run, from `enter` to `leave`. `fire` (from any thread) interrupts
-    the thread with the run's stop, once; `waiting` says that the stop has not landed."""
+    the thread with the run's stop, raised once; `waiting` says that the stop has not landed."""
 
-    __slots__ = ("_deliver", "_fire", "clock_ms", "closed", "fired_at", "landed_at", "signals",
+    __slots__ = ("_deliver", "_fire", "clock", "closed", "fired_at", "landed_at", "signals",
                  "stop", "thread")
 
-    def __init__(self, thread: int, signals: bool, clock_ms: Callable[[], float]) -> None:
+    def __init__(self, thread: int, signals: bool, clock: Clock) -> None:
         self.thread = thread
         self.signals = signals  # the main thread, with the handler installed: sent a signal
-        self.clock_ms = clock_ms
+        self.clock = clock  # the run's: its time stamps the entry, and its timer follows a stop
         self.closed = False  # the thread left: nothing is raised for it any more
         self.stop: Stop | None = None  # what is raised: set once, before anything is sent
         self.fired_at: float | None = None  # on the clock, when the interrupt was sent
@@ -86,18 +89,32 @@ class Entry:
         except IndexError:
             return
         self.stop = stop
-        self.fired_at = self.clock_ms()
+        self.fired_at = self.clock.now_ms()
         self._send()
 
     def _send(self) -> None:
+        """Send the stop, and look again after `LATE_MS`: a stop held back (the thread was in
+        nbbudget's own leaving of a run, or in a wait that reads the stop itself) or not landed
+        yet (C code) is sent again then, until it lands or the thread leaves."""
         with _lock:
             if self.closed or self.landed_at is not None:
                 return
+            if self.signals and signal.getsignal(SIGNAL) is not _on_signal:
+                self.signals = False  # other code took the signal since: as another thread
             if self.signals:
                 signal.pthread_kill(self.thread, SIGNAL)
             elif not _in_shielded(sys._current_frames().get(self.thread)):
                 _raise_in(self.thread, Interrupt)
-            # else: the thread is leaving a run; `leave` sends it again if it stays inside
+        self.clock.call_at(self.clock.now_ms() + LATE_MS, self._follow)
+
+    def _follow(self) -> None:
+        """On the clock's timer: the stop sent `LATE_MS` ago has not landed: send it again."""
+        if self.closed or self.landed_at is not None:
+            return
+        if threading.get_ident() == self.thread:  # a test's clock, advanced by the thread
+            self.clock.call_at(self.clock.now_ms() + LATE_MS, self._follow)
+            return
+        self._send()
 
     def take(self) -> bool:
         """In the thread: whether the stop is raised now (once, and never after leaving)."""
@@ -107,7 +124,7 @@ class Entry:
             self._deliver.pop()
         except IndexError:
             return False
-        self.landed_at = self.clock_ms()
+        self.landed_at = self.clock.now_ms()
         return True
 
     def waiting(self) -> float | None:
@@ -117,7 +134,7 @@ class Entry:
         fired = self.fired_at
         if fired is None or self.landed_at is not None or self.closed:
             return None
-        late = self.clock_ms() - fired
+        late = self.clock.now_ms() - fired
         return late if late >= LATE_MS else None
 
     def late_note(self, left_ms: float, due_ms: float | None, completed: bool) -> str | None:
@@ -135,9 +152,15 @@ class Entry:
         landed = self.landed_at if self.landed_at is not None else left_ms
         if landed - since < LATE_MS:
             return None
+        if self.signals:
+            why = "C code that does not look at signals"
+        elif self.thread == _MAIN:
+            why = (f"C code, or a sleep or a read: signal {SIGNAL}, which nbbudget interrupts "
+                   f"them with, is handled by other code in this process")
+        else:
+            why = "C code, or a sleep or a read on a thread other than the main one"
         return (f"the code went on for {round(landed - since)} ms past that, inside a call "
-                f"Python cannot interrupt (C code that does not look at signals"
-                f"{'' if self.signals else ', or a wait on a thread other than the main one'})")
+                f"Python cannot interrupt ({why})")
 
 
 class Interrupt(Unwind):
@@ -148,22 +171,28 @@ class Interrupt(Unwind):
     def __init__(self) -> None:
         stop = None
         for entry in reversed(_entries.get(threading.get_ident(), ())):
-            if entry.stop is not None and not entry.closed:
-                entry.take()
+            if entry.stop is not None:
+                entry.take()  # nothing if leaving closed it: `leave` catches this one
                 stop = entry.stop
                 break
-        if stop is None:  # leaving had closed it: `leave` catches this one
-            stop = next((e.stop for e in _entries.get(threading.get_ident(), ()) if e.stop),
-                        None)
         assert stop is not None, "an interrupt is sent only with a stop"
         super().__init__(stop)
 
 
-def enter(clock_ms: Callable[[], float]) -> Entry:
-    """Register this thread as inside a run whose clock reads *clock_ms*: what `leave` takes.
-    On the main thread the signal's handler is installed the first time."""
+def checked(preempt: object) -> bool:
+    """*preempt* as ``nb.budget`` and ``nb.call`` take it: True or False, else a `ConfigError`
+    naming the value."""
+    if preempt is True or preempt is False:
+        return preempt
+    raise ConfigError(f"preempt={preempt!r}: give True (a stop interrupts the code inside the "
+                      f"run) or False (it stops only at its budget checks)")
+
+
+def enter(clock: Clock) -> Entry:
+    """Register this thread as inside a run on *clock*: what `leave` takes. On the main thread
+    the signal's handler is installed the first time."""
     ident = threading.get_ident()
-    entry = Entry(ident, ident == _MAIN and _install(), clock_ms)
+    entry = Entry(ident, ident == _MAIN and (_installed or _install()), clock)
     stack = _entries.get(ident)
     if stack is None:
         _entries[ident] = [entry]
@@ -227,18 +256,23 @@ def _in_shielded(frame: FrameType | None) -> bool:
     return False
 
 
+#: the handler was installed (code that takes the signal later is noticed when a stop is sent)
+_installed = False
+
+
 def _install() -> bool:
     """Install the handler of `SIGNAL` (on the main thread), unless something else handles
     it; whether the handler is nbbudget's (else the main thread is interrupted as other
-    threads are)."""
+    threads are). Read once: ``signal.getsignal`` costs more than the rest of entering."""
+    global _installed
     if not SIGNAL or not hasattr(signal, "pthread_kill"):
         return False
     current = signal.getsignal(SIGNAL)
-    if current is _on_signal:
-        return True
-    if current not in (signal.SIG_DFL, None):
+    if current not in (signal.SIG_DFL, None, _on_signal):
         return False
-    signal.signal(SIGNAL, _on_signal)
+    if current is not _on_signal:
+        signal.signal(SIGNAL, _on_signal)
+    _installed = True
     return True
 
 

@@ -373,10 +373,7 @@ class Budget:
         ledger, on = _on_cluster(cluster, ledger)
         recipe = _recipe(name, _combine(limits, time, limit_fields), clock, trace, suspend,
                          totals, notices, ledger)
-        if preempt is not True and preempt is not False:
-            raise ConfigError(f"preempt={preempt!r}: give True (a stop interrupts the code "
-                              f"that entered the run) or False (it stops at budget checks)")
-        self._open(recipe.name, self, None, recipe.state(None), on, preempt)
+        self._open(recipe.name, self, None, recipe.state(None), on, _preempt.checked(preempt))
 
     def _open(self, name: str, root: Budget, parent: Budget | None, state: _State,
               cluster: Cluster | None = None, preempt: bool = True) -> None:
@@ -513,22 +510,19 @@ class Budget:
 
     # -- entering and leaving --------------------------------------------------------------
     def __enter__(self) -> Budget:
-        state = self._state
-        if state.outcome is not None:
-            raise ConfigError(f"{self.name} has already ended ({state.outcome.status}); "
-                              f"make a new budget for new work")
-        state.enter(self)
-        self._tokens.append(_current.set(self))
+        self.enter_for()
         self.interrupt_here()
         return self
 
     def enter_for(self) -> None:
-        """Enter the run as a ``with`` block would, for work that another thread will run and
-        leave (``nbbudget.calls.call`` prepares a call's context so): that thread calls
-        `interrupt_here` when it starts."""
+        """Enter the run in this context as a ``with`` block would, without this thread being
+        interrupted by its stop: for work that another thread will run and leave
+        (``nbbudget.calls.call`` prepares a call's context so), which calls `interrupt_here`
+        when it starts."""
         state = self._state
         if state.outcome is not None:
-            raise ConfigError(f"{self.name} has already ended ({state.outcome.status})")
+            raise ConfigError(f"{self.name} has already ended ({state.outcome.status}); "
+                              f"make a new budget for new work")
         state.enter(self)
         self._tokens.append(_current.set(self))
 
@@ -540,11 +534,8 @@ class Budget:
         leaving the run closes (``nbbudget.calls.call`` closes it too, whatever happens)."""
         if not self._preempt:
             return None
-        entry = _preempt.enter(self._state.clock.now_ms)
-        self._entries.append(entry)
-        state = self._state
-        if state.__class__ is _Built:
-            state.scope.add_listener(entry.fire)
+        entry = _preempt.enter(self._state.clock)
+        self._adopt_entry(entry)
         return entry
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool | None:
@@ -553,7 +544,8 @@ class Budget:
     def _leave(self, exc: BaseException | None, how: str) -> bool | None:
         """Leave the block with *exc*; once the outermost block of a run (not a grant) is left,
         the end is told to `set_on_end`'s hook, *how* saying how the run was run."""
-        late = self._uninterruptible(exc is None) if self._entries else None
+        entry = self._entry_here() if self._entries else None
+        late = self._release(entry, exc is None) if entry is not None else None
         tokens = self._tokens
         if tokens:
             _current.reset(tokens.pop())
@@ -568,18 +560,13 @@ class Budget:
                 state = self._state
                 _on_end(self, how, state.trace if state.__class__ is _Built else None)
 
-    def _uninterruptible(self, completed: bool) -> str | None:
-        """This thread has left the run: no stop is raised in it any more. What the run's
-        error adds when the thread went on long after its stop (C code, N-7)."""
-        entry = None
+    def _release(self, entry: _preempt.Entry, completed: bool) -> str | None:
+        """The thread of *entry*, taken off `_entries`, is done with the run: no stop is raised
+        in it any more. What the run's error adds when the thread went on long after its stop
+        (C code, N-7); None when it did not, or nothing could stop the run."""
         try:
-            entry = self._entry_here()
-            if entry is None:
-                return None
             _preempt.leave(entry)
         except _preempt.Interrupt:  # the stop landed as the thread left: the run reads it
-            if entry is None:
-                return None
             _preempt.leave(entry)
         state = self._state
         if state.__class__ is not _Built:
@@ -591,15 +578,9 @@ class Budget:
     def interrupt_done(self, entry: _preempt.Entry) -> None:
         """The thread of *entry* (from `interrupt_here`) is done with the run without leaving a
         block of it (a tool's worker, ``nbbudget.run.tools``): nothing more is raised in it."""
-        try:
-            _preempt.leave(entry)
-        except _preempt.Interrupt:  # landed as it finished: the caller reads the run's stop
-            _preempt.leave(entry)
-        state = self._state
-        if state.__class__ is _Built:
-            state.scope.remove_listener(entry.fire)
         with contextlib.suppress(ValueError):
             self._entries.remove(entry)
+        self._release(entry, False)
 
     def stop_waits_ms(self) -> float | None:
         """N-5, N-7: how long a stop sent to a thread inside the run has waited without landing
@@ -915,15 +896,16 @@ class Deferred:
     def interrupt_here(self) -> _preempt.Entry | None:
         """N-5: a stop of the run interrupts this thread until the run ends here (`end`); if
         the run is not made yet, from when it is (`_make`). None with ``preempt=False``."""
-        made = self._made
-        if made is not None:
-            return made.interrupt_here()
         if not self._preempt:
             return None
-        entry = self._entry = _preempt.enter(self._clock.now_ms)
-        if self._made is not None and not entry.closed:  # made meanwhile: it may not have seen it
-            self._made._adopt_entry(entry)
-        return entry
+        made = self._made
+        if made is None:
+            with self._making:  # `_make` adopts the entry if it makes the run after this
+                made = self._made
+                if made is None:
+                    entry = self._entry = _preempt.enter(self._clock)
+                    return entry
+        return made.interrupt_here()
 
     def end(self, exc: BaseException | None) -> bool | None:
         """End the run as leaving its ``with`` block with *exc* would (its outcome kept, a stop

@@ -428,7 +428,7 @@ class DaskRunner:
         when the job was published without its run)."""
         if branch is None:
             return Budget(work.limits, name=work.label, notices=work.notices,
-                          preempt=getattr(work, "preempt", False))
+                          preempt=work.preempt)
         from .ledger import watching
 
         return Budget(Limits.from_json(branch.limits), name=branch.name, notices=branch.notices,
