@@ -205,7 +205,7 @@ def test_N_2_a_detached_cells_result_and_final_state_reach_its_panel(shell):
 
 def test_S2_3_a_detached_panel_says_when_its_job_finished_without_honouring_a_cancel(shell):
     with capture_output():
-        result = shell.run_cell("%%budget --detach --budget 50ms\nimport time\n"
+        result = shell.run_cell("%%budget --detach --budget 50ms --cooperative\nimport time\n"
                                 "time.sleep(0.4)\n'finished A'")
     assert type(result.error_in_exec).__name__ == "Incomplete"
     job = nb.last_response.job

@@ -38,6 +38,8 @@ from types import CodeType, FrameType
 
 from .clock import Clock
 from .errors import ConfigError
+from .kinds import KINDS, RUN_MS
+from .outcome import Status
 from .scope import Stop, Unwind
 
 __all__ = ["LATE_MS", "SIGNAL", "Entry", "Interrupt", "checked", "enter", "guard", "leave",
@@ -81,8 +83,11 @@ class Entry:
 
     def fire(self, stop: Stop) -> None:
         """Interrupt the thread with *stop*, once, unless it has left, or is the thread calling
-        (which raises the stop itself at its next check). A scope listener: any thread."""
-        if self.closed or threading.get_ident() == self.thread:
+        (which raises the stop itself at its next check). A scope listener: any thread. Only
+        what N-5 names interrupts: the run's time and a cancel (a person's, or the wall
+        clock's); a limit passed by another thread (a model reply's tokens) is raised at this
+        thread's next budget check, where a stream is cut with what it received (S3-9)."""
+        if self.closed or threading.get_ident() == self.thread or not _interrupts(stop):
             return
         try:
             self._fire.pop()
@@ -161,6 +166,15 @@ class Entry:
             why = "C code, or a sleep or a read on a thread other than the main one"
         return (f"the code went on for {round(landed - since)} ms past that, inside a call "
                 f"Python cannot interrupt ({why})")
+
+
+#: what a stop of time is cut by: its time grant, a time window (S3-1), the wall clock
+_TIME_BY = frozenset({"timeout", KINDS[RUN_MS].name, "wall-clock"})
+
+
+def _interrupts(stop: Stop) -> bool:
+    """Whether *stop* interrupts the threads inside its run (N-5): a cancel or a time stop."""
+    return stop.status in (Status.STOPPED, Status.CANCELLED) or stop.by in _TIME_BY
 
 
 class Interrupt(Unwind):

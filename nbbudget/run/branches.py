@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..core import preempt
 from ..core.errors import ConfigError
 from ..core.kinds import KIND_INDEX
 
@@ -109,3 +110,9 @@ def _check_bound(name: str, value: object) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{name}={value!r} must be a positive integer, or None for no bound")
+
+
+# N-5: the thread waiting for a run's branches on a cluster is not interrupted: the stop is
+# pushed to the branches, which stop at their next check and answer; the wait then returns
+# their results, and the run's block raises the stop
+preempt.guard(parallel_on.__code__)
