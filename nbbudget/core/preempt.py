@@ -67,8 +67,8 @@ class Entry:
     """One thread inside one run, from `enter` to `leave`. `fire` (from any thread) interrupts
     the thread with the run's stop, raised once; `waiting` says that the stop has not landed."""
 
-    __slots__ = ("_deliver", "_fire", "clock", "closed", "fired_at", "landed_at", "signals",
-                 "stop", "thread")
+    __slots__ = ("_deliver", "_fire", "clock", "closed", "fired_at", "held", "landed_at",
+                 "signals", "stop", "thread")
 
     def __init__(self, thread: int, signals: bool, clock: Clock) -> None:
         self.thread = thread
@@ -78,6 +78,8 @@ class Entry:
         self.stop: Stop | None = None  # what is raised: set once, before anything is sent
         self.fired_at: float | None = None  # on the clock, when the interrupt was sent
         self.landed_at: float | None = None  # on the clock, when the stop was raised
+        # the stop was held back in a guarded wait of nbbudget's, which raised it itself
+        self.held = False
         self._fire: list[None] = [None]  # popped (atomic) by the one firing
         self._deliver: list[None] = [None]  # popped by the one raising, or by leaving
 
@@ -108,8 +110,11 @@ class Entry:
                 self.signals = False  # other code took the signal since: as another thread
             if self.signals:
                 signal.pthread_kill(self.thread, SIGNAL)
-            elif not _in_shielded(sys._current_frames().get(self.thread)):
-                _raise_in(self.thread, Interrupt)
+            else:
+                where = _held_in(sys._current_frames().get(self.thread))
+                if where is None:
+                    _raise_in(self.thread, Interrupt)
+                self.held = self.held or where is _guarded
         self.clock.call_at(self.clock.now_ms() + LATE_MS, self._follow)
 
     def _follow(self) -> None:
@@ -148,8 +153,8 @@ class Entry:
         keeps even the clock's timer from sending it), when the stop was sent or the block
         *completed* without it. *left_ms*: when it left the run. None when the stop landed in
         time, or was raised at a budget check of the thread itself."""
-        if self.fired_at is None and not completed:
-            return None
+        if (self.fired_at is None and not completed) or (self.held and self.landed_at is None):
+            return None  # raised at a check, or by the wait of nbbudget's it was held back in
         sent = [t for t in (self.fired_at, due_ms) if t is not None]
         if not sent:
             return None
@@ -255,19 +260,20 @@ def guard(code: CodeType) -> None:
 _guarded: set[CodeType] = set()
 
 
-def _in_shielded(frame: FrameType | None) -> bool:
-    """Whether *frame* is nbbudget's own code called (through nbbudget's code only) from a
-    shielded one, or is anywhere beneath a guarded one."""
+def _held_in(frame: FrameType | None) -> set[CodeType] | None:
+    """Where an interrupt at *frame* is held back: `_guarded` when *frame* is anywhere beneath
+    a guarded wait (which raises the stop itself), `_shielded` when it is nbbudget's own code
+    called (through nbbudget's code only) from a run's leaving, else None."""
     ours = True
     while frame is not None:
         code = frame.f_code
         if code in _guarded:
-            return True
+            return _guarded
         ours = ours and frame.f_globals.get("__name__", "").startswith("nbbudget.")
         if ours and code in _shielded:
-            return True
+            return _shielded
         frame = frame.f_back
-    return False
+    return None
 
 
 #: the handler was installed (code that takes the signal later is noticed when a stop is sent)
@@ -295,7 +301,11 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     entry's stop, unless nbbudget is leaving a run there (`leave` sends it again if needed)."""
     for entry in reversed(_entries.get(_MAIN, ())):
         if entry.stop is not None and not entry.closed and entry.landed_at is None:
-            if _in_shielded(frame) or not entry.take():
+            where = _held_in(frame)
+            if where is not None:
+                entry.held = entry.held or where is _guarded
+                return
+            if not entry.take():
                 return
             raise entry.stop.signal()
 

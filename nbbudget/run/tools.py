@@ -191,4 +191,4 @@ class _ToolCall:
 
 # N-5: the caller waiting for its tool is woken by the run's stop and raises it itself (after
 # the grace in which an abandoned tool is traced): no interrupt lands in that wait
-preempt.shield(_ToolCall.invoke.__code__)
+preempt.guard(_ToolCall.invoke.__code__)
