@@ -495,8 +495,9 @@ def busy_switching() -> Iterator[None]:
 
 
 def run_threads(work: Sequence[Callable[[], object]]) -> None:
-    """Start one named thread per function, all at once, wait for every one to end, and raise
-    here the first error any of them raised (an assertion in a thread included)."""
+    """Start one named thread per function, all at once, wait for every one to end (even when a
+    run's stop interrupts the wait), and raise here that stop or else the first error any of
+    them raised (an assertion in a thread included)."""
     gate = threading.Barrier(len(work))
     errors: list[BaseException] = []
 
@@ -509,11 +510,18 @@ def run_threads(work: Sequence[Callable[[], object]]) -> None:
 
     threads = [threading.Thread(target=body, args=(fn,), name=f"ledger-model-worker-{i}")
                for i, fn in enumerate(work)]
+    stopped: BaseException | None = None  # a run's stop raised into this thread's join (N-5)
     with busy_switching():
         for t in threads:
             t.start()
         for t in threads:
-            t.join()
+            while t.is_alive():
+                try:
+                    t.join()
+                except BaseException as exc:  # joined to the end all the same, raised below
+                    stopped = stopped or exc
+    if stopped is not None:
+        raise stopped
     if errors:
         raise errors[0]
 
