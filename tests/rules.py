@@ -13,7 +13,7 @@ SEMANTIC_RULE_IDS = (
     + [f"S4-{n}" for n in range(1, 13)]
 )
 #: the rules of how the model meets Jupyter
-NOTEBOOK_RULE_IDS = ["N-1", "N-2", "N-3", "N-4", "N-5", "N-7"]
+NOTEBOOK_RULE_IDS = ["N-1", "N-2", "N-3", "N-4", "N-5", "N-6", "N-7"]
 ALL_RULE_IDS = SEMANTIC_RULE_IDS + NOTEBOOK_RULE_IDS
 #: a rule id, whole: S0-1 must not match inside S0-12
 RULE_ID = re.compile(r"\b(?:S[0234]|N)-\d+(?!\d)")

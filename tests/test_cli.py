@@ -197,7 +197,7 @@ def test_explain_an_unknown_id_exits_2_naming_it_and_the_known_ids() -> None:
     result = console_script("explain", "S9-1")
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr.startswith("nbbudget explain: no rule 'S9-1'; the rules are S0-1, S0-2, ")
-    assert result.stderr.endswith(", N-3, N-4, N-5, N-7\n")
+    assert result.stderr.endswith(", N-3, N-4, N-5, N-6, N-7\n")
     assert result.stderr.count("\n") == 1
 
 

@@ -42,6 +42,7 @@ def test_load_ext_registers_budget_and_unload_ext_removes_every_hook(shell):
     assert not [f for f in shell.events.callbacks["pre_run_cell"]
                 if type(f).__name__ == "_EndedJobs"]
     assert not [c for c in shell.configurables if type(c).__name__ == "NBBudget"]
+    assert not [t for t in shell.input_transformers_post if "nbbudget" in t.__module__]
     shell.run_line_magic("load_ext", "nbbudget")  # and it loads again
 
 
@@ -526,3 +527,25 @@ def test_a_stop_that_reaches_the_top_of_a_cell_shows_its_public_error_in_one_lin
     shown = capsys.readouterr().out.strip().splitlines()
     assert shown == ["BudgetCut: notebook ran out of time: its time grant of 1000 ms is spent; "
                      "give it more time or do less work"]
+
+
+def test_a_cells_name_is_its_first_telling_line_of_code_without_its_comment(shell):
+    shell.run_cell("%%budget --steps 5 --no-widget\nimport nbbudget as nb\n"
+                   "for row in 'a#b':      # one per row\n    nb.current().step()")
+    magics = shell.magics_manager.registry["BudgetMagics"]
+    assert magics.last_run.name == "cell: for row in 'a#b'"
+
+
+def test_N_6_a_cell_that_awaits_is_awaited_by_the_shell_in_its_run(shell):
+    result = shell.run_cell("%%budget --steps 5 --no-widget\nimport asyncio\n"
+                            "import nbbudget as nb\n"
+                            "async def step():\n    nb.current().step()\n"
+                            "    return nb.current()\n"
+                            "run = await asyncio.create_task(step())\n"
+                            "run is nb.current(), run.consumed['steps']")
+    assert result.success, result.error_in_exec
+    assert result.result == (True, 1)
+    transformed = shell.transform_cell("%%budget --steps 5\nawait x")
+    assert transformed.startswith("await get_ipython().find_cell_magic('budget')")
+    assert shell.transform_cell("%%budget --steps 5\nx") == (
+        "get_ipython().run_cell_magic('budget', '--steps 5', 'x\\n')\n")  # no await: as it was

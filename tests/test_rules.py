@@ -122,7 +122,7 @@ def test_find_names_an_unknown_id_and_the_known_ones() -> None:
     with pytest.raises(LookupError) as err:
         find("S9-1")
     assert str(err.value).startswith("no rule 'S9-1'; the rules are S0-1, S0-2, ")
-    assert str(err.value).endswith("N-3, N-4, N-5, N-7")
+    assert str(err.value).endswith("N-3, N-4, N-5, N-6, N-7")
 
 
 def test_see_is_how_a_message_cites_a_rule() -> None:

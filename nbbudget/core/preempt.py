@@ -17,6 +17,12 @@ thread, a limit passed by another thread), `Entry.fire` interrupts the thread:
   (``PyThreadState_SetAsyncExc``, as stopit and func-timeout do): it cannot wake a thread
   blocked in a sleep or a read. It is raised once, only while the entry is live: leaving
   revokes one not raised yet, under the lock the firing takes, so none can follow.
+- **A task on an event loop** (N-6: ``async with nb.budget(...)``, a ``%%budget`` cell that
+  awaits, a ``with`` block entered in a coroutine) is cancelled on its loop, as
+  ``asyncio.timeout`` cancels it: the block ends with the run's error, not
+  ``CancelledError``. Its thread runs other tasks while it awaits, so nothing is raised into
+  it there: on the main thread the signal raises only while the thread is inside the block's
+  own frame (code that holds the loop without awaiting); on any other thread only the cancel.
 
 What is raised is the run's own `Unwind`, a ``BaseException``: it unwinds past ``except
 Exception:`` to the run's ``with`` block, which turns it into the public error. One call into C
@@ -30,11 +36,14 @@ the entering thread, and fires its entries from a listener on its scope.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import signal
 import sys
 import threading
 from types import CodeType, FrameType
+from typing import Any
 
 from .clock import Clock
 from .errors import ConfigError
@@ -42,8 +51,8 @@ from .kinds import KINDS, RUN_MS
 from .outcome import Status
 from .scope import Stop, Unwind
 
-__all__ = ["LATE_MS", "SIGNAL", "Entry", "Interrupt", "checked", "enter", "guard", "leave",
-           "shield"]
+__all__ = ["LATE_MS", "SIGNAL", "Entry", "Interrupt", "checked", "current_task", "enter", "guard",
+           "leave", "shield"]
 
 #: the signal nbbudget sends the main thread to interrupt it: a real-time signal where the
 #: platform has them (nothing in a kernel uses one), else SIGUSR2; 0 where there is none
@@ -67,13 +76,20 @@ class Entry:
     """One thread inside one run, from `enter` to `leave`. `fire` (from any thread) interrupts
     the thread with the run's stop, raised once; `waiting` says that the stop has not landed."""
 
-    __slots__ = ("_deliver", "_fire", "clock", "closed", "fired_at", "held", "landed_at",
-                 "signals", "stop", "thread")
+    __slots__ = ("_deliver", "_fire", "cancelled", "clock", "closed", "fired_at", "frame",
+                 "held", "landed_at", "signals", "stop", "task", "thread")
 
-    def __init__(self, thread: int, signals: bool, clock: Clock) -> None:
+    def __init__(self, thread: int, signals: bool, clock: Clock,
+                 task: asyncio.Task[Any] | None = None, frame: FrameType | None = None) -> None:
         self.thread = thread
         self.signals = signals  # the main thread, with the handler installed: sent a signal
         self.clock = clock  # the run's: its time stamps the entry, and its timer follows a stop
+        # N-6: the task that entered, on a loop running in the thread: cancelled on its loop;
+        # the signal lands only inside *frame*, the frame of the block (the thread runs other
+        # tasks while this one awaits)
+        self.task = task
+        self.frame = frame
+        self.cancelled = False  # the task was cancelled for the stop: leaving uncancels it
         self.closed = False  # the thread left: nothing is raised for it any more
         self.stop: Stop | None = None  # what is raised: set once, before anything is sent
         self.fired_at: float | None = None  # on the clock, when the interrupt was sent
@@ -89,7 +105,9 @@ class Entry:
         what N-5 names interrupts: the run's time and a cancel (a person's, or the wall
         clock's); a limit passed by another thread (a model reply's tokens) is raised at this
         thread's next budget check, where a stream is cut with what it received (S3-9)."""
-        if self.closed or threading.get_ident() == self.thread or not _interrupts(stop):
+        if self.closed or not _interrupts(stop) or (
+                threading.get_ident() == self.thread and (
+                    self.task is None or self.task is current_task())):
             return
         try:
             self._fire.pop()
@@ -97,7 +115,24 @@ class Entry:
             return
         self.stop = stop
         self.fired_at = self.clock.now_ms()
+        task = self.task
+        if task is not None:
+            with contextlib.suppress(RuntimeError):  # a loop closed since: nothing awaits
+                task.get_loop().call_soon_threadsafe(self._cancel)
+            if not self.signals:
+                return  # nothing else reaches a thread that runs other tasks meanwhile
         self._send()
+
+    def _cancel(self) -> None:
+        """On the task's loop, between its steps: cancel the task, unless the stop landed
+        otherwise (the signal) or the task has left the run. The cancel is thrown in at the
+        await the task waits in, inside the block."""
+        task = self.task
+        if task is None or not self.take():
+            return
+        assert self.stop is not None
+        self.cancelled = True
+        task.cancel(self.stop.message)
 
     def _send(self) -> None:
         """Send the stop, and look again after `LATE_MS`: a stop held back (the thread was in
@@ -110,6 +145,8 @@ class Entry:
                 self.signals = False  # other code took the signal since: as another thread
             if self.signals:
                 signal.pthread_kill(self.thread, SIGNAL)
+            elif self.frame is not None:
+                return  # a coroutine's thread runs other code meanwhile: its task's cancel
             else:
                 where = _held_in(sys._current_frames().get(self.thread))
                 if where is None:
@@ -162,6 +199,9 @@ class Entry:
         landed = self.landed_at if self.landed_at is not None else left_ms
         if landed - since < LATE_MS:
             return None
+        if self.frame is not None and not self.signals:
+            return (f"the code went on for {round(landed - since)} ms past that without "
+                    f"awaiting: off the main thread, a coroutine stops only at an await")
         if self.signals:
             why = "C code that does not look at signals"
         elif self.thread == _MAIN:
@@ -190,7 +230,7 @@ class Interrupt(Unwind):
     def __init__(self) -> None:
         stop = None
         for entry in reversed(_entries.get(threading.get_ident(), ())):
-            if entry.stop is not None:
+            if entry.stop is not None and entry.task is None:  # a task's is never sent so
                 entry.take()  # nothing if leaving closed it: `leave` catches this one
                 stop = entry.stop
                 break
@@ -207,11 +247,18 @@ def checked(preempt: object) -> bool:
                       f"run) or False (it stops only at its budget checks)")
 
 
-def enter(clock: Clock) -> Entry:
+def enter(clock: Clock, frame: FrameType | None = None) -> Entry:
     """Register this thread as inside a run on *clock*: what `leave` takes. On the main thread
-    the signal's handler is installed the first time."""
+    the signal's handler is installed the first time. *frame* is the frame of the block that
+    entered: when it is a coroutine's (N-6), the entry is its task's, and the signal lands only
+    beneath it (its thread runs other tasks while it awaits)."""
     ident = threading.get_ident()
-    entry = Entry(ident, ident == _MAIN and (_installed or _install()), clock)
+    task = None
+    if frame is not None and frame.f_code.co_flags & _ASYNC:
+        task = current_task()  # None under another loop (trio): the signal only, inside
+    else:
+        frame = None
+    entry = Entry(ident, ident == _MAIN and (_installed or _install()), clock, task, frame)
     stack = _entries.get(ident)
     if stack is None:
         _entries[ident] = [entry]
@@ -227,10 +274,14 @@ def leave(entry: Entry) -> None:
     try:
         with _lock:
             entry.closed = True
-            if entry.fired_at is not None and entry.landed_at is None and not entry.signals:
+            if entry.fired_at is not None and entry.landed_at is None and not entry.signals \
+                    and entry.task is None:
                 _raise_in(entry.thread, None)  # revoke what was not raised yet
     except Interrupt:
         entry.closed = True  # it landed as the thread left: nothing is pending any more
+    task = entry.task
+    if entry.cancelled and task is not None and hasattr(task, "uncancel"):  # 3.11+: as
+        task.uncancel()  # asyncio.timeout does, so that the task's own cancels count right
     stack = _entries.get(entry.thread)
     if stack is not None:
         with contextlib.suppress(ValueError):
@@ -301,6 +352,8 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     entry's stop, unless nbbudget is leaving a run there (`leave` sends it again if needed)."""
     for entry in reversed(_entries.get(_MAIN, ())):
         if entry.stop is not None and not entry.closed and entry.landed_at is None:
+            if entry.frame is not None and not _beneath(frame, entry.frame):
+                continue  # the loop runs another task, or this one awaits: its cancel waits
             where = _held_in(frame)
             if where is not None:
                 entry.held = entry.held or where is _guarded
@@ -308,6 +361,28 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
             if not entry.take():
                 return
             raise entry.stop.signal()
+
+
+#: a code's flags that say its frame is a coroutine's (``async def``, an async generator)
+_ASYNC = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
+
+
+def _beneath(frame: FrameType | None, block: FrameType) -> bool:
+    """Whether *frame* runs inside *block* (is it, or called from it)."""
+    while frame is not None:
+        if frame is block:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def current_task() -> asyncio.Task[Any] | None:
+    """The task running in this thread's event loop; None where no loop runs. The run's
+    leaving (``nbbudget.run.budget``) finds the entry of the task that leaves with it."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
 
 
 def _raise_in(thread: int, exc: type[BaseException] | None) -> None:

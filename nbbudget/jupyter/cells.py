@@ -20,8 +20,8 @@ from typing import Any
 
 from ..core import streams
 
-__all__ = ["CompiledCell", "comms_sent_as", "compile_cell", "keep_output", "pin_output",
-           "pins_all_output"]
+__all__ = ["CompiledCell", "awaited_cells", "comms_sent_as", "compile_cell", "keep_output",
+           "pin_output", "pins_all_output"]
 
 
 class CompiledCell:
@@ -47,11 +47,25 @@ class CompiledCell:
 
     def run(self) -> Any:
         """Execute the cell in the user's namespace; the value of its last expression (the
-        magic's work, on whichever thread runs it)."""
+        magic's work, on whichever thread runs it). A cell that awaits runs on an event loop
+        of its own (`_settle`)."""
         __tracebackhide__ = True
         ns = self.shell.user_ns
         _settle(eval(self.body, ns))
         return _settle(eval(self.last, ns)) if self.last is not None else None
+
+    async def run_async(self) -> Any:
+        """`run` for a cell that awaits at its top level, on the event loop that awaits this
+        (N-6): the kernel's, as any cell that awaits. The magic's ``budget_awaited``."""
+        __tracebackhide__ = True
+        ns = self.shell.user_ns
+        value = eval(self.body, ns)
+        if inspect.iscoroutine(value):
+            await value
+        if self.last is None:
+            return None
+        value = eval(self.last, ns)
+        return await value if inspect.iscoroutine(value) else value
 
     def identity(self, flags: str) -> str:
         """The work a cell does: its transformed source and its flags, ``--budget`` and
@@ -64,7 +78,9 @@ class CompiledCell:
 
 def _settle(value: Any) -> Any:
     """A cell that awaits at its top level evaluates to a coroutine: run it to its end, on an
-    event loop of its own (in a helper thread when this thread's loop is the kernel's)."""
+    event loop of its own. Where a loop runs in this thread already (a kernel whose autoawait
+    is off, so `awaited_cells` leaves the cell alone), on a helper thread, in this context (the
+    cell's run is current there); a stop of the run that interrupts the wait cancels it."""
     if not inspect.iscoroutine(value):
         return value
     try:
@@ -72,19 +88,81 @@ def _settle(value: Any) -> Any:
     except RuntimeError:
         return asyncio.run(value)
     box: dict[str, Any] = {}
+    started = threading.Event()
+
+    async def main() -> Any:
+        box["task"] = asyncio.current_task()
+        box["loop"] = asyncio.get_running_loop()
+        started.set()
+        return await value
 
     def helper() -> None:
         try:
-            box["value"] = asyncio.run(value)
+            box["value"] = asyncio.run(main())
         except BaseException as exc:  # noqa: BLE001 - re-raised in the cell's thread
             box["error"] = exc
+        finally:
+            started.set()
 
-    thread = threading.Thread(target=helper, name="nbbudget-await", daemon=True)
+    context = contextvars.copy_context()
+    thread = threading.Thread(target=context.run, args=(helper,), name="nbbudget-await",
+                              daemon=True)
     thread.start()
-    thread.join()
+    try:
+        thread.join()
+    except BaseException:  # the run's stop, or a kernel interrupt: end the helper's work too
+        started.wait()
+        if "task" in box:
+            with contextlib.suppress(RuntimeError):  # its loop has closed: it ended
+                box["loop"].call_soon_threadsafe(box["task"].cancel)
+        thread.join()
+        raise
     if "error" in box:
         raise box["error"]
     return box.get("value")
+
+
+#: how IPython writes a ``%%budget`` cell once transformed (``inputtransformer2.cell_magic``)
+_CELL_MAGIC = "get_ipython().run_cell_magic('budget', "
+
+
+def awaited_cells(shell: Any) -> Callable[[list[str]], list[str]]:
+    """N-6: an input transformer (``shell.input_transformers_post``) that rewrites a
+    ``%%budget`` cell whose body awaits at its top level into an ``await`` of the magic's
+    ``budget_awaited``, so that IPython runs it as any cell that awaits: on the kernel's event
+    loop (autoawait). Every other cell is left as it is. ``nbbudget.jupyter.magics`` installs
+    it when it loads."""
+
+    def transform(lines: list[str]) -> list[str]:
+        if not lines or not lines[0].startswith(_CELL_MAGIC) or not shell.autoawait:
+            return lines
+        try:
+            tree = ast.parse("".join(lines))
+        except SyntaxError:
+            return lines
+        node = tree.body[0].value if len(tree.body) == 1 and isinstance(
+            tree.body[0], ast.Expr) else None
+        if not (isinstance(node, ast.Call) and len(node.args) == 3 and not node.keywords
+                and all(isinstance(a, ast.Constant) and isinstance(a.value, str)
+                        for a in node.args)):
+            return lines
+        line, body = node.args[1].value, node.args[2].value  # type: ignore[attr-defined]
+        if not _awaits(shell, body):
+            return lines
+        return [f"await get_ipython().find_cell_magic('budget').__self__.budget_awaited("
+                f"{line!r}, {body!r})\n"]
+
+    return transform
+
+
+def _awaits(shell: Any, body: str) -> bool:
+    """Whether a cell's *body* awaits at its top level (as IPython tells a cell that does)."""
+    try:
+        code = compile(shell.transform_cell(body), "<cell>", "exec",
+                       ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return False  # the magic reports it, as for any cell
+    return bool(code.co_flags & inspect.CO_COROUTINE)
 
 
 def compile_cell(shell: Any, source: str) -> CompiledCell:

@@ -10,8 +10,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import io
 import json
 import shlex
+import tokenize
+from collections.abc import Callable
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -44,6 +47,7 @@ from ..core.limits import (
 from ..run.budget import Budget, Grant, check_notices, current
 from .cells import (
     CompiledCell,
+    awaited_cells,
     compile_cell,
     keep_output,
     pin_output,
@@ -277,14 +281,45 @@ class BudgetMagics(Magics):
         compiled = compile_cell(self.shell, cell)
         panel = self._panel(limits, args)
         try:
-            if (args.detach or args.resume or args.timeout or args.runs_per_day is not None
-                    or ceilings is not None):
+            if _is_call(args, ceilings):
                 return self._call(compiled, line, cell, args, limits, panel, ceilings)
-            return self._run_here(compiled, cell, args, limits, panel, notices)
+            run = self._cell_run(cell, args, limits, panel, notices)
+            try:
+                with run:
+                    return compiled.run()
+            finally:
+                self._run_ended(run, args, panel)
         finally:
-            self.status.cell_ended()
-            if panel is not None:
-                panel.end_cell()  # however the cell ended (a second call does nothing)
+            self._cell_ended(panel)
+
+    async def budget_awaited(self, line: str, cell: str) -> Any:
+        """A ``%%budget`` cell that awaits at its top level, as IPython runs it once `load`'s
+        input transformer (`nbbudget.jupyter.cells.awaited_cells`) has rewritten it: on the
+        kernel's event loop, as any cell that awaits (N-6). The cell's run is current in every
+        task the cell starts; its deadline, Stop and a cancel cancel the cell's task. A cell
+        that may end early (``--detach``, ``--resume``, ``--timeout``) runs as the work of a
+        call, on an event loop of its own in its job's thread."""
+        args, limits, ceilings, notices = self._line(line)
+        if _is_call(args, ceilings):
+            return self.budget_cell(line, cell)
+        compiled = compile_cell(self.shell, cell)
+        panel = self._panel(limits, args)
+        try:
+            run = self._cell_run(cell, args, limits, panel, notices)
+            try:
+                async with run:
+                    return await compiled.run_async()
+            finally:
+                self._run_ended(run, args, panel)
+        finally:
+            self._cell_ended(panel)
+
+    def _cell_ended(self, panel: Panel | None) -> None:
+        """However the cell ended: the status bar and the panel are told (a second call does
+        nothing)."""
+        self.status.cell_ended()
+        if panel is not None:
+            panel.end_cell()
 
     def _line(self, line: str) -> _Line:
         """A cell line read with the settings in force: its flags, limits, ceilings and
@@ -318,11 +353,12 @@ class BudgetMagics(Magics):
             panel.start()
         return panel
 
-    def _run_here(self, compiled: CompiledCell, cell: str, args: Any, limits: Limits,
-                  panel: Panel | None, notices: tuple[float, float] | None) -> Any:
-        """A cell that cannot end early (no --detach, --resume or --timeout) runs here, as a
-        plain cell would: in its own run, or as a grant of the run active around it (a
-        notebook's under ``nbbudget run``, S2-1, S4-2)."""
+    def _cell_run(self, cell: str, args: Any, limits: Limits, panel: Panel | None,
+                  notices: tuple[float, float] | None) -> Budget:
+        """The run of a cell that cannot end early (no --detach, --resume or --timeout), which
+        runs here, as a plain cell would: its own run, or a grant of the run active around it
+        (a notebook's under ``nbbudget run``, S2-1, S4-2), watched by the status bar and the
+        panel. The caller enters it."""
         outer = current()
         preempt = not args.cooperative
         run = Grant(outer, limits, _label(cell), preempt) if outer is not None else \
@@ -334,16 +370,16 @@ class BudgetMagics(Magics):
         self.status.watch(run)
         if panel is not None:
             panel.attach(run)
-        try:
-            with run:
-                return compiled.run()
-        finally:
-            if args.trace:
-                run.trace.save(args.trace, overwrite=True)
-            if panel is not None:
-                panel.end_cell(run)
-            else:
-                _display_text(summary(run.snapshot()))
+        return run
+
+    def _run_ended(self, run: Budget, args: Any, panel: Panel | None) -> None:
+        """The run of a cell that ran here has ended: its trace saved, its summary shown."""
+        if args.trace:
+            run.trace.save(args.trace, overwrite=True)
+        if panel is not None:
+            panel.end_cell(run)
+        else:
+            _display_text(summary(run.snapshot()))
 
     def _call(self, compiled: CompiledCell, line: str, cell: str, args: Any, limits: Limits,
               panel: Panel | None, ceilings: Manifest | None) -> Any:
@@ -610,9 +646,21 @@ def _label(cell: str) -> str:
              if text.strip() and not text.lstrip().startswith("#")]
     telling = [text for text in lines if not text.startswith(("import ", "from ", "%"))]
     for text in telling or lines:
-        text = text.rstrip(":").rstrip()  # "for row in rows:" reads "for row in rows"
+        text = _without_comment(text).rstrip(":").rstrip()  # "for row in rows:": "for row in rows"
         return f"cell: {text[:47]}..." if len(text) > 50 else f"cell: {text}"
     return "cell"
+
+
+def _without_comment(text: str) -> str:
+    """A line of code without its trailing comment, as Python's tokenizer reads it (a ``#``
+    inside a string stays); the line as it is where it does not tokenize alone."""
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.COMMENT:
+                return text[:token.start[1]].rstrip()
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return text
 
 
 #: flags that do not name the work: a continuation may change them (S0-11)
@@ -692,7 +740,14 @@ class _EndedJobs:
                       f"{_ended_how(job)}; see nb.jobs[{job.id!r}]")
 
 
-_LOADED: dict[int, tuple[NBBudget, BudgetMagics, _EndedJobs]] = {}
+_LOADED: dict[int, tuple[NBBudget, BudgetMagics, _EndedJobs, Callable[[list[str]], list[str]]]] = {}
+
+
+def _is_call(args: Any, ceilings: Manifest | None) -> bool:
+    """Whether a cell's flags make it the work of a call: it may end early, or answers to a
+    quota or a manifest's ceilings."""
+    return bool(args.detach or args.resume or args.timeout or args.runs_per_day is not None
+                or ceilings is not None)
 
 
 def load(shell: Any) -> None:
@@ -715,7 +770,9 @@ def load(shell: Any) -> None:
     shell.events.register("post_run_cell", magics.status.wake)  # a job may have come or gone
     magics.status.register()  # the comm a status bar opens (nbbudget.status)
     streams.install()  # a job keeps a copy of what its work prints (N-2)
-    _LOADED[id(shell)] = (config, magics, ended)
+    awaited = awaited_cells(shell)  # a cell that awaits runs on the kernel's loop (N-6)
+    shell.input_transformers_post.append(awaited)
+    _LOADED[id(shell)] = (config, magics, ended, awaited)
 
 
 def unload(shell: Any) -> None:
@@ -723,7 +780,9 @@ def unload(shell: Any) -> None:
     loaded = _LOADED.pop(id(shell), None)
     if loaded is None:
         return
-    config, magics, ended = loaded
+    config, magics, ended, awaited = loaded
+    with contextlib.suppress(ValueError):
+        shell.input_transformers_post.remove(awaited)
     magics.status.unregister()
     shell.events.unregister("post_run_cell", magics.status.wake)
     shell.events.unregister("pre_run_cell", ended)

@@ -22,9 +22,11 @@ import dataclasses
 import functools
 import math
 import operator
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from types import FrameType
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, overload
 
 from ..core import preempt as _preempt
@@ -511,8 +513,19 @@ class Budget:
     # -- entering and leaving --------------------------------------------------------------
     def __enter__(self) -> Budget:
         self.enter_for()
-        self.interrupt_here()
+        self.interrupt_here(sys._getframe(1))
         return self
+
+    async def __aenter__(self) -> Budget:
+        """``async with nb.budget(...)`` (N-6): the run is current in this task and in every
+        task it starts; its deadline, a cancel and the panel's Stop cancel this task, and the
+        block ends with the run's error, not ``CancelledError`` (as ``asyncio.timeout``)."""
+        self.enter_for()
+        self.interrupt_here(sys._getframe(1))
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool | None:
+        return self._leave(exc, "run")
 
     def enter_for(self) -> None:
         """Enter the run in this context as a ``with`` block would, without this thread being
@@ -526,15 +539,16 @@ class Budget:
         state.enter(self)
         self._tokens.append(_current.set(self))
 
-    def interrupt_here(self) -> _preempt.Entry | None:
+    def interrupt_here(self, frame: FrameType | None = None) -> _preempt.Entry | None:
         """N-5: this thread is inside the run until it leaves it; a stop from elsewhere
         interrupts it (`nbbudget.core.preempt`), unless the run was made with
-        ``preempt=False``. A run not built yet cannot be stopped: its builder listens for it
-        (`_build`); if it was built meanwhile, both may: a stop fires once. The entry, which
-        leaving the run closes (``nbbudget.calls.call`` closes it too, whatever happens)."""
+        ``preempt=False``. *frame*: the block's, when a coroutine's its task is cancelled
+        (N-6). A run not built yet cannot be stopped: its builder listens for it (`_build`); if
+        it was built meanwhile, both may: a stop fires once. The entry, which leaving the run
+        closes (``nbbudget.calls.call`` closes it too, whatever happens)."""
         if not self._preempt:
             return None
-        entry = _preempt.enter(self._state.clock)
+        entry = _preempt.enter(self._state.clock, frame)
         self._adopt_entry(entry)
         return entry
 
@@ -590,10 +604,18 @@ class Budget:
         return max(waits) if waits else None
 
     def _entry_here(self) -> _preempt.Entry | None:
-        """This thread's innermost entry into the run, taken off its list."""
+        """This thread's innermost entry into the run (this task's, on an event loop), taken
+        off its list."""
         entries, here = self._entries, threading.get_ident()
+        task: Any = False  # not looked up yet
         for i in range(len(entries) - 1, -1, -1):
-            if entries[i].thread == here:
+            entry = entries[i]
+            if entry.thread == here:
+                if entry.task is not None:
+                    if task is False:
+                        task = _preempt.current_task()
+                    if entry.task is not task:
+                        continue
                 return entries.pop(i)
         return None
 
