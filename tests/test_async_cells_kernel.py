@@ -125,3 +125,20 @@ def test_N_6_with_autoawait_off_the_cell_runs_on_a_loop_of_its_own_in_its_run(ke
     threads = run(kernel, "import threading\n"
                           "print([t.name for t in threading.enumerate() if 'await' in t.name])")
     assert threads.stdout == "[]\n"  # the helper's loop was cancelled and ended with the cell
+
+
+def test_N_6_the_docs_pydantic_ai_recipe_finds_the_cells_run(kernel):
+    pytest.importorskip("pydantic_ai", minversion=None)
+    made = run(kernel, "from pydantic_ai import Agent\n"
+                       "from pydantic_ai.models.test import TestModel\n"
+                       "from nbbudget.pydantic_ai import Budgeted\n"
+                       "agent = Agent(TestModel(custom_output_text='planned'))")
+    if made.status != "ok":
+        pytest.skip(f"pydantic-ai's adapter does not load here: {made.reply['content']}")
+    cell = run(kernel, "%%budget --turns 3 --no-widget\n"
+                       "result = await agent.run('Plan the trip', capabilities=[Budgeted()])\n"
+                       "print(result.output)\n"
+                       "nb.current().consumed['turns']")
+    assert cell.status == "ok", cell.reply
+    assert cell.stdout.splitlines()[0] == "planned"
+    assert cell.result == "1"
