@@ -1150,7 +1150,7 @@ def test_a_cancelled_job_whose_work_fails_before_any_check_keeps_its_own_error(c
         release.wait(SOON)
         raise RowError("row 9 is malformed")
 
-    resp = nb.call(fails, detach=True, budget="1s", clock=clock)
+    resp = nb.call(fails, detach=True, budget="1s", clock=clock, preempt=False)  # cooperative
     job = nb.jobs[resp.data["job"]]
     job.cancel()
     release.set()

@@ -281,7 +281,7 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
          key: str | None = None, estimate_ms: int | str | None = None,
          limits: Limits | None = None, manifest: str | os.PathLike[str] | Manifest | None = None,
          clock: Clock | None = None, notices: tuple[float, float] | None = DEFAULT_NOTICES,
-         runs_per_day: int | None = None, cluster: Any = None, preempt: bool = False,
+         runs_per_day: int | None = None, cluster: Any = None, preempt: bool = True,
          **kwargs: Any) -> Response:
     """Run ``fn(*args, **kwargs)`` under a call budget and answer with a `Response`.
 
@@ -302,7 +302,9 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     detached one survives the kernel; a cluster named by its address that is not connected
     within the budget answers INCOMPLETE, state ``starting``, and the work goes there once it
     is (a resumable call answers ``cluster_unanswered``: call again); ``cluster=False`` keeps it
-    here whatever the default.
+    here whatever the default. ``preempt=True`` (the default): the run's time, the wall clock
+    and a cancel interrupt the work even where it never calls nbbudget (N-5); ``False`` stops
+    it only at its budget checks, for work that must not be interrupted mid-way.
 
     Keyword arguments with the names above are nbbudget's (pass such arguments to *fn* with
     `functools.partial`). The work runs, and its records are kept, on the backend in force.
@@ -316,7 +318,8 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
     # it, and `_run_direct` hands it to its runner at once. Anything else, or anything to
     # refuse, takes the general path below, which checks everything and says what is wrong.
     if (detach is True and resume is False and timeout is None and estimate_ms is None
-            and manifest is None and runs_per_day is None and preempt is False):
+            and manifest is None and runs_per_day is None
+            and (preempt is True or preempt is False)):
         budget_ms = resolve_budget(budget, declares=True)
         if (budget_ms and callable(fn) and (key is None or (key.__class__ is str and key))
                 and (limits is None or limits.__class__ is Limits)):
@@ -324,7 +327,7 @@ def call(fn: Callable[..., Any], *args: Any, detach: bool = False, resume: bool 
                 notices = check_notices(notices)
             return _run_direct(_planned(work, _label(fn, key), True, False, budget_ms, None,
                                         None, _NO_LIMITS if limits is None else limits, None,
-                                        notices, None, False), cluster, clock, t0_ms, started)
+                                        notices, None, preempt), cluster, clock, t0_ms, started)
     # -- the general path: every option checked, then planned
     if not callable(fn):
         raise ConfigError(f"nb.call() takes a function first, not {fn!r}")

@@ -132,6 +132,7 @@ class Entry:
             return
         assert self.stop is not None
         self.cancelled = True
+        self.stop.observe()
         task.cancel(self.stop.message)
 
     def _send(self) -> None:
@@ -235,6 +236,7 @@ class Interrupt(Unwind):
                 stop = entry.stop
                 break
         assert stop is not None, "an interrupt is sent only with a stop"
+        stop.observe()
         super().__init__(stop)
 
 

@@ -78,9 +78,14 @@ class Stop:
 
     def signal(self) -> Unwind:
         """What is raised into the work at a check; the work observes a cancel here."""
+        self.observe()
+        return Unwind(self)
+
+    def observe(self) -> None:
+        """The stop is raised in the work now: a cancel is observed there (traced once). A
+        check (`signal`) and an interrupt (``nbbudget.core.preempt``) raise it so."""
         if self.status in (Status.STOPPED, Status.CANCELLED):
             self.origin.observed(self)
-        return Unwind(self)
 
     def error(self) -> BudgetError:
         """The public error of this stop, of its row's class in `ENDINGS`: a cut names what
