@@ -8,6 +8,8 @@ with one line on stderr naming the file, never a traceback.
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -161,8 +163,36 @@ def test_explain_prints_the_rule_its_example_what_it_prints_and_where_to_read_mo
     example = "\n".join(f"    {line}" if line else "" for line in rule.example.splitlines())
     assert f"Example:\n\n{example}\n" in text
     assert "It prints:\n\n    budget='2s' needs detach=True or resume=True" in text
-    assert text.endswith(
-        "\nRead more: docs/concepts.md#s0-10 (the Concepts page of the documentation)\n")
+    # run from this checkout: its own Concepts page, by a path that exists
+    page = Path(__file__).resolve().parent.parent / "docs" / "concepts.md"
+    assert page.is_file()
+    more = text.rsplit("\n\n", 1)[1]
+    assert one_line(more) == f"Read more: {page}#s0-10 (the Concepts page of the documentation)"
+
+
+def test_explain_installed_without_the_repository_points_at_the_documentation_online(
+        tmp_path: Path) -> None:
+    """A package installed by pip has no ``docs/`` beside it: ``explain`` names the page and the
+    repository the README installs from, never a path the user lacks."""
+    import shutil
+
+    site = tmp_path / "site-packages"
+    shutil.copytree(Path(nb.__file__).parent, site / "nbbudget",
+                    ignore=shutil.ignore_patterns("__pycache__", "labextension"))
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    where = subprocess.run([sys.executable, "-c", "import nbbudget; print(nbbudget.__file__)"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    assert where.stdout.strip() == str(site / "nbbudget" / "__init__.py")  # the copy runs
+    result = subprocess.run([sys.executable, "-m", "nbbudget", "explain", "S0-10"], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.startswith("S0-10: no budget without a way to stop early\n\n")
+    more = result.stdout.rsplit("\n\n", 1)[1]
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    repository = re.search(r"git\+(https://github\.com/[\w.-]+/[\w.-]+)'", readme)[1]
+    assert one_line(more) == (f"Read more: the Concepts page of the documentation, "
+                              f"docs/concepts.md in nbbudget's repository, {repository}")
+    assert all(len(line) <= 88 for line in more.splitlines())
 
 
 def test_explain_takes_an_id_in_any_case() -> None:

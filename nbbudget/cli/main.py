@@ -6,7 +6,9 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from ..calls import history as _history
 from ..calls.store import store
@@ -107,8 +109,29 @@ def _explain(args: argparse.Namespace) -> int:
     except LookupError as exc:
         print(f"nbbudget explain: {exc.args[0]}", file=sys.stderr)
         return 2
-    print(_rules.explain(rule))
+    text, _, last = _rules.explain(rule).rpartition("\n\n")
+    if not last.startswith("Read more: "):  # the rule's own text, whole: nothing to replace
+        text = f"{text}\n\n{last}"
+    more = textwrap.fill(f"Read more: {_read_more(rule.anchor)}", 88, break_long_words=False,
+                         break_on_hyphens=False)
+    print(f"{text}\n\n{more}")
     return 0
+
+
+#: where nbbudget's source and documentation live: the repository the README installs from
+_REPOSITORY = "https://github.com/nbbudget/nbbudget"
+
+
+def _read_more(anchor: str) -> str:
+    """Where the documentation explains the rule whose target is *anchor*, as this
+    installation can reach it: the Concepts page of the checkout it runs from, by its path, or,
+    for an installed package (which has no ``docs/``), that page in the repository."""
+    root = Path(__file__).resolve().parents[2]
+    page = root / "docs" / "concepts.md"
+    if page.is_file() and (root / "pyproject.toml").is_file():
+        return f"{page}#{anchor} (the Concepts page of the documentation)"
+    return (f"the Concepts page of the documentation, docs/concepts.md in nbbudget's "
+            f"repository, {_REPOSITORY}")
 
 
 def _add_history(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
