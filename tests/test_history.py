@@ -198,6 +198,62 @@ def test_the_command_lists_the_runs_newest_first_as_a_table_and_as_json(tmp_path
     assert empty.returncode == 0 and empty.stdout.startswith("no runs in the history of")
 
 
+LONG_NAMES = """\
+import nbbudget as nb
+for table in ("orders", "invoices", "refunds"):
+    try:
+        name = f"cell: for row in rows_of_the_{table}_table: process(row)"
+        with nb.budget(steps=1, name=name) as run:
+            run.step(); run.step()
+    except nb.BudgetExceeded:
+        pass
+def the_nightly_report_of_the_sales_team_for_the_region_north(): pass
+def the_nightly_report_of_the_sales_team_for_the_region_south(): pass
+nb.call(the_nightly_report_of_the_sales_team_for_the_region_north)
+nb.call(the_nightly_report_of_the_sales_team_for_the_region_south)
+"""
+
+
+def test_the_table_keeps_long_names_that_share_a_prefix_telling_apart(tmp_path):
+    home = tmp_path / "names"
+    made = subprocess.run([sys.executable, "-c", LONG_NAMES], capture_output=True, text=True,
+                          env={**os.environ, "NBBUDGET_HOME": str(home),
+                               "NBBUDGET_HISTORY": "1"}, timeout=120)
+    assert made.returncode == 0, made.stderr
+    names = [r["name"] for r in json.loads(cli("history", "--json", env_home=home).stdout)]
+    # written to a pipe, a name is whole, and its column as wide as the widest
+    whole = cli("history", env_home=home).stdout.splitlines()
+    assert [line for line in whole[1:] if not any(name in line for name in names)] == []
+    assert len({line.index("consumed") if i == 0 else None for i, line in enumerate(whole)}) == 2
+    # in a terminal of 100 columns each line fits, and each name is shortened in its middle,
+    # keeping its start and where it differs from the others: its end, or what follows it
+    narrow = cli("history", env_home=home, COLUMNS="100").stdout.splitlines()
+    assert max(map(len, narrow)) <= 100
+    shown = [line.split("  ")[-2].strip() for line in narrow[1:]]
+    assert shown == ["the_nightly_re...e_region_south", "the_nightly_re...e_region_north",
+                     "cell: for...he_refunds_table...", "cell: for...he_invoices_tabl...",
+                     "cell: for...he_orders_table:..."]
+
+
+def test_the_by_column_says_what_ended_a_run_when_no_limit_did(tmp_path):
+    home = tmp_path / "causes"
+    made = subprocess.run([sys.executable, "-c", textwrap.dedent("""\
+        import nbbudget as nb
+        try:
+            with nb.budget(name="broken"):
+                1 / 0
+        except ZeroDivisionError:
+            pass
+        with nb.budget(name="fine"):
+            pass
+        """)], env={**os.environ, "NBBUDGET_HOME": str(home), "NBBUDGET_HISTORY": "1"},
+        capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    table = [line.split() for line in cli("history", env_home=home).stdout.splitlines()]
+    assert [(row[1], row[3], row[4], row[5]) for row in table[1:]] == [
+        ("run", "completed", "-", "fine"), ("run", "failed", "error", "broken")]
+
+
 def test_a_damaged_row_is_refused_in_one_line_and_can_be_forgotten(keeping, home):
     for name in ("good", "bad"):
         with nb.budget(name=name):
@@ -369,9 +425,28 @@ def test_a_notebook_run_is_one_run_of_the_history_with_its_status_and_consumptio
     listed = json.loads(cli("history", "--json", env_home=home).stdout)
     (run,) = [r for r in listed if r["kind"] == "notebook"]
     assert run["name"] == str(notebook) and run["status"] == "failed"
-    assert run["cause"] == "StepBudgetExceeded"
+    assert run["cause"] == "StepBudgetExceeded" and run["by"] == "steps"
     assert run["limits"] == {"steps": 4} and run["consumed"]["steps"] == 4
     assert [r["kind"] for r in listed] == ["notebook"]  # its cell's grant is part of it
+    table = cli("history", env_home=home).stdout.splitlines()
+    assert table[1].split()[1:5] == ["notebook", run["started"], "failed", "steps"]
+
+
+def test_a_notebook_run_recorded_without_its_by_reads_it_from_its_cause(keeping, home):
+    with nb.budget(name="a block"):
+        pass
+    history.flush()
+    with closing(sqlite3.connect(home / "nbbudget.db")) as db, db:  # as an earlier release
+        for path, status, cause in (("cut.ipynb", "failed", "StepBudgetExceeded"),
+                                    ("slow.ipynb", "failed", "RunTimeBudgetExceeded"),
+                                    ("late.ipynb", "cancelled", "cancelled"),
+                                    ("bug.ipynb", "failed", "cell_error")):
+            db.execute("INSERT INTO history (kind, name, started, ended, status, cause, by, "
+                       "limits, consumed) VALUES ('notebook', ?, 0, ?, ?, ?, NULL, '{}', '{}')",
+                       (path, time.time(), status, cause))
+    assert [(e.name, e.by) for e in history.entries()] == [
+        ("bug.ipynb", None), ("late.ipynb", "wall-clock"), ("slow.ipynb", "timeout"),
+        ("cut.ipynb", "steps"), ("a block", None)]
 
 
 def test_a_store_that_cannot_take_the_history_leaves_the_runs_out_and_they_go_on(

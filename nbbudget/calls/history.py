@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import ConfigError
+from ..core.kinds import KINDS
 from ..core.limits import Limits
 from ..core.suggest import Suggestion, suggest
 from ..core.trace import Trace
@@ -303,15 +304,33 @@ def record_notebook(db: SQLiteStore, path: str, started: float, status: str,
                     consumed: dict[str, float] | None) -> None:
     """Record a notebook run of ``nbbudget run`` that ended now (its runner calls it, unless
     ``NBBUDGET_HISTORY=0``): its totals, no trace; its cause is the code of the error that
-    ended it. *limits* are as ``--run-limits-json`` gives them. A store that cannot take it
-    leaves it out: the run's end is recorded all the same."""
+    ended it, and its ``by`` what that code says stopped it (`_notebook_by`). *limits* are as
+    ``--run-limits-json`` gives them. A store that cannot take it leaves it out: the run's end
+    is recorded all the same."""
     if _told() is False:
         return
     code = (error or {}).get("code")
-    row = ("notebook", path, started, time.time(), status, code, None,
+    row = ("notebook", path, started, time.time(), status, code, _notebook_by(status, code),
            json.dumps(Limits.from_json(limits).to_dict()), json.dumps(consumed or {}), None)
     with contextlib.suppress(StoreBusy, StoreDamaged, ConfigError, OSError):
         _insert(db, [row])  # the run's end is written already: its history may be left out
+
+
+#: the ``by`` of a notebook run ended by a limit, from its error's code: the limit's kind, or
+#: ``timeout`` for the time grant, as a run of any other kind says it (S2-4)
+_BY_CODE = {kind.code: "timeout" if kind.clock else kind.name for kind in KINDS}
+
+
+def _notebook_by(status: str, code: str | None) -> str | None:
+    """What stopped a notebook run, from the *code* of the error that ended it: a limit's kind
+    (``steps``), ``timeout``, what cut it (``budget_cut_watchdog``: ``watchdog``), or
+    ``wall-clock`` for a run cancelled by its ``--timeout``; None when nothing of a budget did
+    (an error in a cell, a person's stop)."""
+    if code in _BY_CODE:
+        return _BY_CODE[code]
+    if code is not None and code.startswith("budget_cut_"):
+        return code.removeprefix("budget_cut_").replace("_", "-")
+    return "wall-clock" if status == "cancelled" else None
 
 
 def _insert(db: SQLiteStore, rows: list[tuple[Any, ...]]) -> None:
@@ -345,9 +364,12 @@ def _entry(row: tuple[Any, ...], db: SQLiteStore) -> Entry:
         trace = values["trace"]
         if trace is not None and not isinstance(trace, bytes):
             raise ValueError("its trace is not compressed JSON")
+        by = values["by"]
+        if by is None and values["kind"] == "notebook":  # recorded before it kept its by
+            by = _notebook_by(str(values["status"]), values["cause"])
         return Entry(int(values["id"]), str(values["kind"]), str(values["name"]),
                      float(values["started"]), float(values["ended"]), str(values["status"]),
-                     values["cause"], values["by"], limits, consumed, trace)
+                     values["cause"], by, limits, consumed, trace)
     except (TypeError, ValueError) as exc:
         raise _damaged(values["id"], db, str(exc)) from None
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import shutil
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..calls import history as _history
 from ..calls.store import store
@@ -178,14 +181,66 @@ def _history_command(args: argparse.Namespace) -> int:
     elif not rows:
         print(f"no runs in the history of {db.location}")
     else:
-        print(f"{'id':>6}  {'kind':<9}{'started':<21}{'status':<11}{'by':<14}{'name':<32}"
-              f"consumed")
-        for row in rows:
-            consumed = ", ".join(f"{k}={v:g}" for k, v in row["consumed"].items())
-            name = row["name"] if len(row["name"]) <= 30 else row["name"][:27] + "..."
-            print(f"{row['id']:>6}  {row['kind']:<9}{row['started']:<21}{row['status']:<11}"
-                  f"{row['by'] or '-':<14}{name:<32}{consumed}")
+        print(_history_table(rows, shutil.get_terminal_size((0, 0)).columns))
     return 0
+
+
+_HISTORY_COLUMNS = ("id", "kind", "started", "status", "by", "name", "consumed")
+_NAME_MIN = 24  # a name is never shortened to fewer characters than this
+
+
+def _history_table(rows: list[dict[str, Any]], columns: int = 0) -> str:
+    """The runs of ``nbbudget history --json`` as a table for a person: each column as wide as
+    what it holds; ``by`` says what stopped a run (its limit's kind, ``timeout``...), else why
+    it ended (its cause), ``-`` when it ran to its end. A name too long for a terminal of
+    *columns* characters (0: not a terminal, names are written whole) is shortened in the
+    middle, keeping where it differs from the others shown (`_shortened`)."""
+    cells = [{"id": str(row["id"]), "kind": row["kind"], "started": row["started"],
+              "status": row["status"], "name": row["name"],
+              "by": row["by"] or (row["cause"] if row["status"] != "completed" else None) or "-",
+              "consumed": ", ".join(f"{k}={v:g}" for k, v in row["consumed"].items())}
+             for row in rows]
+    widths = {c: max(len(c), *(len(cell[c]) for cell in cells)) for c in _HISTORY_COLUMNS}
+    if columns:
+        room = columns - sum(widths[c] + 2 for c in _HISTORY_COLUMNS[:5]) - 2 - widths["consumed"]
+        widths["name"] = min(widths["name"], max(room, _NAME_MIN))
+        differs = _differs_at([cell["name"] for cell in cells])
+        for cell in cells:
+            cell["name"] = _shortened(cell["name"], widths["name"], differs[cell["name"]])
+    lines = ["  ".join(cell[c].rjust(widths[c]) if c == "id" else cell[c].ljust(widths[c])
+                       for c in _HISTORY_COLUMNS).rstrip()
+             for cell in [dict(zip(_HISTORY_COLUMNS, _HISTORY_COLUMNS, strict=True)), *cells]]
+    return "\n".join(lines)
+
+
+def _differs_at(names: list[str]) -> dict[str, int]:
+    """For each of *names*, where it first differs from the name most like it: the longest
+    prefix it shares with another name (its neighbours in sorted order hold it)."""
+    ordered = sorted(set(names))
+    shared = [_shared(a, b) for a, b in itertools.pairwise(ordered)]
+    return {name: max(shared[i - 1] if i else 0, shared[i] if i < len(shared) else 0)
+            for i, name in enumerate(ordered)}
+
+
+def _shared(a: str, b: str) -> int:
+    """How many characters *a* and *b* share from their start."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def _shortened(name: str, width: int, differs_at: int) -> str:
+    """*name* on at most *width* characters: its start, ``...`` and its end, where the cut
+    keeps the character at *differs_at* (the first that tells it from another name), with a
+    second ``...`` after it when neither end holds it."""
+    if len(name) <= width:
+        return name
+    keep = width - 3
+    for head in (keep // 2, keep // 3):
+        tail = keep - head
+        if differs_at < head or differs_at >= len(name) - tail:
+            return name[:head] + "..." + name[len(name) - tail:]
+    start = max(differs_at - 3, head)
+    return name[:head] + "..." + name[start:start + width - head - 6] + "..."
 
 
 def format_summary(summary: dict[str, object]) -> str:
