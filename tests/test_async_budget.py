@@ -223,3 +223,40 @@ def test_N_7_off_the_main_thread_a_block_that_never_awaits_says_how_long_it_went
     thread.join()
     assert "without awaiting: off the main thread, a coroutine stops only at an await" \
         in str(out[0])
+
+
+def test_N_6_a_cancel_as_the_async_block_ends_is_raised_in_it_or_not_at_all() -> None:
+    """A thread cancels the run at every moment around the async block's end: the block ends
+    with `nb.Cancelled` or completes, and no `CancelledError` reaches the code after it."""
+    outcomes: dict[str, int] = {}
+
+    async def rounds() -> None:
+        for i in range(200):
+            run = nb.budget()
+            go = threading.Event()
+
+            def cancel(run: nb.Budget = run, go: threading.Event = go) -> None:
+                go.wait()
+                run.cancel("race")
+
+            canceller = threading.Thread(target=cancel, name=f"test-async-race-{i}")
+            canceller.start()
+            try:
+                async with run:
+                    go.set()
+                    for _ in range(i % 20 * 50):
+                        pass
+                    await asyncio.sleep(0)
+            except nb.Cancelled:
+                pass
+            canceller.join()
+            await asyncio.sleep(0)  # the code after the block: no cancel may land here
+            await asyncio.sleep(0.0005)
+            status = run.outcome.status.value
+            outcomes[status] = outcomes.get(status, 0) + 1
+        if sys.version_info >= (3, 11):
+            assert asyncio.current_task().cancelling() == 0
+
+    arun(rounds())
+    assert set(outcomes) <= {"stopped", "completed"}
+    assert sum(outcomes.values()) == 200

@@ -224,3 +224,71 @@ def test_N_7_a_stop_that_has_not_landed_is_said_while_it_waits():
     assert waits is not None and waits >= preempt.LATE_MS
     thread.join(10)
     assert run.stop_waits_ms() is None  # it left: nothing waits
+
+
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_N_5_a_deadline_in_a_finally_is_raised_once_and_the_code_after_the_block_runs(where):
+    """The deadline falls at every moment around a ``try/finally`` inside the block: in the
+    ``try`` (the ``finally`` then runs to its end) or in the ``finally`` (cut there); either way
+    the block ends with one `BudgetCut`, and nothing lands after it."""
+    seen: dict[str, int] = {}
+    strays: list[BaseException] = []
+
+    def rounds() -> None:
+        for i in range(40):
+            spent_in_try = 0.010 + 0.0005 * i  # 10 to 30 ms: the deadline (20 ms) falls in the
+            # try in half the rounds, in the finally in the other half
+            cut = 0
+            try:
+                try:
+                    with nb.budget(time="20ms"):
+                        started = time.monotonic()
+                        try:
+                            while time.monotonic() - started < spent_in_try:
+                                pass
+                        finally:
+                            while time.monotonic() - started < 0.08:
+                                pass
+                except nb.BudgetCut:
+                    cut += 1
+                for _ in range(5000):  # code after the block: nothing may land here
+                    pass
+                time.sleep(0.001)
+            except BaseException as exc:
+                strays.append(exc)
+            seen[str(cut)] = seen.get(str(cut), 0) + 1
+
+    if where == "main":
+        rounds()
+    else:
+        thread = threading.Thread(target=rounds, name="test-finally-rounds")
+        thread.start()
+        thread.join(120)
+    assert strays == []
+    assert seen == {"1": 40}
+    assert not preempt._entries.get(threading.get_ident())
+
+
+def test_a_run_entered_by_several_threads_is_left_by_each_in_any_order():
+    """A worker enters the run its starter is in (a cell's thread, say), and the starter leaves
+    first: each thread's `nb.current()` is restored to what it was in that thread."""
+    run = nb.budget()
+    inside, leave = threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    def worker() -> None:
+        with run:
+            inside.set()
+            leave.wait(5)
+            seen.append(nb.current() is run)
+        seen.append(nb.current() is None)
+
+    thread = threading.Thread(target=worker, name="test-enters-too")
+    with run:
+        thread.start()
+        assert inside.wait(5)
+    assert nb.current() is None  # the starter left first
+    leave.set()
+    thread.join(10)
+    assert seen == [True, True]
+    assert run.outcome.status.value == "completed"

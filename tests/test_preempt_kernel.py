@@ -100,3 +100,23 @@ def test_a_duration_on_a_flag_carries_its_unit(kernel, line, suggests):
     assert "has no unit" in content["evalue"] and suggests.split()[1].rstrip("0ms") in \
         content["evalue"]
     assert "ran" not in cell.stdout
+
+
+def test_N_5_a_stop_in_a_cell_that_starts_threads_ends_every_thread_inside_the_run(kernel):
+    cell = run(kernel, "%%budget --time 1s --no-widget\nimport threading\n"
+                       "run = nb.current()\n"
+                       "def spin():\n"
+                       "    with run:                  # this thread enters the cell's run\n"
+                       "        while True:\n"
+                       "            pass\n"
+                       "workers = [threading.Thread(target=spin, name=f'spin-{i}') "
+                       "for i in range(2)]\n"
+                       "for w in workers:\n    w.start()\n"
+                       "for w in workers:\n    w.join()")
+    content = cell.reply["content"]
+    assert (cell.status, content["ename"]) == ("error", "BudgetCut"), content
+    assert 1.0 <= cell.seconds < 1.0 + SLACK_S
+    left = run(kernel, "import time\ntime.sleep(0.5)\n"
+                       "print(sorted(t.name for t in threading.enumerate() "
+                       "if t.name.startswith('spin-')))")
+    assert left.stdout == "[]\n"  # each worker was stopped at its next bytecode

@@ -134,6 +134,25 @@ def activate(run: Budget) -> None:
     _current.set(run)
 
 
+def _reset_current(tokens: list[contextvars.Token[Budget | Deferred | None]]) -> None:
+    """Restore what `current` returned before this context's innermost entry into a run, whose
+    *tokens* hold one per entry in every context: the last is this context's unless another
+    thread or task entered the same run since (a worker that enters its cell's run)."""
+    last = tokens[-1]
+    try:
+        _current.reset(last)
+    except ValueError:  # made in another context: find this context's own
+        for token in reversed(list(tokens)):
+            try:
+                _current.reset(token)
+            except ValueError:
+                continue
+            tokens.remove(token)
+            return
+        raise
+    tokens.remove(last)
+
+
 def stop_error(error: BaseException) -> BaseException:
     """*error* as a ``with run:`` block raises it when it leaves: a stop unwinding through user
     code becomes the public `BudgetError` it stands for; anything else is itself. For hosts
@@ -562,7 +581,7 @@ class Budget:
         late = self._release(entry, exc is None) if entry is not None else None
         tokens = self._tokens
         if tokens:
-            _current.reset(tokens.pop())
+            _reset_current(tokens)
         try:
             return self._state.leave(self, exc)
         except (BudgetCut, Cancelled) as error:
