@@ -41,6 +41,43 @@ _Client = TypeVar("_Client")
 last_response: Response | None = None
 
 
+def step() -> None:
+    """``nb.current().step()``: charge one step to the run of this cell, ``with`` block or call
+    (S4-3). Outside every run it raises `ConfigError`, saying how to get one. Made for loops:
+    one look-up of the current run, then the run's own `Budget.step` (in the hottest loop, take
+    ``step = nb.current().step`` once, which skips the look-up)."""
+    run = current()
+    if run is None:
+        raise _no_run("step")
+    run.step()
+
+
+def check() -> None:
+    """``nb.current().check()``: raise if the current run is stopped, cut or out of time (a
+    cooperative check for long work that charges nothing). Outside every run it raises
+    `ConfigError`, saying how to get one."""
+    run = current()
+    if run is None:
+        raise _no_run("check")
+    run.check()
+
+
+def charge(kind: str, n: float = 1, *, target: str | None = None) -> None:
+    """``nb.current().charge(kind, n, target=...)``: reserve *n* of *kind* on the current run
+    before the work it pays for (S4-3); a refusal raises `BudgetExceeded` and spends nothing.
+    Outside every run it raises `ConfigError`, saying how to get one."""
+    run = current()
+    if run is None:
+        raise _no_run("charge")
+    run.charge(kind, n, target=target)
+
+
+def _no_run(name: str) -> ConfigError:
+    return ConfigError(f"nb.{name}() found no active run (nb.current() is None here): run it "
+                       f"in a cell that starts with %%budget, inside `with nb.budget(...):`, "
+                       f"or in the work of nb.call(...)")
+
+
 def instrument(client: _Client, *, prices: Any = None, degrade: tuple[str, float] | None = None,
                name: str | None = None) -> _Client:
     """A copy of an OpenAI or Anthropic client whose model calls are provider calls of the run
@@ -117,6 +154,8 @@ __all__ = [
     "WideningError",
     "budget",
     "call",
+    "charge",
+    "check",
     "checkpoint",
     "current",
     "instrument",
@@ -124,6 +163,7 @@ __all__ = [
     "last_response",
     "parse_duration",
     "resume_state",
+    "step",
     "store",
     "suggest_limits",
 ]

@@ -56,6 +56,8 @@ PUBLIC = [
     "WideningError",
     "budget",
     "call",
+    "charge",
+    "check",
     "checkpoint",
     "current",
     "instrument",
@@ -63,6 +65,7 @@ PUBLIC = [
     "last_response",
     "parse_duration",
     "resume_state",
+    "step",
     "store",
     "suggest_limits",
 ]
