@@ -12,11 +12,12 @@ from traitlets.config import Config
 
 import nbbudget as nb
 from nbbudget.jupyter.clicks import Route
-from nbbudget.jupyter.panel import STOP_WAITS, Panel, summary
+from nbbudget.jupyter.panel import STOP_WAITS, Panel, line, summary
 from nbbudget.testing import FakeClock
 
 pytestmark = pytest.mark.usefixtures("quick_idle_workers", "home")
 WIDGET = "application/vnd.jupyter.widget-view+json"
+MIME = "application/vnd.nbbudget.response+json"
 
 
 @pytest.fixture
@@ -50,13 +51,24 @@ def test_N_3_the_panel_follows_the_run_axis_by_axis():
         assert view.bars["steps"].bar_style == "danger"
     panel.end_cell()
     assert {b.bar_style for b in view.bars.values()} == {"success"}
-    assert view.status.value == "<b>nbbudget cell: completed, 0.0 s; steps 5/10, tokens 97/100</b>"
+    # under its cell, beside its bars, the panel says what they do not: the state and the time
+    assert view.status.value == "<b>completed, 0.0 s</b>"
     assert panel.text == "nbbudget cell: completed, 0.0 s; steps 5/10, tokens 97/100"
 
 
 def _draw(panel, run):
-    snap = run.snapshot()
-    panel._draw(snap, summary(snap))
+    panel._draw(run.snapshot(), line(run.snapshot()))
+
+
+def test_N_3_every_axis_is_named_whole_and_the_bars_line_up():
+    panel = Panel(nb.Limits(steps=10, provider_calls=5, agent_invocations=2, tokens=100),
+                  widgets=True)
+    bars = panel._view.bars
+    assert {kind: bar.description for kind, bar in bars.items()} == {
+        "steps": "steps", "provider_calls": "provider_calls",
+        "agent_invocations": "agent_invocations", "tokens": "tokens"}
+    # one column for the names, as wide as the longest (17 characters) and a little more
+    assert {bar.style.description_width for bar in bars.values()} == {"19ch"}
 
 
 def test_N_3_the_text_summary_names_the_state_and_each_axis():
@@ -66,8 +78,19 @@ def test_N_3_the_text_summary_names_the_state_and_each_axis():
         run.step()
         clock.advance("2s")
         run.step()
-    assert summary(run.snapshot()) == ("nbbudget etl: failed (by timeout), 2.0 s; "
+    # --time is the time it was given: it ran out of time (a timeout is --timeout's word)
+    assert summary(run.snapshot()) == ("nbbudget etl: failed (out of time), 2.0 s; "
                                        "time 2.0 s/2.0 s, steps 1/3")
+    assert line(run.snapshot()) == "failed (out of time), 2.0 s"
+    assert run.outcome.by == "timeout"  # the contract's value stays
+
+
+def test_N_3_a_cut_by_a_limit_names_the_limit():
+    with pytest.raises(nb.BudgetExceeded), nb.budget(steps=1, clock=FakeClock(),
+                                                     name="etl") as run:
+        run.step()
+        run.step()
+    assert summary(run.snapshot()) == "nbbudget etl: failed (by steps), 0.0 s; steps 1/1"
 
 
 def test_N_3_the_panel_shows_time_as_time():
@@ -85,7 +108,8 @@ def test_N_3_the_panel_shows_time_as_time():
         run.check()
     panel.end_cell()
     assert view.labels["run_ms"].value == "1 min / 1 min"
-    assert panel.text == "nbbudget cell: failed (by timeout), 60.0 s; time 1 min/1 min"
+    assert panel.text == "nbbudget cell: failed (out of time), 60.0 s; time 1 min/1 min"
+    assert panel._view.status.value == "<b>failed (out of time), 60.0 s</b>"
 
 
 def test_N_3_stop_only_sets_an_event_and_the_updater_stops_the_run():
@@ -104,6 +128,9 @@ def test_N_3_stop_only_sets_an_event_and_the_updater_stops_the_run():
     panel.end_cell()
     panel._thread.join(5)
     assert not panel._thread.is_alive()
+    # a stop the person asked for is no error: its bars are not drawn red
+    assert {bar.bar_style for bar in panel._view.bars.values()} == {""}
+    assert panel._view.status.value.startswith("<b>stopped, ")
 
 
 def test_N_3_a_cell_shows_the_widget_and_its_text_then_the_final_state(shell):
@@ -161,6 +188,22 @@ def test_N_3_no_widget_shows_text_only(shell):
     assert captured.stdout.endswith("; steps 0/5\n")
 
 
+def test_N_3_a_cell_out_of_its_time_says_so_in_every_line_a_person_reads(shell):
+    with capture_output() as captured:
+        result = shell.run_cell("%%budget --no-widget --time 200ms\nwhile True:\n    pass")
+    assert isinstance(result.error_in_exec, nb.BudgetCut)
+    assert result.error_in_exec.by == "timeout"
+    assert captured.stdout.startswith("nbbudget cell: while True: failed (out of time), ")
+    with capture_output() as captured:
+        result = shell.run_cell("%%budget --no-widget --detach --budget 10s --time 200ms\n"
+                                "while True:\n    pass")
+    assert isinstance(result.error_in_exec, nb.BudgetCut)
+    [envelope] = [o.data for o in captured.outputs if MIME in o.data]
+    assert envelope[MIME]["error"]["code"] == "budget_cut_timeout"  # the JSON keeps its code
+    assert envelope["text/plain"].startswith("nbbudget: failed (out of time) in ")
+    assert "timeout" not in envelope["text/plain"] + captured.stdout
+
+
 def test_N_3_a_widget_failure_never_breaks_the_cell(shell, monkeypatch):
     import ipywidgets
 
@@ -187,6 +230,12 @@ def test_N_3_stop_on_the_panel_stops_a_detached_cell(shell):
     assert job.state is nb.JobState.CANCELLED
     panel._thread.join(5)
     assert not panel._thread.is_alive()
+    # the job named, stopped, and why: the stop that was asked for, not an error
+    status = panel._view.status.value
+    assert status.startswith(f"<b>job {job.id} stopped, ")
+    assert status.endswith("</b><br>stopped from the panel")
+    assert "Cancelled" not in panel.text
+    assert {bar.bar_style for bar in panel._view.bars.values()} <= {""}
 
 
 def test_N_2_a_detached_cells_result_and_final_state_reach_its_panel(shell):
@@ -197,9 +246,11 @@ def test_N_2_a_detached_cells_result_and_final_state_reach_its_panel(shell):
     panel = shell.magics_manager.registry["BudgetMagics"].last_panel
     panel._thread.join(5)
     assert not panel._thread.is_alive()
-    assert "completed" in panel.text
+    job = nb.last_response.job
+    assert f": job {job.id} completed, " in panel.text
     assert panel.text.endswith("\nresult: 'model'")
     # where the widget renders, its text/plain is not shown: the result is in the widget too
+    assert panel._view.status.value.startswith(f"<b>job {job.id} completed, ")
     assert panel._view.status.value.endswith("<br>result: &#x27;model&#x27;")
 
 
@@ -215,7 +266,7 @@ def test_S2_3_a_detached_panel_says_when_its_job_finished_without_honouring_a_ca
     assert not panel._thread.is_alive()
     assert job.cancel_status == "not honoured"
     first = panel.text.splitlines()[0]
-    assert ": done (finished anyway: the cancel was not honoured)," in first
+    assert f": job {job.id} done (finished anyway: the cancel was not honoured)," in first
     assert "stopped" not in first
     assert panel.text.endswith("\nresult: 'finished A'")
 
@@ -253,3 +304,47 @@ def test_N_3_where_a_click_waits_for_the_cell_stop_works_once_its_job_goes_on(sh
     assert job.state is nb.JobState.CANCELLED
     panel._thread.join(5)
     assert not panel._thread.is_alive()
+
+
+class _Kernel:
+    """What `KeepBusy` needs of an ipykernel: its status publisher and its shell's request."""
+
+    def __init__(self):
+        self.sent = []
+        self.parent = {"header": {"msg_id": "cell", "msg_type": "execute_request"}}
+
+    def _publish_status(self, status, channel, parent=None):
+        parent = parent or self.parent
+        self.sent.append((status, parent["header"]["msg_id"]))
+
+    def get_parent(self, channel=None):
+        return self.parent
+
+
+def _beside(publish, request):
+    """A request answered on another thread (a subshell's, the control thread)."""
+    import threading
+
+    parent = {"header": {"msg_id": request, "msg_type": "comm_msg"}}
+    thread = threading.Thread(target=lambda: [publish(s, "shell", parent)
+                                              for s in ("busy", "idle")])
+    thread.start()
+    thread.join()
+
+
+def test_N_3_the_kernel_stays_busy_while_its_main_shell_runs_a_request():
+    from nbbudget.jupyter.status import KeepBusy
+
+    kernel = _Kernel()
+    keep = KeepBusy(kernel)
+    assert keep.install() and not keep.install()
+    kernel._publish_status("busy", "shell")  # the main shell starts the cell
+    _beside(kernel._publish_status, "click")
+    assert kernel.sent == [("busy", "cell"), ("busy", "click"), ("idle", "click"),
+                           ("busy", "cell")]
+    kernel._publish_status("idle", "shell")  # the cell ends
+    _beside(kernel._publish_status, "close")
+    assert kernel.sent[-3:] == [("idle", "cell"), ("busy", "close"), ("idle", "close")]
+    assert keep.restored == 1
+    keep.uninstall()
+    assert "_publish_status" not in vars(kernel)  # the kernel's own publisher again

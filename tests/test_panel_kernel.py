@@ -151,7 +151,9 @@ def test_N_3_a_saved_panel_shows_the_state_its_cells_envelope_says(execute, note
         text = panels[0]["text/plain"]
         assert state in text, f"{where}: its panel reads {text!r}"
         widgets = _widgets(models, panels[0][WIDGET]["model_id"])
-        assert state in _status_text(widgets), f"{where}: its saved widget reads otherwise"
+        # under the cell, the widget's line starts with the state (the text names the cell)
+        assert _status_text(widgets).startswith(state.removeprefix(": ")), \
+            f"{where}: its saved widget reads otherwise"
         enabled = [w["state"]["description"] for w in widgets
                    if w["model_name"] == "ButtonModel" and not w["state"].get("disabled")]
         if "running in the background" in state:
@@ -412,3 +414,68 @@ def test_N_2_a_detached_cell_stopped_later_no_longer_offers_its_result(kernel): 
     assert lines and lines[-1].startswith("INCOMPLETE (exit 14): running after ")
     assert lines[-1].endswith(f"; job {job} was then stopped: there is no result to wait for")
     assert _job_state(kernel, job, "cancelled") == "cancelled"
+
+
+# -- the kernel's state while a panel's clicks and the status bar are answered ------------------
+def _statuses(seen: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """The IOPub statuses in the order sent: (state, the request's id, the request's type)."""
+    return [(m["content"]["execution_state"], m["parent_header"].get("msg_id", ""),
+             m["parent_header"].get("msg_type", "")) for m in seen if m["msg_type"] == "status"]
+
+
+def _iopub_until_idle(kc, msg_id: str, seen: list[dict[str, Any]]) -> None:
+    while not (seen and seen[-1]["msg_type"] == "status" and seen[-1]["parent_header"].get(
+            "msg_id") == msg_id and seen[-1]["content"]["execution_state"] == "idle"):
+        seen.append(kc.get_iopub_msg(timeout=30))
+
+
+def test_N_3_the_kernel_reads_busy_while_a_cell_runs_and_requests_beside_it_are_answered(
+        kernel):  # noqa: F811
+    """A front end (JupyterLab, the Jupyter server) takes the last IOPub status for the whole
+    kernel's. Requests answered beside the main shell while a cell runs (a subshell made, a
+    comm opened and closed on it, as JupyterLab does for a panel's widgets and the status
+    bar) each end with their own idle; the kernel's state is the cell's again at once."""
+    if "kernel subshells" not in _features(kernel):
+        pytest.skip("a kernel without subshells answers these requests after the cell")
+    from test_magic_kernel import run
+
+    run(kernel, "import time")
+    seen: list[dict[str, Any]] = []
+    started = time.monotonic()
+    msg_id = kernel.execute("%%budget --steps 100\nfor tick in range(30):  # three seconds\n"
+                            "    nb.current().step()\n    time.sleep(0.1)",
+                            allow_stdin=False, stop_on_error=False)
+    _buttons(kernel, msg_id, seen, started + 20)  # the cell runs, its panel is shown
+    subshell = _front_end_subshell(kernel)  # on the control channel
+    comm = kernel.session.msg("comm_open", {"comm_id": "status-bar-1",
+                                            "target_name": "nbbudget.status", "data": {}})
+    comm["header"]["subshell_id"] = subshell
+    kernel.shell_channel.send(comm)
+    time.sleep(0.5)
+    close = kernel.session.msg("comm_close", {"comm_id": "status-bar-1", "data": {}})
+    close["header"]["subshell_id"] = subshell
+    kernel.shell_channel.send(close)
+    _iopub_until_idle(kernel, msg_id, seen)
+    assert time.monotonic() - started < 10  # the cell ran its three seconds, no more
+
+    statuses = _statuses(seen)
+    first = statuses.index(("busy", msg_id, "execute_request"))
+    during = statuses[first:-1]  # the cell's own idle is the last
+    others = [(state, kind) for state, parent, kind in during if parent != msg_id]
+    assert {kind for _, kind in others} >= {"create_subshell_request", "comm_open",
+                                            "comm_close"}, others
+    assert ("idle", "comm_open") in others  # each request got its own idle
+    for index, (state, _, kind) in enumerate(during):
+        if state == "idle":  # another request's: the cell's busy follows it at once
+            assert during[index + 1] == ("busy", msg_id, "execute_request"), (kind, during)
+    assert during[-1][0] == "busy"  # what a front end shows until the cell ends
+
+    # once the cell has ended, a request beside it leaves the kernel idle
+    info = kernel.session.msg("kernel_info_request", {})
+    kernel.control_channel.send(info)
+    after: list[dict[str, Any]] = []
+    _iopub_until_idle(kernel, info["header"]["msg_id"], after)
+    with contextlib.suppress(queue.Empty):
+        while True:
+            after.append(kernel.get_iopub_msg(timeout=0.5))
+    assert [state for state, _, _ in _statuses(after)][-1] == "idle", _statuses(after)

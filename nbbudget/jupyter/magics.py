@@ -33,8 +33,8 @@ from ..calls.response import EXIT_INCOMPLETE, Response
 from ..calls.runner import jobs
 from ..core import streams
 from ..core.duration import spoken
-from ..core.endings import ENDINGS
-from ..core.errors import ConfigError, show
+from ..core.endings import ENDINGS, envelope_code
+from ..core.errors import BudgetCut, ConfigError, show
 from ..core.files import check_target
 from ..core.limits import NO_LIMITS as _NO_LIMITS
 from ..core.limits import (
@@ -721,8 +721,14 @@ def _summary(resp: Response, *, then: str | None = None) -> str:
     if resp.exit_code == EXIT_INCOMPLETE:
         return (f"INCOMPLETE (exit 14): {resp.data['state']} after {meta['duration_ms']} ms"
                 f"{budget}; {then or resp.data['next']}")
-    state = "done" if resp.ok else f"failed ({(resp.error or {}).get('code')})"
+    code = str((resp.error or {}).get("code"))
+    state = "done" if resp.ok else f"failed ({_OUT_OF_TIME.get(code, code)})"
     return f"nbbudget: {state} in {meta['duration_ms']} ms{budget} (exit {resp.exit_code})"
+
+
+#: a person reads that the work ran out of the time it was given (--time), not a code that
+#: says "timeout", which is --timeout's word (the envelope's JSON keeps the code)
+_OUT_OF_TIME: dict[str, str] = {envelope_code(BudgetCut("timeout", "")): "out of time"}
 
 
 class _EndedJobs:

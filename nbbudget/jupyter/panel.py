@@ -1,7 +1,9 @@
 """The live panel of a ``%%budget`` cell (N-3): one bar per armed axis, the clocks, the state, a
 Stop and a Pause button; a text summary where widgets cannot render.
 
-The core owns the state; the panel is a view. It is displayed once, on the main thread, then only
+The core owns the state; the panel is a view. Under its cell it names neither the cell nor the
+figures its bars show: its line says the state and the time (``running, 1.8 s``); the text that
+stands in for it says all of that (`summary`). It is displayed once, on the main thread, then only
 its traits change, from one updater thread that reads the run's frozen `Snapshot` at most ten
 times a second and writes every change inside ``hold_sync()``. Workers never touch a widget, and
 the buttons only set events: a click may be handled on a kernel subshell's thread, which is how
@@ -30,6 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..core.duration import spoken
+from ..core.errors import Cancelled
 from ..core.kinds import KIND_INDEX, KINDS
 from ..core.limits import Limits
 from ..core.snapshot import Snapshot
@@ -40,27 +43,41 @@ from .clicks import OUTSIDE_A_KERNEL, Route
 if TYPE_CHECKING:
     from ..calls.jobs import Job
 
-__all__ = ["Panel", "summary"]
+__all__ = ["Panel", "line", "summary"]
 
 _names = itertools.count(1)
 _STYLE = {0: "info", 1: "warning", 2: "danger"}
-_OUTCOME_STYLE = {"completed": "success", "incomplete": "info", "suspended": "info"}
+#: the bars of an ended run: red only for a failure; a stop a person asked for is no error
+_OUTCOME_STYLE = {"completed": "success", "incomplete": "info", "suspended": "info",
+                  "stopped": ""}
 NOTHING_RAN = "nbbudget: nothing ran"
 #: what Stop says while its cell holds a kernel that would handle the click only after the cell
 STOP_WAITS = "interrupt the kernel to stop now"
 
 
 def summary(snap: Snapshot, state: str | None = None) -> str:
-    """The panel in one line of text (its ``text/plain``); *state* in place of the run's own
-    (how an INCOMPLETE cell left it: ``running in the background as job 1a2b-3``)."""
+    """The panel in one line of text (its ``text/plain``): the run's name, its `line` and each
+    axis; *state* in place of the run's own (how an INCOMPLETE cell left it: ``running in the
+    background as job 1a2b-3``)."""
     axes = ", ".join(f"{_axis(a.kind)} {_amount(a.kind, a.consumed)}/{_amount(a.kind, a.limit)}"
                      for a in snap.axes)
-    if state is None:  # the snapshot's status is the outcome's, once there is one
-        state = snap.status
-        if snap.outcome is not None and snap.outcome.by:
-            state += f" (by {snap.outcome.by})"
-    clock = f", {snap.elapsed_ms / 1000:.1f} s"
-    return f"nbbudget {snap.name}: {state}{clock}" + (f"; {axes}" if axes else "")
+    return f"nbbudget {snap.name}: {line(snap, state)}" + (f"; {axes}" if axes else "")
+
+
+def line(snap: Snapshot, state: str | None = None) -> str:
+    """The panel's own line, under its cell and beside its bars: the state and the time
+    (``failed (out of time), 0.5 s``); *state* as in `summary`."""
+    return f"{state or _state(snap)}, {snap.elapsed_ms / 1000:.1f} s"
+
+
+def _state(snap: Snapshot) -> str:
+    """The run's state as a person reads it: its status, and what cut it where a limit did
+    (``failed (out of time)`` for its time grant, ``failed (by steps)``)."""
+    state = snap.status  # the outcome's, once there is one
+    if snap.outcome is not None and snap.outcome.by:
+        by = snap.outcome.by
+        state += " (out of time)" if by == "timeout" else f" (by {by})"
+    return state
 
 
 class Panel:
@@ -185,19 +202,20 @@ class Panel:
                 return False
             if not self._cell_over:  # the cell holds its caller: the panel follows the run
                 snap = run.snapshot()
-                self._draw(snap, summary(snap) + _waiting(run))
+                self._draw(snap, line(snap) + _waiting(run))
                 return True
             if time.monotonic() < self._late_from:  # its driver may still be listening
                 return True
             if run.outcome is None:  # a detached job goes on after its cell
                 if self._late_sends:
                     snap = run.snapshot()
-                    self._draw(snap, summary(snap, self._state))
+                    self._draw(snap, line(snap, self._state))
                 return True
             self._done.set()
             if self._late_sends:
                 late = _late_result(self._job)  # waits for the job to settle
-                self._show(run.snapshot(), _settled(self._job), late)
+                snap = run.snapshot()
+                self._show(snap, _settled(self._job, snap), late)
                 if self._job_ended is not None and self._job is not None:
                     self._job_ended(self._job)
             return False
@@ -212,7 +230,7 @@ class Panel:
 
     # -- drawing (under the lock) ---------------------------------------------------------------
     def _draw(self, snap: Snapshot | None, text: str) -> None:
-        """The widgets only (the live view): *snap* (none: nothing ran) under *text*."""
+        """The widgets only (the live view): *snap* (none: nothing ran), its line *text*."""
         if self._view is not None:
             try:
                 with comms_sent_as(self.shell, self._route.parent):
@@ -223,7 +241,7 @@ class Panel:
     def _show(self, snap: Snapshot | None, state: str | None, late: str = "") -> None:
         """The widgets and the text: the state a cell ends in, or a detached job's last."""
         self._text = (summary(snap, state) if snap is not None else NOTHING_RAN) + late
-        self._draw(snap, self._text)
+        self._draw(snap, (line(snap, state) if snap is not None else NOTHING_RAN) + late)
         if self._handle is not None:
             with contextlib.suppress(Exception):  # the kernel may have gone: no one to show
                 self._handle.update(self._bundle(), raw=True)
@@ -246,9 +264,12 @@ class _View:
         self.bars: dict[str, Any] = {}
         self.labels: dict[str, Any] = {}
         rows = []
-        for kind, limit in limits.to_dict().items():
+        armed = limits.to_dict()
+        # every axis's name whole, the bars aligned: the names' column as wide as the longest
+        named = {"description_width": f"{max(map(len, map(_axis, armed)), default=0) + 2}ch"}
+        for kind, limit in armed.items():
             bar = w.FloatProgress(value=0.0, min=0.0, max=1.0, description=_axis(kind),
-                                  bar_style="info")
+                                  bar_style="info", style=named)
             label = w.Label(value=_used_of(kind, 0, limit))
             self.bars[kind], self.labels[kind] = bar, label
             rows.append(w.HBox([bar, label]))
@@ -313,19 +334,26 @@ def _waiting(run: Budget) -> str:
             f"interrupt the kernel to stop it now")
 
 
-def _settled(job: Job | None) -> str | None:
-    """How a detached job ended, where its run's own status would not say it: the work
-    finished anyway after a cancel it never reached a check to honour."""
-    if job is None or job.cancel_status != "not honoured":
+def _settled(job: Job | None, snap: Snapshot) -> str | None:
+    """How a detached job ended, naming the job (``job 1a2b-3 completed``); where its run's
+    own status would not say it, that the work finished anyway after a cancel it never
+    reached a check to honour."""
+    if job is None:
         return None
-    return f"{job.state.value} (finished anyway: the cancel was not honoured)"
+    if job.cancel_status == "not honoured":
+        return f"job {job.id} {job.state.value} (finished anyway: the cancel was not honoured)"
+    return f"job {job.id} {_state(snap)}"
 
 
 def _late_result(job: Job | None) -> str:
-    """What a detached cell ended with, for its panel (the job may still be settling)."""
+    """What a detached cell ended with, for its panel (the job may still be settling): its
+    result, its error, or for a stop a person asked for, why it was stopped (no error)."""
     if job is None or not job.wait_done(1.0):
         return ""
     error = job.exception()
+    if isinstance(error, Cancelled) and job.run.outcome is not None \
+            and job.run.outcome.status.value == "stopped":
+        return f"\n{error.reason}" if error.reason else ""
     if error is not None:
         return f"\n{type(error).__name__}: {error}"
     value = job.result()

@@ -19,6 +19,14 @@ nbbudget's own subshell (`nbbudget.jupyter.clicks`): ipykernel 7.4 hands what th
 sends back on the comm, its close included, to that subshell, so a close is handled at once,
 even while a cell runs. With no comm open there is no thread and nothing is sent; the thread
 ends when the last comm closes or the extension is unloaded.
+
+A request handled beside the main shell (on a subshell, or on the control channel: a front
+end making the subshell it sends a panel's widget messages to, a click on Stop, this comm's
+opening) ends with an ``idle`` status on IOPub, as every request does. JupyterLab 4 and the
+Jupyter server read any ``idle`` as the whole kernel's, and would show a kernel whose main
+shell still runs a cell as idle. While nbbudget is loaded, every such ``idle`` that comes while
+the main shell handles a request is followed at once by a ``busy`` of that request
+(`KeepBusy`): what a front end shows is the main shell's state again.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from .clicks import Route
 if TYPE_CHECKING:
     from ..run.budget import Budget
 
-__all__ = ["TARGET", "Status", "message"]
+__all__ = ["TARGET", "KeepBusy", "Status", "message"]
 
 #: the comm target a front end opens
 TARGET = "nbbudget.status"
@@ -97,6 +105,55 @@ class _Open:
         self.last: dict[str, Any] | None = None
 
 
+class KeepBusy:
+    """Keeps the kernel's IOPub status the main shell's while it handles a request (a cell):
+    an ``idle`` published for a request handled elsewhere (a subshell's thread, the control
+    thread) is followed, in the same order on IOPub, by a ``busy`` of the main shell's request.
+    Every request still gets its own ``busy`` and ``idle`` (a front end's future waits for its
+    ``idle``). Installed on the kernel by `Status.register`, removed by `Status.unregister`."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+        self._lock = threading.Lock()  # one status at a time: the order IOPub sends them in
+        self._publish: Callable[..., None] | None = None
+        self._running: dict[str, Any] | None = None  # the main shell's request, while busy
+        #: the ``busy`` statuses sent again after another request's ``idle``
+        self.restored = 0
+
+    def install(self) -> bool:
+        """Wrap the kernel's status publisher; False where it has none (not an ipykernel)."""
+        original = getattr(self.kernel, "_publish_status", None)
+        if original is None or self._publish is not None:
+            return False
+        self._publish = original
+        self.kernel._publish_status = self._published
+        return True
+
+    def uninstall(self) -> None:
+        """Give the kernel its own status publisher back."""
+        if self._publish is None:
+            return
+        if vars(self.kernel).get("_publish_status") == self._published:
+            del self.kernel._publish_status
+        self._publish = None
+        self._running = None
+
+    def _published(self, status: str, channel: str, parent: Any = None) -> None:
+        publish = self._publish
+        assert publish is not None  # installed
+        main = threading.current_thread() is threading.main_thread()
+        with self._lock:
+            publish(status, channel, parent)
+            if main:  # the main shell: its own request starts or ends
+                if channel == "shell" and status == "busy":
+                    self._running = parent or self.kernel.get_parent("shell")
+                elif channel == "shell" and status == "idle":
+                    self._running = None
+            elif status == "idle" and self._running is not None:
+                publish("busy", "shell", self._running)
+                self.restored += 1
+
+
 class Status:
     """The status comms of one kernel. Made by ``%load_ext nbbudget`` (`nbbudget.jupyter.
     magics`), which registers it (`register`), tells it when a ``%%budget`` cell's run starts
@@ -118,23 +175,32 @@ class Status:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._busy: KeepBusy | None = None
         #: messages sent, over every comm (what the status bar costs the kernel)
         self.sent = 0
 
     # -- the extension ---------------------------------------------------------------------------
     def register(self) -> bool:
-        """Register the comm target on the shell's kernel; False outside a kernel (nothing to
-        register: a terminal has no front end to push to)."""
-        manager = getattr(getattr(self.shell, "kernel", None), "comm_manager", None)
+        """Register the comm target on the shell's kernel, and keep its status the main
+        shell's (`KeepBusy`); False outside a kernel (nothing to register: a terminal has no
+        front end to push to)."""
+        kernel = getattr(self.shell, "kernel", None)
+        manager = getattr(kernel, "comm_manager", None)
         if manager is None:
             return False
         manager.register_target(TARGET, self._opened)
         self._manager = manager
+        busy = KeepBusy(kernel)
+        if busy.install():
+            self._busy = busy
         return True
 
     def unregister(self) -> None:
-        """Remove the target, close every open comm (the front end shows nothing again) and
-        end the thread."""
+        """Remove the target, close every open comm (the front end shows nothing again), end
+        the thread and give the kernel its own status publisher back."""
+        busy, self._busy = self._busy, None
+        if busy is not None:
+            busy.uninstall()
         manager, self._manager = self._manager, None
         if manager is not None:
             with contextlib.suppress(Exception):  # a target already gone: nothing to remove
