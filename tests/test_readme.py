@@ -165,3 +165,77 @@ def test_install_names_a_checkout_or_the_git_url_of_the_repository_the_badge_ope
         assert match, f"{line!r} installs neither from a checkout nor from the git URL"
         named = match[2] if match.re is from_git else match[3]
         assert set((named or "").split(",")) - {""} <= extras, line
+
+
+#: every ``pip install`` of a page, in a code block or in running text (where it may be wrapped
+#: across lines), and what it installs
+PIP_INSTALL = re.compile(r"pip\s+install\s+(?:-e\s+)?('[^']*'|\"[^\"]*\"|[^\s`#'\"]+)")
+PAGES = ["README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_install_line_installs_from_the_git_url_or_a_checkout(page: str) -> None:
+    """There is no release: ``pip install 'nbbudget[lab]'`` fails. Every install a page shows
+    names the git URL the README's Install section uses (that of the repository its Binder badge
+    opens), or a checkout (``.``), and only extras that pyproject.toml defines."""
+    extras = set(pyproject()["project"]["optional-dependencies"])
+    repo = BADGE_REPO.search(README)[1]
+    from_git = re.compile(rf"nbbudget(?:\[([\w,-]+)\])? @ git\+https://github\.com/"
+                          rf"{re.escape(repo)}")
+    from_checkout = re.compile(r"\.(?:\[([\w,-]+)\])?")
+    text = (REPO / page).read_text(encoding="utf-8")
+    for match in PIP_INSTALL.finditer(text):
+        target = " ".join(match[1].strip("'\"").split())
+        line = text.count("\n", 0, match.start()) + 1
+        found = from_git.fullmatch(target) or from_checkout.fullmatch(target)
+        assert found, (f"{page}:{line}: pip install {target!r} does not install from the git URL "
+                       f"(pip install 'nbbudget[EXTRA] @ git+https://github.com/{repo}') nor "
+                       f"from a checkout (pip install '.[EXTRA]')")
+        assert set((found[1] or "").split(",")) - {""} <= extras, f"{page}:{line}: {target}"
+
+
+def test_the_install_lines_of_the_pages_that_had_none_from_git_are_found() -> None:
+    """The pages whose install lines named a release that does not exist are read by the test
+    above: it finds their lines, in code blocks and wrapped in running text."""
+    for page, least in {"docs/lab.md": 1, "docs/bounding-agents.md": 4, "docs/api.md": 2,
+                        "docs/quickstart.md": 10, "README.md": 14}.items():
+        found = PIP_INSTALL.findall((REPO / page).read_text(encoding="utf-8"))
+        assert len(found) >= least, (page, found)
+
+
+def test_installing_from_git_says_that_it_needs_node() -> None:
+    """A git or checkout install builds the JupyterLab extension: without Node.js and npm,
+    pip stops; the README's Install section, the quick start and the lab page say so."""
+    for text in (section("Install"), section("Quick start"),
+                 (REPO / "docs" / "quickstart.md").read_text(encoding="utf-8"),
+                 (REPO / "docs" / "lab.md").read_text(encoding="utf-8")):
+        assert "Node.js 20.19 or newer" in " ".join(text.split())
+    assert "`pip install -e .` in a checkout works without Node.js" in " ".join(
+        section("Install").split())
+
+
+# -- the Jupyter section ---------------------------------------------------------------------------
+def test_the_jupyter_section_comes_first_and_says_the_three_clocks_and_what_a_stop_stops() -> None:
+    headings = re.findall(r"^## (.+)$", README, re.M)
+    assert headings.index("In Jupyter") == headings.index("Install") + 1
+    assert headings.index("In Jupyter") < headings.index("In Python")
+    jupyter = section("In Jupyter")
+    clocks = section("Three clocks: `--budget`, `--time`, `--timeout`")
+    rows = [line for line in clocks.splitlines() if line.startswith("| `--")]
+    assert [row.split("`")[1] for row in rows] == ["--budget DUR", "--time DUR", "--timeout DUR"]
+    stop = " ".join(section("What a stop interrupts").split())
+    for said in ("never calls nbbudget", "C code", "--cooperative", "except Exception"):
+        assert said in stop, said
+    assert "(docs/limits.md#what-a-stop-interrupts)" in stop
+    assert re.search(r"^## What a stop interrupts$", (REPO / "docs" / "limits.md").read_text(
+        encoding="utf-8"), re.M)
+    assert "three-clocks" in jupyter
+
+
+def test_the_jupyter_section_names_every_flag_of_the_cell_magic() -> None:
+    from nbbudget.jupyter.magics import BudgetMagics
+
+    flags = {option for action in BudgetMagics.budget_cell.parser._actions
+             for option in action.option_strings if option not in ("-h", "--help")}
+    named = set(re.findall(r"`(--[a-z-]+)", section("In Jupyter")))
+    assert flags - named == set()
