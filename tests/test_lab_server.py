@@ -329,7 +329,7 @@ def test_a_cancel_of_a_notebook_run_stops_its_running_cell_and_says_where(
     output = tmp_path / "slow.out.ipynb"
     assert cancelled.body == {
         "id": run_id, "kind": "run", "outcome": "stopped", "state": "cancelled",
-        "message": f"run {run_id} cancelled at cell 1; the notebook as far as it got is in "
+        "message": f"run {run_id} cancelled at cell 2 of 2; the notebook as far as it got is in "
                    f"{output}"}
     row = server.get("jobs", run_id).body
     assert (row["state"], row["cancellable"], row["heartbeat"]) == ("cancelled", False, None)

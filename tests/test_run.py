@@ -183,6 +183,51 @@ def executed_cells(path: Path) -> list[int | None]:
             if cell.cell_type == "code"]
 
 
+def titled(path: Path) -> Path:
+    """The notebook at *path* with a markdown cell put first, so that a code cell's place among
+    the notebook's cells is not its place among its code cells."""
+    notebook = nbformat.read(path, 4)
+    notebook.cells.insert(0, nbformat.v4.new_markdown_cell("# Title"))
+    nbformat.write(notebook, path)
+    return path
+
+
+def run_row(env: dict[str, str], job: str) -> dict[str, Any]:
+    """The run's row, read from the store itself (as often as a test likes: no command)."""
+    with contextlib.closing(sqlite3.connect(Path(env["NBBUDGET_HOME"]) / "nbbudget.db")) as db:
+        cursor = db.execute("SELECT * FROM notebook_runs WHERE id = ?", (job,))
+        names = [d[0] for d in cursor.description]
+        return dict(zip(names, cursor.fetchone(), strict=True))
+
+
+def wait_for_state(env: dict[str, str], job: str, state: str,
+                   timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while (row := run_row(env, job))["state"] != state and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert row["state"] == state, row
+    return row
+
+
+def children(pid: int) -> list[int]:
+    """The processes *pid* started (its kernel, for a runner)."""
+    found = []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            if int(stat_file.read_text().rpartition(")")[2].split()[1]) == pid:
+                found.append(int(stat_file.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether *pid* is a process that has not ended (a zombie has)."""
+    try:
+        stat_text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat_text.rpartition(")")[2].split()[0] != "Z"
+
+
 # -- detach (S0-1, S0-2, S0-11) --------------------------------------------------------------
 def test_S0_1_a_detached_notebook_of_10s_exits_14_within_3s_and_completes_in_the_background(
         env, tmp_path):
@@ -226,15 +271,15 @@ def test_S0_11_once_delivered_the_identical_command_starts_anew_and_cancel_stops
 
     cancelled = nbbudget(env, "cancel", job, cwd=tmp_path)
     assert cancelled.code == 0, cancelled.stderr
-    assert cancelled.stdout.startswith(f"run {job} cancelled at cell 0; ")
+    assert cancelled.stdout.startswith(f"run {job} cancelled at cell 1 of 1; ")
     stopped = nbbudget(env, "run", notebook.name, "--budget", "2s", cwd=tmp_path)
     assert stopped.code == 130
     assert stopped.envelope["data"]["state"] == "stopped"
     assert stopped.envelope["error"]["code"] == "stopped"
     assert [row["state"] for row in jobs(env, tmp_path)] == ["cancelled", "done"]
     table = nbbudget(env, "jobs", cwd=tmp_path).stdout.splitlines()
-    assert table[0].split() == ["id", "state", "cells", "started", "notebook"]
-    assert table[1].split()[:3] == [job, "cancelled", "0/1"]
+    assert table[0].split() == ["id", "state", "cell", "why", "started", "notebook"]
+    assert table[1].split()[:7] == [job, "cancelled", "cell", "1", "of", "1", "stopped"]
 
 
 # -- resume (S0-1, S0-2, S0-11, S4-4) -------------------------------------------------------
@@ -439,6 +484,55 @@ def test_a_failing_cell_names_its_index_ename_and_evalue_and_its_notebook_is_kep
         == ["completed", "failed", "pending"]
 
 
+def test_text_names_a_cell_counting_from_1_among_every_cell_and_json_counts_from_0(
+        env, tmp_path):
+    notebook = titled(write_notebook(tmp_path / "fails.ipynb", "x = 1", "1 / 0", "x = 2"))
+    shown = on_terminal(env, "run", notebook.name, cwd=tmp_path)
+    assert shown.code == 1, shown.stdout
+    output = tmp_path / "fails.out.ipynb"
+    assert shown.stdout.replace("\r", "").rsplit("\x1b[K", 1)[-1].startswith(
+        f"failed (cell_error, exit 1): cell 3 of 4 raised ZeroDivisionError: division by zero; "
+        f"the notebook as far as it got is in {output}")
+    row = jobs(env, tmp_path)[0]
+    assert (row["cell"], row["executed"], row["cells"]) == (2, 1, 3)  # JSON: from 0; code cells
+    table = nbbudget(env, "jobs", cwd=tmp_path).stdout.splitlines()
+    assert table[1].split()[1:7] == ["failed", "cell", "3", "of", "4", "cell_error"]
+    again = nbbudget(env, "run", notebook.name, "--budget", "0", cwd=tmp_path)
+    assert again.envelope["error"]["cell_index"] == 2
+    assert again.envelope["error"]["message"].startswith("cell 3 of 4 raised ZeroDivisionError")
+
+
+# -- the notebook detaches or pauses, not a cell ---------------------------------------------
+IN_PLACE_CELLS = (
+    "%%budget --detach --budget 500ms\ntime.sleep(1.5)\nprint('detached cell ended')",
+    "%%budget --resume --budget 500ms\ni = nb.resume_state(0)\nwhile i < 3:\n"
+    "    time.sleep(0.5)\n    i += 1\n    nb.checkpoint(i)\nprint('resumable cell ended', i)",
+    "%%budget --detach --budget 500ms\nawait asyncio.sleep(1.5)\nprint('awaiting cell ended')",
+)
+
+
+def test_a_cells_own_detach_or_resume_runs_to_its_end_in_place_with_a_warning(env, tmp_path):
+    notebook = write_notebook(tmp_path / "cells.ipynb",
+                              "import asyncio, time\nimport nbbudget as nb", *IN_PLACE_CELLS,
+                              "print('last')")
+    env["AGENT_CALL_BUDGET_MS"] = "60000"
+    done = nbbudget(env, "run", notebook.name, cwd=tmp_path)
+    assert done.code == 0, done.stdout + done.stderr  # never an INCOMPLETE of a cell
+    assert (done.envelope["data"]["state"], done.envelope["data"]["executed"]) == ("done", 5)
+    assert done.envelope["warnings"] == [
+        f"cell {i} of 5 ({source.splitlines()[0]}) ran to its end in place, as --budget 0 "
+        f"makes it: inside nbbudget run the notebook is what detaches or pauses, not a cell; "
+        f"give --detach or --resume and --budget to nbbudget run instead"
+        for i, source in enumerate(IN_PLACE_CELLS, start=2)]
+    cells = nbformat.read(tmp_path / "cells.out.ipynb", 4).cells
+    assert [cell.source for cell in cells] == [  # the notebook keeps its cells as written
+        cell.source for cell in nbformat.read(notebook, 4).cells]
+    printed = ["".join(out.get("text", "") for out in cell.outputs) for cell in cells]
+    assert printed[1:] == ["detached cell ended\n", "resumable cell ended 3\n",
+                           "awaiting cell ended\n", "last\n"]
+    assert [row["state"] for row in jobs(env, tmp_path)] == ["done"]
+
+
 # -- the executed notebook, as papermill writes it ---------------------------------------------
 def papermill(env: dict[str, str], *args: str, cwd: Path) -> Done:
     """papermill's own command, as a pipeline runs it."""
@@ -589,11 +683,16 @@ def test_S0_5_on_a_terminal_without_budget_it_runs_to_the_end_with_a_progress_li
         env, tmp_path):
     notebook = write_notebook(tmp_path / "term.ipynb", "import time",
                               "time.sleep(1.5)  # first", "time.sleep(1.5)  # second")
+    with_title = nbformat.read(notebook, 4)
+    with_title.cells.insert(0, nbformat.v4.new_markdown_cell("# Terminal"))
+    nbformat.write(with_title, notebook)
     env["AGENT_CALL_BUDGET_MS"] = "1000"  # a person's command ignores it
     done = on_terminal(env, "run", notebook.name, "--json", cwd=tmp_path)
     assert done.code == 0, done.stdout
     assert done.seconds > 3.0
-    assert "cell 2 of 3" in done.stdout and "time.sleep(1.5)  # first" in done.stdout
+    # the running cell counted from 1 among every cell of the notebook, as cell_index + 1
+    assert "nbbudget: cell 3 of 4, " in done.stdout
+    assert "time.sleep(1.5)  # first" in done.stdout
     envelope = json.loads(done.stdout[done.stdout.index('{"ok"'):].splitlines()[0])
     assert envelope["data"]["state"] == "done"
     assert "budget_ms" not in envelope["meta"]
@@ -605,7 +704,7 @@ def test_S0_5_a_person_reads_a_short_summary(env, tmp_path):
     assert done.code == 0, done.stdout
     final = done.stdout.rsplit("\x1b[K", 1)[-1]  # after the progress line, cleared
     said, used = final.replace("\r", "").rstrip("\n").splitlines()
-    assert said.startswith("done: 2 of 2 cells ran in ")
+    assert said.startswith("done: 2 of 2 code cells ran in ")
     assert said.endswith(f" s; the executed notebook is {tmp_path / 'term.out.ipynb'}")
     assert used.startswith("  consumed: run_ms ")
 
@@ -633,7 +732,13 @@ def test_ctrl_c_on_a_terminal_stops_the_notebook_and_says_so(env, tmp_path):
         os.close(master)
     envelope = json.loads(shown.decode()[shown.decode().index('{"ok"'):].splitlines()[0])
     assert (envelope["data"]["state"], envelope["error"]["code"]) == ("stopped", "stopped")
-    assert [row["state"] for row in jobs(env, tmp_path)] == ["cancelled"]
+    job = envelope["data"]["job"]
+    assert envelope["error"]["message"] == (
+        f"run {job} was stopped by Ctrl-C at cell 1 of 1; the notebook as far as it got is in "
+        f"{tmp_path / 'long.out.ipynb'}")
+    row = jobs(env, tmp_path)[0]
+    assert (row["state"], row["error"]) == ("cancelled", "stopped")
+    assert "Ctrl-C" in row["message"]
 
 
 @pytest.mark.parametrize("how", ["paused", "in a cell"])
@@ -659,8 +764,10 @@ def test_a_stop_signal_to_the_runner_stops_the_run_as_cancel_does(env, tmp_path,
     assert (row["state"], row["error"]) == ("cancelled", "stopped")
     again = nbbudget(env, *command, cwd=tmp_path)  # the identical command: how it ended
     assert again.code == 130
-    assert again.envelope["error"]["message"] == f"run {job} was stopped by SIGTERM at cell " \
-                                                 f"{again.envelope['data']['cell']}"
+    cell, cells = again.envelope["data"]["cell"], len(nbformat.read(notebook, 4).cells)
+    assert again.envelope["error"]["message"] == (
+        f"run {job} was stopped by SIGTERM at cell {cell + 1} of {cells}; "
+        f"the notebook as far as it got is in {tmp_path / 's.out.ipynb'}")
 
 
 # -- bad input: exit 2, nothing runs ----------------------------------------------------------
@@ -670,10 +777,13 @@ BAD_INPUT = [
     (["cells.ipynb"], "cells.ipynb' is not a valid notebook (it has no list of cells and "
                       "metadata); give the path of an .ipynb file in nbformat 4"),
     (["v3.ipynb"], "v3.ipynb' is not a valid notebook (not an nbformat 4 notebook)"),
-    (["good.ipynb", "--stepz", "3"], "nbbudget: error: unrecognized arguments: --stepz 3"),
+    (["good.ipynb", "--stepz", "3"],
+     "nbbudget run: error: unrecognized arguments: --stepz 3 (did you mean --steps?)"),
     (["good.ipynb", "--budget", "2x"],
      "nbbudget run: --budget='2x' is not a duration; write a number with a unit"),
     (["good.ipynb", "--timeout", "0"], "nbbudget run: --timeout 0 would cancel the notebook"),
+    (["good.ipynb", "--idle-timeout", "5"],
+     "nbbudget run: --idle-timeout 5 has no unit: write --idle-timeout 5s for seconds"),
     (["good.ipynb", "--detach", "--resume"],
      "nbbudget run: --detach and --resume exclude each other: choose how the work outlives "
      "its budget"),
@@ -723,6 +833,32 @@ def test_a_bad_call_budget_in_the_environment_exits_2_naming_it(env, tmp_path):
     assert done.stderr.startswith("nbbudget run: AGENT_CALL_BUDGET_MS='soon' is not a duration")
 
 
+@pytest.mark.parametrize(("value", "message"), [
+    ("soon", "nbbudget run: NBBUDGET_IDLE_TIMEOUT='soon' is not a duration"),
+    ("10", "nbbudget run: NBBUDGET_IDLE_TIMEOUT=10 has no unit: write NBBUDGET_IDLE_TIMEOUT=10s "
+           "for seconds or NBBUDGET_IDLE_TIMEOUT=10m for minutes (also ms, h); 0 for no limit")])
+def test_a_bad_idle_time_in_the_environment_exits_2_naming_it(env, tmp_path, value, message):
+    write_notebook(tmp_path / "good.ipynb", "x = 1")
+    env["NBBUDGET_IDLE_TIMEOUT"] = value
+    done = nbbudget(env, "run", "good.ipynb", cwd=tmp_path)
+    assert done.code == 2
+    assert done.stderr.startswith(message)
+    assert not (tmp_path / "home").exists()
+
+
+def test_an_unknown_flag_shows_the_usage_of_its_command_and_the_flag_it_is_like(env, tmp_path):
+    write_notebook(tmp_path / "x.ipynb", "x = 1")
+    done = nbbudget(env, "run", "x.ipynb", "--stpes", "3", cwd=tmp_path)
+    assert (done.code, done.stdout) == (2, "")
+    assert done.stderr.startswith("usage: nbbudget run [-h] [-p NAME VALUE] [--output PATH]")
+    assert done.stderr.splitlines()[-1] == \
+        "nbbudget run: error: unrecognized arguments: --stpes 3 (did you mean --steps?)"
+    listing = nbbudget(env, "jobs", "--jsn", cwd=tmp_path)
+    assert listing.code == 2
+    assert listing.stderr == ("usage: nbbudget jobs [-h] [--json]\nnbbudget jobs: error: "
+                              "unrecognized arguments: --jsn (did you mean --json?)\n")
+
+
 def test_a_damaged_store_exits_2_naming_it_and_nothing_runs(env, tmp_path):
     write_notebook(tmp_path / "good.ipynb", "open('ran.txt', 'a').write('ran')")
     home = Path(env["NBBUDGET_HOME"])
@@ -741,8 +877,10 @@ def test_a_store_of_an_earlier_version_lists_a_run_stopped_by_cancel_as_cancelle
     assert nbbudget(env, "jobs", cwd=tmp_path).code == 0  # the store, made as it is now
     with contextlib.closing(sqlite3.connect(Path(env["NBBUDGET_HOME"]) / "nbbudget.db")) as db:
         columns = [row[1] for row in db.execute("PRAGMA table_info(notebook_runs)")]
-        assert columns[-1] == "warnings"
-        db.execute("ALTER TABLE notebook_runs DROP COLUMN warnings")  # as an earlier one made it
+        later = columns[columns.index("warnings"):]
+        assert later == ["warnings", "notebook_cells", "idle_ms", "cancel_by"]
+        for column in later:  # as an earlier version made it
+            db.execute(f"ALTER TABLE notebook_runs DROP COLUMN {column}")
         db.execute("INSERT INTO notebook_runs (id, identity, spec, state, created, updated) "
                    "VALUES ('run-0ld', 'notebook:x', ?, 'stopped', 1, 2)",
                    (json.dumps({"notebook": "/x.ipynb", "output": "/x.out.ipynb",
@@ -762,7 +900,8 @@ def test_run_help_shows_every_flag_with_an_example(env, tmp_path):
     done = nbbudget(env, "run", "--help", cwd=tmp_path)
     assert done.code == 0
     usage, _, examples = done.stdout.partition("\nexamples:\n")
-    flags = ["-p", "--output", "--budget", "--detach", "--resume", "--timeout", "--json",
+    flags = ["-p", "--output", "--budget", "--detach", "--resume", "--timeout",
+             "--idle-timeout", "--json",
              "--time", "--steps", "--tool-calls", "--agent-invocations", "--provider-calls",
              "--turns", "--tokens", "--output-tokens", "--cost", "--run-limits-json",
              "--manifest", "--runs-per-day"]
@@ -770,6 +909,54 @@ def test_run_help_shows_every_flag_with_an_example(env, tmp_path):
         assert f"{flag} " in usage, flag
         assert f"{flag} " in examples, flag
     assert "nbbudget run report.ipynb -p region emea" in examples
+
+
+# -- a paused run nobody continues ----------------------------------------------------------------
+def test_a_paused_run_nobody_continues_ends_after_its_idle_time_and_the_same_command_says_so(
+        env, tmp_path):
+    notebook = titled(slow_notebook(tmp_path, 6, 0.5, name="idle.ipynb"))  # 8 cells, 7 of code
+    output = tmp_path / "idle.out.ipynb"
+    env["NBBUDGET_IDLE_TIMEOUT"] = "3s"
+    command = ("run", notebook.name, "--resume", "--budget", "1s")
+    first = nbbudget(env, *command, cwd=tmp_path)
+    assert first.code == 14, first.stdout + first.stderr
+    job = first.envelope["data"]["job"]
+    paused = wait_for_state(env, job, "paused")
+    paused_at, runner = time.monotonic(), paused["pid"]
+    kernels = children(runner)
+    assert kernels  # a paused run holds its kernel
+
+    ended = wait_for_state(env, job, "cancelled", timeout=30)
+    assert time.monotonic() - paused_at > 2.5  # not before its idle time
+    deadline = time.monotonic() + 20
+    while (runner_alive(runner) or any(map(alive, kernels))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not runner_alive(runner) and not any(map(alive, kernels))  # kernel and runner ended
+    cell = ended["cell"]
+    message = (f"run {job} ended after 3.0 s paused before cell {cell + 1} of 8 with no command "
+               f"continuing it (its idle time, --idle-timeout or NBBUDGET_IDLE_TIMEOUT); its "
+               f"kernel was shut down and the notebook as far as it got is in {output}. Run the "
+               f"same command again to start the notebook over from its first cell, with a "
+               f"longer --idle-timeout (0: no limit) if its caller may take longer than 3.0 s "
+               f"to come back")
+    row = jobs(env, tmp_path)[0]
+    assert (row["state"], row["error"], row["message"]) == ("cancelled", "idle_timeout", message)
+    table = nbbudget(env, "jobs", cwd=tmp_path).stdout.splitlines()
+    assert table[1].split()[1:7] == ["cancelled", "cell", str(cell + 1), "of", "8",
+                                     "idle_timeout"]
+    saved = executed_cells(output)  # the notebook as far as it got
+    assert sum(count is not None for count in saved) == ended["executed"]
+    assert saved[ended["executed"]:] == [None] * (7 - ended["executed"])
+
+    again = nbbudget(env, *command, cwd=tmp_path)  # the identical command: says so, at once
+    assert (again.code, again.envelope["data"]["state"]) == (124, "cancelled")
+    assert again.seconds < 5.0
+    assert again.envelope["error"] == {"code": "idle_timeout", "message": message}
+    before = ran(tmp_path)
+    anew = nbbudget(env, "run", notebook.name, "--resume", "--budget", "0", cwd=tmp_path)
+    assert anew.code == 0, anew.stdout + anew.stderr  # then the same work starts over
+    assert anew.envelope["data"]["job"] != job
+    assert ran(tmp_path) == before + [str(i) for i in range(6)]
 
 
 # -- faults ------------------------------------------------------------------------------------
@@ -796,6 +983,24 @@ def test_a_runner_killed_with_sigkill_is_reported_lost_and_its_partial_notebook_
     anew = nbbudget(env, "run", notebook.name, "--budget", "2s", cwd=tmp_path)
     assert anew.code == 14
     assert anew.envelope["data"]["job"] != job
+
+
+def test_a_paused_runner_killed_with_sigkill_is_reported_lost_where_it_paused(env, tmp_path):
+    notebook = slow_notebook(tmp_path, 6, 0.5)
+    first = nbbudget(env, "run", notebook.name, "--resume", "--budget", "1s", "--idle-timeout",
+                     "1h", cwd=tmp_path)
+    assert first.code == 14, first.stdout + first.stderr
+    job = first.envelope["data"]["job"]
+    assert first.envelope["data"]["next"] == \
+        "nbbudget run slow.ipynb --budget 1s --idle-timeout 1h --resume"
+    paused = wait_for_state(env, job, "paused")
+    os.kill(paused["pid"], signal.SIGKILL)
+
+    lost = nbbudget(env, "run", notebook.name, "--resume", "--budget", "1s", cwd=tmp_path)
+    assert (lost.code, lost.envelope["data"]["state"]) == (1, "lost")
+    assert lost.seconds < 5.0  # never waits for a runner that is gone
+    assert f"ended without finishing, at cell {paused['cell'] + 1} of 7; " in \
+        lost.envelope["error"]["message"]
 
 
 def test_a_kernel_that_dies_is_reported_with_its_cell_and_the_notebook_kept(env, tmp_path):

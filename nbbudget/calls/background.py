@@ -103,13 +103,15 @@ def find(store: SQLiteStore, item_id: str) -> dict[str, Any] | None:
 
 
 def run_row(record: RunRecord) -> dict[str, Any]:
-    """One notebook run as ``nbbudget jobs --json`` prints it (its time started is local)."""
+    """One notebook run as ``nbbudget jobs --json`` prints it (its time started is local; an
+    ended run's ``error`` is its code, and ``message`` says why it ended)."""
     error = (record.result or {}).get("error") or {}
     return {"id": record.id, "state": record.state.value, "notebook": record.spec["notebook"],
             "output": record.output, "mode": record.spec["mode"], "cell": record.cell,
             "executed": record.executed, "cells": record.cells, "pid": record.pid,
             "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.created)),
-            "delivered": record.delivered, "error": error.get("code")}
+            "delivered": record.delivered, "error": error.get("code"),
+            "message": error.get("message")}
 
 
 def _job_row(record: dict[str, Any], now: float) -> dict[str, Any]:
@@ -189,7 +191,7 @@ def run_cancelled(record: RunRecord) -> Cancel:
                       f"({record.state}); nbbudget jobs shows when it does")
     outcome = "stopped" if record.state is JobState.CANCELLED else "finished"
     return Cancel(record.id, "run", outcome, record.state.value,
-                  f"run {record.id} {record.state} at cell {record.cell}; the notebook as far "
+                  f"run {record.id} {record.state} at {record.where}; the notebook as far "
                   f"as it got is in {record.output}")
 
 

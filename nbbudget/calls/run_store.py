@@ -10,7 +10,11 @@ A run's state is a `JobState`, in the words of ``nb.jobs``: ``starting``, ``runn
 ``paused`` while it lives, then ``done``, ``failed``, ``cancelled`` (``nbbudget cancel`` or its
 ``--timeout``; its ``result`` tells which) or ``lost`` (its runner died without a word). Once a
 command has delivered the end of a run, the next identical command starts the work anew
-(S0-11).
+(S0-11). A paused run nobody continues within its idle time (``--idle-timeout``) is ended by
+its runner: ``cancelled``, with the error ``idle_timeout``.
+
+Text that names a cell counts from 1 in the executed notebook (``cell 2 of 6``, `cell_named`);
+the ``cell`` of a row, like ``cell_index`` in JSON, counts from 0.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 from .jobs import JobState
 from .store import SQLiteStore
 
-__all__ = ["Claim", "RunRecord", "Runs", "runner_alive"]
+__all__ = ["Claim", "RunRecord", "Runs", "cell_named", "runner_alive"]
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS notebook_runs (
@@ -49,15 +53,21 @@ _SCHEMA = (
         cancel      INTEGER NOT NULL DEFAULT 0,
         result      TEXT,
         delivered   INTEGER NOT NULL DEFAULT 0,
-        warnings    TEXT
+        warnings    TEXT,
+        notebook_cells INTEGER,
+        idle_ms     INTEGER,
+        cancel_by   TEXT
     )""",
     "CREATE INDEX IF NOT EXISTS notebook_runs_work ON notebook_runs (identity, delivered)",
 )
-#: what brings the table of an earlier version (one without ``warnings``) up to date: the
-#: runner's warnings, and the state of a run stopped by ``nbbudget cancel`` in the words of
-#: ``nb.jobs``
-_UPGRADE = ("ALTER TABLE notebook_runs ADD COLUMN warnings TEXT",
-            "UPDATE notebook_runs SET state = 'cancelled' WHERE state = 'stopped'")
+#: the columns a table of an earlier version lacks, added as it opens: the runner's warnings,
+#: the number of cells of the executed notebook (for ``cell 2 of 6``), how long a paused run
+#: waits for its caller, and who asked a run to stop
+_ADDED = (("warnings", "TEXT"), ("notebook_cells", "INTEGER"), ("idle_ms", "INTEGER"),
+          ("cancel_by", "TEXT"))
+#: a table from before ``warnings`` names a run stopped by ``nbbudget cancel`` ``stopped``: in
+#: the words of ``nb.jobs``, it is ``cancelled``
+_RENAME_STOPPED = "UPDATE notebook_runs SET state = 'cancelled' WHERE state = 'stopped'"
 _LIVE = "('starting', 'running', 'paused')"  # the states of a run that has not ended
 _KEEP_DAYS = 7  # delivered runs are forgotten after a week
 _SPAWN_GRACE_S = 60.0  # a run claimed this long ago whose runner never started is lost
@@ -90,6 +100,9 @@ class RunRecord:
     result: dict[str, Any] | None
     delivered: bool
     warnings: list[str]
+    notebook_cells: int | None  # the cells of the executed notebook, every type, once read
+    idle_ms: int | None  # how long a paused run waits for the identical command (None: ever)
+    cancel_by: str | None  # who asked the run to stop: "nbbudget cancel", "Ctrl-C"
 
     @classmethod
     def from_row(cls, values: dict[str, Any]) -> RunRecord:
@@ -113,12 +126,28 @@ class RunRecord:
             return now - self.created > _SPAWN_GRACE_S
         return not runner_alive(self.pid)
 
+    @property
+    def where(self) -> str:
+        """The cell the run is at (running, next, or where it ended), as text names it:
+        ``cell 2 of 6``; ``its first cell`` before the runner has read the notebook."""
+        if self.cell is None:
+            return "its first cell"
+        return cell_named(self.cell, self.notebook_cells)
+
     def lost_result(self) -> dict[str, Any]:
         return {"exit_code": 1, "state": JobState.LOST.value, "data": {},
                 "error": {"code": "lost", "message": (
                     f"run {self.id} was lost: its runner (pid {self.pid}) ended without "
-                    f"finishing, at cell {self.cell}; the notebook as far as it got is in "
+                    f"finishing, at {self.where}; the notebook as far as it got is in "
                     f"{self.output}; run the identical command again to start anew")}}
+
+
+def cell_named(index: int, total: int | None) -> str:
+    """The cell *index* (counted from 0 in the executed notebook, as ``cell_index`` counts) as
+    every text names it, counted from 1: ``cell 3 of 7`` (``cell 3`` when *total* is not known).
+    The runner's errors, ``nbbudget run``'s progress line and summary, ``nbbudget jobs`` and
+    the cancels of `nbbudget.calls.background` use it."""
+    return f"cell {index + 1}" if total is None else f"cell {index + 1} of {total}"
 
 
 @dataclass(frozen=True)
@@ -142,8 +171,10 @@ class Runs:
                 db.execute(statement)
             columns = {row[1] for row in db.execute("PRAGMA table_info(notebook_runs)")}
             if "warnings" not in columns:
-                for statement in _UPGRADE:
-                    db.execute(statement)
+                db.execute(_RENAME_STOPPED)
+            for name, kind in _ADDED:
+                if name not in columns:
+                    db.execute(f"ALTER TABLE notebook_runs ADD COLUMN {name} {kind}")
 
     def _select(self, where: str, params: tuple[Any, ...],
                 db: sqlite3.Connection | None = None) -> list[RunRecord]:
@@ -167,13 +198,13 @@ class Runs:
         return self._select("1 ORDER BY created DESC", ())
 
     def claim(self, identity: str, spec: dict[str, Any], deadline: float | None,
-              timeout_ms: int | None) -> Claim:
+              timeout_ms: int | None, idle_ms: int | None = None) -> Claim:
         """The undelivered run of *identity*, or a new one (in one write transaction, so two
         identical commands never start the same work twice). A paused run gets a new turn
         with this caller's *deadline*; a run still starting whose caller's budget has run out
         (that caller has answered ``starting``) takes this caller's; any other caller that joins
-        a turn may not wait longer than the turn's. Every caller sets the wall-clock limit in
-        force."""
+        a turn may not wait longer than the turn's. Every caller sets the wall-clock limit and
+        the idle time (*idle_ms*: how long the run may wait paused; None, for ever) in force."""
         now = time.time()
         with self.store.transaction() as db:
             found = self._select("identity = ? AND delivered = 0 ORDER BY created DESC LIMIT 1",
@@ -184,9 +215,10 @@ class Runs:
             if record is None:
                 run_id = f"run-{secrets.token_hex(4)}"
                 db.execute("INSERT INTO notebook_runs (id, identity, spec, state, created, "
-                           "updated, deadline, timeout_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                           "updated, deadline, timeout_ms, idle_ms) VALUES (?, ?, ?, ?, ?, ?, "
+                           "?, ?, ?)",
                            (run_id, identity, json.dumps(spec), JobState.STARTING.value, now,
-                            now, deadline, timeout_ms))
+                            now, deadline, timeout_ms, idle_ms))
                 self._forget_old(db, now)
                 new, turn = True, 1
             else:
@@ -202,8 +234,8 @@ class Runs:
                 elif deadline is not None:
                     db.execute("UPDATE notebook_runs SET deadline = MIN(deadline, ?) WHERE "
                                "id = ? AND deadline IS NOT NULL", (deadline, run_id))
-                db.execute("UPDATE notebook_runs SET timeout_ms = ? WHERE id = ?",
-                           (timeout_ms, run_id))
+                db.execute("UPDATE notebook_runs SET timeout_ms = ?, idle_ms = ? WHERE id = ?",
+                           (timeout_ms, idle_ms, run_id))
             claimed = self._select("id = ?", (run_id,), db)[0]
         return Claim(claimed, new, turn)
 
@@ -241,11 +273,14 @@ class Runs:
             self._end(db, run_id, state, result)
 
     def _end(self, db: sqlite3.Connection, run_id: str, state: JobState,
-             result: dict[str, Any]) -> None:
-        db.execute(f"UPDATE notebook_runs SET state = ?, result = ?, executed = COALESCE(?, "
-                   f"executed), updated = ? WHERE id = ? AND state IN {_LIVE}",
-                   (state.value, json.dumps(result), result["data"].get("executed"),
-                    time.time(), run_id))
+             result: dict[str, Any], turn: int | None = None) -> bool:
+        same_turn = ("", ()) if turn is None else (" AND turn = ?", (turn,))
+        cursor = db.execute(
+            f"UPDATE notebook_runs SET state = ?, result = ?, executed = COALESCE(?, executed), "
+            f"updated = ? WHERE id = ? AND state IN {_LIVE}{same_turn[0]}",
+            (state.value, json.dumps(result), result["data"].get("executed"), time.time(),
+             run_id, *same_turn[1]))
+        return cursor.rowcount > 0
 
     # -- written by commands ------------------------------------------------------------------
     def deliver(self, run_id: str) -> None:
@@ -253,10 +288,20 @@ class Runs:
         with self.store.transaction() as db:
             db.execute("UPDATE notebook_runs SET delivered = 1 WHERE id = ?", (run_id,))
 
-    def request_cancel(self, run_id: str) -> None:
-        """Ask the runner to stop the run (it interrupts the running cell)."""
+    def request_cancel(self, run_id: str, by: str = "nbbudget cancel") -> None:
+        """Ask the runner to stop the run (it interrupts the running cell); *by* names who
+        asked, as the run's error says it (``Ctrl-C`` from ``nbbudget run``)."""
+    def finish_paused(self, run_id: str, turn: int, state: JobState,
+                      result: dict[str, Any]) -> bool:
+        """Record how a run paused in *turn* ended, unless a command has given it a new turn
+        meanwhile (or it has already ended): whether it ended here. The runner ends a run so
+        when its idle time runs out."""
         with self.store.transaction() as db:
-            db.execute("UPDATE notebook_runs SET cancel = 1 WHERE id = ?", (run_id,))
+            return self._end(db, run_id, state, result, turn=turn)
+
+        with self.store.transaction() as db:
+            db.execute("UPDATE notebook_runs SET cancel = 1, cancel_by = COALESCE(cancel_by, ?) "
+                       "WHERE id = ?", (by, run_id))
 
     def log_path(self, run_id: str) -> Path:
         """Where the runner of *run_id* writes its log (and its kernel's)."""

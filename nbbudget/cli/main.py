@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import itertools
 import json
 import os
+import re
 import shutil
 import sys
 import textwrap
@@ -36,7 +38,31 @@ def _parser() -> argparse.ArgumentParser:
     _add_explain(sub)
     add_run_commands(sub)
     _add_history(sub)
+    for command in sub.choices.values():  # an unknown flag is refused with its command's usage
+        command.set_defaults(command_parser=command)
     return parser
+
+
+def _parsed(words: list[str]) -> argparse.Namespace:
+    """The command's arguments. An argument its command does not know is refused as argparse
+    refuses it (exit 2), but with that command's usage rather than ``nbbudget``'s, and the flag
+    it is most like: ``nbbudget run x --stpes 3`` shows ``run``'s usage and asks about
+    ``--steps``."""
+    args, unknown = _parser().parse_known_args(words)
+    if unknown:
+        command: argparse.ArgumentParser = args.command_parser
+        command.error(f"unrecognized arguments: {' '.join(unknown)}"
+                      f"{_did_you_mean(command, unknown)}")
+    return args
+
+
+def _did_you_mean(command: argparse.ArgumentParser, unknown: list[str]) -> str:
+    """`` (did you mean --steps?)`` for the flags among *unknown* that are like one of
+    *command*'s (as its usage writes them), else nothing."""
+    flags = re.findall(r"--[a-z][a-z0-9-]*", command.format_usage())
+    like = [found[0] for word in unknown if word.startswith("--")
+            for found in [difflib.get_close_matches(word.split("=")[0], flags, n=1)] if found]
+    return f" (did you mean {' or '.join(like)}?)" if like else ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -45,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``nbbudget run`` has codes of its own)."""
     # a negative value after its flag (--budget -1s) is read as its value, and refused as such
     words = negative_values_joined(sys.argv[1:] if argv is None else argv)
-    args = _parser().parse_args(words)
+    args = _parsed(words)
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         code = handler(args)

@@ -8,7 +8,9 @@ kernel's start-up included: it answers with the run's end (exit 0, or the end's 
 with INCOMPLETE (exit 14) while the runner goes on (``--detach``) or waits at the first cell
 boundary past the budget (``--resume``; a kernel still starting at the budget is answered
 ``starting``, and the run then waits at its first cell). The identical command reattaches or
-continues, and the end of a run is delivered once (S0-1, S0-2, S0-11, S0-12).
+continues, and the end of a run is delivered once (S0-1, S0-2, S0-11, S0-12). A paused run
+waits for it at most its idle time (``--idle-timeout``, else ``NBBUDGET_IDLE_TIMEOUT``, else
+1 h), then ends, and the identical command reports that end.
 """
 
 from __future__ import annotations
@@ -29,10 +31,10 @@ from typing import Any, TextIO
 from ..calls.background import await_end, cancel_run, run_row
 from ..calls.call import FLAG_SPELLING, check_interruption, resolve_budget, take_run
 from ..calls.jobs import JobState
-from ..calls.response import EXIT_INCOMPLETE, Response, meta
-from ..calls.run_store import RUNNER_MODULE, Claim, RunRecord, Runs
+from ..calls.response import EXIT_INCOMPLETE, EXIT_STOPPED, Response, meta
+from ..calls.run_store import RUNNER_MODULE, Claim, RunRecord, Runs, cell_named
 from ..calls.store import store
-from ..core.duration import flag_duration
+from ..core.duration import flag_duration, parse_duration, spoken
 from ..core.errors import ConfigError, RunsPerDayExceeded
 from ..core.limits import Limits, budget_flags, limits_from_flags
 
@@ -40,6 +42,10 @@ __all__ = ["add_commands"]
 
 POLL_S = 0.05  # how often a waiting command reads the run's row
 CHECK_S = 0.5  # how often it checks that the runner is alive
+#: how long a paused run waits for the identical command when neither --idle-timeout nor
+#: the environment variable `ENV_IDLE` says (ms)
+DEFAULT_IDLE_MS = 3_600_000
+ENV_IDLE = "NBBUDGET_IDLE_TIMEOUT"
 _CELL_TYPES = ("code", "markdown", "raw")
 #: the flags of %%budget that `nbbudget run` takes as they are
 LIMIT_FLAGS = tuple(flag for flag, _ in budget_flags())
@@ -50,6 +56,8 @@ examples:
                                                      # again waits for the result
   nbbudget run etl.ipynb --resume --timeout 1h       # pauses between cells; the same
                                                      # command continues from the next cell
+  nbbudget run etl.ipynb --resume --idle-timeout 10m # a pause nobody continues for 10 min
+                                                     # ends, its kernel shut down
   nbbudget run agent.ipynb --detach --steps 500 --tool-calls 50 --provider-calls 20 \\
       --turns 10 --tokens 200000 --output-tokens 20000 --cost 2.50 \\
       --agent-invocations 5 --time 10m --runs-per-day 3
@@ -59,7 +67,8 @@ examples:
 exit codes: 0 done, 14 INCOMPLETE (run the same command again), 2 bad usage, or a store
 damaged or locked past 10 s (nothing ran), 1 failed (error.code: cell_error, a limit's code
 such as StepBudgetExceeded, kernel_died, kernel_failed, lost, RunsPerDayExceeded), 124
-cancelled by --timeout, 130 stopped by nbbudget cancel or Ctrl-C."""
+cancelled by --timeout or --idle-timeout (error.code cancelled, idle_timeout), 130 stopped by
+nbbudget cancel or Ctrl-C."""
 
 
 # -- the parsers ------------------------------------------------------------------------------
@@ -69,9 +78,11 @@ def add_commands(sub: Any) -> None:
     jobs = sub.add_parser(
         "jobs", help="list the notebook runs of nbbudget run in the store",
         description="List the notebook runs of nbbudget run kept in the store (NBBUDGET_HOME), "
-                    "newest first: id, state, cell, notebook. The states are those of nb.jobs: "
-                    "starting, running, paused, done, failed, cancelled (by nbbudget cancel or "
-                    "--timeout), lost (its runner died).",
+                    "newest first: id, state, the cell it is at (cell 2 of 6: counted from 1 "
+                    "in the executed notebook), why it ended, when it started, notebook. The "
+                    "states are those of nb.jobs: starting, running, paused, done, failed, "
+                    "cancelled (by nbbudget cancel, Ctrl-C, --timeout or --idle-timeout), lost "
+                    "(its runner died).",
         epilog="example: nbbudget jobs --json")
     jobs.add_argument("--json", action="store_true",
                       help="print a JSON list of objects with id, state, notebook, output, ...")
@@ -121,6 +132,12 @@ def _add_run(sub: Any) -> None:
     run.add_argument("--timeout", metavar="DUR",
                      help="wall-clock limit of the whole execution, across every "
                           "continuation, e.g. --timeout 1h; the run ends cancelled (exit 124)")
+    run.add_argument("--idle-timeout", metavar="DUR",
+                     help=f"how long a paused run (--resume) keeps its kernel waiting for the "
+                          f"same command, e.g. --idle-timeout 10m; then it ends, cancelled "
+                          f"(error idle_timeout, exit 124), its notebook saved as far as it got; "
+                          f"0: no limit (default: {ENV_IDLE}, else "
+                          f"{spoken(DEFAULT_IDLE_MS)})")
     run.add_argument("--json", action="store_true",
                      help="print the JSON envelope even on a terminal")
     limits = run.add_argument_group(
@@ -154,6 +171,7 @@ class Plan:
     identity: str
     budget_ms: int | None
     timeout_ms: int | None
+    idle_ms: int | None  # how long a paused run waits for the same command (None: ever)
     runs_per_day: int | None
     command: str  # the identical command, for data.next
     json: bool
@@ -170,6 +188,7 @@ def plan(args: argparse.Namespace) -> Plan:
     budget = None if args.budget is None else flag_duration(args.budget, "--budget")
     budget_ms = resolve_budget(budget, declares=True)
     timeout_ms = _timeout(args.timeout)
+    idle_ms = _idle(args.idle_timeout)
     notebook, data = _notebook(args.notebook)
     nb = _read(notebook, data)
     limits = limits_from_flags(args) & _metadata_limits(notebook, nb)
@@ -185,7 +204,7 @@ def plan(args: argparse.Namespace) -> Plan:
                                  "limits", "mode", "kernel")}
     identity = "notebook:" + hashlib.sha256(
         json.dumps(work, sort_keys=True).encode()).hexdigest()
-    return Plan(spec, identity, budget_ms, timeout_ms, _runs_per_day(args.runs_per_day),
+    return Plan(spec, identity, budget_ms, timeout_ms, idle_ms, _runs_per_day(args.runs_per_day),
                 identical(args), args.json)
 
 
@@ -194,7 +213,7 @@ def identical(args: argparse.Namespace) -> str:
     words = ["nbbudget", "run", args.notebook]
     for name, value in args.parameters:
         words += ["-p", name, value]
-    for flag in ("--output", "--budget", "--timeout", *LIMIT_FLAGS):
+    for flag in ("--output", "--budget", "--timeout", "--idle-timeout", *LIMIT_FLAGS):
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None:
             words += [flag, str(value)]
@@ -220,6 +239,21 @@ def _timeout(value: str | None) -> int | None:
         raise ConfigError("--timeout 0 would cancel the notebook at once; leave --timeout out "
                           "for no wall-clock limit")
     return ms
+
+
+def _idle(value: str | None) -> int | None:
+    """How long a paused run waits for the same command, in ms: ``--idle-timeout``, else
+    `ENV_IDLE` (read now), else `DEFAULT_IDLE_MS`; None for 0 (no limit)."""
+    if value is not None:
+        return flag_duration(value, "--idle-timeout") or None
+    env = os.environ.get(ENV_IDLE, "").strip()
+    if not env:
+        return DEFAULT_IDLE_MS
+    if env.isdigit() and env.lstrip("0"):  # as on a flag, a number carries its unit
+        raise ConfigError(f"{ENV_IDLE}={env} has no unit: write {ENV_IDLE}={env.lstrip('0')}s "
+                          f"for seconds or {ENV_IDLE}={env.lstrip('0')}m for minutes (also ms, "
+                          f"h); 0 for no limit")
+    return parse_duration(env, field=ENV_IDLE) or None
 
 
 def _runs_per_day(value: int | None) -> int | None:
@@ -309,7 +343,8 @@ def run_command(args: argparse.Namespace) -> int:
         runs = Runs(store())
         budget_end = None if not checked.budget_ms else (
             time.time() + checked.budget_ms / 1000 - (time.monotonic() - started))
-        claim = runs.claim(checked.identity, checked.spec, budget_end, checked.timeout_ms)
+        claim = runs.claim(checked.identity, checked.spec, budget_end, checked.timeout_ms,
+                           checked.idle_ms)
     except ConfigError as exc:  # bad input or settings, a damaged or locked store: nothing runs
         print(f"nbbudget run: {exc}", file=sys.stderr)
         return 2
@@ -323,7 +358,11 @@ def run_command(args: argparse.Namespace) -> int:
     finally:
         if progress is not None:
             progress.clear()
-    print(resp.to_json() if checked.json or not _tty(sys.stdout) else summary(resp))
+    if checked.json or not _tty(sys.stdout):
+        print(resp.to_json())
+    else:
+        record = runs.get(claim.record.id)
+        print(summary(resp, record.notebook_cells if record is not None else None))
     return resp.exit_code
 
 
@@ -373,12 +412,23 @@ def _wait(runs: Runs, claim: Claim, checked: Plan, started: float,
 
 
 def _stop(runs: Runs, record: RunRecord, checked: Plan, started: float) -> Response:
-    """Ctrl-C: stop the run, and tell how it ended (stopped, as a rule)."""
-    runs.request_cancel(record.id)
-    ended = await_end(runs, record)
+    """Ctrl-C: stop the run, and tell how it ended (stopped by Ctrl-C, as a rule). A second
+    Ctrl-C, or a runner slow to stop it, leaves at once: the runner stops the run all the
+    same, and the identical command tells how it ended."""
+    runs.request_cancel(record.id, by="Ctrl-C")
+    try:
+        ended = await_end(runs, record)
+    except KeyboardInterrupt:
+        ended = runs.get(record.id) or record
     if ended.state.final:
         return _ended(runs, ended, checked, started)
-    return _incomplete(ended, checked, started)
+    data = {"state": ended.state.value, "job": ended.id, "output": ended.output,
+            "cell": ended.cell, "executed": ended.executed, "cells": ended.cells}
+    error = {"code": "stopped", "message": (
+        f"run {ended.id} was asked to stop by Ctrl-C at {ended.where} and has not stopped yet; "
+        f"nbbudget jobs shows when it does, and the same command then tells how it ended; "
+        f"the notebook as far as it got is in {ended.output}")}
+    return _respond(ended, checked, started, EXIT_STOPPED, data, error)
 
 
 def _ended(runs: Runs, record: RunRecord, checked: Plan, started: float) -> Response:
@@ -421,8 +471,9 @@ def _tty(stream: TextIO) -> bool:
 
 # -- what a person reads ------------------------------------------------------------------------
 class Progress:
-    """The live progress line of a run in the foreground: cell i of n, elapsed, the running
-    cell's first line; redrawn in place on a terminal."""
+    """The live progress line of a run in the foreground: the running cell (``cell 3 of 7``,
+    counted from 1 in the executed notebook), elapsed, its first line; redrawn in place on a
+    terminal."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
@@ -431,11 +482,10 @@ class Progress:
 
     def show(self, record: RunRecord) -> None:
         elapsed = time.monotonic() - self.started
-        if record.state is JobState.STARTING or record.cells is None:
+        if record.state is JobState.STARTING or record.cell is None:
             line = f"nbbudget: starting the kernel, {elapsed:.0f} s"
         else:
-            line = (f"nbbudget: cell {min(record.executed + 1, record.cells)} of "
-                    f"{record.cells}, {elapsed:.0f} s: {record.source or ''}")
+            line = f"nbbudget: {record.where}, {elapsed:.0f} s: {record.source or ''}"
         # a terminal that reports 0 columns (a new pty) gets the fallback, on Python 3.10 too
         columns = shutil.get_terminal_size((100, 24)).columns or 100
         width = columns - 1
@@ -451,28 +501,30 @@ class Progress:
             self.stream.flush()
 
 
-def summary(resp: Response) -> str:
-    """The envelope in a few words, for a person at a terminal."""
+def summary(resp: Response, notebook_cells: int | None = None) -> str:
+    """The envelope in a few words, for a person at a terminal; a cell is named as in every
+    text, counted from 1 among the *notebook_cells* of the executed notebook."""
     data = resp.data or {}
     took = f"{resp.meta['duration_ms'] / 1000:.1f} s"
     warned = "".join(f"\n  warning: {warning}" for warning in resp.warnings)
     if resp.exit_code == EXIT_INCOMPLETE:
+        where = None if data["cell"] is None else cell_named(data["cell"], notebook_cells)
         if data["state"] == "paused":
-            how = f"paused before cell {data['cell']}"
+            how = f"paused before {where}"
         elif data["state"] == "starting":
             how = "is starting its kernel, then waits before its first cell"
-        elif data["cell"] is not None:
-            how = f"goes on in the background at cell {data['cell']}"
+        elif where is not None:
+            how = f"goes on in the background at {where}"
         else:
             how = "goes on in the background, its kernel starting"
         return (f"INCOMPLETE (exit 14): {data['job']} {how} ({data['executed']} of "
-                f"{data['cells']} cells ran) after {took}; run the same command again:\n"
+                f"{data['cells']} code cells ran) after {took}; run the same command again:\n"
                 f"  {data['next']}{warned}")
     consumed = ", ".join(f"{k} {v}" for k, v in (data.get("consumed") or {}).items())
     usage = f"\n  consumed: {consumed}" if consumed else ""
     if resp.ok:
-        return (f"done: {data['executed']} of {data['cells']} cells ran in {took}; the executed "
-                f"notebook is {data['output']}{usage}{warned}")
+        return (f"done: {data['executed']} of {data['cells']} code cells ran in {took}; the "
+                f"executed notebook is {data['output']}{usage}{warned}")
     error = resp.error or {}
     return (f"{data.get('state')} ({error.get('code')}, exit {resp.exit_code}): "
             f"{error.get('message')}{usage}{warned}")
@@ -484,18 +536,31 @@ def jobs_command(args: argparse.Namespace) -> int:
     runs = _open("jobs")
     if runs is None:
         return 2
-    rows = [run_row(record) for record in runs.all()]
+    records = runs.all()
     if args.json:
-        print(json.dumps(rows, indent=2))
-    elif not rows:
+        print(json.dumps([run_row(record) for record in records], indent=2))
+    elif not records:
         print(f"no notebook runs in {runs.store.folder}")
     else:
-        print(f"{'id':<14}{'state':<11}{'cells':>9}  {'started':<20}notebook")
-        for row in rows:
-            cells = f"{row['executed']}/{row['cells'] if row['cells'] is not None else '?'}"
-            print(f"{row['id']:<14}{row['state']:<11}{cells:>9}  {row['started']:<20}"
-                  f"{row['notebook']}")
+        print(_jobs_table(records))
     return 0
+
+
+def _jobs_table(records: list[RunRecord]) -> str:
+    """``nbbudget jobs`` for a person: one line per run, with the cell it is at (``cell 3 of
+    7``, as every text names a cell) and why it ended (its error's code), each column as wide
+    as its widest value."""
+    header = ("id", "state", "cell", "why", "started", "notebook")
+    lines = [header]
+    for record in records:
+        row = run_row(record)
+        lines.append((row["id"], row["state"], "-" if record.cell is None else record.where,
+                      row["error"] or "-", row["started"], row["notebook"]))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
+    return "\n".join(
+        "  ".join([*(value.ljust(width) for value, width in zip(line, widths, strict=False)),
+                   line[-1]])
+        for line in lines)
 
 
 def _open(command: str) -> Runs | None:

@@ -13,7 +13,10 @@ a user's own file.
 
 It outlives the command that started it (S0-2): a ``--detach`` run goes on to its end; a
 ``--resume`` run pauses at the first cell boundary past its caller's budget, keeps the kernel
-and its state, and continues when the identical command gives it a new turn. Between cells and
+and its state, and continues when the identical command gives it a new turn. A paused run that
+no command continues within its idle time (``--idle-timeout``, 1 h unless set) ends: its kernel
+is shut down, the notebook as far as it got stays saved, and the run is ``cancelled`` with the
+error ``idle_timeout``, which the identical command then reports. Between cells and
 while a cell runs it watches for ``nbbudget cancel`` or a SIGTERM, SIGINT or SIGHUP sent to it
 (the run ends ``stopped``), the wall-clock limit counted from the first start (``cancelled``,
 S0-6) and the run's time grant; each interrupts the running cell, and a cell that ignores the
@@ -39,11 +42,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..calls.history import record_notebook
 from ..calls.jobs import JobState
-from ..calls.run_store import RunRecord, Runs
+from ..calls.run_store import RunRecord, Runs, cell_named
 from ..calls.store import store
+from ..core.duration import spoken
 from ..core.endings import ENDINGS
 from ..core.files import atomic_write
 from ..core.outcome import Status
+from ..jupyter.kernel_run import IN_PLACE
 
 if TYPE_CHECKING:
     from jupyter_client.manager import AsyncKernelManager
@@ -129,6 +134,9 @@ class Runner:
         self.ran_this_turn = 0  # cells run since the last continuation
         self.executed = 0
         self.code_cells: list[int] = []
+        self.total: int | None = None  # the cells of the executed notebook, every type
+        self.index: int | None = None  # the cell that runs, or ran last
+        self.warnings: list[str] = []
         self.client: NotebookClient | None = None
         self.manager: NotebookExecutionManager | None = None  # papermill's records of the cells
         self.consumed: dict[str, Any] | None = None
@@ -202,12 +210,13 @@ class Runner:
     async def _execute_in(self, km: AsyncKernelManager) -> _End:
         from nbclient import NotebookClient
 
-        notebook, warnings = self._prepare()
+        notebook, self.warnings = self._prepare()
         self.code_cells = [i for i, cell in enumerate(notebook.cells)
                            if cell.cell_type == "code"]
-        self.runs.update(self.id, cells=len(self.code_cells),
+        self.total = len(notebook.cells)
+        self.runs.update(self.id, cells=len(self.code_cells), notebook_cells=self.total,
                          cell=self.code_cells[0] if self.code_cells else None,
-                         warnings=json.dumps(warnings))
+                         warnings=json.dumps(self.warnings))
         client = self.client = NotebookClient(
             notebook, km=km, resources={"metadata": {"path": self.spec["cwd"]}})
         self._save()
@@ -366,7 +375,25 @@ class Runner:
     async def _status(self) -> dict[str, Any]:
         status: dict[str, Any] = json.loads(await self._call("status"))
         self.consumed = status["consumed"]
+        if status["in_place"] and self.index is not None:
+            self._warn_in_place(self.index, status["in_place"])
         return status
+
+    def _warn_in_place(self, index: int, lines: list[str]) -> None:
+        """The cell *index* declared ``--detach`` or ``--resume`` and ran to its end in place
+        (`nbbudget.jupyter.kernel_run`): the envelope's warnings say so, once (IPython may
+        read a cell's line more than once as it runs it)."""
+        for line in dict.fromkeys(lines):
+            warning = (f"{self._named(index)} ({line}) ran to its end in place, as {IN_PLACE} "
+                       f"makes it: inside nbbudget run the notebook is what detaches or pauses, "
+                       f"not a cell; give --detach or --resume and --budget to nbbudget run "
+                       f"instead")
+            if warning not in self.warnings:
+                self.warnings.append(warning)
+        self.runs.update(self.id, warnings=json.dumps(self.warnings))
+
+    def _named(self, index: int) -> str:
+        return cell_named(index, self.total)
 
     # -- between cells -------------------------------------------------------------------------
     async def _boundary(self, index: int) -> float | None:
@@ -388,23 +415,24 @@ class Runner:
         return record
 
     def _end_if_asked(self, record: RunRecord, index: int) -> None:
-        """``nbbudget cancel`` or a stop signal (stopped), or the wall clock since the first
-        start (cancelled)."""
-        if self.signalled is not None:
+        """``nbbudget cancel``, Ctrl-C on the command or a stop signal (stopped), or the wall
+        clock since the first start (cancelled)."""
+        by = self.signalled
+        if by is None and record.cancel:
+            by = record.cancel_by or "nbbudget cancel"
+        if by is not None:
             raise _End(Status.STOPPED, _error(
-                "stopped", f"run {self.id} was stopped by {self.signalled} at cell {index}"),
-                cell=index)
-        if record.cancel:
-            raise _End(Status.STOPPED, _error(
-                "stopped", f"run {self.id} was stopped by nbbudget cancel at cell {index}"),
+                "stopped", f"run {self.id} was stopped by {by} at {self._named(index)}; the "
+                           f"notebook as far as it got is in {self.spec['output']}"),
                 cell=index)
         if record.timeout_ms is not None and \
                 (time.time() - record.created) * 1000 >= record.timeout_ms:
             raise _End(Status.CANCELLED, _error(
-                "cancelled", f"run {self.id} was cancelled at cell {index}: its wall-clock "
-                             f"limit of {record.timeout_ms} ms, counted from its first start "
-                             f"across every continuation, ran out (see: nbbudget explain "
-                             f"S0-6)"), cell=index)
+                "cancelled", f"run {self.id} was cancelled at {self._named(index)}: its "
+                             f"wall-clock limit of {record.timeout_ms} ms, counted from its "
+                             f"first start across every continuation, ran out (see: nbbudget "
+                             f"explain S0-6); the notebook as far as it got is in "
+                             f"{self.spec['output']}"), cell=index)
 
     def _pause_due(self, record: RunRecord) -> bool:
         """S0-1: a --resume run pauses at the first boundary past its caller's budget; a
@@ -414,19 +442,40 @@ class Runner:
         return time.time() >= record.deadline and (self.turn == 1 or self.ran_this_turn > 0)
 
     async def _pause(self, record: RunRecord, index: int) -> None:
-        """Wait at this boundary, the kernel kept, until the identical command continues."""
+        """Wait at this boundary, the kernel kept, until the identical command continues, or
+        the run's idle time runs out."""
         await self._call("pause")
         self._save()
-        paused_turn = record.turn
+        paused_turn, paused_at = record.turn, time.monotonic()
         self.runs.update(self.id, state=JobState.PAUSED.value, paused_turn=paused_turn,
                          cell=index, executed=self.executed, source=None)
         while record.turn <= paused_turn:
             await asyncio.sleep(POLL_S)
             record = self._record()
             self._end_if_asked(record, index)
+            self._end_if_idle(record, index, paused_turn, time.monotonic() - paused_at)
         self.turn, self.ran_this_turn = record.turn, 0
         await self._call("unpause")
         self.runs.update(self.id, state=JobState.RUNNING.value)
+
+    def _end_if_idle(self, record: RunRecord, index: int, turn: int, idle_s: float) -> None:
+        """End the run paused in *turn* for *idle_s* when that reaches its idle time and no
+        command has continued it meanwhile (the end is recorded only if so, in one
+        transaction); the notebook stays saved as it paused."""
+        if record.idle_ms is None or record.turn > turn or idle_s * 1000 < record.idle_ms:
+            return
+        idle = spoken(record.idle_ms)
+        end = _End(Status.CANCELLED, _error(
+            "idle_timeout", f"run {self.id} ended after {idle} paused before "
+                            f"{self._named(index)} with no command continuing it (its idle "
+                            f"time, --idle-timeout or NBBUDGET_IDLE_TIMEOUT); its kernel was "
+                            f"shut down and the notebook as far as it got is in "
+                            f"{self.spec['output']}. Run the same command again to start the "
+                            f"notebook over from its first cell, with a longer --idle-timeout "
+                            f"(0: no limit) if its caller may take longer than {idle} to come "
+                            f"back"), cell=index)
+        if self.runs.finish_paused(self.id, turn, end.state, self._result(end)):
+            raise end
 
     # -- one cell -----------------------------------------------------------------------------
     async def _cell(self, index: int, remaining_ms: float | None) -> bool:
@@ -439,6 +488,7 @@ class Runner:
         client, manager = self.client, self.manager
         assert client is not None and manager is not None
         cell = client.nb.cells[index]
+        self.index = index
         self.runs.update(self.id, cell=index, executed=self.executed,
                          source=_first_line(cell.source))
         manager.cell_start(cell, index)
@@ -462,8 +512,8 @@ class Runner:
             raise asked
         if isinstance(raised, DeadKernelError):
             raise _End(Status.FAILED, _error(
-                "kernel_died", f"the kernel died while it ran cell {index}; the notebook as "
-                               f"far as it got is in {self.spec['output']}",
+                "kernel_died", f"the kernel died while it ran {self._named(index)}; the "
+                               f"notebook as far as it got is in {self.spec['output']}",
                 cell_index=index))
         if failed:
             raise await self._cell_failure(index, raised)
@@ -510,8 +560,8 @@ class Runner:
         if status["stop"] is not None:  # interrupted as the run's time ran out
             return self._budget_stop(status["stop"], **where)
         return _End(Status.FAILED, _error(
-            "cell_error", f"cell {index} raised {exc.ename}: {exc.evalue}; the notebook as far "
-                          f"as it got is in {self.spec['output']}", **where))
+            "cell_error", f"{self._named(index)} raised {exc.ename}: {exc.evalue}; the notebook "
+                          f"as far as it got is in {self.spec['output']}", **where))
 
     def _budget_stop(self, stop: dict[str, Any], **where: Any) -> _End:
         """The run's budget ended the notebook: the error names the limit (S3-2)."""

@@ -4,22 +4,35 @@ cells (consumption, a budget stop, a pause while the notebook waits to be contin
 
 The runner calls these functions through silent executions, which trigger no cell events;
 nothing else uses them. A ``%%budget`` cell inside the notebook runs as a grant of the run.
+
+Inside a notebook run the notebook is the unit that detaches or pauses: a ``%%budget`` cell's
+own ``--detach`` or ``--resume`` runs to its end in place, as ``--budget 0`` makes it (an input
+transformer adds that flag to the cell's line as it runs; the saved notebook keeps the cell as
+written), and the runner warns that it did. An INCOMPLETE the command could not continue (each
+identical command would start the notebook, and the cell's job, anew) never happens.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
+from collections.abc import Callable
 from typing import Any
 
 from ..core.endings import ENDINGS
 from ..core.errors import BudgetError
-from ..core.limits import Limits
+from ..core.limits import Limits, negative_values_joined
 from ..core.outcome import Status
 from ..run.budget import Budget, activate, stop_error
 
-__all__ = ["begin", "pause", "status", "unpause"]
+__all__ = ["IN_PLACE", "begin", "pause", "status", "unpause"]
 
 _STOPS = ("cut", "cancelled", "suspended")  # the trace events of a run that stopped
+_CELL_MAGIC = "%%budget"
+#: what a ``%%budget`` line that declares ``--detach`` or ``--resume`` gets inside a notebook
+#: run: its call budget off, so the cell runs to its end (the last ``--budget`` given counts);
+#: the runner (`nbbudget.cli.runner`) names it in its warning
+IN_PLACE = "--budget 0"
 
 
 class NotebookRun:
@@ -28,10 +41,13 @@ class NotebookRun:
     def __init__(self, shell: Any, limits: Limits, name: str) -> None:
         self.run = Budget(limits, name=name)
         self.error: dict[str, Any] | None = None  # the budget error that ended the last cell
+        #: the ``%%budget`` lines run in place since the runner last read the status
+        self.in_place: list[str] = []
         self._paused: Any = None
         activate(self.run)
         shell.events.register("pre_run_cell", self.enter)
         shell.events.register("post_run_cell", self.after)
+        shell.input_transformers_cleanup.append(_in_place_cells(shell, self.in_place))
 
     def enter(self, info: Any = None) -> None:
         activate(self.run)
@@ -70,8 +86,34 @@ class NotebookRun:
             self._paused = None
 
     def status(self) -> dict[str, Any]:
+        in_place, self.in_place[:] = list(self.in_place), []
         return {"consumed": self.run.consumed, "remaining_ms": self.run.remaining_ms,
-                "stop": self.stop(), "error": self.error}
+                "stop": self.stop(), "error": self.error, "in_place": in_place}
+
+
+def _in_place_cells(shell: Any, seen: list[str]) -> Callable[[list[str]], list[str]]:
+    """An input transformer (``shell.input_transformers_cleanup``, which runs before the cell
+    magic is read) that adds `IN_PLACE` to the line of a ``%%budget`` cell declaring
+    ``--detach`` or ``--resume``, and keeps that line in *seen*. A line the magic would refuse
+    is left as it is: the magic says what is wrong with it."""
+
+    def transform(lines: list[str]) -> list[str]:
+        line = lines[0].rstrip("\r\n") if lines else ""
+        magic = shell.find_cell_magic("budget")
+        if line.split(maxsplit=1)[:1] != [_CELL_MAGIC] or magic is None:
+            return lines
+        try:
+            args = magic.parser.parse_args(
+                negative_values_joined(shlex.split(line[len(_CELL_MAGIC):])))
+        except Exception:  # noqa: BLE001  (a UsageError, an unclosed quote: the magic's to say)
+            return lines
+        if not (args.detach or args.resume):
+            return lines
+        seen.append(line.strip())
+        return [f"{line} {IN_PLACE}\n", *lines[1:]]
+
+    transform.has_side_effects = True  # type: ignore[attr-defined]  # IPython's is-complete
+    return transform                   # check leaves it out
 
 
 _notebook: NotebookRun | None = None
@@ -95,7 +137,8 @@ def _run() -> NotebookRun:
 
 
 def status() -> str:
-    """The run's figures as JSON: ``consumed``, ``remaining_ms``, ``stop`` and ``error``."""
+    """The run's figures as JSON: ``consumed``, ``remaining_ms``, ``stop``, ``error``, and
+    ``in_place``: the ``%%budget`` lines that ran to their end in place since the last call."""
     return json.dumps(_run().status())
 
 
