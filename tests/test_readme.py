@@ -217,7 +217,7 @@ def test_installing_from_git_says_that_it_needs_node() -> None:
 # -- the Jupyter section ---------------------------------------------------------------------------
 def test_the_jupyter_section_comes_first_and_says_the_three_clocks_and_what_a_stop_stops() -> None:
     headings = re.findall(r"^## (.+)$", README, re.M)
-    assert headings.index("In Jupyter") == headings.index("Install") + 1
+    assert headings.index("In Jupyter") == headings.index("Quick start") + 1  # before the rest
     assert headings.index("In Jupyter") < headings.index("In Python")
     jupyter = section("In Jupyter")
     clocks = section("Three clocks: `--budget`, `--time`, `--timeout`")
