@@ -85,3 +85,14 @@ def test_the_readme_badge_opens_the_quickstart_in_jupyterlab():
     assert url.startswith("https://mybinder.org/v2/gh/nbbudget/nbbudget/HEAD?")
     assert urlpath == "lab/tree/notebooks/quickstart.ipynb"
     assert (REPO / urlpath.removeprefix("lab/tree/")).is_file()
+
+
+def test_postBuild_names_the_kernel_as_the_notebooks_store_it():
+    import json
+
+    named = re.search(r'--name python3 --display-name "([^"]+)"',
+                      (BINDER / "postBuild").read_text())
+    assert named is not None
+    stored = {json.loads(path.read_text())["metadata"]["kernelspec"]["display_name"]
+              for path in (REPO / "notebooks").glob("*.ipynb")}
+    assert stored == {named.group(1)}
