@@ -272,6 +272,14 @@ class Runs:
         with self.store.transaction() as db:
             self._end(db, run_id, state, result)
 
+    def finish_paused(self, run_id: str, turn: int, state: JobState,
+                      result: dict[str, Any]) -> bool:
+        """Record how a run paused in *turn* ended, unless a command has given it a new turn
+        meanwhile (or it has already ended): whether it ended here. The runner ends a run so
+        when its idle time runs out."""
+        with self.store.transaction() as db:
+            return self._end(db, run_id, state, result, turn=turn)
+
     def _end(self, db: sqlite3.Connection, run_id: str, state: JobState,
              result: dict[str, Any], turn: int | None = None) -> bool:
         same_turn = ("", ()) if turn is None else (" AND turn = ?", (turn,))
@@ -291,14 +299,6 @@ class Runs:
     def request_cancel(self, run_id: str, by: str = "nbbudget cancel") -> None:
         """Ask the runner to stop the run (it interrupts the running cell); *by* names who
         asked, as the run's error says it (``Ctrl-C`` from ``nbbudget run``)."""
-    def finish_paused(self, run_id: str, turn: int, state: JobState,
-                      result: dict[str, Any]) -> bool:
-        """Record how a run paused in *turn* ended, unless a command has given it a new turn
-        meanwhile (or it has already ended): whether it ended here. The runner ends a run so
-        when its idle time runs out."""
-        with self.store.transaction() as db:
-            return self._end(db, run_id, state, result, turn=turn)
-
         with self.store.transaction() as db:
             db.execute("UPDATE notebook_runs SET cancel = 1, cancel_by = COALESCE(cancel_by, ?) "
                        "WHERE id = ?", (by, run_id))
