@@ -51,6 +51,7 @@ class StatusItem extends Widget {
     onClick: () => void
   ) {
     super({ node: document.createElement('span') });
+    this.addClass('jp-StatusBar-TextItem'); // the status bar's font and line, as its neighbours
     this.addClass('nbb-StatusItem');
     this.node.title = 'nbbudget: the running cell and the background jobs (click for Budgets)';
     this.node.addEventListener('click', onClick);

@@ -134,14 +134,16 @@ export class BudgetsPanel extends Widget {
     item.dataset.kind = row.kind;
     item.dataset.state = row.state;
     const mine = row.kernel !== null && row.kernel === this._status.kernelId;
+    // its id, as %budget jobs, nb.jobs[...] and `nbbudget cancel` name it
+    const cells = row.cells ? `, ${row.executed ?? 0} of ${row.cells} cells run` : '';
     const where =
       row.kind === 'run'
-        ? `notebook run${row.cells ? `, cell ${row.executed ?? 0} of ${row.cells}` : ''}`
+        ? `notebook run ${row.id}${cells}`
         : mine
-          ? 'job of this kernel'
+          ? `job ${row.id} of this kernel`
           : row.kernel
-            ? 'job of another kernel'
-            : `job of process ${row.pid ?? '?'}`;
+            ? `job ${row.id} of another kernel`
+            : `job ${row.id} of process ${row.pid ?? '?'}`;
     const head = document.createElement('div');
     head.className = 'nbb-Panel-head';
     head.append(
@@ -167,7 +169,12 @@ export class BudgetsPanel extends Widget {
     const detail = this._span(facts.join(' · '), 'nbb-Panel-detail');
     item.append(head, detail);
     if (row.error) {
-      item.append(this._span(row.error, 'nbb-Panel-error'));
+      // a cancel (a person's, or the wall clock they set) says why it stopped: no error
+      item.append(
+        row.state === 'cancelled'
+          ? this._span(row.error.replace(/^nbbudget\.Cancelled: /, ''), 'nbb-Panel-note')
+          : this._span(row.error, 'nbb-Panel-error')
+      );
     }
     if (actions.childElementCount) {
       item.append(actions);

@@ -1,7 +1,8 @@
 """The quickstart in JupyterLab, in a real browser: the ``%%budget`` panel renders with its bars
 and, once finished, no button; a detached cell's late output appears under that cell; Stop on
-the panel of a cell that is running stops it at once, and Stop on the panel of a running
-background job stops it. Then what-if.ipynb, in a server of its own: a slider of the what-if
+the panel of a cell that is running stops it at once, even a loop that never calls nbbudget,
+and Stop on the panel of a running background job stops it; a panel names each of its axes
+whole. Then what-if.ipynb, in a server of its own: a slider of the what-if
 explorer moved with the keyboard changes the verdict under it to the kernel's.
 
 Run with ``bash scripts/browser.sh``: JupyterLab on 127.0.0.1 (a free port, no token, a
@@ -66,6 +67,20 @@ for tick in range(300):          # thirty seconds, unless stopped
     time.sleep(0.1)
 """
 STOP_RUNS = 3  # the foreground cell is stopped this many times, each 2 s into it
+#: a loop that never calls nbbudget, with no limit: only Stop ends it (N-5)
+LOOP_CELL = """\
+%%budget
+while True:                      # never checks: until stopped
+    pass
+"""
+#: one Stop of LOOP_CELL must end it within a second; the margin is a busy 2-core machine's
+LOOP_STOP_S = 1.0
+LOOP_MARGIN_S = 1.0
+#: a panel whose axes have long names
+AXES_CELL = """\
+%%budget --provider-calls 10 --agent-invocations 5 --tool-calls 3 --steps 10
+nb.current().step()
+"""
 JOBS_CELL = """\
 import json
 print("jobs:", json.dumps({job.id: job.state.value for job in nb.jobs}))
@@ -137,7 +152,7 @@ def _quickstart_copy(root: Path) -> str:
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    for source in (STOP_CELL, FOREGROUND_CELL, JOBS_CELL):
+    for source in (STOP_CELL, FOREGROUND_CELL, LOOP_CELL, AXES_CELL, JOBS_CELL):
         nb.cells.append(nbformat.v4.new_code_cell(source, metadata={"tags": [TAG]}))
     nbformat.write(nb, root / QUICKSTART.name)
     return QUICKSTART.name
@@ -335,7 +350,8 @@ def notebook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Notebook]:
         ready = time.monotonic() - started
         for index, cell in enumerate(nb.cells):
             if cell["type"] == "code" and not _jobs_cell(cell["source"], cell["tags"]) \
-                    and not _foreground_cell(cell["source"], cell["tags"]):
+                    and not _foreground_cell(cell["source"], cell["tags"]) \
+                    and not _loop_cell(cell["source"], cell["tags"]):
                 nb.run(index)
         print(f"\nJupyterLab and its kernel ready in {ready:.1f} s; the quickstart ran in "
               f"{time.monotonic() - started - ready:.1f} s")
@@ -369,6 +385,14 @@ def _jobs_cell(source: str, tags: list[str]) -> bool:
     return TAG in tags and '"jobs:"' in source
 
 
+def _loop_cell(source: str, tags: list[str]) -> bool:
+    return TAG in tags and source == LOOP_CELL
+
+
+def _axes_cell(source: str, tags: list[str]) -> bool:
+    return TAG in tags and source == AXES_CELL
+
+
 def _panel_cell(source: str, tags: list[str]) -> bool:
     line = source.splitlines()[0]
     return line.startswith("%%budget") and "--no-widget" not in line and "--detach" not in line \
@@ -393,7 +417,8 @@ def test_a_finished_panel_shows_a_bar_per_limit_and_no_button(notebook: Notebook
     bars = outputs.locator(".widget-hprogress, .widget-progress")  # ipywidgets 8, 7
     bars.first.wait_for(state="visible")
     assert bars.count() == len(limits)
-    _wait(lambda: ": completed" in notebook.status(index), 5, "the panel showing 'completed'")
+    _wait(lambda: notebook.status(index).startswith("completed, "), 5,
+          "the panel showing 'completed'")
     assert _enabled_buttons(outputs) == []  # nothing left to stop (a running one: below)
     notebook.screenshot("lab-panel.png", index)
 
@@ -403,8 +428,9 @@ def test_a_detached_cells_late_output_appears_under_it(notebook: Notebook) -> No
     outputs = notebook.outputs(index)
     assert outputs.filter(has_text="INCOMPLETE (exit 14)").count() == 1
     at_end = notebook.stdout_at_end[index].splitlines()
-    _wait(lambda: ": completed" in notebook.status(index), 10,
+    _wait(lambda: " completed, " in notebook.status(index), 10,
           "the detached job's panel showing 'completed'")
+    assert re.match(r"job \S+ completed, ", notebook.status(index))  # the job, named
     _wait(lambda: "result: " in notebook.status(index), 5, "the job's result on its panel")
     _wait(lambda: _enabled_buttons(outputs) == [], 5, "the ended job's panel dropping Stop")
     _wait(lambda: len(notebook.stdout(index).splitlines()) > len(at_end), 5,
@@ -420,10 +446,11 @@ def test_stop_on_the_panel_stops_a_running_background_job(notebook: Notebook) ->
     assert envelope.count() == 1
     job = re.search(r"nb\.jobs\['([^']+)'\]", envelope.inner_text())
     assert job is not None, envelope.inner_text()
-    assert ": running" in notebook.status(index)
+    assert notebook.status(index).startswith(f"running in the background as job {job.group(1)}")
     clicked = time.monotonic()
     outputs.locator("button", has_text="Stop").click()
-    _wait(lambda: ": stopped" in notebook.status(index), 10, "the panel showing 'stopped'")
+    _wait(lambda: notebook.status(index).startswith(f"job {job.group(1)} stopped, "), 10,
+          "the panel showing 'stopped'")
     print(f"\nstopped {time.monotonic() - clicked:.1f} s after the click")
     assert _enabled_buttons(outputs) == []
     _wait(lambda: envelope.filter(has_text="was then stopped: there is no result to wait for")
@@ -443,18 +470,63 @@ def test_stop_on_the_panel_ends_a_running_cell_within_a_second(notebook: Noteboo
         notebook.page.evaluate(RUN_CELL, index)
         stop = outputs.locator("button:enabled", has_text="Stop")
         stop.wait_for(state="visible", timeout=10_000)
-        _wait(lambda: ": running" in notebook.status(index), 10, "the panel showing 'running'")
+        _wait(lambda: notebook.status(index).startswith("running, "), 10,
+              "the panel showing 'running'")
         time.sleep(max(0.0, started + 2 - time.monotonic()))
         clicked = time.monotonic()
         stop.click()
         notebook.page.wait_for_function(CELL_DONE, arg=index, timeout=CELL_SECONDS * 1000)
         latencies.append(time.monotonic() - clicked)
-        assert ": stopped, " in notebook.status(index), notebook.status(index)
+        assert notebook.status(index).startswith("stopped, "), notebook.status(index)
         assert outputs.filter(has_text="Cancelled").count() >= 1  # how a stopped cell ends
     print(f"\nfrom the click to the cell's end: "
           f"{', '.join(f'{s * 1000:.0f} ms' for s in latencies)}")
     notebook.screenshot("lab-stopped.png", index)
     assert max(latencies) < 1.0, f"a cell ended {max(latencies):.2f} s after its Stop click"
+
+
+def test_stop_on_the_panel_ends_a_loop_that_never_checks_within_a_second(
+        notebook: Notebook) -> None:
+    """N-5: ``while True: pass`` under ``%%budget`` with no limit; Stop, 2 s into it, ends the
+    cell within a second (plus a margin for a busy machine), the panel and the cell's error
+    say it was stopped, and the kernel goes on: the next cell runs."""
+    index = notebook.find(_loop_cell, "while True cell")
+    outputs = notebook.outputs(index)
+    started = time.monotonic()
+    notebook.page.evaluate(RUN_CELL, index)
+    stop = outputs.locator("button:enabled", has_text="Stop")
+    stop.wait_for(state="visible", timeout=10_000)
+    _wait(lambda: notebook.status(index).startswith("running, "), 10, "the panel showing 'running'")
+    time.sleep(max(0.0, started + 2 - time.monotonic()))
+    clicked = time.monotonic()
+    stop.click()
+    notebook.page.wait_for_function(CELL_DONE, arg=index, timeout=CELL_SECONDS * 1000)
+    took = time.monotonic() - clicked
+    print(f"\nthe loop ended {took * 1000:.0f} ms after the click")
+    notebook.screenshot("lab-loop-stopped.png", index)
+    assert took < LOOP_STOP_S + LOOP_MARGIN_S, f"the loop ended {took:.2f} s after its Stop"
+    assert notebook.status(index).startswith("stopped, "), notebook.status(index)
+    error = outputs.filter(has_text="Cancelled")
+    assert error.count() == 1 and "stopped from the panel" in error.inner_text()
+    assert _enabled_buttons(outputs) == []
+    probe = notebook.find(_jobs_cell, "jobs cell")
+    assert notebook.run(probe) < 10  # the kernel answers the next cell
+    assert notebook.stdout(probe).startswith("jobs: ")
+
+
+def test_a_panel_names_each_axis_whole_and_says_only_the_state_and_time(
+        notebook: Notebook) -> None:
+    index = notebook.find(_axes_cell, "cell with long axis names")
+    outputs = notebook.outputs(index)
+    _wait(lambda: notebook.status(index).startswith("completed, "), 5,
+          "the panel showing 'completed'")
+    names = outputs.locator(".widget-hprogress .widget-label").evaluate_all(
+        "nodes => nodes.map(n => [n.textContent, n.scrollWidth <= n.clientWidth])")
+    assert names == [[name, True] for name in ("steps", "tool_calls", "agent_invocations",
+                                               "provider_calls")], names
+    status = notebook.status(index)
+    assert "nbbudget" not in status and "steps" not in status, status  # nothing repeated
+    notebook.screenshot("lab-axes.png", index)
 
 
 # -- the what-if explorer -----------------------------------------------------------------------

@@ -106,6 +106,9 @@ class Page(Notebook):
         return {row["id"]: row for row in self.page.evaluate("""() => Array.from(
             document.querySelectorAll('.nbb-Panel-row')).map(tr => ({
                 id: tr.dataset.id, kind: tr.dataset.kind, state: tr.dataset.state,
+                detail: tr.querySelector('.nbb-Panel-detail').textContent,
+                note: tr.querySelector('.nbb-Panel-note')?.textContent ?? null,
+                error: tr.querySelector('.nbb-Panel-error')?.textContent ?? null,
                 buttons: Array.from(tr.querySelectorAll('button')).map(b => b.textContent)}))""")}
 
     def message(self) -> dict[str, str]:
@@ -255,6 +258,9 @@ def test_the_panel_lists_a_detached_job_and_a_background_run(lab_page: Page) -> 
     assert (rows[run_id]["kind"], rows[run_id]["state"]) == ("run", "running")
     assert rows[job_id]["buttons"] == ["Cancel"]
     assert rows[run_id]["buttons"] == ["Cancel", "Open output"]
+    # each row names its job or run as %budget jobs and nbbudget cancel do
+    assert rows[job_id]["detail"].startswith(f"job {job_id} of this kernel · started "), rows
+    assert rows[run_id]["detail"].startswith(f"notebook run {run_id}, 1 of 2 cells run · "), rows
     page.screenshot("lab-budgets.png")
 
 
@@ -270,13 +276,27 @@ def test_cancel_on_the_panel_stops_each_and_says_how_it_ended(lab_page: Page) ->
     assert said["text"] == f"job {job_id} stopped"
     _until(lambda: page.rows()[job_id]["state"] == "cancelled", 10, "the job's row: cancelled")
     assert page.rows()[job_id]["buttons"] == []  # nothing left to cancel
+    # the cancel that was asked for, said as such: not an error (nor red)
+    row = page.rows()[job_id]
+    assert row["error"] is None and row["note"].endswith("cancelled from JupyterLab"), row
+    assert not row["note"].startswith("nbbudget.Cancelled"), row
+    colours = page.page.evaluate("""(id) => {
+        const note = document.querySelector(`.nbb-Panel-row[data-id='${id}'] .nbb-Panel-note`);
+        const probe = document.createElement('span');
+        probe.style.color = 'var(--jp-error-color1)';
+        document.body.append(probe);
+        const error = getComputedStyle(probe).color;
+        probe.remove();
+        return [getComputedStyle(note).color, error];
+    }""", job_id)
+    assert colours[0] != colours[1], colours
     _until(lambda: page.item()["text"] == "", 10, "the status item's job count clearing")
 
     page.page.click(f".nbb-Panel-row[data-id='{run_id}'] .nbb-Panel-cancel")
     said = _until(lambda: (m := page.message())["text"].startswith(f"run {run_id}") and m, 30,
                   "the run's cancel answer")
     assert said["outcome"] == "stopped", said
-    assert said["text"].startswith(f"run {run_id} cancelled at cell 1"), said
+    assert said["text"].startswith(f"run {run_id} cancelled at cell 2 of 2"), said
     _until(lambda: page.rows()[run_id]["state"] == "cancelled", 10, "the run's row: cancelled")
     page.screenshot("lab-cancelled.png")
 
@@ -320,3 +340,124 @@ def test_the_settings_editor_has_the_settings_and_one_hides_the_status_item(
     time.sleep(1)
     assert page.item()["shown"] is False  # told, and not shown
     page.page.wait_for_function(CELL_DONE, arg=1, timeout=30_000)
+
+
+# -- JupyterLab's kernel indicator while a %%budget cell runs ---------------------------------
+BUSY_NOTEBOOK = "busy.ipynb"
+BUSY_CELL = """\
+%%budget --steps 100 --time 60s
+import time
+for tick in range(40):          # about four seconds
+    nb.current().step()
+    time.sleep(0.1)
+"""
+# At every frame, what the status bar's kernel item and the notebook's kernel indicator show;
+# every IOPub status (its time, state and request) and every change of JupyterLab's kernel
+# status, as they come.
+WATCH_KERNEL = """() => {
+    const panel = window.jupyterapp.shell.currentWidget;
+    const kernel = panel.sessionContext.session.kernel;
+    Object.assign(window, {nbbFrames: [], nbbStatuses: [], nbbChanges: [], nbbCell: null});
+    kernel.anyMessage.connect((_, args) => {
+        const msg = args.msg;
+        if (args.direction === 'recv' && msg.header.msg_type === 'status') {
+            window.nbbStatuses.push([performance.now(), msg.content.execution_state,
+                msg.parent_header.msg_id || '', msg.parent_header.msg_type || '']);
+        } else if (args.direction === 'send' && msg.header.msg_type === 'execute_request') {
+            window.nbbCell = msg.header.msg_id;
+        }
+    });
+    kernel.statusChanged.connect((_, status) =>
+        window.nbbChanges.push([performance.now(), status]));
+    const frame = () => {
+        const item = Array.from(document.querySelectorAll('.jp-StatusBar-TextItem'))
+            .map(node => node.textContent).find(text => text.includes(' | ')) ?? '';
+        const circle = panel.node.querySelector('.jp-Notebook-ExecutionIndicator');
+        window.nbbFrames.push([performance.now(), item, circle ? circle.dataset.status : '']);
+        window.nbbWatch = requestAnimationFrame(frame);
+    };
+    window.nbbWatch = requestAnimationFrame(frame);
+}"""
+# a status bar's comm opened, then closed, on the subshell JupyterLab sends that target's
+# messages to (once it has it: a comm opened before goes to the main shell, after the cell)
+OPEN_STATUS_COMM = """async () => {
+    const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+    window.nbbComm = kernel.createComm('nbbudget.status');
+    await window.nbbComm.subshellStarted;
+    window.nbbComm.open({});
+}"""
+CLOSE_STATUS_COMM = "() => window.nbbComm.close()"
+#: how soon after a request answered beside the cell JupyterLab's status must be busy again:
+#: the server's websocket may hold the cell's busy until the browser ACKs the idle before it
+#: (delayed ACKs: 40 ms, up to 200 ms)
+BACK_BUSY_MS = 250
+# the panel of the active notebook's cell, with its Stop button to click
+PANEL_SHOWN = """(index) => Array.from(window.jupyterapp.shell.currentWidget.content
+    .widgets[index].node.querySelectorAll('.jp-OutputArea-output button'))
+    .some(button => button.textContent.includes('Stop') && !button.disabled)"""
+
+
+def test_the_kernel_reads_busy_for_the_whole_cell_while_requests_beside_it_are_answered(
+        lab_page: Page) -> None:
+    """The first panel of a new kernel has JupyterLab make a subshell for its widget messages
+    (a control request), and the status bar's comm is opened and closed during the cell (on
+    subshells): each is answered at once, with its own idle, while the cell holds the main
+    shell. JupyterLab's kernel status (the status bar's "| Busy", the notebook's indicator)
+    stays busy until the cell ends."""
+    page, lab = lab_page, lab_page.lab
+    import nbformat
+
+    book = nbformat.v4.new_notebook()
+    book.cells = [nbformat.v4.new_code_cell(source)
+                  for source in ("import nbbudget as nb", BUSY_CELL)]
+    book.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                   "language": "python"}
+    nbformat.write(book, lab.root / BUSY_NOTEBOOK)
+    page.open(f"{lab.url}/lab/tree/{BUSY_NOTEBOOK}", BUSY_NOTEBOOK)  # a kernel of its own
+    page.run(0)
+    page.page.evaluate(WATCH_KERNEL)
+    page.page.evaluate(RUN_CELL, 1)
+    page.page.wait_for_function(PANEL_SHOWN, arg=1, timeout=20_000)  # the cell runs
+    page.page.evaluate(OPEN_STATUS_COMM)
+    time.sleep(1.0)
+    page.screenshot("lab-busy.png")
+    page.page.evaluate(CLOSE_STATUS_COMM)
+    page.page.wait_for_function(CELL_DONE, arg=1, timeout=30_000)
+    time.sleep(0.3)  # the frames after the cell's end
+    page.page.evaluate("() => cancelAnimationFrame(window.nbbWatch)")
+    seen = page.page.evaluate(
+        "() => [window.nbbCell, window.nbbStatuses, window.nbbChanges, window.nbbFrames]")
+    cell, statuses, changes, frames = seen
+
+    began = next(t for t, state, parent, _ in statuses if parent == cell and state == "busy")
+    ended = next(t for t, state, parent, _ in statuses if parent == cell and state == "idle")
+    beside = [kind for t, state, parent, kind in statuses
+              if state == "idle" and parent != cell and began < t < ended]
+    print(f"\nthe cell ran {(ended - began) / 1000:.1f} s; requests answered beside it: "
+          f"{beside}")
+    assert {"create_subshell_request", "comm_open", "comm_close"} <= set(beside), statuses
+
+    # JupyterLab takes each of those idles for the kernel's; the cell's busy, sent right after
+    # it, follows within a round trip of the server's websocket (a small frame may wait for
+    # the browser's ACK of the one before: tens of ms). Busy it is again, and when the cell ends.
+    during = [(t, status) for t, status in changes if began < t < ended]
+    idles = [t for t, status in during if status == "idle"]
+    gaps = []
+    for t in idles:
+        back = next((u for u, status in during if u > t and status == "busy"), None)
+        assert back is not None, (t, during)
+        gaps.append(back - t)
+    assert during and during[-1][1] == "busy", during
+
+    # what the page showed, frame by frame, from a frame after the cell's busy to its end
+    shown = [(t, bar, circle) for t, bar, circle in frames if began + 100 < t < ended]
+    assert len(shown) > 30, len(shown)  # the whole cell was watched
+    not_busy = [t for t, bar, circle in shown if not bar.endswith("| Busy") or circle != "busy"]
+    print(f"JupyterLab's kernel status went idle {len(idles)} times while the cell ran, busy "
+          f"again {', '.join(f'{gap:.0f}' for gap in gaps)} ms later; of {len(shown)} frames, "
+          f"{len(not_busy)} showed it idle")
+    assert max(gaps, default=0) < BACK_BUSY_MS, gaps
+    # never idle but in the moment after a request beside the cell is answered
+    assert all(any(0 <= t - idle < BACK_BUSY_MS for idle in idles) for t in not_busy), (
+        not_busy, idles)
+    assert len(not_busy) < len(shown) / 10, (len(not_busy), len(shown))
