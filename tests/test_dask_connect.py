@@ -87,6 +87,30 @@ def test_S0_1_a_first_call_to_a_scheduler_not_up_yet_answers_starting_and_its_wo
             on_cluster(address).client.close()
 
 
+@in_kernel_warning
+def test_S4_7_a_call_whose_wall_clock_ran_out_while_it_was_starting_is_answered_cancelled(
+        home: Any) -> None:
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    # its wall clock counts from this first start (S0-6): it runs out while the call connects
+    first = nb.call(square, 8, detach=True, budget="100ms", timeout="50ms", cluster=address)
+    assert first.data["state"] == "starting"
+    job = nb.jobs[first.data["job"]]
+    with dask_cluster(processes=False, scheduler_port=port, n_workers=1, threads_per_worker=1):
+        try:
+            assert wait_for(lambda: not connecting(), 20)
+            assert job.wait_done(20) and job.state == "cancelled"  # it never reached the cluster
+            again = nb.call(square, 8, detach=True, budget="30s", timeout="50ms",
+                            cluster=address)
+            assert (again.exit_code, again.data["state"]) == (124, "cancelled"), again
+            assert again.error == {"code": "cancelled", "message": (
+                "square was cancelled: its wall-clock limit of 50 ms, counted from its first "
+                "start across every continuation, ran out")}
+            assert again.job is job
+        finally:
+            on_cluster(address).client.close()
+
+
 def test_a_detached_call_whose_connection_fails_gives_its_error_to_the_identical_call_once(
         home: Any) -> None:
     import dask

@@ -796,7 +796,8 @@ def _start(plan: _Plan, backend: Backend, clock: Clock, started_wall: float,
     ctx = _Call(plan, held, backend.store, job, db, loaded, first_start)
     job = ctx.job  # the general path waits on its job
     left = _timeout_left(plan, first_start)
-    if left is not None and left <= 0:
+    if left is not None and left <= 0:  # out before it started (its cluster connected late)
+        _wall_clock_out(job, plan)
         job.settle(JobState.CANCELLED, error=Cancelled(_timeout_message(plan)))
         job.notify_done()
         if db is not None:
@@ -855,13 +856,19 @@ def _timeout_message(plan: _Plan) -> str:
             f"from its first start across every continuation, ran out")
 
 
+def _wall_clock_out(job: Job, plan: _Plan) -> bool:
+    """Stop the run of *job* as its wall-clock limit does (S4-7): ``cancelled``, by the wall
+    clock, so every caller answers so (`_wall_clocked`), also for work it stops before it
+    started; whether this was the run's first stop."""
+    scope = job.run.lowlevel.scope
+    return scope.halt(Stop.of(Status.CANCELLED, _timeout_message(plan), scope, by="wall-clock"))
+
+
 def _wall_clock(job: Job, plan: _Plan) -> None:
     """The wall-clock limit fired: cancel the work, across every continuation (S0-6, S4-7), and
     free its callers (a run stopped before keeps its stop, and its callers keep waiting, unless
     that stop was this limit's, kept where the work runs and heard here first)."""
-    scope = job.run.lowlevel.scope
-    if scope.halt(Stop.of(Status.CANCELLED, _timeout_message(plan), scope,
-                          by="wall-clock")) or _wall_clocked(job):
+    if _wall_clock_out(job, plan) or _wall_clocked(job):
         job.nudge()
 
 
@@ -1010,7 +1017,7 @@ def _answer(job: Job, plan: _Plan, started: float, runner: JobRunner,
                         job=job)
     if isinstance(error, Cancelled):
         ended = job.run.outcome
-        wall = ended is not None and ended.status is Status.CANCELLED
+        wall = (ended is not None and ended.status is Status.CANCELLED) or _wall_clocked(job)
         return _stopped(plan, started, Status.CANCELLED if wall else Status.STOPPED,
                         str(error), job)
     return _respond(plan, started, ok=False, exit_code=EXIT_FAILED, job=job,
