@@ -5,8 +5,10 @@ Build it with ``bash scripts/docs.sh``: every warning is an error. The build nee
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "_ext"))       # the local extension: generated reference pages
@@ -42,10 +44,36 @@ autodoc_typehints_format = "short"
 autodoc_default_options = {"members": True, "show-inheritance": True}
 autodoc_inherit_docstrings = True
 
-html_theme = "alabaster"
+html_theme = "furo"
 html_title = f"nbbudget {release}"
-html_static_path: list[str] = []
-html_theme_options = {
-    "description": "Budgets for Jupyter",
-    "fixed_sidebar": True,
-}
+# furo, with a style sheet that keeps every page within the window (docs/_static/fit.css):
+# tables and code wrap, the text column widens where the window has room
+html_static_path = ["_static"]
+html_css_files = ["fit.css"]
+
+
+# A name in code in a table may break after "_", "=", "." or "/", and between the words of a
+# CamelCase name, as a browser breaks text at a space: a table of long names fits the page
+# without breaking a name anywhere else (docs/_static/fit.css). The marks are <wbr>: copying
+# the name copies it as written.
+_BREAKS = re.compile(r"(?<=[_=./])(?=\w)|(?<=[a-z])(?=[A-Z])")
+
+
+def _breakable_names(app: Any, doctree: Any, docname: str) -> None:
+    from docutils import nodes
+
+    for table in doctree.findall(nodes.table):
+        for literal in list(table.findall(nodes.literal)):
+            parts = _BREAKS.split(literal.astext())
+            if len(parts) < 2 or any(not isinstance(c, nodes.Text) for c in literal.children):
+                continue
+            del literal[:]
+            for index, part in enumerate(parts):
+                if index:
+                    literal += nodes.raw("", "<wbr>", format="html")
+                literal += nodes.Text(part)
+
+
+def setup(app: Any) -> dict[str, Any]:
+    app.connect("doctree-resolved", _breakable_names)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
