@@ -685,3 +685,20 @@ def test_plot_marks_a_cancel_when_it_was_requested():
         assert list(lines["stopped (user)"].get_xdata()) == [3000.0] * 2  # the end, at 3 s
     finally:
         plt.close(ax.figure)
+
+
+def test_plot_says_a_run_out_of_its_time_ran_out_of_time():
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    clock = FakeClock()
+    with pytest.raises(nb.BudgetCut), nb.budget(time="2s", clock=clock, trace="full") as run:
+        clock.advance("3s")
+        run.check()
+    ax = run.trace.plot()
+    try:
+        labels = {line.get_label() for line in ax.get_lines()}
+        assert "failed (out of time)" in labels, labels  # not "timeout": that is --timeout's
+    finally:
+        plt.close(ax.figure)

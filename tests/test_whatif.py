@@ -197,7 +197,9 @@ def test_S4_7_a_run_cut_by_its_time_grant_goes_on_under_a_longer_one(clock: Fake
     explorer = run.trace.explore(widgets=False)  # events: 2 steps, cut, outcome
     assert explorer.verdict.status == "cut" and explorer.verdict.as_recorded
     assert explorer.verdict.event == 2
-    assert explorer.set(run_ms=4000).status == "beyond"
+    longer = explorer.set(run_ms=4000)
+    assert longer.status == "beyond"
+    assert "(event 2 of 4, ran out of time)" in longer.lines[0]  # not "timeout": --time's
     shorter = explorer.set(run_ms=1500)
     assert (shorter.status, shorter.event, shorter.as_recorded) == ("cut", 1, False)
 

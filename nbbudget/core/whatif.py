@@ -361,8 +361,12 @@ class WhatIf:
         return f" (in grant {run!r})" if run is not None and run != top else ""
 
     def _recorded_how(self) -> str:
+        """How the recorded run ended, in words: ``failed by steps``; a run whose time grant
+        ran out ``ran out of time`` (a timeout is ``--timeout``'s, the wall clock's)."""
         how = self.recorded
         by = how.get("by")
+        if by == "timeout":
+            return "ran out of time"
         return f"{how.get('status')}" + (f" by {by}" if by else "")
 
 

@@ -54,7 +54,9 @@ class ToolContext:
     def check(self) -> None:
         """Raise `BudgetCut` if this call has been cut; well-behaved tools call it in loops."""
         if self.signal.is_set():
-            raise BudgetCut(self.cut_by or "timeout", f"tool {self.name} was cut by {self.cut_by}")
+            by = self.cut_by or "timeout"
+            why = "its run ran out of time" if by == "timeout" else f"by {by}"
+            raise BudgetCut(by, f"tool {self.name} was cut: {why}")
 
     def _cut(self, by: str) -> bool:
         if self.signal.is_set():
