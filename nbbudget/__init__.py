@@ -15,7 +15,7 @@ from .calls.call import call, checkpoint, resume_state
 from .calls.jobs import Job, JobState
 from .calls.response import Response
 from .calls.runner import jobs
-from .calls.store import CheckpointRefused, StoreBusy, StoreDamaged, store
+from .calls.store import CheckpointRefused, StoreBusy, StoreDamaged, StoreReadOnly, store
 from .core.duration import parse_duration
 from .core.errors import (
     BudgetCut,
@@ -148,6 +148,7 @@ __all__ = [
     "Status",
     "StoreBusy",
     "StoreDamaged",
+    "StoreReadOnly",
     "Suggestion",
     "ToolContext",
     "Trace",

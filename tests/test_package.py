@@ -50,6 +50,7 @@ PUBLIC = [
     "Status",
     "StoreBusy",
     "StoreDamaged",
+    "StoreReadOnly",
     "Suggestion",
     "ToolContext",
     "Trace",
@@ -128,7 +129,7 @@ def test_every_public_error_is_under_budget_error_or_config_error() -> None:
     assert sorted(e.__name__ for e in errors) == [
         "BudgetCut", "BudgetError", "BudgetExceeded", "Cancelled", "CheckpointRefused",
         "ClusterUnanswered", "ConfigError", "RunsPerDayExceeded", "StoreBusy", "StoreDamaged",
-        "WideningError",
+        "StoreReadOnly", "WideningError",
     ]
     assert all(issubclass(e, (nb.BudgetError, nb.ConfigError)) for e in errors)
 

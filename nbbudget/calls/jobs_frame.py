@@ -3,6 +3,7 @@ person; pandas is imported only here, when a frame is asked for."""
 
 from __future__ import annotations
 
+import html
 import os
 import time
 from typing import Any
@@ -15,6 +16,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from ..core.duration import spoken
+from ..core.errors import ConfigError
 
 __all__ = ["JobsTable", "jobs_frame", "jobs_table"]
 
@@ -22,17 +24,17 @@ _JOB_COLUMNS = ["id", "label", "state", "cancel", "pid", "created", "ended", "er
                 "heartbeat"]
 
 
-def _job_rows(jobs: Any) -> list[dict[str, Any]]:
-    """The jobs of this process, then the records of jobs elsewhere (a cluster's published
-    jobs, then the store's records of other processes), as plain rows (times in seconds since
-    the epoch)."""
+def _job_rows(jobs: Any, *, elsewhere: bool = True) -> list[dict[str, Any]]:
+    """The jobs of this process, then (unless not *elsewhere*) the records of jobs elsewhere (a
+    cluster's published jobs, then the store's records of other processes), as plain rows
+    (times in seconds since the epoch)."""
     rows = [{"id": j.id, "label": j.label, "state": j.state.value, "cancel": j.cancel_status,
              "pid": os.getpid(), "created": j.created, "ended": j.ended,
              "error": _last_line(j.traceback), "output": j.output_text,
              "heartbeat": j.last_heartbeat}
             for j in jobs]
     seen = {r["id"] for r in rows}
-    for rec in jobs.all_records():
+    for rec in jobs.all_records() if elsewhere else ():
         if rec["id"] not in seen:
             # a settled record was last written when its job ended; a lost one, when found lost
             ended = rec["updated"] if rec["state"] in ("done", "failed", "cancelled") else None
@@ -56,6 +58,7 @@ def jobs_frame(jobs: Any) -> pd.DataFrame:
 
 
 NO_JOBS = "no background jobs in this kernel or its store"
+NO_JOBS_HERE = "no background jobs in this kernel"
 _TABLE_COLUMNS = ["id", "label", "state", "cancel", "started", "took", "kernel", "error",
                   "output"]
 
@@ -65,32 +68,41 @@ class JobsTable:
     short), how long it took (or has run so far), which kernel runs it, the last line of its
     error and of its output, and blanks where there is nothing to say; a sentence when there is
     no job. ``frame`` holds the same text as a DataFrame indexed by job id; programs read
-    ``nb.jobs.to_frame()``, whose times are datetimes."""
+    ``nb.jobs.to_frame()``, whose times are datetimes. ``note``, when the store's records could
+    not be read, says why, under the kernel's own jobs."""
 
-    def __init__(self, frame: pd.DataFrame) -> None:
+    def __init__(self, frame: pd.DataFrame, note: str | None = None) -> None:
         self.frame = frame
+        self.note = note
 
     def __repr__(self) -> str:
         if self.frame.empty:
-            return NO_JOBS
+            return NO_JOBS if self.note is None else f"{NO_JOBS_HERE}\n{self.note}"
         table = self.frame.reset_index()
         cells = [list(table.columns), *table.values.tolist()]
         widths = [max(len(row[i]) for row in cells) for i in range(len(table.columns))]
-        lines = ("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
-                 for row in cells)
-        return "\n".join(line.rstrip() for line in lines)
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+                 for row in cells]
+        return "\n".join(lines if self.note is None else [*lines, self.note])
 
     def _repr_html_(self) -> str:
+        note = "" if self.note is None else f"<p>{html.escape(self.note)}</p>"
         if self.frame.empty:
-            return f"<p>{NO_JOBS}</p>"
-        return str(self.frame.reset_index().to_html(index=False))
+            return f"<p>{NO_JOBS if self.note is None else NO_JOBS_HERE}</p>{note}"
+        return str(self.frame.reset_index().to_html(index=False)) + note
 
 
 def jobs_table(jobs: Any) -> JobsTable:
-    """The jobs of `jobs_frame`, for a person to read (``%budget jobs``)."""
+    """The jobs of `jobs_frame`, for a person to read (``%budget jobs``). When the store's
+    records cannot be read (a store damaged, busy, or read-only with none in its folder), the
+    kernel's own jobs are listed all the same, with a note that says why the others are not."""
     now = time.time()
-    rows = [_readable(row, now) for row in _job_rows(jobs)]
-    return JobsTable(pd.DataFrame(rows, columns=_TABLE_COLUMNS, dtype=str).set_index("id"))
+    try:
+        found, note = _job_rows(jobs), None
+    except ConfigError as exc:
+        found, note = _job_rows(jobs, elsewhere=False), f"(the store's jobs are not listed: {exc})"
+    rows = [_readable(row, now) for row in found]
+    return JobsTable(pd.DataFrame(rows, columns=_TABLE_COLUMNS, dtype=str).set_index("id"), note)
 
 
 def _readable(row: dict[str, Any], now: float) -> dict[str, str]:

@@ -24,7 +24,7 @@ import os
 import secrets
 import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +166,12 @@ class Runs:
     def __init__(self, store: SQLiteStore) -> None:
         self.store = store
         self.logs = store.folder / "runs"
+        self._absent = False  # a read-only store without the table: no run was ever made
+        if store.read_only:  # read as it is: the table is not made or brought up to date
+            with store.read_transaction() as db:
+                self._absent = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' "
+                                          "AND name = 'notebook_runs'").fetchone() is None
+            return
         with store.transaction() as db:
             for statement in _SCHEMA:
                 db.execute(statement)
@@ -178,13 +184,17 @@ class Runs:
 
     def _select(self, where: str, params: tuple[Any, ...],
                 db: sqlite3.Connection | None = None) -> list[RunRecord]:
-        """The runs *where* says, read in the transaction of *db*, else in one of their own."""
+        """The runs *where* says, read in the transaction of *db*, else in one of their own. A
+        column the table lacks (that of a read-only store, made by an earlier release) is
+        None."""
+        if self._absent:
+            return []
         if db is None:
             with self.store.read_transaction() as db:
                 return self._select(where, params, db)
         cursor = db.execute(f"SELECT * FROM notebook_runs WHERE {where}", params)
         names = [d[0] for d in cursor.description]
-        return [RunRecord.from_row(dict(zip(names, row, strict=True)))
+        return [RunRecord.from_row({**_BLANK, **dict(zip(names, row, strict=True))})
                 for row in cursor.fetchall()]
 
     def get(self, run_id: str) -> RunRecord | None:
@@ -192,7 +202,10 @@ class Runs:
         return found[0] if found else None
 
     def all(self) -> list[RunRecord]:
-        """Every run, newest first; unfinished runs whose runner died are marked ``lost``."""
+        """Every run, newest first; unfinished runs whose runner died are marked ``lost`` (on a
+        read-only store, shown so: the next command that can write marks them)."""
+        if self.store.read_only:
+            return [self.check(record) for record in self._select("1 ORDER BY created DESC", ())]
         for record in self._select(f"state IN {_LIVE}", ()):
             self.check(record)
         return self._select("1 ORDER BY created DESC", ())
@@ -252,6 +265,8 @@ class Runs:
         """*record* as it is now; ``lost`` if it was unfinished and its runner has died."""
         if not record.dead(time.time()):
             return record
+        if self.store.read_only:
+            return replace(record, state=JobState.LOST, result=record.lost_result())
         with self.store.transaction() as db:
             fresh = self._select("id = ?", (record.id,), db)[0]
             if fresh.dead(time.time()):
@@ -307,6 +322,10 @@ class Runs:
         """Where the runner of *run_id* writes its log (and its kernel's)."""
         self.logs.mkdir(mode=0o700, exist_ok=True)
         return self.logs / f"{run_id}.log"
+
+
+#: a row with every field None, under the columns read: what a table without a column gives
+_BLANK: dict[str, Any] = {f.name: None for f in fields(RunRecord)}
 
 
 def runner_alive(pid: int) -> bool:

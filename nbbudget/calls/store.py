@@ -28,6 +28,12 @@ database holds the store's tables, so a secret beside a database that is missing
 without them is a store that lost what it held; that, or a file SQLite reports malformed, raises
 `StoreDamaged` and the file is left as it is. A process killed mid-write leaves neither.
 
+A store this user cannot write (its folder or its database read-only: ``chmod 500``, a
+read-only file system) is opened to be read as it is: nothing is made, narrowed or brought up to
+date, and a table an earlier release did not make reads as empty. Each write raises
+`StoreReadOnly`, naming the folder and the fix, until the folder is writable again; the store is
+then opened for writing, as it would have been.
+
 The table ``history`` keeps the last runs that ended (`nbbudget.calls.history` writes and reads
 it, and keeps it bounded); a store made before it is given it as it opens, as every table is.
 
@@ -45,6 +51,7 @@ import hmac
 import json
 import os
 import pickle
+import shlex
 import sqlite3
 import sys
 import threading
@@ -58,7 +65,8 @@ from typing import Any, Protocol
 from ..core.errors import ConfigError
 
 __all__ = ["BUSY_TIMEOUT_S", "CHECKPOINT_FORMAT", "KEEP_RUN_DAYS", "Checkpoint",
-           "CheckpointRefused", "SQLiteStore", "Store", "StoreBusy", "StoreDamaged", "home",
+           "CheckpointRefused", "SQLiteStore", "Store", "StoreBusy", "StoreDamaged",
+           "StoreReadOnly", "home",
            "oldest_kept_day", "refuse_unless_last", "store"]
 
 CHECKPOINT_FORMAT = "nbbudget-ckpt-v1"
@@ -178,6 +186,23 @@ class StoreBusy(_Refused):
             f"nothing was written to it. Make the call again once that process has finished "
             f"its write, or stop it if it hangs (a store on a network file system is not "
             f"supported)"
+        )
+
+
+class StoreReadOnly(_Refused):
+    """The store's folder (or its database) cannot be written by this user: a folder made
+    read-only (``chmod 500``), a read-only file system, another user's store. What it holds can
+    still be read (`SQLiteStore.read_only`); a write is refused and nothing is written.
+    ``path`` names the folder and ``code`` is ``"store_read_only"``."""
+
+    code = "store_read_only"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        super().__init__(
+            f"the nbbudget store {str(path)!r} is read-only: this user cannot write to it, so "
+            f"nothing was written. Make the folder writable (chmod u+w {shlex.quote(str(path))}"
+            f"), or set NBBUDGET_HOME to a writable folder"
         )
 
 
@@ -301,11 +326,16 @@ class SQLiteStore:
         self.path = self.folder / "nbbudget.db"
         self.busy_timeout_s = BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
         self._local = threading.local()
+        self._read_only = False
+        self._generation = 0  # counts the store's reopenings: a connection of an earlier one goes
+        self._reopening = threading.Lock()
         self._make_folder()
         try:
-            self._init_schema()
+            if not self._read_only:
+                self._init_schema()
             self._secret = self._load_secret()  # after the tables: see `_check_held`
-            self.mark_lost_jobs()
+            if not self._read_only:
+                self.mark_lost_jobs()
         except BaseException:
             self.close()
             raise
@@ -315,11 +345,18 @@ class SQLiteStore:
         """The folder and its files, for their owner only: each folder made here is 0700 whatever
         the umask, and files left wider (by an older release, a copy) are closed to others, so
         SQLite, which gives its -wal and -shm files the database's mode, makes them 0600 too.
-        A store that held records and lost them is left as it is (`StoreDamaged`)."""
+        A store that held records and lost them is left as it is (`StoreDamaged`). A store this
+        user cannot write is opened to be read (`read_only`), and left exactly as it is."""
         try:
-            _make_private_folders(self.folder)
+            self._read_only = _cannot_write(self.folder, self.path)
+            if not self._read_only:
+                _make_private_folders(self.folder)
             if (self.folder / "secret").exists():
                 self._check_held()
+            if self._read_only:
+                if not self.path.exists():
+                    self._nothing_to_read()
+                return
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
             os.close(fd)
             for name in _PRIVATE_FILES:
@@ -328,12 +365,40 @@ class SQLiteStore:
             raise ConfigError(f"cannot create the nbbudget store {str(self.folder)!r} "
                               f"({exc.strerror}); set NBBUDGET_HOME to a writable folder") from None
 
+    def _nothing_to_read(self) -> None:
+        """A read-only folder with no store in it: nothing to read, and none can be made."""
+        folder = str(self.folder)
+        raise ConfigError(f"cannot create the nbbudget store in {folder!r}: the folder is "
+                          f"read-only and holds none. Make it writable (chmod u+w "
+                          f"{shlex.quote(folder)}), or set NBBUDGET_HOME to a writable folder")
+
+    @property
+    def read_only(self) -> bool:
+        """Whether this user cannot write the store (its folder or its database): it is read as
+        it is, and every write raises `StoreReadOnly`. The records of ``nbbudget run``
+        (`nbbudget.calls.run_store`) read it so too."""
+        return self._read_only
+
+    def _reopen(self) -> None:
+        """Before a write to a read-only store: if its folder has been made writable since it
+        opened, open it as a new store opens (its folder and files narrowed to their owner, its
+        tables brought up to date, its secret made if need be), and have each thread connect
+        anew; else `StoreReadOnly`."""
+        with self._reopening:
+            if not self._read_only:
+                return
+            if _cannot_write(self.folder, self.path):
+                raise StoreReadOnly(self.folder)
+            self._make_folder()
+            self._generation += 1
+            self._init_schema()
+            self._secret = self._load_secret()
+
     def _check_held(self) -> None:
         """The secret is made once the database holds the store's tables, so beside a secret a
         database that is missing, empty or without them has lost what it held."""
         self._check_file()
-        with self._errors_named(), closing(sqlite3.connect(self.path,
-                                                           timeout=self.busy_timeout_s)) as db:
+        with self._errors_named(), closing(self._connect()) as db:
             tables = {name for (name,) in db.execute(_TABLES)}
         if "checkpoints" not in tables:
             raise StoreDamaged(self.path, "it has none of the store's tables, though the secret "
@@ -354,6 +419,8 @@ class SQLiteStore:
         """The store's signing key: made once, written whole to a temporary file and linked into
         place, so no process ever reads a partial secret; a second process reads the first's."""
         path = self.folder / "secret"
+        if not path.exists() and self._read_only:
+            return b""  # none was made: no checkpoint was signed, none is there to verify
         if not path.exists():
             tmp = self.folder / f".secret.{os.getpid()}.{threading.get_ident()}.tmp"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -378,19 +445,46 @@ class SQLiteStore:
         """This thread's connection, made on first use: its busy timeout is set as it opens,
         before its first statement, then the database is put in WAL mode (`_switch_to_wal`)."""
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is not None and self._local.generation != self._generation:
+            self.close()  # the store became writable: this read-only connection goes
+            db = None
         if db is None:
-            db = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
+            db = self._connect()
             try:
-                _switch_to_wal(db, self.busy_timeout_s)
-                db.execute("PRAGMA synchronous=FULL")
+                if self._read_only:
+                    _tables_to_read(db)
+                else:
+                    _switch_to_wal(db, self.busy_timeout_s)
+                    db.execute("PRAGMA synchronous=FULL")
             except BaseException:
                 db.close()
                 raise
             self._local.db = db
+            self._local.generation = self._generation
+        return db
+
+    def _connect(self) -> sqlite3.Connection:
+        """A new connection to the database; on a read-only store, one that only reads: SQLite's
+        read-only mode, or, where that cannot open a WAL database (its ``-shm`` file is not
+        there and the folder is not writable, so none can be made), the file as immutable (no
+        process can be writing it: none can make the files a write needs)."""
+        if not self._read_only:
+            return sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
+        uri = self.path.resolve().as_uri()
+        db = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=self.busy_timeout_s,
+                             isolation_level=None)
+        try:
+            db.execute(_TABLES).fetchall()
+        except sqlite3.OperationalError:
+            db.close()
+            db = sqlite3.connect(f"{uri}?immutable=1", uri=True, timeout=self.busy_timeout_s,
+                                 isolation_level=None)
         return db
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
+        if self._read_only:
+            self._reopen()
         with self._transaction("BEGIN IMMEDIATE") as db:
             yield db
 
@@ -419,11 +513,14 @@ class SQLiteStore:
     def _errors_named(self) -> Iterator[None]:
         """SQLite's errors about the file become the store's, naming it: its word that the file
         is damaged (corrupt, not a database: exactly `sqlite3.DatabaseError`) `StoreDamaged`;
-        a lock held by another connection past the busy timeout `StoreBusy`, with who holds it.
-        Others (a full disk, a folder made read-only) pass as they are."""
+        a lock held by another connection past the busy timeout `StoreBusy`, with who holds it;
+        its word that the file cannot be written (a folder or file made read-only since the
+        store opened) `StoreReadOnly`. Others (a full disk) pass as they are."""
         try:
             yield
         except sqlite3.OperationalError as exc:
+            if _read_only_error(exc):  # made read-only since it opened
+                raise StoreReadOnly(self.folder) from None
             if not _busy(exc):
                 raise
             raise StoreBusy(self.path, self.busy_timeout_s, _holder(self.path)) from None
@@ -595,7 +692,13 @@ class SQLiteStore:
             cur = db.execute("SELECT id, identity, label, state, pid, created, updated, error "
                              "FROM jobs ORDER BY created DESC")
             names = [d[0] for d in cur.description]
-            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+            found = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        if self._read_only:  # told lost here; the store marks them when it can be written
+            for rec in found:
+                if rec["state"] == "running" and rec["pid"] != os.getpid() and \
+                        not _alive(rec["pid"]):
+                    rec["state"] = "lost"
+        return found
 
     def mark_lost_jobs(self) -> int:
         """Mark ``lost`` the running jobs whose process has died; how many were marked."""
@@ -720,6 +823,7 @@ def _switch_to_wal(db: sqlite3.Connection, timeout_s: float) -> None:
 #: the pauses between tries of SQLite's busy handler (sqliteDefaultBusyCallback), in seconds
 _PAUSES_S = (0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.025, 0.025, 0.05, 0.05, 0.1)
 _SQLITE_BUSY = 5  # SQLite's primary result code for a lock another connection holds
+_SQLITE_READONLY = 8  # and for a database that cannot be written
 
 
 def _busy(exc: sqlite3.OperationalError) -> bool:
@@ -729,6 +833,35 @@ def _busy(exc: sqlite3.OperationalError) -> bool:
     if code is not None:
         return code & 0xFF == _SQLITE_BUSY
     return str(exc) == "database is locked"
+
+
+def _read_only_error(exc: sqlite3.OperationalError) -> bool:
+    """Whether SQLite answered *exc* because the database cannot be written
+    (``SQLITE_READONLY`` or one of its extended codes)."""
+    code: int | None = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF == _SQLITE_READONLY
+    return str(exc).startswith("attempt to write a readonly database")
+
+
+def _cannot_write(folder: Path, db_path: Path) -> bool:
+    """Whether this user cannot write the store in *folder*: the folder is there and cannot
+    take a new file (the journal a write makes), or its database is there and cannot be
+    written. (A folder not there yet is made, or fails to be, as a new store is.)"""
+    if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+        return True
+    return db_path.exists() and not os.access(db_path, os.W_OK)
+
+
+def _tables_to_read(db: sqlite3.Connection) -> None:
+    """On a connection to a read-only store: each table of the store its file lacks (a store
+    made by an earlier release, which cannot be brought up to date) is made, empty, in the
+    connection's temporary schema, so a read of it finds nothing rather than failing."""
+    tables = {name for (name,) in db.execute(_TABLES)}
+    for statement in _SCHEMA.split(";"):
+        words = statement.split()
+        if words[:2] == ["CREATE", "TABLE"] and words[5] not in tables:
+            db.execute(statement.replace("CREATE TABLE", "CREATE TEMP TABLE", 1))
 
 
 def _holder(db_path: Path) -> str | None:

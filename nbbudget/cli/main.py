@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..calls import history as _history
-from ..calls.store import store
+from ..calls.store import StoreReadOnly, store
 from ..core.errors import ConfigError
 from ..core.limits import negative_values_joined
 from ..core.trace import Trace
@@ -66,9 +66,9 @@ def _did_you_mean(command: argparse.ArgumentParser, unknown: list[str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code (0 ok, 2 bad usage or unreadable input, 1
-    when the reader of standard output went away, as in ``nbbudget jobs | head -5``;
-    ``nbbudget run`` has codes of its own)."""
+    """Run the command line; returns the exit code (0 ok, 2 bad usage, unreadable input or a
+    write to a read-only store, 1 when the reader of standard output went away, as in
+    ``nbbudget jobs | head -5``; ``nbbudget run`` has codes of its own)."""
     # a negative value after its flag (--budget -1s) is read as its value, and refused as such
     words = negative_values_joined(sys.argv[1:] if argv is None else argv)
     args = _parsed(words)
@@ -76,6 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code = handler(args)
         sys.stdout.flush()  # a reader that went away is found here, not at exit
+    except StoreReadOnly as exc:  # a write the store cannot take (nbbudget cancel, --forget...)
+        print(f"nbbudget {args.command}: {exc}", file=sys.stderr)
+        return 2
     except BrokenPipeError:
         # as Python's documentation says to (the note on SIGPIPE, in the signal module): what
         # is left to flush at exit goes nowhere, and the command ends quietly, with 1

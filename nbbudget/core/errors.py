@@ -1,6 +1,6 @@
 """The exceptions nbbudget raises.
 
-Every error keeps its data as attributes and builds its message from them (the three store
+Every error keeps its data as attributes and builds its message from them (the four store
 errors live with the store, in `nbbudget.calls.store`)::
 
     Exception
@@ -16,6 +16,7 @@ errors live with the store, in `nbbudget.calls.store`)::
                +-- CheckpointRefused a stored checkpoint failed a check (S4-5)
                +-- StoreDamaged      the store's database is damaged or lost what it held
                +-- StoreBusy         another connection kept the store locked too long
+               +-- StoreReadOnly     this user cannot write the store: a write was refused
 
 Code inside a run that catches ``Exception`` does not swallow a stop: the run unwinds with an
 internal signal derived from ``BaseException`` and turns it into one of the errors above when it
