@@ -823,7 +823,9 @@ def _switch_to_wal(db: sqlite3.Connection, timeout_s: float) -> None:
 #: the pauses between tries of SQLite's busy handler (sqliteDefaultBusyCallback), in seconds
 _PAUSES_S = (0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.025, 0.025, 0.05, 0.05, 0.1)
 _SQLITE_BUSY = 5  # SQLite's primary result code for a lock another connection holds
-_SQLITE_READONLY = 8  # and for a database that cannot be written
+#: SQLite's codes for a database this user cannot write: SQLITE_READONLY, and its extended
+#: codes READONLY_CANTLOCK, READONLY_CANTINIT and READONLY_DIRECTORY
+_READ_ONLY_CODES = frozenset({8, 8 | 2 << 8, 8 | 5 << 8, 8 | 6 << 8})
 
 
 def _busy(exc: sqlite3.OperationalError) -> bool:
@@ -836,11 +838,12 @@ def _busy(exc: sqlite3.OperationalError) -> bool:
 
 
 def _read_only_error(exc: sqlite3.OperationalError) -> bool:
-    """Whether SQLite answered *exc* because the database cannot be written
-    (``SQLITE_READONLY`` or one of its extended codes)."""
+    """Whether SQLite answered *exc* because this user cannot write the database or its folder
+    (``SQLITE_READONLY``, or its extended codes for a lock or a ``-shm`` file it cannot make);
+    not for a file moved or deleted under the store, nor for a journal to recover."""
     code: int | None = getattr(exc, "sqlite_errorcode", None)
     if code is not None:
-        return code & 0xFF == _SQLITE_READONLY
+        return code in _READ_ONLY_CODES
     return str(exc).startswith("attempt to write a readonly database")
 
 
