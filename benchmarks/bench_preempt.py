@@ -56,6 +56,7 @@ import io
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import statistics
@@ -100,7 +101,7 @@ class Try:
     """One try of one peer on one case, in ms from its deadline."""
 
     late_ms: float  # the except (or the end of the block) reached
-    left_ms: float | None  # the work's frame left
+    left_ms: float  # the work's frame left (its stamp lost: by the except, or the join)
     stopped: bool  # the work was stopped before it ended by itself
     caught: str  # what the except caught ("" when the block ended without an exception)
     cpu_ms: float  # CPU time of the process from entering the block to the except
@@ -504,16 +505,20 @@ def empty_block(reps: int, n: int, blocks: int, ref: str
                 ) -> tuple[dict[str, Any], list[tuple[str, bool, str]]]:
     """Section 2: fresh processes, alternating between this checkout and *ref*."""
     home = tempfile.mkdtemp(prefix="nbbudget-bench-before-")
-    short = checkout(ref, home)
     env = {**os.environ, "NBBUDGET_INTERACTIVE": "0"}
     trees = {"now": ROOT, "before": home}
     got: dict[str, list[dict[str, list[float]]]] = {k: [] for k in trees}
-    for rep in range(reps):
-        order = list(trees) if rep % 2 == 0 else list(reversed(trees))
-        for which in order:
-            out = subprocess.run([sys.executable, "-c", CHILD, trees[which], str(n), str(blocks)],
-                                 capture_output=True, text=True, env=env, check=True, cwd=home)
-            got[which].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    try:
+        short = checkout(ref, home)
+        for rep in range(reps):
+            order = list(trees) if rep % 2 == 0 else list(reversed(trees))
+            for which in order:
+                out = subprocess.run(
+                    [sys.executable, "-c", CHILD, trees[which], str(n), str(blocks)],
+                    capture_output=True, text=True, env=env, check=True, cwd=home)
+                got[which].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
     labels = {"time": 'with nb.budget(time="5s"): pass', "plain": "with nb.budget(): pass"}
     result: dict[str, Any] = {"before": short, "reps": reps, "blocks": blocks, "n": n}
     goals = []
