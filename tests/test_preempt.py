@@ -292,3 +292,37 @@ def test_a_run_entered_by_several_threads_is_left_by_each_in_any_order():
     thread.join(10)
     assert seen == [True, True]
     assert run.outcome.status.value == "completed"
+
+
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_N_5_a_stop_that_came_before_the_thread_was_inside_still_interrupts_it(where):
+    """A grant's clock starts when it is made: its deadline may pass before a thread enters it
+    (as a run's may pass while the thread is still entering, on a busy machine). The thread
+    that enters it is interrupted all the same."""
+    seen: list[tuple[BaseException | None, float]] = []
+
+    def work() -> None:
+        with nb.budget() as run:
+            grant = run.grant(time="20ms")
+            time.sleep(0.1)  # the grant's deadline passes: nobody is inside it yet
+            seen.append(_timed_in(grant, _sleep if where == "main" else _spin))
+
+    if where == "main":
+        work()
+    else:
+        thread = threading.Thread(target=work, name="test-stopped-before")
+        thread.start()
+        thread.join(60)
+    [(error, took)] = seen
+    assert isinstance(error, nb.BudgetCut), error
+    assert took < LATE_S
+
+
+def _timed_in(run, work) -> tuple[BaseException | None, float]:
+    started = time.monotonic()
+    try:
+        with run:
+            work()
+    except BaseException as exc:
+        return exc, time.monotonic() - started
+    return None, time.monotonic() - started

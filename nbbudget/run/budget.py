@@ -639,12 +639,18 @@ class Budget:
         return None
 
     def _adopt_entry(self, entry: _preempt.Entry) -> None:
-        """A thread entered this run before it was made (the work of a call, `Deferred`):
-        its stops reach that thread from now on."""
+        """The thread of *entry* is inside this run (entered now, or before the run was made:
+        the work of a call, `Deferred`): its stops reach that thread from now on. One that came
+        before (its deadline passed while the thread was entering) is fired from the clock's
+        timer: the listener, called at once in the entering thread, leaves it to a check."""
         self._entries.append(entry)
         state = self._state
         if state.__class__ is _Built:
-            state.scope.add_listener(entry.fire)
+            scope = state.scope
+            scope.add_listener(entry.fire)
+            stop = scope.stop
+            if stop is not None:
+                scope.clock.call_at(scope.clock.now_ms(), functools.partial(entry.fire, stop))
 
     def _completed_at(self, ended: float) -> None:
         """The work of this run completed at *ended* on its clock (a run made after its work
@@ -1134,6 +1140,8 @@ def _trace_mode(mode: object) -> bool:
     return mode == "full"
 
 
-# N-5: a stop is never raised inside nbbudget's own leaving of a run, which reads it anyway
-for _leaving in (Budget.__exit__, Budget._leave, Deferred.__exit__, Deferred.end):
-    _preempt.shield(_leaving.__code__)
+# N-5: a stop is never raised inside nbbudget's own entering of a run (the block would be left
+# without its end) or its leaving (which reads the stop anyway): it lands in the block
+for _own in (Budget.__enter__, Budget.__aenter__, Budget.__exit__, Budget.__aexit__,
+             Budget._leave, Deferred.__enter__, Deferred.__exit__, Deferred.end):
+    _preempt.shield(_own.__code__)
