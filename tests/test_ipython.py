@@ -472,15 +472,19 @@ def test_S4_5_a_refused_checkpoint_ends_the_cell_with_its_code_not_as_a_usage_er
     assert err._render_traceback_() == [f"CheckpointRefused: {err}"]
 
 
-def test_budget_jobs_on_a_damaged_store_is_a_usage_error_naming_it(shell, tmp_path, monkeypatch):
+def test_budget_jobs_on_a_damaged_store_lists_the_kernels_jobs_and_names_the_damage(
+        shell, tmp_path, monkeypatch, capsys):
     folder = tmp_path / "damaged"
     folder.mkdir()
     (folder / "secret").write_text("0" * 64)  # a store that held records...
     (folder / "nbbudget.db").write_bytes(b"")  # ...and lost them
     monkeypatch.setenv("NBBUDGET_HOME", str(folder))
-    with pytest.raises(UsageError, match=re.escape(
-            f"the nbbudget store {str(folder / 'nbbudget.db')!r} is damaged")):
-        shell.run_line_magic("budget", "jobs")
+    shown = shell.run_line_magic("budget", "jobs")
+    said = capsys.readouterr().out + (repr(shown) if shown is not None else "")
+    assert (f"(the store's jobs are not listed: the nbbudget store "
+            f"{str(folder / 'nbbudget.db')!r} is damaged") in said
+    assert "Restore it from a backup, or move the folder" in said
+    assert (folder / "nbbudget.db").read_bytes() == b""  # left as it is
 
 
 def test_S2_1_a_budget_cell_inside_an_active_run_runs_as_a_grant_of_it(shell):

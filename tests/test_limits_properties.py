@@ -158,7 +158,7 @@ def test_every_invalid_value_is_a_config_error_naming_field_and_value_S3_4(
         nb.Limits(**{field: value})
     except nb.ConfigError as error:
         shown = repr(value)
-        if len(shown) <= 80:
+        if not isinstance(value, str) or len(shown) <= 80:
             assert f"{field}={shown} " in str(error)
         else:  # a long text is named by its start and its end, shortened between them
             assert f"{field}={shown[:30]}" in str(error) and "..." in str(error)

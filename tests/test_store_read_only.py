@@ -262,7 +262,7 @@ def test_budget_jobs_lists_the_kernels_own_jobs_when_the_store_cannot_be_read(
     assert job.wait_done(20) and job.result() is None
     lines = repr(table).splitlines()
     assert lines[0].split()[:3] == ["id", "label", "state"]
-    assert [line.split()[0] for line in lines[1:-1]] == [job.id]
+    assert job.id in [line.split()[0] for line in lines[1:-1]]  # with any other test's jobs
     assert lines[-1] == (f"(the store's jobs are not listed: cannot create the nbbudget store in "
                          f"{str(empty)!r}: the folder is read-only and holds none. Make it "
                          f"writable (chmod u+w {shlex.quote(str(empty))}), or set "
