@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,10 @@ def read_only(folder: Path) -> Iterator[None]:
         yield
     finally:
         subprocess.run([chattr, "-i", str(folder)], check=True)
+
+
+#: ipykernel 7 or newer: what a job's thread writes after its cell reaches a cell
+_IPYKERNEL_7 = int(version("ipykernel").split(".")[0]) >= 7
 
 
 def refusal(folder: Path) -> str:
@@ -239,8 +244,9 @@ def test_a_kernel_on_a_read_only_store_lists_its_own_jobs_with_the_stores(
             assert done.status == "ok", done.outputs
             # where a write was needed, the kernel said why it could not be made
             warned = "".join(stream(cell, "stderr") for cell in (started, shown, done))
-            assert f"nbbudget could not record job {job}" in warned
-            assert refusal(folder) in warned
+            if _IPYKERNEL_7:  # on 6.29 a job thread's warning reaches no cell (see the docs'
+                assert f"nbbudget could not record job {job}" in warned  # ipykernel table)
+                assert refusal(folder) in warned
         finally:
             next(kernel, None)
         assert listing(folder) == before
