@@ -28,6 +28,7 @@ import pytest
 from conftest import pyproject
 from packaging.requirements import Requirement
 from packaging.version import Version
+from rules import ALL_RULE_IDS
 
 import nbbudget as nb
 
@@ -203,7 +204,8 @@ def test_the_built_sdist_and_wheel_pass_the_checks(dist: Path) -> None:
         f"wheel nbbudget-{version}-py3-none-any.whl: every module, py.typed, the nbbudget "
         f"command and the JupyterLab extension",
         f"wheel installed in a fresh virtual environment: import nbbudget {version}, "
-        f"nbbudget explain lists the 46 rules and explains S0-1, the JupyterLab extension is "
+        f"nbbudget explain lists the {len(ALL_RULE_IDS)} rules and explains S0-1, the "
+        f"JupyterLab extension is "
         f"in share/jupyter/labextensions",
     ]
     with zipfile.ZipFile(next(dist.glob("*.whl"))) as wheel:

@@ -231,7 +231,7 @@ def test_a_kernel_on_a_read_only_store_lists_its_own_jobs_with_the_stores(
         kc = next(kernel)
         try:
             started = run(kc, "%%budget --detach --budget 200ms --no-widget\n"
-                              "import time\ntime.sleep(1)\n'trained'\n")
+                              "import time\ntime.sleep(4)\n'trained'\n")
             assert started.envelope is not None and started.envelope["data"]["state"] == "running"
             job = started.envelope["data"]["job"]
             shown = run(kc, "table = %budget jobs\nprint(repr(table))")
