@@ -44,6 +44,17 @@ def _busy_until(moment: float) -> None:
         pass
 
 
+def run_on(where: str, fn, name: str) -> None:
+    """Run *fn* on the main thread (``where == "main"``: interrupted by the signal) or on a
+    thread of its own named *name* (by ``PyThreadState_SetAsyncExc``), and wait for it."""
+    if where == "main":
+        fn()
+        return
+    thread = threading.Thread(target=fn, name=name)
+    thread.start()
+    thread.join(120)
+
+
 def _sleep() -> None:
     time.sleep(30)
 
@@ -197,12 +208,7 @@ def test_N_5_a_cancel_as_the_block_ends_is_raised_once_and_never_after_it(where)
             status = run.outcome.status.value
             outcomes[status] = outcomes.get(status, 0) + 1
 
-    if where == "main":
-        rounds()
-    else:
-        thread = threading.Thread(target=rounds, name="test-race-rounds")
-        thread.start()
-        thread.join(120)
+    run_on(where, rounds, "test-race-rounds")
     assert strays == []
     assert set(outcomes) <= {"stopped", "completed"}
     assert sum(outcomes.values()) == 300
@@ -263,12 +269,7 @@ def test_N_5_a_deadline_in_a_finally_is_raised_once_and_the_code_after_the_block
                 strays.append(exc)
             seen[str(cut)] = seen.get(str(cut), 0) + 1
 
-    if where == "main":
-        rounds()
-    else:
-        thread = threading.Thread(target=rounds, name="test-finally-rounds")
-        thread.start()
-        thread.join(120)
+    run_on(where, rounds, "test-finally-rounds")
     assert strays == []
     assert seen == {"1": 40}
     assert not preempt._entries.get(threading.get_ident())
@@ -312,12 +313,7 @@ def test_N_5_a_stop_that_came_before_the_thread_was_inside_still_interrupts_it(w
             time.sleep(0.1)  # the grant's deadline passes: nobody is inside it yet
             seen.append(_timed_in(grant, _sleep if where == "main" else _spin))
 
-    if where == "main":
-        work()
-    else:
-        thread = threading.Thread(target=work, name="test-stopped-before")
-        thread.start()
-        thread.join(60)
+    run_on(where, work, "test-stopped-before")
     [(error, took)] = seen
     assert isinstance(error, nb.BudgetCut), error
     assert took < LATE_S
