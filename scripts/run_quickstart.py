@@ -188,9 +188,13 @@ def _probe_client(km: Any) -> Any:
 
 
 def _outcome(outcome: dict[str, str]) -> str:
-    """``completed``, or e.g. ``failed (budget-cut by steps)``."""
+    """``completed``, or e.g. ``failed (budget-cut by steps)``; a spent time grant is
+    ``failed (budget-cut, out of time)`` (``--time``'s, not ``--timeout``'s word)."""
     by = outcome.get("by")
-    why = " ".join(filter(None, [outcome.get("cause"), by and f"by {by}"]))
+    if by == "timeout":
+        why = ", ".join(filter(None, [outcome.get("cause"), "out of time"]))
+    else:
+        why = " ".join(filter(None, [outcome.get("cause"), by and f"by {by}"]))
     return outcome["status"] + (f" ({why})" if why else "")
 
 

@@ -30,6 +30,9 @@ def test_the_headless_quickstart_runs_every_cell_and_reports_each_budget_cell(tm
     assert re.search(r"%%budget --steps 10 --tool-calls 5 .* completed; value 6", out)
     assert re.search(r"%%budget --steps 3 --no-widget .* failed \(budget-cut by steps\).*"
                      r"\(expected\)", out)
+    assert re.search(r"%%budget --time 500ms --no-widget .* failed \(budget-cut, out of time\)"
+                     r".*\(expected\)", out)  # --time's word, not --timeout's (N-7)
+    assert re.search(r"%%budget --steps 10 --no-widget .* completed; value \[0, 1, 2\]", out)
     assert re.search(r"%%budget --detach --budget 1s .* INCOMPLETE: running, job [0-9a-f]+-1",
                      out)
     assert re.search(r"%%budget --resume --budget 1s .* INCOMPLETE: paused", out)
