@@ -597,10 +597,7 @@ class Budget:
         """The thread of *entry*, taken off `_entries`, is done with the run: no stop is raised
         in it any more. What the run's error adds when the thread went on long after its stop
         (C code, N-7); None when it did not, or nothing could stop the run."""
-        try:
-            _preempt.leave(entry)
-        except _preempt.Interrupt:  # the stop landed as the thread left: the run reads it
-            _preempt.leave(entry)
+        _preempt.leave(entry)
         state = self._state
         if state.__class__ is not _Built:
             return None  # nothing could stop it
@@ -962,10 +959,7 @@ class Deferred:
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool | None:
         entry = self._entry
         if entry is not None:
-            try:
-                _preempt.leave(entry)
-            except _preempt.Interrupt:  # it landed as the work ended: the run reads its stop
-                _preempt.leave(entry)
+            _preempt.leave(entry)
         if self._token is not None:
             _current.reset(self._token)
             self._token = None
