@@ -16,6 +16,7 @@ import pytest
 
 import nbbudget as nb
 from nbbudget.core import preempt
+from nbbudget.core.clock import MonotonicClock
 
 pytestmark = pytest.mark.realclock
 
@@ -327,3 +328,94 @@ def _timed_in(run, work) -> tuple[BaseException | None, float]:
     except BaseException as exc:
         return exc, time.monotonic() - started
     return None, time.monotonic() - started
+
+
+class _LateTimer(MonotonicClock):
+    """The real clock, whose timer thread runs each callback 10 s after its time: a machine
+    so busy that the thread does not get the GIL (the kernel's timer needs neither)."""
+
+    def call_at(self, when_ms, callback):
+        return super().call_at(when_ms + 10_000, callback)
+
+
+_KERNEL_TIMER = pytest.mark.skipif(
+    preempt._main_alarm() is None, reason="no kernel timer per thread here (Linux has one)")
+
+
+@_KERNEL_TIMER
+@pytest.mark.parametrize("name", ["pure Python", "except Exception", "sleep", "socket accept"])
+def test_N_5_the_kernel_timer_stops_the_main_thread_at_its_deadline(name):
+    """On the main thread the deadline is sent by the kernel's timer, not by the clock's timer
+    thread (which waits for the GIL while the work runs Python): the run stops even when that
+    thread is late by seconds. Its stop is traced once, and its listeners are told once."""
+    told: list[object] = []
+    started = time.monotonic()
+    # 10 ms: closer than the lead at which the clock's timer sets the kernel's (below)
+    with pytest.raises(nb.BudgetCut) as cut, nb.budget(time="10ms", clock=_LateTimer()) as run:
+        run.lowlevel.scope.add_listener(told.append)
+        BLOCKS[name]()
+    took = time.monotonic() - started
+    assert 0.01 <= took < LATE_S
+    assert cut.value.outcome.by == "timeout"
+    assert [e.kind for e in run.trace.events].count("cut") == 1
+    assert told == [run.lowlevel.scope.stop]
+
+
+@_KERNEL_TIMER
+def test_N_5_the_kernel_timer_of_an_outer_run_stops_the_main_thread_inside_an_inner_one():
+    """Runs nest: the earliest deadline of the runs the main thread is inside is the one the
+    kernel's timer is set to; the inner run ends with the outer one's stop."""
+    with (pytest.raises(nb.BudgetCut) as cut,
+          nb.budget(time="10ms", clock=_LateTimer(), name="outer") as outer,
+          nb.budget(time="20s", clock=_LateTimer(), name="inner") as inner):
+        _spin()
+    assert cut.value.outcome.by == "timeout"
+    assert outer.outcome.status.value == "failed"
+    assert inner.outcome.status.value != "completed"
+    assert preempt._armed_ns == 0  # nothing left set
+
+
+@_KERNEL_TIMER
+def test_N_5_the_kernel_timer_leaves_nbbudgets_own_code_to_the_clocks_timer():
+    """The signal's handler stops a run only while the thread runs the work's own code: in
+    nbbudget's code (which may hold the run's lock) it leaves the stop to the clock's timer."""
+    with pytest.raises(nb.BudgetCut), nb.budget(time="10ms", clock=_LateTimer()) as run:
+        [entry] = preempt._entries[threading.get_ident()]
+        with preempt._lock:
+            preempt._set_alarm(0)  # the signal is sent by hand below
+        time.sleep(0.05)  # its deadline passes; the clock's timer is 10 s late
+        scope = run.lowlevel.scope
+        # what the handler finds when the signal lands in a function of nbbudget's, called
+        # by the work, and in a function of the user's
+        assert not _in_module("nbbudget.somewhere", lambda f: preempt._expired(entry, f))
+        assert scope.stop is None
+        assert _in_module("users_module", lambda f: preempt._expired(entry, f))
+        assert entry.stop is scope.stop is not None
+        with pytest.raises(preempt.Unwind):
+            _in_module("users_module", lambda f: preempt._on_signal(preempt.SIGNAL, f))
+        assert not entry.take()  # raised once
+        _in_module("users_module", lambda f: preempt._on_signal(preempt.SIGNAL, f))
+
+
+def _in_module(module: str, fn):
+    """*fn* called with the frame of a function of *module* that calls it from here."""
+    space: dict[str, object] = {"__name__": module, "sys": sys}
+    exec("def here(fn):\n    return fn(sys._getframe())\n", space)
+    return space["here"](fn)
+
+
+@_KERNEL_TIMER
+def test_N_5_the_kernel_timer_is_set_shortly_before_the_deadline_while_the_work_runs_python():
+    """The clock's timer sets the kernel's a little before the deadline (it has the GIL then
+    even while the work runs Python); a block that ends earlier never calls the kernel."""
+    with nb.budget(time="5s"):
+        assert preempt._armed_ns == 0
+    set_at: list[int] = []
+    with pytest.raises(nb.BudgetCut), nb.budget(time="300ms") as run:
+        due = run.lowlevel.scope.deadline_ms()
+        while True:
+            if preempt._armed_ns and not set_at:
+                set_at.append(time.monotonic_ns())
+    assert set_at and set_at[0] < due * 1e6  # set before the deadline
+    assert due * 1e6 - set_at[0] < 100e6  # and not long before
+    assert preempt._armed_ns == 0

@@ -12,7 +12,9 @@ thread, a limit passed by another thread), `Entry.fire` interrupts the thread:
   interrupt interrupts: a sleep, a socket read, a lock or event wait return at once, and pure
   Python stops at its next bytecode. The kernel's own SIGINT handling is left as it is. The
   handler decides, on the main thread, whether to raise: only while the entry is live, once,
-  and never inside nbbudget's own leaving of a run (which reads the run's stop anyway).
+  and never inside nbbudget's own leaving of a run (which reads the run's stop anyway). A
+  deadline is sent by a kernel timer set shortly before it (`Entry.arm`), and the handler
+  stops the run itself: the clock's timer thread would wait for the GIL first.
 - **Any other thread** has the stop raised at its next bytecode
   (``PyThreadState_SetAsyncExc``, as stopit and func-timeout do): it cannot wake a thread
   blocked in a sleep or a read. It is raised once, only while the entry is live: leaving
@@ -39,20 +41,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import os
 import signal
 import sys
 import threading
+import time
+from collections.abc import Callable
 from types import CodeType, FrameType
-from typing import Any
+from typing import Any, Protocol
 
-from .clock import Clock
+from .alarm import ThreadAlarm, thread_alarm
+from .clock import Clock, MonotonicClock
 from .errors import ConfigError
 from .kinds import KINDS, RUN_MS
 from .outcome import Status
 from .scope import Stop, Unwind
 
-__all__ = ["LATE_MS", "SIGNAL", "Entry", "Interrupt", "checked", "current_task", "enter", "guard",
-           "leave", "shield"]
+__all__ = ["LATE_MS", "SIGNAL", "Entry", "Interrupt", "Timed", "calls_work", "checked",
+           "current_task", "enter", "guard", "leave", "shield"]
 
 #: the signal nbbudget sends the main thread to interrupt it: a real-time signal where the
 #: platform has them (nothing in a kernel uses one), else SIGUSR2; 0 where there is none
@@ -76,8 +82,9 @@ class Entry:
     """One thread inside one run, from `enter` to `leave`. `fire` (from any thread) interrupts
     the thread with the run's stop, raised once; `waiting` says that the stop has not landed."""
 
-    __slots__ = ("_deliver", "_fire", "cancelled", "clock", "closed", "fired_at", "frame",
-                 "held", "landed_at", "signals", "stop", "task", "thread")
+    __slots__ = ("_deliver", "_fire", "block", "cancelled", "clock", "closed", "due_ms",
+                 "fired_at", "frame", "held", "landed_at", "signals", "stop", "task", "thread",
+                 "timed")
 
     def __init__(self, thread: int, signals: bool, clock: Clock,
                  task: asyncio.Task[Any] | None = None, frame: FrameType | None = None) -> None:
@@ -96,6 +103,11 @@ class Entry:
         self.landed_at: float | None = None  # on the clock, when the stop was raised
         # the stop was held back in a guarded wait of nbbudget's, which raised it itself
         self.held = False
+        # the run's time, where the kernel's timer signals the main thread at its deadline
+        # (`arm`); the deadline, on the clock
+        self.timed: Timed | None = None
+        self.due_ms: float | None = None
+        self.block: FrameType | None = None  # the frame of the block that entered, if known
         self._fire: list[None] = [None]  # popped (atomic) by the one firing
         self._deliver: list[None] = [None]  # popped by the one raising, or by leaving
 
@@ -122,6 +134,33 @@ class Entry:
             if not self.signals:
                 return  # nothing else reaches a thread that runs other tasks meanwhile
         self._send()
+
+    def arm(self, timed: Timed) -> None:
+        """The thread's run stops at *timed*'s deadline. On the main thread, on the real clock,
+        the kernel's timer sends the signal at the deadline itself (`nbbudget.core.alarm`), and
+        the handler stops the run there (`Timed.expire_here`): the clock's timer thread, which
+        fires the entry otherwise, wakes at the deadline and then waits for the GIL while the
+        work runs Python, a switch interval late (5 ms by default). The kernel's timer is set
+        shortly before the deadline (`Timed.before_deadline`), so that a block that ends
+        earlier costs no call into the kernel. On other threads, other clocks and platforms
+        without such a timer, the clock's timer fires the entry, as any stop."""
+        if (self.signals and not self.closed and isinstance(self.clock, MonotonicClock)
+                and _main_alarm() is not None):
+            self.timed = timed
+            timed.before_deadline(self._due)
+
+    def _due(self, due_ms: float) -> None:
+        """*timed*'s deadline is near (the clock's timer), or moved: set the kernel's timer to
+        it, unless an outer run's comes first (and has not passed)."""
+        if signal.getsignal(SIGNAL) is not _on_signal:
+            return  # other code took the signal since: it would be sent to theirs
+        with _lock:
+            if self.closed:
+                return
+            self.due_ms = due_ms
+            when = _due_ns(due_ms)
+            if not _armed_ns or when < _armed_ns or _armed_ns <= time.monotonic_ns():
+                _set_alarm(when)
 
     def _cancel(self) -> None:
         """On the task's loop, between its steps: cancel the task, unless the stop landed
@@ -223,6 +262,24 @@ def _interrupts(stop: Stop) -> bool:
     return stop.status in (Status.STOPPED, Status.CANCELLED) or stop.by in _TIME_BY
 
 
+class Timed(Protocol):
+    """A run's time, as `Entry.arm` reads it: its scope (``nbbudget.core.scope.Scope``)."""
+
+    def deadline_ms(self) -> float | None:
+        """When its time runs out, on its clock; None without a deadline."""
+
+    def before_deadline(self, callback: Callable[[float], None]) -> None:
+        """Call *callback* with the deadline shortly before it (any thread), again when it
+        moves; until `forget_before_deadline`."""
+
+    def forget_before_deadline(self, callback: Callable[[float], None]) -> None:
+        """*callback* is not called any more."""
+
+    def expire_here(self) -> Stop | None:
+        """In the signal's handler: its stop if the deadline has passed (made now if need be,
+        its listeners told later); None when not, or when it cannot say here."""
+
+
 class Interrupt(Unwind):
     """What ``PyThreadState_SetAsyncExc`` raises in a thread (it raises a class, made with no
     arguments): the run's `Unwind`, its stop read from the thread's fired entry. Leaving a run
@@ -256,17 +313,67 @@ def enter(clock: Clock, frame: FrameType | None = None) -> Entry:
     beneath it (its thread runs other tasks while it awaits)."""
     ident = threading.get_ident()
     task = None
+    block = frame
     if frame is not None and frame.f_code.co_flags & _ASYNC:
         task = current_task()  # None under another loop (trio): the signal only, inside
     else:
         frame = None
     entry = Entry(ident, ident == _MAIN and (_installed or _install()), clock, task, frame)
+    entry.block = block
     stack = _entries.get(ident)
     if stack is None:
         _entries[ident] = [entry]
     else:
         stack.append(entry)
     return entry
+
+
+#: the main thread's kernel timer, made the first time an entry is armed (None: not made yet,
+#: or the platform has none: `_alarm_made` says which), and what it is set to (ns, 0: nothing)
+_alarm: ThreadAlarm | None = None
+_alarm_made = False
+_armed_ns = 0
+
+
+def _main_alarm() -> ThreadAlarm | None:
+    global _alarm, _alarm_made
+    if not _alarm_made:
+        _alarm_made = True
+        _alarm = thread_alarm(SIGNAL, threading.main_thread().native_id or 0)
+    return _alarm
+
+
+def _set_alarm(when: int) -> None:
+    """Set the main thread's kernel timer to go off at *when* (ns on the monotonic clock), or
+    clear it (0). With `_lock` held, never in the handler."""
+    global _armed_ns
+    if _alarm is not None and when != _armed_ns:
+        if when or _armed_ns > time.monotonic_ns():  # one that has gone off needs no clearing
+            _alarm.at(when)
+        _armed_ns = when
+
+
+def _due_ns(due_ms: float) -> int:
+    # a microsecond after the deadline: the scope compares the clock's float milliseconds, and
+    # a signal a rounding early would find nothing due
+    return int(due_ms * 1e6) + 1000
+
+
+def _rearm() -> None:
+    """The main thread's kernel timer at the earliest deadline of its live entries, if any."""
+    due = min((e.due_ms for e in _entries.get(_MAIN, ()) if e.due_ms is not None and not e.closed),
+              default=None)
+    _set_alarm(0 if due is None else _due_ns(due))
+
+
+def _forget_alarm() -> None:
+    """In a child made by ``os.fork``: it has no timers, and another main thread."""
+    global _alarm, _alarm_made, _armed_ns
+    _alarm, _alarm_made, _armed_ns = None, False, 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_alarm)
 
 
 def leave(entry: Entry) -> None:
@@ -290,6 +397,13 @@ def _close(entry: Entry) -> None:
         with _lock:                 # sending takes, what was sent and not raised yet
             if entry.landed_at is None and not entry.signals and entry.task is None:
                 _raise_in(entry.thread, None)
+    timed = entry.timed
+    if timed is not None:
+        timed.forget_before_deadline(entry._due)
+        if entry.due_ms is not None:  # (read after `closed` was set: `_due` sets no more)
+            with _lock:
+                if _due_ns(entry.due_ms) == _armed_ns:
+                    _rearm()  # set for this entry: for an outer one's, or cleared
     task = entry.task
     if entry.cancelled and task is not None and hasattr(task, "uncancel"):  # 3.11+: as
         entry.cancelled = False  # asyncio.timeout does, so that the task's own cancels count
@@ -311,6 +425,16 @@ def shield(code: CodeType) -> None:
     leaving of a run (``nbbudget.run.budget``, ``nbbudget.calls.call``), which reads the run's
     stop itself. User code it calls (a call's work) is interrupted as any other."""
     _shielded.add(code)
+
+
+def calls_work(code: CodeType) -> None:
+    """*code* is nbbudget's, and calls a run's work (a ``%%budget`` cell's code): beneath it
+    runs the user's code, which the kernel's timer may stop there (`Entry.arm`) unless it
+    has called nbbudget's again."""
+    _callers.add(code)
+
+
+_callers: set[CodeType] = set()
 
 
 def guard(code: CodeType) -> None:
@@ -361,18 +485,49 @@ def _install() -> bool:
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     """On the main thread, at its next bytecode after the signal: raise the innermost fired
-    entry's stop, unless nbbudget is leaving a run there (`leave` sends it again if needed)."""
+    entry's stop, unless nbbudget is leaving a run there (`leave` sends it again if needed).
+    From the kernel's timer (`Entry.arm`), no entry has fired yet: the run whose deadline has
+    passed is stopped here, when the thread runs the work's own code."""
     for entry in reversed(_entries.get(_MAIN, ())):
-        if entry.stop is not None and not entry.closed and entry.landed_at is None:
-            if entry.frame is not None and not _beneath(frame, entry.frame):
-                continue  # the loop runs another task, or this one awaits: its cancel waits
-            where = _held_in(frame)
-            if where is not None:
-                entry.held = entry.held or where is _guarded
-                return
-            if not entry.take():
-                return
-            raise entry.stop.signal()
+        if entry.closed or entry.landed_at is not None:
+            continue
+        if entry.frame is not None and not _beneath(frame, entry.frame):
+            continue  # the loop runs another task, or this one awaits: its cancel waits
+        if entry.stop is None and not _expired(entry, frame):
+            continue
+        where = _held_in(frame)
+        if where is not None:
+            entry.held = entry.held or where is _guarded
+            return
+        if not entry.take():
+            return
+        assert entry.stop is not None
+        raise entry.stop.signal()
+
+
+def _expired(entry: Entry, frame: FrameType | None) -> bool:
+    """At the kernel's timer: whether *entry*'s run has run out of time, its stop set on the
+    entry. Only while the thread runs none of nbbudget's code inside the run (which may hold
+    the run's locks, and checks the time itself): else the clock's timer fires the entry."""
+    timed = entry.timed
+    if timed is None:
+        return False
+    block = entry.block
+    while True:  # from the innermost frame out to the work's caller, none of nbbudget's
+        if frame is None:
+            return False  # the work's caller not found: nothing proves it
+        if frame is block or frame.f_code in _callers:
+            break
+        if frame.f_globals.get("__name__", "").startswith("nbbudget."):
+            return False
+        frame = frame.f_back
+    stop = timed.expire_here()
+    if stop is None or not _interrupts(stop):
+        return False
+    if entry.stop is None:  # the clock's timer may fire it meanwhile, with this same stop
+        entry.stop = stop
+        entry.fired_at = entry.clock.now_ms()
+    return True
 
 
 #: a code's flags that say its frame is a coroutine's (``async def``, an async generator)

@@ -15,6 +15,7 @@ asks ``on_expire`` for the stop to make when its deadline passes.
 from __future__ import annotations
 
 import math
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -116,6 +117,12 @@ def _nothing() -> None:
     return None
 
 
+#: how many switch intervals before a deadline `Scope.before_deadline` tells its callbacks: a
+#: thread woken then has the GIL within one while the work runs Python (see `_wake_in` in
+#: `nbbudget.core.clock`), and is done before the deadline
+_LEAD_SWITCHES = 3
+
+
 class Scope:
     """The stop, the deadline and the pause of one run or grant; a grant's scope is a child
     of its parent's and shares its lock and clock."""
@@ -151,6 +158,10 @@ class Scope:
         self._children: list[Scope] = []
         self._listeners: list[Callable[[Stop], None]] = []
         self._unobserved: list[None] = [None]  # emptied when the work first observes a cancel
+        self._untold: list[None] = []  # holds one while `expire_here`'s stop is not told
+        # `before_deadline`'s callbacks; whether the deadline is near (they have been told)
+        self._soon: list[Callable[[float], None]] = []
+        self._near = False
 
     def attach(self, limit_ms: float, *, on_halt: Callable[[], None],
                on_expire: Callable[[], Stop],
@@ -173,13 +184,49 @@ class Scope:
 
     # -- stopping ------------------------------------------------------------------------------
     def halt(self, stop: Stop) -> bool:
-        """Stop this scope and its descendants with *stop*; False when it was stopped already.
-        Idempotent and safe from any thread."""
+        """Stop this scope and its descendants with *stop*; False when it was stopped already
+        (listeners not told of that stop yet are told now: see `expire_here`). Idempotent and
+        safe from any thread."""
         with self.lock:
             first = self.halt_locked(stop)
         if first:
             self._notify(stop)
+        else:
+            self.tell()
         return first
+
+    def expire_here(self) -> Stop | None:
+        """Stop now if the deadline has passed, in a signal handler: the main thread's, at the
+        kernel's timer (``nbbudget.core.preempt``), so that the thread raises the stop at once
+        instead of waiting for the clock's timer thread (which waits for the GIL while the
+        work runs Python). The stop is set and traced; listeners and descendants are not told
+        here (the thread may be anywhere in code that holds their locks): the clock's callback
+        for the same deadline tells them, or the run's leaving (`tell`), whichever comes
+        first. The scope's stop (set now or before); None when the deadline has not passed,
+        the scope is paused, or its lock is held (then the clock's timer stops it)."""
+        if not self.lock.acquire(False):
+            return None
+        try:
+            if self.stop is None:
+                deadline = self.deadline_ms()
+                if (deadline is None or self.paused_at is not None
+                        or self.clock.now_ms() < deadline):
+                    return None
+                self.halt_locked(self._on_expire())
+                self._untold.append(None)
+            return self.stop
+        finally:
+            self.lock.release()
+
+    def tell(self) -> None:
+        """Tell listeners and descendants of a stop `expire_here` made, once, outside any
+        handler: the clock's timer (`halt`) or the run's leaving (`ending`) calls it."""
+        try:
+            self._untold.pop()  # atomic: one caller tells them
+        except IndexError:
+            return
+        assert self.stop is not None
+        self._notify(self.stop)
 
     def halt_locked(self, stop: Stop) -> bool:
         """`halt` with the lock held by the caller: the stop is set and traced, and listeners
@@ -249,6 +296,10 @@ class Scope:
         the ancestor's; a grant used without ``with`` that stopped surfaces here."""
         if self.stop is None:
             self.poll()
+        scope: Scope | None = self
+        while scope is not None:  # a stop made in the signal handler, here or above: told now
+            scope.tell()
+            scope = scope.parent
         stop = self.stop
         if isinstance(exc, Unwind) and exc.stop.origin is not self and (
                 stop is None or stop is exc.stop):
@@ -304,11 +355,49 @@ class Scope:
     def _arm(self) -> None:
         deadline = self.deadline_ms()
         if deadline is not None and self.paused_at is None:
-            self._timers.append(self.clock.call_at(deadline, self._on_deadline))
+            # in two steps: `_on_soon` a lead before the deadline, which schedules the deadline
+            # itself, unless it is that close already; a block that ends before (nearly every
+            # one) schedules and cancels one callback, as with one step
+            soon = deadline - _LEAD_SWITCHES * sys.getswitchinterval() * 1000
+            self._near = self.clock.now_ms() >= soon
+            self._timers.append(self.clock.call_at(deadline, self._on_deadline) if self._near
+                                else self.clock.call_at(soon, self._on_soon))
         if self.started_ms is not None:
             for at in self._notice_times():
                 self._timers.append(self.clock.call_at(
                     self.started_ms + at - self.active_before_ms, self._on_time_notice))
+
+    def _on_soon(self) -> None:
+        """On the clock's timer, a lead before the deadline: schedule the deadline, and tell
+        `before_deadline`'s callbacks when it is."""
+        with self.lock:
+            deadline = self.deadline_ms()
+            if deadline is None or self.paused_at is not None or self.stop is not None:
+                return
+            self._near = True
+            self._timers.append(self.clock.call_at(deadline, self._on_deadline))
+            callbacks = list(self._soon)
+        for callback in callbacks:
+            callback(deadline)
+
+    def before_deadline(self, callback: Callable[[float], None]) -> None:
+        """Call *callback* with the deadline (on the clock) a little before it comes: on the
+        clock's timer, `_LEAD_SWITCHES` switch intervals early (with the GIL in time while
+        the work runs Python), or at once when it is that close already; again each time it
+        is that close after a pause (S4-4). ``nbbudget.core.preempt`` sets the kernel's timer
+        for the main thread with it: only for a block that runs until its deadline is near,
+        so that the others cost no call into the kernel. `forget_before_deadline` ends it."""
+        with self.lock:
+            self._soon.append(callback)
+            deadline = self.deadline_ms() if self._near and self.paused_at is None else None
+        if deadline is not None:
+            callback(deadline)
+
+    def forget_before_deadline(self, callback: Callable[[float], None]) -> None:
+        """`before_deadline`'s *callback* is not called any more."""
+        with self.lock:
+            if callback in self._soon:
+                self._soon.remove(callback)
 
     def _on_time_notice(self) -> None:
         with self.lock:

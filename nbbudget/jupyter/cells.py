@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..core import streams
+from ..core import preempt, streams
 
 __all__ = ["CompiledCell", "awaited_cells", "comms_sent_as", "compile_cell", "keep_output",
            "pin_output", "pins_all_output"]
@@ -74,6 +74,11 @@ class CompiledCell:
         digest = hashlib.sha256(self.transformed.encode())
         digest.update(b"\0" + flags.encode())
         return f"cell:{digest.hexdigest()}"
+
+
+# the cell's own code runs beneath these: the kernel's timer stops it there (N-5)
+preempt.calls_work(CompiledCell.run.__code__)
+preempt.calls_work(CompiledCell.run_async.__code__)
 
 
 def _settle(value: Any) -> Any:

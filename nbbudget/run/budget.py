@@ -648,6 +648,8 @@ class Budget:
             stop = scope.stop
             if stop is not None:
                 scope.clock.call_at(scope.clock.now_ms(), functools.partial(entry.fire, stop))
+            else:
+                entry.arm(scope)
 
     def _completed_at(self, ended: float) -> None:
         """The work of this run completed at *ended* on its clock (a run made after its work
