@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from nbbudget.core.endings import OUT_OF_TIME
+
 REPO = Path(__file__).resolve().parent.parent
 MIME = "application/vnd.nbbudget.response+json"
 
@@ -192,7 +194,7 @@ def _outcome(outcome: dict[str, str]) -> str:
     ``failed (budget-cut, out of time)`` (``--time``'s, not ``--timeout``'s word)."""
     by = outcome.get("by")
     if by == "timeout":
-        why = ", ".join(filter(None, [outcome.get("cause"), "out of time"]))
+        why = ", ".join(filter(None, [outcome.get("cause"), OUT_OF_TIME]))
     else:
         why = " ".join(filter(None, [outcome.get("cause"), by and f"by {by}"]))
     return outcome["status"] + (f" ({why})" if why else "")

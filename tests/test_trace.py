@@ -651,11 +651,11 @@ def test_plot_draws_each_limited_axis_against_its_limit_with_notices_refusals_an
     try:
         lines = {line.get_label(): line for line in ax.get_lines()}
         assert {"steps (limit 20)", "tool_calls (limit 5)", "run_ms (limit 10000)",
-                "failed (steps)"} <= set(lines)
+                "failed (by steps)"} <= set(lines)
         steps = lines["steps (limit 20)"]
         assert max(steps.get_ydata()) == 1.0  # 20 of 20 steps
         assert lines["tool_calls (limit 5)"].get_ydata()[-1] == 1.0
-        assert list(lines["failed (steps)"].get_xdata()) == [4200.0] * 2  # the cut, at 4.2 s
+        assert list(lines["failed (by steps)"].get_xdata()) == [4200.0] * 2  # the cut, at 4.2 s
         levels = sorted(line.get_ydata()[0] for line in ax.get_lines()
                         if line.get_linestyle() == ":")
         assert levels == [0.8, 0.95]  # the notice thresholds

@@ -31,7 +31,8 @@ from .errors import BudgetCut, BudgetError, BudgetExceeded, Cancelled, ConfigErr
 from .outcome import Outcome, Status
 
 __all__ = ["ENDINGS", "EXIT_CANCELLED", "EXIT_FAILED", "EXIT_INCOMPLETE", "EXIT_OK",
-           "EXIT_STOPPED", "Ending", "Incomplete", "envelope_code", "outcome_of"]
+           "EXIT_STOPPED", "OUT_OF_TIME", "Ending", "Incomplete", "by_in_words", "envelope_code",
+           "outcome_of"]
 
 # The exit codes of an envelope (``meta.exit_code``), re-exported by `nbbudget.calls.response`
 # for `Response` and read by the table below, the magic and ``nbbudget run``.
@@ -110,3 +111,15 @@ def envelope_code(error: BaseException) -> str:
         return f"budget_cut_{error.by}".replace("-", "_")
     code = getattr(error, "code", None) if isinstance(error, (BudgetError, ConfigError)) else None
     return code if isinstance(code, str) and code else type(error).__name__
+
+
+#: what a person reads where a run's time grant ran out (``by="timeout"``, ``--time``): never
+#: "timeout", which is ``--timeout``'s word, the wall clock's (N-7)
+OUT_OF_TIME = "out of time"
+
+
+def by_in_words(by: str) -> str:
+    """What cut a run, as a person reads it: `OUT_OF_TIME` for its time grant, else ``by
+    steps``. The panel, the magic's line, the frames' plot, the what-if explorer and a tool's
+    cut say it so."""
+    return OUT_OF_TIME if by == "timeout" else f"by {by}"

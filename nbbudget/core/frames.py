@@ -14,6 +14,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "nbbudget's DataFrames need pandas; install it with: pip install 'nbbudget[frames]'"
     ) from exc
 
+from .endings import by_in_words
 from .kinds import KIND_INDEX, KINDS, RUN_MS
 
 if TYPE_CHECKING:
@@ -134,20 +135,16 @@ def _mark_events(ax: Any, frame: pd.DataFrame) -> None:
            lambda p: 1.0, marker="x", color="red", label="refused")
     stops = frame[frame["kind"].isin(["cut", "watchdog_cut", "cancel_requested", "cancelled"])]
     for t_ms, payload in zip(stops["t_ms"], stops["payload"], strict=True):
-        by = _said((payload or {}).get("by") or "stop")
-        ax.axvline(t_ms, color="red", linestyle="--", linewidth=1, label=f"cut ({by})")
+        by = (payload or {}).get("by")
+        ax.axvline(t_ms, color="red", linestyle="--", linewidth=1,
+                   label=f"cut ({by_in_words(by) if by else 'stop'})")
     ended = frame[frame["kind"] == "outcome"]
     for t_ms, payload in zip(ended["t_ms"], ended["payload"], strict=True):
         if payload and payload.get("status") in ("failed", "stopped", "cancelled"):
-            what = _said(payload.get("by") or payload.get("cause") or payload["status"])
+            by = payload.get("by")
+            what = by_in_words(by) if by else payload.get("cause") or payload["status"]
             ax.axvline(t_ms, color="red", linestyle="--", linewidth=1,
                        label=f"{payload['status']} ({what})")
-
-
-def _said(by: str) -> str:
-    """What stopped a run, as a person reads it: its time grant ran out (``out of time``; a
-    timeout is ``--timeout``'s, the wall clock's), else its ``by`` as it is."""
-    return "out of time" if by == "timeout" else by
 
 
 def _marks(ax: Any, rows: pd.DataFrame, height: Any, **style: Any) -> None:

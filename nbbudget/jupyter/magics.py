@@ -33,7 +33,7 @@ from ..calls.response import EXIT_INCOMPLETE, Response
 from ..calls.runner import jobs
 from ..core import streams
 from ..core.duration import spoken
-from ..core.endings import ENDINGS, envelope_code
+from ..core.endings import ENDINGS, OUT_OF_TIME, envelope_code
 from ..core.errors import BudgetCut, ConfigError, show
 from ..core.files import check_target
 from ..core.limits import NO_LIMITS as _NO_LIMITS
@@ -728,7 +728,7 @@ def _summary(resp: Response, *, then: str | None = None) -> str:
 
 #: a person reads that the work ran out of the time it was given (--time), not a code that
 #: says "timeout", which is --timeout's word (the envelope's JSON keeps the code)
-_OUT_OF_TIME: dict[str, str] = {envelope_code(BudgetCut("timeout", "")): "out of time"}
+_OUT_OF_TIME: dict[str, str] = {envelope_code(BudgetCut("timeout", "")): OUT_OF_TIME}
 
 
 class _EndedJobs:

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..core.duration import spoken
+from ..core.endings import by_in_words
 from ..core.errors import Cancelled
 from ..core.kinds import KIND_INDEX, KINDS
 from ..core.limits import Limits
@@ -75,8 +76,7 @@ def _state(snap: Snapshot) -> str:
     (``failed (out of time)`` for its time grant, ``failed (by steps)``)."""
     state = snap.status  # the outcome's, once there is one
     if snap.outcome is not None and snap.outcome.by:
-        by = snap.outcome.by
-        state += " (out of time)" if by == "timeout" else f" (by {by})"
+        state += f" ({by_in_words(snap.outcome.by)})"
     return state
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ..core import preempt, workers
 from ..core.clock import Latch, Scheduled
 from ..core.duration import parse_duration
+from ..core.endings import by_in_words
 from ..core.errors import BudgetCut, ConfigError
 from ..core.kinds import TOOL_CALLS
 
@@ -55,8 +56,7 @@ class ToolContext:
         """Raise `BudgetCut` if this call has been cut; well-behaved tools call it in loops."""
         if self.signal.is_set():
             by = self.cut_by or "timeout"
-            why = "its run ran out of time" if by == "timeout" else f"by {by}"
-            raise BudgetCut(by, f"tool {self.name} was cut: {why}")
+            raise BudgetCut(by, f"tool {self.name} was cut ({by_in_words(by)})")
 
     def _cut(self, by: str) -> bool:
         if self.signal.is_set():
