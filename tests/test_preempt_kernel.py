@@ -120,3 +120,24 @@ def test_N_5_a_stop_in_a_cell_that_starts_threads_ends_every_thread_inside_the_r
                        "print(sorted(t.name for t in threading.enumerate() "
                        "if t.name.startswith('spin-')))")
     assert left.stdout == "[]\n"  # each worker was stopped at its next bytecode
+
+
+def test_N_5_a_block_a_stop_left_without_its_end_is_ended_after_its_cell(kernel):
+    """CPython 3.13 leaves a ``with nb.budget()`` block without its end when the stop lands
+    in a ``while`` loop's condition in the same function (CPython issue 130279); here the
+    block is entered by hand. After the cell, the run is ended and the cell says so; the next
+    ``%%budget`` cell is a run of its own, not a grant of the one left open."""
+    cell = run(kernel, "import time, nbbudget as nb\n"
+                       "def left():\n"
+                       "    nb.budget(time='200ms', name='escaped').__enter__()\n"
+                       "    time.sleep(30)\n"
+                       "left()")
+    assert cell.status == "error" and cell.seconds < 0.2 + SLACK_S
+    said = "".join(o["content"]["text"] for o in cell.outputs
+                   if o["msg_type"] == "stream" and o["content"]["name"] == "stderr")
+    assert "escaped's block was left without its end running" in said
+    assert "ended now: BudgetCut: escaped ran out of time" in said
+    after = run(kernel, "%%budget --no-widget\nprint(type(nb.current()).__name__)")
+    assert after.status == "ok"
+    assert after.stdout.splitlines()[0] == "Budget"  # not a Grant of the run left open
+    assert run(kernel, "print(nb.current())").stdout == "None\n"

@@ -58,7 +58,7 @@ from .outcome import Status
 from .scope import Stop, Unwind
 
 __all__ = ["LATE_MS", "SIGNAL", "Entry", "Interrupt", "Timed", "calls_work", "checked",
-           "current_task", "enter", "guard", "leave", "shield"]
+           "current_task", "enter", "escaped", "guard", "leave", "shield"]
 
 #: the signal nbbudget sends the main thread to interrupt it: a real-time signal where the
 #: platform has them (nothing in a kernel uses one), else SIGUSR2; 0 where there is none
@@ -83,8 +83,8 @@ class Entry:
     the thread with the run's stop, raised once; `waiting` says that the stop has not landed."""
 
     __slots__ = ("_deliver", "_fire", "block", "cancelled", "clock", "closed", "due_ms",
-                 "fired_at", "frame", "held", "landed_at", "signals", "stop", "task", "thread",
-                 "timed")
+                 "fired_at", "frame", "held", "landed_at", "owner", "signals", "stop", "task",
+                 "thread", "timed")
 
     def __init__(self, thread: int, signals: bool, clock: Clock,
                  task: asyncio.Task[Any] | None = None, frame: FrameType | None = None) -> None:
@@ -108,6 +108,7 @@ class Entry:
         self.timed: Timed | None = None
         self.due_ms: float | None = None
         self.block: FrameType | None = None  # the frame of the block that entered, if known
+        self.owner: object = None  # the run, for the run's own use (`escaped`); never called
         self._fire: list[None] = [None]  # popped (atomic) by the one firing
         self._deliver: list[None] = [None]  # popped by the one raising, or by leaving
 
@@ -418,6 +419,27 @@ def _close(entry: Entry) -> None:
             for outer in stack:
                 if outer.fired_at is not None and outer.landed_at is None:
                     outer._send()
+
+
+def escaped(thread: int) -> list[Entry]:
+    """*thread*'s entries whose stop was raised and whose block no longer runs: the stop left
+    the block without its ``with`` statement's end running. CPython 3.13 does so when a signal
+    or an interrupt lands in a ``while`` loop's condition in the block's own function (CPython
+    issue 130279: that function's handlers are skipped). Called on *thread* itself, whose stack
+    it looks at; the run leaves them then (``nbbudget.run.budget``)."""
+    stack = _entries.get(thread)
+    if not stack:
+        return []
+    raised = [e for e in stack if e.landed_at is not None and e.block is not None
+              and e.task is None]  # (a task's cancel is thrown in at an await)
+    if not raised:
+        return []
+    running = []
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        running.append(frame)
+        frame = frame.f_back
+    return [e for e in raised if not any(f is e.block for f in running)]
 
 
 def shield(code: CodeType) -> None:

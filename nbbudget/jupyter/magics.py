@@ -13,6 +13,7 @@ import functools
 import io
 import json
 import shlex
+import sys
 import tokenize
 from collections.abc import Callable
 from typing import Any
@@ -44,7 +45,7 @@ from ..core.limits import (
     limits_from_flags,
     negative_values_joined,
 )
-from ..run.budget import Budget, Grant, check_notices, current
+from ..run.budget import Budget, Grant, check_notices, current, settle_escaped
 from .cells import (
     CompiledCell,
     awaited_cells,
@@ -756,6 +757,13 @@ def _is_call(args: Any, ceilings: Manifest | None) -> bool:
                 or ceilings is not None)
 
 
+def _escaped_blocks(*args: Any) -> None:
+    """After each cell: a ``with nb.budget()`` block of the cell that a stop left without its
+    end running (CPython 3.13) is ended now, and the cell says so (stderr, as a warning)."""
+    for text in settle_escaped():
+        print(text, file=sys.stderr)
+
+
 def load(shell: Any) -> None:
     """Register the magics and the kernel's interactive detector on *shell*."""
     if id(shell) in _LOADED:
@@ -774,6 +782,7 @@ def load(shell: Any) -> None:
     ended.told.update(job.id for job in jobs if job.done())
     shell.events.register("pre_run_cell", ended)
     shell.events.register("post_run_cell", magics.status.wake)  # a job may have come or gone
+    shell.events.register("post_run_cell", _escaped_blocks)
     magics.status.register()  # the comm a status bar opens (nbbudget.status)
     streams.install()  # a job keeps a copy of what its work prints (N-2)
     awaited = awaited_cells(shell)  # a cell that awaits runs on the kernel's loop (N-6)
@@ -791,6 +800,7 @@ def unload(shell: Any) -> None:
         shell.input_transformers_post.remove(awaited)
     magics.status.unregister()
     shell.events.unregister("post_run_cell", magics.status.wake)
+    shell.events.unregister("post_run_cell", _escaped_blocks)
     shell.events.unregister("pre_run_cell", ended)
     streams.uninstall()
     for kind, method in (("line", magics.budget), ("cell", magics.budget_cell)):

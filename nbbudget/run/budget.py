@@ -24,6 +24,7 @@ import math
 import operator
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import FrameType
@@ -151,6 +152,30 @@ def _reset_current(tokens: list[contextvars.Token[Budget | Deferred | None]]) ->
             return
         raise
     tokens.remove(last)
+
+
+def settle_escaped() -> list[str]:
+    """Leave the runs of this thread whose block a stop left without the block's end running
+    (CPython 3.13, `nbbudget.core.preempt.escaped`), innermost first, as their ``with``
+    statements would have: each settled, what `current` returned before it restored. What
+    happened to each, in a sentence with the error its block would have raised, for the
+    caller to say: entering a run warns, the magics print it under the cell (after each cell,
+    ``post_run_cell``)."""
+    said: list[str] = []
+    for entry in reversed(_preempt.escaped(threading.get_ident())):
+        run = entry.owner
+        if not isinstance(run, Budget) or entry.stop is None:
+            continue
+        try:
+            run._leave(entry.stop.signal(), "run")
+        except BudgetError as error:
+            why = f": {type(error).__name__}: {error}"
+        else:
+            why = ""
+        said.append(f"nbbudget: {run.name}'s block was left without its end running (CPython "
+                    f"3.13 skips a function's handlers when a stop lands in a while loop's "
+                    f"condition, CPython issue 130279); the run is ended now{why}")
+    return said
 
 
 def stop_error(error: BaseException) -> BaseException:
@@ -531,6 +556,9 @@ class Budget:
 
     # -- entering and leaving --------------------------------------------------------------
     def __enter__(self) -> Budget:
+        if _preempt.escaped(threading.get_ident()):
+            for text in settle_escaped():
+                warnings.warn(text, RuntimeWarning, stacklevel=2)
         self.enter_for()
         self.interrupt_here(sys._getframe(1))
         return self
@@ -539,6 +567,9 @@ class Budget:
         """``async with nb.budget(...)`` (N-6): the run is current in this task and in every
         task it starts; its deadline, a cancel and the panel's Stop cancel this task, and the
         block ends with the run's error, not ``CancelledError`` (as ``asyncio.timeout``)."""
+        if _preempt.escaped(threading.get_ident()):
+            for text in settle_escaped():
+                warnings.warn(text, RuntimeWarning, stacklevel=2)
         self.enter_for()
         self.interrupt_here(sys._getframe(1))
         return self
@@ -641,6 +672,7 @@ class Budget:
         before (its deadline passed while the thread was entering) is fired from the clock's
         timer: the listener, called at once in the entering thread, leaves it to a check."""
         self._entries.append(entry)
+        entry.owner = self
         state = self._state
         if state.__class__ is _Built:
             scope = state.scope
