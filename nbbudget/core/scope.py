@@ -355,27 +355,34 @@ class Scope:
     def _arm(self) -> None:
         deadline = self.deadline_ms()
         if deadline is not None and self.paused_at is None:
-            # in two steps: `_on_soon` a lead before the deadline, which schedules the deadline
-            # itself, unless it is that close already; a block that ends before (nearly every
-            # one) schedules and cancels one callback, as with one step
-            soon = deadline - _LEAD_SWITCHES * sys.getswitchinterval() * 1000
-            self._near = self.clock.now_ms() >= soon
-            self._timers.append(self.clock.call_at(deadline, self._on_deadline) if self._near
-                                else self.clock.call_at(soon, self._on_soon))
+            self._timers.append(self.clock.call_at(deadline, self._on_deadline))
+            self._near = False
+            if self._soon:  # (a pause ended, S4-4)
+                self._arm_soon(deadline)
         if self.started_ms is not None:
             for at in self._notice_times():
                 self._timers.append(self.clock.call_at(
                     self.started_ms + at - self.active_before_ms, self._on_time_notice))
 
+    def _arm_soon(self, deadline: float) -> float | None:
+        """`before_deadline`'s callbacks are told a lead before *deadline*: on the clock's
+        timer then, or at once when it is that close already (the deadline, to tell them now;
+        else None). Lock held, or the scope not shared yet."""
+        soon = deadline - _LEAD_SWITCHES * sys.getswitchinterval() * 1000
+        if self._near or self.clock.now_ms() >= soon:
+            self._near = True
+            return deadline
+        self._timers.append(self.clock.call_at(soon, self._on_soon))
+        return None
+
     def _on_soon(self) -> None:
-        """On the clock's timer, a lead before the deadline: schedule the deadline, and tell
-        `before_deadline`'s callbacks when it is."""
+        """On the clock's timer, a lead before the deadline: tell `before_deadline`'s
+        callbacks when it is."""
         with self.lock:
             deadline = self.deadline_ms()
             if deadline is None or self.paused_at is not None or self.stop is not None:
                 return
             self._near = True
-            self._timers.append(self.clock.call_at(deadline, self._on_deadline))
             callbacks = list(self._soon)
         for callback in callbacks:
             callback(deadline)
@@ -386,12 +393,18 @@ class Scope:
         the work runs Python), or at once when it is that close already; again each time it
         is that close after a pause (S4-4). ``nbbudget.core.preempt`` sets the kernel's timer
         for the main thread with it: only for a block that runs until its deadline is near,
-        so that the others cost no call into the kernel. `forget_before_deadline` ends it."""
+        so that the others cost no call into the kernel. `forget_before_deadline` ends it.
+        The deadline's own callback stays where it was: a scope nobody asks this of has one
+        timer, whose thread wakes once."""
         with self.lock:
+            first = not self._soon
             self._soon.append(callback)
-            deadline = self.deadline_ms() if self._near and self.paused_at is None else None
-        if deadline is not None:
-            callback(deadline)
+            deadline = self.deadline_ms()
+            if deadline is None or self.paused_at is not None or self.stop is not None:
+                return  # told when its time starts again
+            tell = deadline if self._near else self._arm_soon(deadline) if first else None
+        if tell is not None:
+            callback(tell)
 
     def forget_before_deadline(self, callback: Callable[[float], None]) -> None:
         """`before_deadline`'s *callback* is not called any more."""
