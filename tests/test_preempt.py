@@ -471,3 +471,29 @@ def test_N_5_on_3_13_a_stop_in_a_while_loops_condition_leaves_no_run_open():
     with pytest.warns(RuntimeWarning, match="ended now: BudgetCut"), nb.budget():
         pass
     assert nb.current() is None
+
+
+@_KERNEL_TIMER
+def test_N_5_the_kernel_timer_at_the_moment_the_block_ends_is_raised_once_and_never_after_it():
+    """Deadlines at every moment around a block's end on the main thread, where the kernel's
+    timer sends them: the stop is raised inside the block (as the run's error) or not at all,
+    never in the code after it, and the timer is clear once the block is left."""
+    strays: list[BaseException] = []
+    outcomes: dict[str, int] = {}
+    for i in range(300):
+        run = nb.budget(time="2ms")
+        try:
+            try:
+                with run:
+                    _busy_until(time.monotonic() + 0.0016 + i % 30 * 0.00003)
+            except nb.BudgetCut:
+                pass
+            _busy_until(time.monotonic() + 0.003)  # after the block: nothing may land here
+        except BaseException as exc:
+            strays.append(exc)
+        status = run.outcome.status.value
+        outcomes[status] = outcomes.get(status, 0) + 1
+        assert preempt._armed_ns == 0  # cleared as the block was left
+    assert strays == []
+    assert set(outcomes) <= {"failed", "completed"} and sum(outcomes.values()) == 300
+    assert not preempt._entries.get(threading.get_ident())
