@@ -4,6 +4,6 @@
 shapes of each provider's public API reference.
 """
 
-from .server import Received, Reply, Server
+from .server import FORMS, Received, Reply, Server, dump
 
-__all__ = ["Received", "Reply", "Server"]
+__all__ = ["FORMS", "Received", "Reply", "Server", "dump"]

@@ -1,7 +1,8 @@
 """A scripted HTTP server on 127.0.0.1, in one named thread, that answers what a test queues.
 
 Each request takes the next queued `Reply` (or the default): a JSON body, or server-sent events
-(chunked, one event per chunk, ``event_delay`` seconds apart), after ``delay`` seconds, with any
+(chunked, one event per chunk, ``event_delay`` seconds apart), each JSON written in one of the
+valid forms of `FORMS`, after ``delay`` seconds, with any
 status (a 429 or 500 carries ``retry-after-ms`` so the SDK's own retry waits a millisecond). The
 server records every request it received (`Received`: path, headers, JSON body) and, for a
 streamed reply, how many events it wrote and whether the client closed the connection before
@@ -21,9 +22,50 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["Received", "Reply", "Server"]
+__all__ = ["FORMS", "Received", "Reply", "Server", "dump"]
 
 Events = list[tuple[str | None, Any]]
+
+#: the ways a server may write the same JSON, all valid: ``compact`` (no white space),
+#: ``spaced`` (``json.dumps``' default separators, as many Python servers write it),
+#: ``indented`` (two spaces, as OpenAI's whole replies come), ``reordered`` (every object's keys
+#: in reverse order, compact), ``escaped`` (compact, with the first character of every key and
+#: every ``/`` escaped: ``\u0075sage``, ``\/``)
+FORMS = ("compact", "spaced", "indented", "reordered", "escaped")
+
+
+def dump(data: Any, form: str = "compact") -> str:
+    """*data* as JSON in *form* (one of `FORMS`)."""
+    if form == "compact":
+        return json.dumps(data, separators=(",", ":"))
+    if form == "spaced":
+        return json.dumps(data)
+    if form == "indented":
+        return json.dumps(data, indent=2)
+    if form == "reordered":
+        return json.dumps(_reversed(data), separators=(",", ":"))
+    if form == "escaped":
+        return _escaped(data)
+    raise ValueError(f"form={form!r}: give one of {', '.join(FORMS)}")
+
+
+def _reversed(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {key: _reversed(data[key]) for key in reversed(data)}
+    if isinstance(data, list):
+        return [_reversed(item) for item in data]
+    return data
+
+
+def _escaped(data: Any) -> str:
+    if isinstance(data, dict):
+        return "{" + ",".join(
+            f'"\\u{ord(key[0]):04x}' + json.dumps(key)[2:].replace("/", "\\/") + ":"
+            + _escaped(value) if key else '"":' + _escaped(value)
+            for key, value in data.items()) + "}"
+    if isinstance(data, list):
+        return "[" + ",".join(_escaped(item) for item in data) + "]"
+    return json.dumps(data).replace("/", "\\/")
 
 
 @dataclass
@@ -40,16 +82,26 @@ class Reply:
     event_delay: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
     raw: bytes | None = None  # the body's exact bytes, sent instead of ``body`` as JSON
+    #: how its JSON is written (`FORMS`); None: a body as ``json.dumps`` writes it by default,
+    #: events compact
+    form: str | None = None
+
+    def content(self) -> bytes:
+        """The bytes of a JSON body."""
+        if self.raw is not None:
+            return self.raw
+        return dump(self.body, self.form or "spaced").encode()
 
     def written(self, body: Any) -> list[bytes]:
         """The server-sent events of this reply to a request of JSON *body*, each as the
-        server writes it (compact JSON); for an in-memory transport too (httpx2's
-        ``MockTransport``), in tests and benchmarks."""
+        server writes it (compact JSON unless ``form`` says otherwise); for an in-memory
+        transport too (httpx2's ``MockTransport``), in tests and benchmarks."""
         events = self.events(body) if callable(self.events) else self.events or []
         out = []
         for name, data in events:
-            text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-            out.append(((f"event: {name}\n" if name else "") + f"data: {text}\n\n").encode())
+            text = data if isinstance(data, str) else dump(data, self.form or "compact")
+            lines = "".join(f"data: {line}\n" for line in text.split("\n"))  # one per line
+            out.append(((f"event: {name}\n" if name else "") + lines + "\n").encode())
         return out
 
     @classmethod
@@ -166,7 +218,7 @@ def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
             for key, value in reply.headers.items():
                 self.send_header(key, value)
             if reply.events is None:
-                data = reply.raw if reply.raw is not None else json.dumps(reply.body).encode()
+                data = reply.content()
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
