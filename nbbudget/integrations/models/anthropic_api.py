@@ -4,7 +4,9 @@ The output cap is ``max_tokens`` (always given: the API requires it). Usage: ``i
 counts only the input read neither from nor into the cache, so the input is ``input_tokens +
 cache_read_input_tokens + cache_creation_input_tokens``; ``output_tokens`` includes thinking. A
 stream reports the input in ``message_start`` and the output, cumulative, in ``message_delta``;
-its text comes in ``content_block_delta`` events of type ``text_delta``.
+its text comes in ``content_block_delta`` events of type ``text_delta``. Token counts are whole
+numbers >= 0; anything else, or a message or ``message_delta`` without them, is
+`shapes.Unreadable`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 from anthropic import AnthropicError
 
 from ...core.errors import BudgetCut, BudgetExceeded, ConfigError
-from .shapes import Shape
+from .shapes import MISSING, Shape, Unreadable, count
 
 __all__ = ["MESSAGES", "PROVIDER", "Cut", "Refused", "Unpriced"]
 
@@ -40,25 +42,35 @@ class Unpriced(ConfigError, AnthropicError):
 
 
 def _usage(usage: Mapping[str, Any]) -> dict[str, int]:
-    read = int(usage.get("cache_read_input_tokens") or 0)
-    written = int(usage.get("cache_creation_input_tokens") or 0)
-    out = int(usage.get("output_tokens") or 0)
-    if "input_tokens" in usage or read or written:
-        return {"output_tokens": out,
-                "input_tokens": int(usage.get("input_tokens") or 0) + read + written,
-                "cache_read_tokens": read, "cache_write_tokens": written}
-    return {"output_tokens": out}
+    """A message's usage (a reply's, ``message_start``'s): every figure it reports."""
+    read = count(usage, "cache_read_input_tokens", required=False)
+    written = count(usage, "cache_creation_input_tokens", required=False)
+    return {"output_tokens": count(usage, "output_tokens"),
+            "input_tokens": count(usage, "input_tokens") + read + written,
+            "cache_read_tokens": read, "cache_write_tokens": written}
+
+
+def _delta_usage(usage: Mapping[str, Any]) -> dict[str, int]:
+    """``message_delta``'s usage: the output so far, and the input where it reports it."""
+    if "input_tokens" in usage or usage.get("cache_read_input_tokens") or usage.get(
+            "cache_creation_input_tokens"):
+        return _usage(usage)
+    return {"output_tokens": count(usage, "output_tokens")}
 
 
 def _stream_usage(event: Mapping[str, Any]) -> dict[str, int] | None:
     kind = event.get("type")
     if kind == "message_start":
-        usage = (event.get("message") or {}).get("usage")
+        message = event.get("message")
+        usage = message.get("usage") if type(message) is dict else None
+        read = _usage
     elif kind == "message_delta":
-        usage = event.get("usage")
+        usage, read = event.get("usage"), _delta_usage
     else:
         return None
-    return _usage(usage) if isinstance(usage, dict) else None
+    if type(usage) is not dict:
+        raise Unreadable("usage", MISSING if usage is None else usage)
+    return read(usage)
 
 
 def _text(event: Mapping[str, Any]) -> str:
@@ -76,6 +88,8 @@ def _reply_text(body: Mapping[str, Any]) -> str:
 #: Messages (``POST /v1/messages``), for `instrument`
 MESSAGES = Shape(
     name="messages", path="/messages", cap_keys=("max_tokens",),
-    ask_usage=lambda body: False, usage=_usage, stream_usage=_stream_usage, stream_text=_text,
+    ask_usage=lambda body: False, usage=_usage, stream_usage=_stream_usage,
+    settles=lambda event: event.get("type") == "message_delta", final=(b"message_delta",),
+    stream_text=_text,
     reply_text=_reply_text, hidden=lambda event: False,
-    text_marker=b'"type":"text_delta"')
+    delta_bytes=len('"type":"content_block_delta""type":"text_delta""text":"x"'))

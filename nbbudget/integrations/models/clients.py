@@ -39,9 +39,14 @@ Anthropic's input in ``message_start`` and output in ``message_delta``) is charg
 and supersedes the count. When the count would pass a limit, the stream is cut there (S3-9): the
 count is charged as spent (an OpenAI stream's input, reported only at its end, is then unknown
 and not charged), the HTTP response is closed, and ``Cut`` raises with ``salvage``, the text
-received so far. A stream the caller leaves early is charged its count when it closes; one whose
-events carry no compact marker (a server that spaces its JSON) is parsed whole when it ends and
-charged the usage it reported. Between events the stream also stops at the run's deadline.
+received so far. A stream the caller leaves early is charged its count when it closes. Every
+event is read as its API defines it, whatever the server's JSON form (`_Meter`).
+
+**Usage that cannot be read** (N-7): a reply or stream whose usage is missing or malformed (a
+count that is not a whole number >= 0, details that are not an object) is charged what is known
+(a stream's count); then, under a ``tokens``, ``output_tokens`` or ``cost_usd`` limit, the run
+is cut by the first of them and ``Cut`` raises, naming the provider, the field and the value
+(the SDK passes it on: nothing is resent); without one the reply reaches the caller as it came.
 
 What a budget cannot stop: a request already sent is paid for, whatever happens to its answer.
 """
@@ -60,18 +65,23 @@ import httpx2
 
 from ...core import preempt
 from ...core.errors import BudgetCut, BudgetExceeded, ConfigError
-from ...core.kinds import KIND_INDEX
-from ...core.lowlevel import Core, Unwind
+from ...core.kinds import KIND_INDEX, KINDS
+from ...core.lowlevel import Core, Stop, Unwind
+from ...core.outcome import Status
 from ...run.budget import Budget, current
 from ...run.providers import GUARDRAIL_MS, degrade_past, reserve_request, spend_reply
 from ..prices import Given, given_price, price_of
-from .shapes import Shape, events_of, reply_usage, request_body
+from .shapes import Shape, Unreadable, ends, events_of, may_hold_usage, reply_usage, request_body
 
 __all__ = ["instrument"]
 
 _INF = math.inf
 #: what bounds a stream's output, for `_Meter._left`
 _OUTPUT_LEFT = tuple(KIND_INDEX[kind] for kind in ("output_tokens", "tokens", "cost_usd"))
+#: the limits a reply's usage is charged to, in the attribution order (S3-3): one of them
+#: armed, a reply whose usage cannot be read stops the run (N-7)
+_METERED = tuple(sorted((KIND_INDEX[kind] for kind in ("tokens", "output_tokens", "cost_usd")),
+                        key=lambda i: KINDS[i].rank))
 _MILLION = 1_000_000
 #: the headers of a body's length, which a new body replaces
 _LENGTH = (b"content-length", b"transfer-encoding")
@@ -342,39 +352,66 @@ class _Attempt:
         """A whole reply (read): charge its usage. Error statuses used nothing."""
         if not 200 <= response.status_code < 300:  # is_success, without its two calls
             return
-        figures = reply_usage(self.shape, response.content)
-        if figures is None:
+        try:
+            figures = reply_usage(self.shape, response.content)
+        except Unreadable as err:
+            self.unmetered(err, self._text(response))
             return
         price = self.price
         try:
             self.charge(figures, price(figures) if price is not None else None)
         except Unwind as signal:
-            try:
-                text = self.shape.reply_text(response.json())
-            except ValueError:
-                text = ""
-            raise self.cut(signal, text) from None
+            raise self.cut(signal, self._text(response)) from None
+
+    def _text(self, response: httpx2.Response) -> str:
+        try:
+            return self.shape.reply_text(response.json())
+        except (ValueError, AttributeError, TypeError):  # not the API's shape
+            return ""
+
+    def unmetered(self, err: Unreadable, salvage: str) -> None:
+        """A reply whose usage cannot be read (N-7): under a ``tokens``, ``output_tokens`` or
+        ``cost_usd`` limit the run (or grant) the call was made in is cut by the first of them
+        and the API's ``Cut`` raises, which the SDK passes on unretried; without one the reply
+        goes to the caller as it came."""
+        core = self.core
+        limited = [i for i, left in zip(_METERED, core.remaining_of(_METERED), strict=True)
+                   if left != _INF]
+        if not limited:
+            return
+        kind = KINDS[limited[0]]
+        scope = core.scope
+        scope.halt(Stop.of(Status.FAILED, (
+            f"{self.gate.api.provider} reply reported {err.said()} for {self.label}, so what "
+            f"it used cannot be charged and {kind.name} cannot be kept (N-7): the run stopped; "
+            f"use a server that reports usage as the API defines it, or bound the run by "
+            f"provider_calls or time instead of {kind.name}"), scope, by=kind.name,
+            code=kind.code))
+        stop = scope.stop
+        assert stop is not None
+        raise self.cut(stop.signal(), salvage)
 
 
 class _Meter:
     """A stream's meter: whole events pass on, text deltas are counted, usage charged (S3-9).
 
-    Kept cheap per chunk (a chunk costs the SDK tens of microseconds, and nbbudget's work on
-    it runs with its caches cold): a chunk that ends on an event's end, as a server sends
-    them, passes on as it is, searched in C for the usage marker; only events that carry
-    usage are parsed; when the caller did not ask for usage, a chunk of one event that carried
-    the field asked for it in the caller's stead is not searched (it is not the usage event).
-    Text deltas are counted in C too, but only when they could reach the limit: each is a
-    marker of ``len(text)`` bytes, so until the bytes received since the last count exceed the
-    tokens left times that length, no limit can have been crossed, and the count waits
-    (``count_at``). Far from a limit it waits for the stream's end; near one, it runs at every
-    chunk, so the stream is cut at the same event either way."""
+    Every event is read as its API defines it, parsed, whatever its JSON form; the bytes only
+    tell which events need no parse, and only where they prove it. An event is parsed for usage
+    when `may_hold_usage` cannot prove it holds none; when the caller did not ask for usage, the
+    field asked for in its stead (compact: ``,"usage":null``) is removed from every event first,
+    so that a text event needs no parse. Text deltas are counted (parsed) only when they could
+    reach the limit: one delta takes at least ``Shape.delta_bytes`` bytes in any JSON form, so
+    until the bytes received since the last count exceed the tokens left times that, no limit
+    can have been crossed, and the count waits (``count_at``). Far from a limit it waits for the
+    stream's end; near one, it runs at every chunk, so the stream is cut at the same event
+    either way. Kept cheap per chunk (a chunk costs the SDK tens of microseconds, and
+    nbbudget's work on it runs with its caches cold): a chunk that ends on an event's end, as a
+    server sends them, passes on as it is."""
 
     def __init__(self, attempt: _Attempt) -> None:
         self.attempt = attempt
         shape = attempt.shape
-        self.text, self.empty, self.usage = shape.text_marker, shape.empty_marker, \
-            shape.usage_marker
+        self.delta_bytes, self.final = shape.delta_bytes, shape.final
         self.deadline = attempt.deadline
         self.strip = shape.asked_field if attempt.hide else b""
         self.received = bytearray()  # the whole events passed on so far
@@ -385,6 +422,7 @@ class _Meter:
         self.charged_out = 0  # the output tokens in ``charged``
         self.charged_cost = 0.0
         self.reported: dict[str, int] = {}
+        self.settled = False  # the final usage came (or could not be read)
         self.ended = False  # finished, cut, or closed
         price = attempt.price
         self.per_output = price({"output_tokens": _MILLION}) / _MILLION if price else 0.0
@@ -402,9 +440,9 @@ class _Meter:
 
     def _rearm(self) -> None:
         """Set when the next count is due: once more bytes are received uncounted than could
-        hold the markers of the tokens left."""
+        hold the deltas of the tokens left."""
         self.count_at = (self.counted
-                         + (self.left - (self.deltas - self.charged_out)) * len(self.text))
+                         + (self.left - (self.deltas - self.charged_out)) * self.delta_bytes)
 
     def feed(self, chunk: bytes) -> bytes:
         """The whole events *chunk* completes, to pass on (charged, or cut, first)."""
@@ -420,19 +458,14 @@ class _Meter:
             self.attempt.timed_out(self.salvage())
         received, strip = self.received, self.strip
         if strip:
-            out = chunk.replace(strip, b"")
-            received += out
-            # the usage event never carries the field: a chunk that did, holding one event on
-            # one line (its first newline is the one before its last byte), is not searched
-            # (two branches, not one flow with a flag: the flag cost 40 to 70 ns a chunk)
-            if (len(out) == len(chunk) or chunk.find(b"\n") != len(chunk) - 2) and (
-                    self.usage in out):
-                out = self._usage(out)
-        else:
-            received += chunk
-            out = self._usage(chunk) if self.usage in chunk else chunk
+            chunk = chunk.replace(strip, b"")
+        received += chunk
+        out = self._usage(chunk) if may_hold_usage(chunk) or any(
+            name in chunk for name in self.final) else chunk
         if len(received) > self.count_at:
             self._count()
+        if not self.settled and self.attempt.shape.done and ends(self.attempt.shape, chunk):
+            self._unreadable(Unreadable("usage"))  # the SDK reads no further
         return out
 
     def _count(self) -> None:
@@ -441,10 +474,9 @@ class _Meter:
         received, counted = self.received, self.counted
         if counted < len(received):
             self.counted = len(received)
-            n = received.count(self.text, counted)
-            if n and self.empty:
-                n -= received.count(self.empty, counted)
-            self.deltas += n
+            text = self.attempt.shape.stream_text
+            self.deltas += sum(1 for _, _, event in events_of(received, counted)
+                               if type(event) is dict and text(event))
             if self.deltas - self.charged_out > self.left:
                 self._cross()
         self._rearm()
@@ -454,15 +486,34 @@ class _Meter:
         shape, hide, kept = self.attempt.shape, self.attempt.hide, []
         reported = self.reported
         for start, end, event in events_of(data):
-            figures = shape.stream_usage(event) if isinstance(event, dict) else None
-            if figures is not None:
-                for key, value in figures.items():
-                    reported[key] = max(value, reported.get(key, 0))
-                if hide and shape.hidden(event):
-                    continue
+            if type(event) is dict and not self.settled:
+                try:
+                    figures = shape.stream_usage(event)
+                except Unreadable as err:
+                    self._unreadable(err)
+                    figures = None
+                if figures is not None:
+                    for key, value in figures.items():
+                        reported[key] = max(value, reported.get(key, 0))
+                    self.settled = shape.settles(event)
+                    if hide and shape.hidden(event):
+                        continue
             kept.append(data[start:end])
         self._charge_to(reported)
         return b"".join(kept)
+
+    def _unreadable(self, err: Unreadable) -> None:
+        """An event whose usage cannot be read: what was counted is charged, then the run is
+        cut under a token or cost limit (N-7); else the stream is unmetered from here on."""
+        self.settled = True
+        self._count()
+        self._charge_to({**self.reported, "output_tokens": max(
+            self.deltas, self.reported.get("output_tokens", 0))})
+        try:
+            self.attempt.unmetered(err, self.salvage())
+        except BaseException:
+            self.ended = True
+            raise
 
     def _cross(self) -> None:
         """The count would pass a limit: unless others' spending changed that, charge it and
@@ -496,30 +547,25 @@ class _Meter:
         self._rearm()
 
     def finish(self) -> bytes:
-        """The stream ended: its last bytes, charged."""
+        """The stream ended: its last bytes, charged. One that never reported its final usage
+        is charged its count, then is unreadable usage (N-7)."""
         rest = self.feed(b"\n\n") if self.pending else b""  # a last event without its end
+        if not self.settled:
+            self._unreadable(Unreadable("usage"))
         self.ended = True
-        self._settle()
         return rest
 
     def close(self) -> None:
-        """The stream is closed before its end (left by the caller, or failed): what it used
+        """The stream is closed before its end (left by the caller, or failed): what it counted
         is charged; a limit it passes stops the run, whose next check raises, not this close."""
         if self.ended:
             return
         self.ended = True
-        with contextlib.suppress(BudgetCut):
-            self._settle()
-
-    def _settle(self) -> None:
-        """Charge a stream that reported no usage as it came: the usage found by parsing every
-        event received (a server whose JSON is spaced otherwise), else its count."""
-        if self.reported:
-            return
-        self._count()
-        self._usage(bytes(self.received))
-        if not self.reported and self.deltas:
-            self._charge_to({"output_tokens": self.deltas})
+        if not self.settled:
+            with contextlib.suppress(BudgetCut):
+                self._count()
+                self._charge_to({**self.reported, "output_tokens": max(
+                    self.deltas, self.reported.get("output_tokens", 0))})
 
     def salvage(self) -> str:
         """The text of the events received so far."""

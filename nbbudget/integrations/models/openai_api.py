@@ -8,7 +8,8 @@ is asked: the instrumented client asks it, and keeps that chunk (which has no ch
 ``"usage": null`` every other chunk then carries, from a caller who did not. Responses
 (``POST /responses``): ``max_output_tokens``; usage is ``input_tokens``
 (``input_tokens_details.cached_tokens``) and ``output_tokens``; a stream reports it in
-``response.completed`` (or ``response.incomplete``/``response.failed``).
+``response.completed`` (or ``response.incomplete``/``response.failed``). Token counts are whole
+numbers >= 0 and the details objects; anything else is `shapes.Unreadable`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from openai import OpenAIError
 
 from ...core.errors import BudgetCut, BudgetExceeded, ConfigError
-from .shapes import Shape
+from .shapes import Shape, Unreadable, count, details
 
 __all__ = ["CHAT", "PROVIDER", "RESPONSES", "Cut", "Refused", "Unpriced"]
 
@@ -52,15 +53,24 @@ def _chat_ask_usage(body: dict[str, Any]) -> bool:
 
 
 def _chat_usage(usage: Mapping[str, Any]) -> dict[str, int]:
-    details = usage.get("prompt_tokens_details") or {}
-    return {"input_tokens": int(usage.get("prompt_tokens") or 0),
-            "output_tokens": int(usage.get("completion_tokens") or 0),
-            "cache_read_tokens": int(details.get("cached_tokens") or 0)}
+    cached = details(usage, "prompt_tokens_details")
+    return {"input_tokens": count(usage, "prompt_tokens"),
+            "output_tokens": count(usage, "completion_tokens"),
+            "cache_read_tokens": count(cached, "cached_tokens",
+                                       "usage.prompt_tokens_details", required=False)}
 
 
 def _chat_stream_usage(event: Mapping[str, Any]) -> dict[str, int] | None:
     usage = event.get("usage")
-    return _chat_usage(usage) if isinstance(usage, dict) else None
+    if usage is None:
+        return None
+    if type(usage) is not dict:
+        raise Unreadable("usage", usage)
+    return _chat_usage(usage)
+
+
+def _chat_settles(event: Mapping[str, Any]) -> bool:
+    return event.get("usage") is not None
 
 
 def _chat_text(event: Mapping[str, Any]) -> str:
@@ -74,29 +84,44 @@ def _chat_reply_text(body: Mapping[str, Any]) -> str:
 
 
 def _chat_hidden(event: Mapping[str, Any]) -> bool:
-    return not event.get("choices") and isinstance(event.get("usage"), dict)
+    return not event.get("choices") and event.get("usage") is not None
 
 
 #: Chat Completions (``POST /chat/completions``), for `instrument`
 CHAT = Shape(
     name="chat", path="/chat/completions", cap_keys=("max_tokens", "max_completion_tokens"),
     ask_usage=_chat_ask_usage,
-    usage=_chat_usage, stream_usage=_chat_stream_usage, stream_text=_chat_text,
-    reply_text=_chat_reply_text, hidden=_chat_hidden,
-    text_marker=b'"content":"', empty_marker=b'"content":""', asked_field=b',"usage":null')
+    usage=_chat_usage, stream_usage=_chat_stream_usage, settles=_chat_settles,
+    stream_text=_chat_text, reply_text=_chat_reply_text, hidden=_chat_hidden,
+    delta_bytes=len('"content":"x"'), asked_field=b',"usage":null', done=b"[DONE]")
 
 
 def _responses_usage(usage: Mapping[str, Any]) -> dict[str, int]:
-    details = usage.get("input_tokens_details") or {}
-    return {"input_tokens": int(usage.get("input_tokens") or 0),
-            "output_tokens": int(usage.get("output_tokens") or 0),
-            "cache_read_tokens": int(details.get("cached_tokens") or 0)}
+    cached = details(usage, "input_tokens_details")
+    return {"input_tokens": count(usage, "input_tokens"),
+            "output_tokens": count(usage, "output_tokens"),
+            "cache_read_tokens": count(cached, "cached_tokens",
+                                       "usage.input_tokens_details", required=False)}
+
+
+#: the events that end a response's stream, reporting its usage
+_ENDS = ("response.completed", "response.incomplete", "response.failed")
 
 
 def _responses_stream_usage(event: Mapping[str, Any]) -> dict[str, int] | None:
     response = event.get("response")
-    usage = response.get("usage") if isinstance(response, dict) else None
-    return _responses_usage(usage) if isinstance(usage, dict) else None
+    usage = response.get("usage") if type(response) is dict else None
+    if usage is None:
+        if event.get("type") in _ENDS:
+            raise Unreadable("usage")
+        return None
+    if type(usage) is not dict:
+        raise Unreadable("usage", usage)
+    return _responses_usage(usage)
+
+
+def _responses_settles(event: Mapping[str, Any]) -> bool:
+    return event.get("type") in _ENDS
 
 
 def _responses_text(event: Mapping[str, Any]) -> str:
@@ -115,5 +140,7 @@ def _responses_reply_text(body: Mapping[str, Any]) -> str:
 RESPONSES = Shape(
     name="responses", path="/responses", cap_keys=("max_output_tokens",),
     ask_usage=lambda body: False, usage=_responses_usage, stream_usage=_responses_stream_usage,
-    stream_text=_responses_text, reply_text=_responses_reply_text, hidden=lambda event: False,
-    text_marker=b'"type":"response.output_text.delta"')
+    settles=_responses_settles, final=tuple(end.encode() for end in _ENDS),
+    stream_text=_responses_text,
+    reply_text=_responses_reply_text, hidden=lambda event: False,
+    delta_bytes=len('"type":"response.output_text.delta""delta":"x"'))

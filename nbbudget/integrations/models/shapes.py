@@ -6,27 +6,81 @@ and its output cap, how a reply and a stream's events report usage, where a stre
 figures of `nbbudget.integrations.prices.FIGURES` (``input_tokens`` counts every input token,
 cached ones included; ``output_tokens`` includes reasoning).
 
-Streams are scanned as bytes, not parsed: each API's events are compact JSON, so a text delta is
-found by a marker (``text_marker``, less ``empty_marker``) counted in C, and only the few
-events that carry usage (``usage_marker``) are parsed. Reading a reply's usage parses only its
-``usage`` object, found from the end of the body.
+Usage is read as the API defines it, from the parsed JSON: a whole reply's top-level ``usage``
+(`reply_usage`), a stream event's as its API places it. A count that is not a whole number
+>= 0, details that are not an object, or usage missing where the API reports it raise
+`Unreadable`, naming the field and the value. A stream's meter (``clients``) parses an event
+only when its bytes may hold usage (`may_hold_usage`, which proves it cannot otherwise) or when
+its text deltas must be counted exactly (``Shape.delta_bytes`` bounds how many the bytes not
+yet counted can hold, whatever their JSON form).
 """
 
 from __future__ import annotations
 
 import json
-import re
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from json.scanner import make_scanner
 from typing import Any
 
-__all__ = ["Shape", "events_of", "reply_usage", "request_body"]
+__all__ = ["MISSING", "Shape", "Unreadable", "count", "details", "ends", "events_of",
+           "may_hold_usage", "reply_usage", "request_body"]
 
-_USAGE_KEY = re.compile(r'\s*:\s*')  # what follows the key "usage"
 # (text, index) -> (value, end), in C; typeshed types make_scanner's argument oddly
 _scan: Callable[[str, int], tuple[Any, int]] = make_scanner(
     json.JSONDecoder())  # type: ignore[arg-type]
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "missing"
+
+
+#: the value of a field a reply does not have
+MISSING: Any = _Missing()
+
+
+class Unreadable(ValueError):
+    """A reply's usage that cannot be read: ``field`` (``usage.prompt_tokens``) and ``value``
+    (`MISSING` when the reply has none)."""
+
+    def __init__(self, field: str, value: Any = MISSING) -> None:
+        self.field, self.value = field, value
+        super().__init__(self.said())
+
+    def said(self) -> str:
+        """What the reply reported, in words: ``usage.output_tokens='12'``, ``no usage``."""
+        if self.value is MISSING:
+            return f"no {self.field}"
+        return f"{self.field}={self.value!r}"
+
+
+def count(usage: Mapping[str, Any], key: str, where: str = "usage", *,
+          required: bool = True) -> int:
+    """*usage*[*key*], a count of tokens: a whole number >= 0 (a float only when whole and
+    finite), 0 when absent and not *required*; else `Unreadable`."""
+    value = usage.get(key)
+    if type(value) is int and value >= 0:
+        return value
+    if value is None:
+        if required:
+            raise Unreadable(f"{where}.{key}", MISSING if key not in usage else None)
+        return 0
+    if type(value) is float and 0 <= value < math.inf and value.is_integer():
+        return int(value)
+    raise Unreadable(f"{where}.{key}", value)
+
+
+def details(usage: Mapping[str, Any], key: str, where: str = "usage") -> Mapping[str, Any]:
+    """*usage*[*key*], an object of details (``prompt_tokens_details``): {} when absent or
+    null; else `Unreadable`."""
+    value = usage.get(key)
+    if value is None:
+        return {}
+    if type(value) is dict:
+        return value
+    raise Unreadable(f"{where}.{key}", value)
 
 
 @dataclass(frozen=True)
@@ -36,12 +90,19 @@ class Shape:
     ``cap_keys``: the request's output-cap field, the first of these the body has, else the
     last; ``ask_usage(body)``: make a streamed request report its usage, True when the caller
     had not asked for it (the usage event is then kept from the caller); ``usage(obj)``: a
-    reply's ``usage`` object as figures;
-    ``stream_usage(event)``: the figures an event reports, or None; ``stream_text(event)``: the
-    text an event adds; ``reply_text(body)``: the text of a whole reply; ``hidden(event)``: an
-    event the caller did not ask for (the usage event asked for by ``ask_usage``);
-    ``asked_field``: the bytes every other event then carries that the caller did not ask for
-    either (removed, so the caller reads the stream it asked for).
+    reply's ``usage`` object as figures (`Unreadable` when it cannot be read);
+    ``stream_usage(event)``: the figures an event reports, or None (`Unreadable` likewise);
+    ``settles(event)``: the event reports the stream's final usage; ``stream_text(event)``: the
+    text an event adds (a text delta when not empty); ``reply_text(body)``: the text of a whole
+    reply; ``hidden(event)``: an event the caller did not ask for (the usage event asked for by
+    ``ask_usage``); ``asked_field``: the bytes every other event then carries, compact, that
+    the caller did not ask for either (removed, so the caller reads the stream it asked for);
+    ``delta_bytes``: the fewest bytes one text delta takes in any JSON form (white space and
+    escapes only add bytes), so that *n* bytes hold at most ``n / delta_bytes`` deltas;
+    ``final``: the bytes that name the events reporting the final usage (their types), which
+    are parsed even without a ``usage`` (none is then unreadable usage); ``done``: the data of a
+    last event that ends the stream where the SDK stops reading
+    (Chat's ``[DONE]``), or empty.
     """
 
     name: str
@@ -50,13 +111,14 @@ class Shape:
     ask_usage: Callable[[dict[str, Any]], bool]
     usage: Callable[[Mapping[str, Any]], dict[str, int]]
     stream_usage: Callable[[Mapping[str, Any]], dict[str, int] | None]
+    settles: Callable[[Mapping[str, Any]], bool]
     stream_text: Callable[[Mapping[str, Any]], str]
     reply_text: Callable[[Mapping[str, Any]], str]
     hidden: Callable[[Mapping[str, Any]], bool]
-    text_marker: bytes
-    empty_marker: bytes = b""
-    usage_marker: bytes = b'"usage":{'
+    delta_bytes: int
     asked_field: bytes = b""
+    final: tuple[bytes, ...] = ()
+    done: bytes = b""
 
 
 def request_body(content: bytes) -> Any:
@@ -74,27 +136,37 @@ def request_body(content: bytes) -> Any:
     return body
 
 
-def reply_usage(shape: Shape, content: bytes) -> dict[str, int] | None:
-    """The figures of a whole reply's ``usage``, parsing only that object (the last ``usage``
-    key of the body: the text before it cannot hold an unescaped ``"usage"``), or None."""
-    at = content.rfind(b'"usage"')
-    if at < 0:
-        return None
-    text = content[at + 7:].decode()
-    if text[:2] == ":{":  # compact
-        start = 1
-    elif text[:3] == ": {":  # as json.dumps writes it
-        start = 2
-    else:
-        key = _USAGE_KEY.match(text)
-        if key is None:
-            return None
-        start = key.end()
+def reply_usage(shape: Shape, content: bytes) -> dict[str, int]:
+    """The figures of a whole reply's top-level ``usage``, the body parsed as JSON (the C
+    scanner, as `request_body`); `Unreadable` when the body is not a JSON object, has no
+    ``usage`` object or its figures cannot be read."""
     try:
-        obj, _ = _scan(text, start)
-    except (StopIteration, ValueError):
-        return None
-    return shape.usage(obj) if type(obj) is dict else None
+        body = request_body(content)
+    except ValueError:
+        raise Unreadable("usage", MISSING) from None
+    if type(body) is not dict:
+        raise Unreadable("usage", MISSING)
+    usage = body.get("usage")
+    if type(usage) is not dict:
+        raise Unreadable("usage", MISSING if usage is None else usage)
+    return shape.usage(usage)
+
+
+def ends(shape: Shape, data: bytes) -> bool:
+    """Whether *data* holds the event that ends *shape*'s stream (``Shape.done``)."""
+    done = shape.done
+    return bool(done) and done in data and any(
+        line[5:].strip() == done for line in data.splitlines() if line.startswith(b"data:"))
+
+
+def may_hold_usage(data: bytes) -> bool:
+    """Whether the JSON in *data* may hold a key ``usage`` whose value is not null, whatever
+    its form: False is a proof that it holds none. A key ``usage`` is written with these bytes
+    unless a letter of it is escaped (``\\u0075``); every ``usage`` found is then part of a
+    ``"usage":null`` whose quote after ``usage`` is unescaped, so it is a key whose value is
+    null (or lies in a longer key, as ``x\\"usage``)."""
+    n = data.count(b"usage")
+    return (n != 0 and n != data.count(b'"usage":null')) or b"\\u" in data
 
 
 def events_of(data: bytes | bytearray, start: int = 0, end: int | None = None
