@@ -163,11 +163,11 @@ def test_calls_outside_every_run_pass_through_untouched(
     assert server.received[0].body == server.received[1].body
 
 
-def test_a_stream_whose_json_is_spaced_is_charged_its_usage_at_its_end(
+def test_a_stream_whose_json_is_spaced_is_charged_its_usage(
         server: Server, client: anthropic.Anthropic) -> None:
     reply = a.message_stream(["Pa", "ris"], a.usage(20, 2))
     assert isinstance(reply.events, list)
-    # a server that writes "type": "text_delta", with a space: nothing is counted as it comes
+    # a server that writes "type": "text_delta", with a space (test_instrument_usage cuts one)
     reply.events = [(name, json.dumps(data)) for name, data in reply.events]
     server.queue(reply)
     with nb.budget(tokens=100) as run, \
