@@ -267,14 +267,17 @@ async def _use_async(api: str, client: Any, stream: bool) -> str:
     return str(reply.content[0].text)
 
 
-def _run_async(api: str, server: Server, stream: bool, limits: dict[str, Any]) -> str:
+def _run_async(api: str, server: Server, stream: bool, limits: dict[str, Any],
+               runs: list[nb.Budget] | None = None) -> str:
     sdk = REPLIES[api][0]
 
     async def main() -> str:
         bare: Any = (openai.AsyncOpenAI if sdk == "openai" else anthropic.AsyncAnthropic)(
             base_url=server.url, api_key="k", max_retries=2)
         async with bare:
-            with nb.budget(**limits):
+            with nb.budget(**limits) as run:
+                if runs is not None:
+                    runs.append(run)
                 return await _use_async(api, nb.instrument(bare), stream)
 
     return asyncio.run(main())
@@ -336,11 +339,15 @@ def test_bad_or_missing_usage_without_a_token_limit_returns_the_reply_sent_once_
         pytest.skip("the bare SDK itself fails on a message_delta without a usage object")
     reply, _ = _reply(api, case, stream)
     server.queue(reply)
+    runs: list[nb.Budget] = []
     if mode.startswith("async"):
-        text = _run_async(api, server, stream, {"provider_calls": 5})
+        text = _run_async(api, server, stream, {"provider_calls": 5}, runs)
     else:
-        with nb.budget(provider_calls=5):
+        with nb.budget(provider_calls=5) as run:
+            runs.append(run)
             text = _use(api, _client(REPLIES[api][0], server), stream)
     assert text == ("".join(PIECES) if stream else "ok")
     server.wait_finished()
     assert len(server.received) == 1
+    [marked] = [e for e in runs[0].trace.events if e.kind == "unmetered"]  # the call, once
+    assert marked.payload["provider"] == REPLIES[api][0] and marked.payload["usage"]

@@ -43,6 +43,7 @@ EVENT_KINDS: tuple[str, ...] = (
     CONSUMED, REFUSED, "approach_notice", "progress", "watchdog_cut", "tool_abandoned",
     "cancelled", "cut", "suspended", "resumed", "detached", "checkpoint_saved", "outcome",
     "grant", "pause", "unpause", "degraded", "cancel_requested", "cancel_observed", "ledger",
+    "unmetered",
 )
 _CODE = {k: i for i, k in enumerate(EVENT_KINDS)}
 _STAT_NAMES = ("checks", "consumptions", "consumed", "refusals")

@@ -373,11 +373,13 @@ class _Attempt:
         """A reply whose usage cannot be read (N-7): under a ``tokens``, ``output_tokens`` or
         ``cost_usd`` limit the run (or grant) the call was made in is cut by the first of them
         and the API's ``Cut`` raises, which the SDK passes on unretried; without one the reply
-        goes to the caller as it came."""
+        goes to the caller as it came, and the trace marks the call ``unmetered``."""
         core = self.core
         limited = [i for i, left in zip(_METERED, core.remaining_of(_METERED), strict=True)
                    if left != _INF]
         if not limited:
+            core.record("unmetered", {"provider": self.gate.api.provider, "model": self.label,
+                                      "usage": err.said()})
             return
         kind = KINDS[limited[0]]
         scope = core.scope
