@@ -385,9 +385,10 @@ class _Attempt:
         scope = core.scope
         scope.halt(Stop.of(Status.FAILED, (
             f"{self.gate.api.provider} reply reported {err.said()} for {self.label}, so what "
-            f"it used cannot be charged and {kind.name} cannot be kept (N-7): the run stopped; "
-            f"use a server that reports usage as the API defines it, or bound the run by "
-            f"provider_calls or time instead of {kind.name}"), scope, by=kind.name,
+            f"it used cannot be charged and {kind.name} cannot be kept: the run stopped; use a "
+            f"server that reports usage as the API defines it, or bound the run by "
+            f"provider_calls or time instead of {kind.name} (see: nbbudget explain N-7)"),
+            scope, by=kind.name,
             code=kind.code))
         stop = scope.stop
         assert stop is not None
