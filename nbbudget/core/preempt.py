@@ -509,7 +509,26 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     """On the main thread, at its next bytecode after the signal: raise the innermost fired
     entry's stop, unless nbbudget is leaving a run there (`leave` sends it again if needed).
     From the kernel's timer (`Entry.arm`), no entry has fired yet: the run whose deadline has
-    passed is stopped here, when the thread runs the work's own code."""
+    passed is stopped here, when the thread runs the work's own code. Not again inside itself:
+    a signal that lands while the handler runs (the timer thread's, for the same stop) returns
+    at once, so that nothing is raised while the handler holds the run's lock (one not raised
+    is sent again after `LATE_MS`)."""
+    global _handling
+    if _handling:
+        return
+    _handling = True
+    try:
+        _handle(frame)
+    finally:
+        _handling = False
+
+
+#: the signal's handler is running (on the main thread)
+_handling = False
+
+
+def _handle(frame: FrameType | None) -> None:
+    """`_on_signal`'s work."""
     for entry in reversed(_entries.get(_MAIN, ())):
         if entry.closed or entry.landed_at is not None:
             continue
