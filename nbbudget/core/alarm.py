@@ -43,13 +43,11 @@ class _Itimerspec(ctypes.Structure):
 
 class ThreadAlarm:
     """One kernel timer that sends *signum* to the thread whose kernel id (``native_id``) is
-    *thread*, once, at the time `at` sets. Valid in the process that made it (a child made by
-    ``os.fork`` has no timers: `pid` tells)."""
+    *thread*, once, at the time `at` sets. Valid in the process that made it: a child made by
+    ``os.fork`` has no timers (its owner makes another there)."""
 
     def __init__(self, lib: ctypes.PyDLL, signum: int, thread: int) -> None:
         self._settime = lib.timer_settime
-        self._delete = lib.timer_delete
-        self.pid = os.getpid()
         self._id = ctypes.c_void_p()
         event = _Sigevent(signo=signum, notify=_SIGEV_THREAD_ID, tid=thread)
         if lib.timer_create(_CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(self._id)):
@@ -64,11 +62,6 @@ class ThreadAlarm:
         value.sec, value.nsec = divmod(when_ns, 1_000_000_000) if when_ns > 0 else (0, 0)
         self._settime(self._id, _TIMER_ABSTIME, self._ref, None)
 
-    def close(self) -> None:
-        """Delete the timer (nothing more is sent)."""
-        if self.pid == os.getpid():
-            self._delete(self._id)
-
 
 def thread_alarm(signum: int, thread: int) -> ThreadAlarm | None:
     """A `ThreadAlarm` sending *signum* to the thread of kernel id *thread*; None where the
@@ -81,7 +74,6 @@ def thread_alarm(signum: int, thread: int) -> ThreadAlarm | None:
     lib.timer_create.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
     lib.timer_settime.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                   ctypes.c_void_p]
-    lib.timer_delete.argtypes = [ctypes.c_void_p]
     try:
         return ThreadAlarm(lib, signum, thread)
     except OSError:

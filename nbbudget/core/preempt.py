@@ -266,9 +266,6 @@ def _interrupts(stop: Stop) -> bool:
 class Timed(Protocol):
     """A run's time, as `Entry.arm` reads it: its scope (``nbbudget.core.scope.Scope``)."""
 
-    def deadline_ms(self) -> float | None:
-        """When its time runs out, on its clock; None without a deadline."""
-
     def before_deadline(self, callback: Callable[[float], None]) -> None:
         """Call *callback* with the deadline shortly before it (any thread), again when it
         moves; until `forget_before_deadline`."""
@@ -313,8 +310,7 @@ def enter(clock: Clock, frame: FrameType | None = None) -> Entry:
     entered: when it is a coroutine's (N-6), the entry is its task's, and the signal lands only
     beneath it (its thread runs other tasks while it awaits)."""
     ident = threading.get_ident()
-    task = None
-    block = frame
+    task, block = None, frame
     if frame is not None and frame.f_code.co_flags & _ASYNC:
         task = current_task()  # None under another loop (trio): the signal only, inside
     else:

@@ -178,6 +178,14 @@ def settle_escaped() -> list[str]:
     return said
 
 
+def _settle_escaped_here() -> None:
+    """Before this thread enters a run: end the runs a stop left without their block's end
+    (`settle_escaped`), each with a warning at the ``with`` statement entering the new one."""
+    if _preempt.escaped(threading.get_ident()):
+        for text in settle_escaped():
+            warnings.warn(text, RuntimeWarning, stacklevel=3)
+
+
 def stop_error(error: BaseException) -> BaseException:
     """*error* as a ``with run:`` block raises it when it leaves: a stop unwinding through user
     code becomes the public `BudgetError` it stands for; anything else is itself. For hosts
@@ -556,9 +564,7 @@ class Budget:
 
     # -- entering and leaving --------------------------------------------------------------
     def __enter__(self) -> Budget:
-        if _preempt.escaped(threading.get_ident()):
-            for text in settle_escaped():
-                warnings.warn(text, RuntimeWarning, stacklevel=2)
+        _settle_escaped_here()
         self.enter_for()
         self.interrupt_here(sys._getframe(1))
         return self
@@ -567,9 +573,7 @@ class Budget:
         """``async with nb.budget(...)`` (N-6): the run is current in this task and in every
         task it starts; its deadline, a cancel and the panel's Stop cancel this task, and the
         block ends with the run's error, not ``CancelledError`` (as ``asyncio.timeout``)."""
-        if _preempt.escaped(threading.get_ident()):
-            for text in settle_escaped():
-                warnings.warn(text, RuntimeWarning, stacklevel=2)
+        _settle_escaped_here()
         self.enter_for()
         self.interrupt_here(sys._getframe(1))
         return self

@@ -518,8 +518,7 @@ class _Meter:
         cut under a token or cost limit (N-7); else the stream is unmetered from here on."""
         self.settled = True
         self._count()
-        self._charge_to({**self.reported, "output_tokens": max(
-            self.deltas, self.reported.get("output_tokens", 0))})
+        self._charge_count()
         try:
             self.attempt.unmetered(err, self.salvage())
         except BaseException:
@@ -532,8 +531,13 @@ class _Meter:
         self.left = self._left()
         if self.deltas - self.charged_out <= self.left:
             return
-        self._charge_to({**self.reported, "output_tokens": max(
-            self.deltas, self.reported.get("output_tokens", 0))})
+        self._charge_count()
+
+    def _charge_count(self) -> None:
+        """Charge what the stream reported, its output at least the text deltas counted."""
+        reported = self.reported
+        self._charge_to({**reported, "output_tokens": max(
+            self.deltas, reported.get("output_tokens", 0))})
 
     def _charge_to(self, figures: Mapping[str, int]) -> None:
         """Charge what *figures* add to what this stream has charged."""
@@ -575,8 +579,7 @@ class _Meter:
         if not self.settled:
             with contextlib.suppress(BudgetCut):
                 self._count()
-                self._charge_to({**self.reported, "output_tokens": max(
-                    self.deltas, self.reported.get("output_tokens", 0))})
+                self._charge_count()
 
     def salvage(self) -> str:
         """The text of the events received so far."""
