@@ -500,26 +500,33 @@ def run_threads(work: Sequence[Callable[[], object]]) -> None:
     them raised (an assertion in a thread included)."""
     gate = threading.Barrier(len(work))
     errors: list[BaseException] = []
+    done = [threading.Event() for _ in work]
 
-    def body(fn: Callable[[], object]) -> None:
+    def body(fn: Callable[[], object], done: threading.Event) -> None:
         gate.wait()
         try:
             fn()
         except BaseException as exc:  # raised again in the test's own thread, below
             errors.append(exc)
+        finally:
+            done.set()
 
-    threads = [threading.Thread(target=body, args=(fn,), name=f"ledger-model-worker-{i}")
+    threads = [threading.Thread(target=body, args=(fn, done[i]), name=f"ledger-model-worker-{i}")
                for i, fn in enumerate(work)]
-    stopped: BaseException | None = None  # a run's stop raised into this thread's join (N-5)
+    stopped: BaseException | None = None  # a run's stop raised into this thread's wait (N-5)
     with busy_switching():
         for t in threads:
             t.start()
-        for t in threads:
-            while t.is_alive():
+        # each thread's own event, not `join()`: before Python 3.13 a join that a stop
+        # interrupts marks a thread that still runs as ended (CPython issue 90882)
+        for event in done:
+            while not event.is_set():
                 try:
-                    t.join()
-                except BaseException as exc:  # joined to the end all the same, raised below
+                    event.wait()
+                except BaseException as exc:  # waited to the end all the same, raised below
                     stopped = stopped or exc
+        for t in threads:
+            t.join()
     if stopped is not None:
         raise stopped
     if errors:
