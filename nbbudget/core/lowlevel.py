@@ -240,6 +240,56 @@ class Core:
                 err = left
         self.fail(err)
 
+    def reserve_costed(self, items: Sequence[tuple[int, float]], i: int, c: int,
+                       fixed: float, rate: float, asked: float,
+                       target: str | None) -> tuple[float, float]:
+        """`reserve_within` for a request whose cost is reserved too, at its worst case (S3-10):
+        *fixed* dollars (its input, bounded from above) plus *rate* dollars for each output
+        token of its cap, kind *c* being the dollars and kind *i* the output tokens. The cap is
+        *asked* (``inf``: none asked) clamped to what kind *i* has left and to what the dollars
+        left can pay for; less than one token affordable refuses by kind *c*, traced, and
+        nothing is reserved. The cap and the dollars reserved, all under one lock, so that
+        requests sharing the dollars never reserve more than is left between them.
+        `nbbudget.run.providers.reserve_request` calls it when the dollars are limited."""
+        scope, ledger, account = self.scope, self.ledger, self.account
+        with ledger.lock:
+            stop = scope.stop or scope.root.stop
+            if stop is not None:
+                err: BaseException | None = stop.signal()
+            else:
+                t_ms = scope.t_ms()
+                err = ledger.check(account, i, 1, target, t_ms)  # no output token left (S2-9)
+                if err is None:
+                    cap = min(asked, ledger.remaining(account, i))
+                    left = ledger.remaining(account, c)
+                    if cap == math.inf:  # no cap to send: the output is bounded by nothing
+                        worst = left if rate > 0 else fixed  # known, so all that is left
+                        fits = fixed + rate <= left
+                    else:
+                        if rate > 0:
+                            affordable = math.floor((left - fixed) / rate)
+                            while affordable >= 1 and fixed + affordable * rate > left:
+                                affordable -= 1  # a quotient rounded up
+                            cap = min(cap, affordable)
+                        worst = fixed + cap * rate
+                        fits = worst <= left and (cap >= 1 or asked < 1)
+                    if not fits:
+                        err = ledger.check(account, c, fixed + rate, target, t_ms) or \
+                            ledger.refuse(account, account, c, fixed + rate, target, t_ms)
+                    else:
+                        both = sorted((*items, (c, worst)), key=lambda item: KINDS[item[0]].rank)
+                        err = ledger.reserve(account, both, target, t_ms)
+                        if err is None:
+                            return cap, worst
+        assert err is not None
+        self.fail(err)
+
+    def limited(self, i: int) -> bool:
+        """Whether kind *i* has a limit on this account or its run's (read without the lock:
+        limits change only when a run starts or resumes). The model clients ask it of
+        ``cost_usd`` before each request (``nbbudget.integrations.models``)."""
+        return self.account.thr[i] != math.inf or self.ledger.root.thr[i] != math.inf
+
     def require(self, i: int, n: float, target: str | None) -> None:
         """Refuse *n* of kind *i* (traced) unless this account and its run's both have that
         much left; nothing is reserved (a clamp before dispatch, S2-9). A stopped run raises its

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..core.lowlevel import Core, Run
 
 __all__ = ["GUARDRAIL_MS", "Usage", "clamp", "degrade_past", "make_provider",
-           "reserve_request", "spend_reply", "spend_usage", "usage_of"]
+           "reserve_priced", "reserve_request", "spend_reply", "spend_usage", "usage_of"]
 
 #: a call that does not answer is cut after 1 h (S3-8): the default of a provider's guardrail,
 #: and the guardrail of each request of an instrumented model client
@@ -217,6 +217,20 @@ def reserve_request(core: Core, asked: Any, target: str, *, retry: bool = False)
     return int(left) if asked is None else int(min(asked, left))
 
 
+def reserve_priced(core: Core, asked: Any, target: str, fixed: float, rate: float, *,
+                   retry: bool = False) -> tuple[int | None, float]:
+    """`reserve_request` for a request whose cost is reserved too, with ``cost_usd`` limited
+    (S3-10): its worst case, *fixed* dollars for its input (bounded from above) and *rate*
+    dollars per output token of its cap, the cap clamped so that the worst case fits what is
+    left. The cap to send (None: none asked and none needed, and then all the dollars left are
+    reserved, as nothing bounds the reply) and the dollars reserved, which `spend_reply` settles
+    with the reply's cost. An instrumented model client (``nbbudget.integrations.models``)
+    calls it before each attempt."""
+    cap, reserved = core.reserve_costed(_RETRY if retry else _FIRST_ATTEMPT, _OUTPUT_TOKENS, _COST,
+                                        fixed, rate, _INF if asked is None else asked, target)
+    return (None if cap == _INF else int(cap)), reserved
+
+
 def _guarded(run: Run, label: str, limit_ms: int, fn: Callable[..., Any],
              args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """S3-8: wait for the call at most the guardrail (0: as long as it takes)."""
@@ -264,12 +278,15 @@ def spend_usage(run: Run, usage: Usage, prices: Mapping[str, float] | None,
 
 
 def spend_reply(core: Core, inp: float, out: float, cost: float | None, label: str,
-                target: str) -> None:
+                target: str, reserved: float = 0.0) -> None:
     """Charge what a model reply used, *inp* input and *out* output tokens and *cost* dollars
     (None or 0: no cost), to *target* on the run whose *core* it is (``run.lowlevel``), each
-    figure checked as `spend_usage` checks it (whole numbers of tokens pass at once). The model
-    clients (``nbbudget.integrations.models``) call it with what they read from each reply and
-    its price; `spend_usage` once it has worked out the cost of a usage mapping."""
+    figure checked as `spend_usage` checks it (whole numbers of tokens pass at once). *reserved*:
+    dollars reserved for the reply before it was sent (`reserve_priced`), settled here in the
+    same charge: what the reply did not use of them is given back, what it used beyond them is
+    spent (S3-10). The model clients (``nbbudget.integrations.models``) call it with what they
+    read from each reply and its price; `spend_usage` once it has worked out the cost of a usage
+    mapping."""
     if not (type(inp) is int and type(out) is int and inp >= 0 and out >= 0):
         inp = _amount("input_tokens", inp, label)
         out = _amount("output_tokens", out, label)
@@ -278,10 +295,12 @@ def spend_reply(core: Core, inp: float, out: float, cost: float | None, label: s
         items.append((_TOKENS, inp + out))
     if out:
         items.append((_OUTPUT_TOKENS, out))
-    if cost:
-        if not (type(cost) is float and 0 < cost < _INF):
-            cost = _amount("cost_usd", cost, label)
-        items.append((_COST, cost))
+    if cost and not (type(cost) is float and 0 < cost < _INF):
+        cost = _amount("cost_usd", cost, label)
+    if cost or reserved:
+        settled = (cost or 0) - reserved  # < 0: what the reservation gives back
+        if settled:
+            items.append((_COST, settled))
     if items:
         core.spend(items, target)
 

@@ -72,8 +72,8 @@ def _escaped(data: Any) -> str:
 class Reply:
     """One scripted answer: ``body`` (JSON) or ``events`` (``(event name or None, data)``
     pairs sent as server-sent events; a data that is a str is sent as is, e.g. ``[DONE]``), or
-    a function of the request's JSON body that returns them (a reply that depends on what was
-    asked, as ``stream_options``)."""
+    for either a function of the request's JSON body that returns it (a reply that depends on
+    what was asked, as ``stream_options`` or the output cap)."""
 
     body: Any = None
     events: Events | Callable[[Any], Events] | None = None
@@ -86,11 +86,12 @@ class Reply:
     #: events compact
     form: str | None = None
 
-    def content(self) -> bytes:
-        """The bytes of a JSON body."""
+    def content(self, asked: Any = None) -> bytes:
+        """The bytes of a JSON body, for a request of JSON body *asked*."""
         if self.raw is not None:
             return self.raw
-        return dump(self.body, self.form or "spaced").encode()
+        body = self.body(asked) if callable(self.body) else self.body
+        return dump(body, self.form or "spaced").encode()
 
     def written(self, body: Any) -> list[bytes]:
         """The server-sent events of this reply to a request of JSON *body*, each as the
@@ -218,7 +219,7 @@ def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
             for key, value in reply.headers.items():
                 self.send_header(key, value)
             if reply.events is None:
-                data = reply.content()
+                data = reply.content(received.body)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()

@@ -69,7 +69,13 @@ from ...core.kinds import KIND_INDEX, KINDS
 from ...core.lowlevel import Core, Stop, Unwind
 from ...core.outcome import Status
 from ...run.budget import Budget, current
-from ...run.providers import GUARDRAIL_MS, degrade_past, reserve_request, spend_reply
+from ...run.providers import (
+    GUARDRAIL_MS,
+    degrade_past,
+    reserve_priced,
+    reserve_request,
+    spend_reply,
+)
 from ..prices import Given, given_price, price_of
 from .shapes import Shape, Unreadable, ends, events_of, may_hold_usage, reply_usage, request_body
 
@@ -83,6 +89,10 @@ _OUTPUT_LEFT = tuple(KIND_INDEX[kind] for kind in ("output_tokens", "tokens", "c
 _METERED = tuple(sorted((KIND_INDEX[kind] for kind in ("tokens", "output_tokens", "cost_usd")),
                         key=lambda i: KINDS[i].rank))
 _MILLION = 1_000_000
+_COST = KIND_INDEX["cost_usd"]
+#: input tokens a provider adds to a request's own (its chat template, a tool-use system
+#: prompt: Anthropic's is 346 tokens at most), for a request's worst case (S3-10)
+_FRAMING = 1024
 #: the headers of a body's length, which a new body replaces
 _LENGTH = (b"content-length", b"transfer-encoding")
 _C = TypeVar("_C")
@@ -224,8 +234,13 @@ class _Gate:
         retry = _FIRST not in getattr(headers, "_list", ()) and headers.get(
             "x-stainless-retry-count", "0") != "0"
         core = run.lowlevel
+        reserved = 0.0
         try:
-            capped = reserve_request(core, asked, target, retry=retry)
+            if price is not None and core.limited(_COST):
+                fixed, rate = _worst(price, len(request.content))
+                capped, reserved = reserve_priced(core, asked, target, fixed, rate, retry=retry)
+            else:
+                capped = reserve_request(core, asked, target, retry=retry)
         except BudgetExceeded as err:
             raise self.api.refused(*err.args) from None
         if capped != asked:
@@ -241,7 +256,7 @@ class _Gate:
         if not timeout or None in (values := timeout.values()) or max(values) > bound:
             _lower(request, timeout, bound)
         return request, _Attempt(self, run, core, shape, model, label, target, price, stream,
-                                 hide, bound)
+                                 hide, bound, reserved)
 
     def _model(self, model: str) -> tuple[str, str, Callable[[Mapping[str, int]], float] | None]:
         """The calls' name, target and price for *model*, kept for its next calls."""
@@ -262,6 +277,19 @@ class _Gate:
                 f"nbbudget[{self.api.provider}] on Python 3.11 or newer): give "
                 f"nb.instrument(client, prices={{'input': usd, 'output': usd}}) per million "
                 f"tokens, or a function of the usage")
+
+
+def _worst(price: Callable[[Mapping[str, int]], float], size: int) -> tuple[float, float]:
+    """A request's worst case at *price* (S3-10): the dollars of its input and the dollars of
+    each output token. Its input is bounded from above by its body's *size* in bytes (a token
+    of text takes at least one byte of it, in any JSON form) and `_FRAMING` tokens more, each
+    priced as a cache write where that costs more; what that bound does not cover is in the
+    docs ("Bounding the agent you already have")."""
+    n = size + _FRAMING
+    plain_input = price({"input_tokens": n})
+    fixed = max(plain_input, price({"input_tokens": n, "cache_write_tokens": n}))
+    rate = (price({"input_tokens": n, "output_tokens": _MILLION}) - plain_input) / _MILLION
+    return fixed, max(rate, 0.0)
 
 
 def _lower(request: httpx2.Request, timeout: Mapping[str, float | None] | None,
@@ -298,26 +326,46 @@ def _prepared(request: httpx2.Request, body: dict[str, Any] | None,
 class _Attempt:
     """One attempt of a model request in a run: what it charges and how it is cut."""
 
-    __slots__ = ("core", "deadline", "gate", "hide", "label", "model", "price", "run", "shape",
-                 "started", "stream", "target")
+    __slots__ = ("core", "deadline", "gate", "hide", "label", "model", "price", "reserved",
+                 "run", "shape", "started", "stream", "target")
 
     def __init__(self, gate: _Gate, run: Budget, core: Core, shape: Shape, model: str,
                  label: str, target: str, price: Callable[[Mapping[str, int]], float] | None,
-                 stream: bool, hide: bool, bound: float) -> None:
+                 stream: bool, hide: bool, bound: float, reserved: float) -> None:
         self.gate, self.run, self.core, self.shape = gate, run, core, shape
         self.model, self.label = model, label
         self.target, self.price, self.stream, self.hide = target, price, stream, hide
         self.started = time.monotonic()
         self.deadline = self.started + bound
+        self.reserved = reserved  # dollars reserved before sending, not yet drawn (S3-10)
 
-    def charge(self, figures: Mapping[str, int], cost: float | None) -> None:
+    def charge(self, figures: Mapping[str, int], cost: float | None,
+               final: bool = False) -> None:
         """Charge what was used (S3-3: recorded even past a limit, which raises the run's
-        stop), then degrade if the run has used enough (S3-7)."""
+        stop), then degrade if the run has used enough (S3-7). The cost is drawn from what the
+        attempt reserved first; a *final* charge settles the reservation, giving back what the
+        reply did not use (S3-10)."""
+        reserved = self.reserved
+        if reserved:
+            if final:
+                self.reserved = 0.0
+            else:  # a stream's charge on the way: from the reservation while it lasts
+                drawn = min(cost or 0.0, reserved)
+                self.reserved, reserved = reserved - drawn, drawn
         spend_reply(self.core, figures.get("input_tokens", 0), figures.get("output_tokens", 0),
-                    cost, self.label, self.target)
+                    cost, self.label, self.target, reserved)
         degrade = self.gate.degrade
         if degrade is not None:
             degrade_past(self.run, degrade[1], self.model, degrade[0])
+
+    def release(self) -> None:
+        """Give back what is left of the reservation: the attempt used nothing more (an error
+        status, a request never sent, a stream's end once its usage is charged). A limit the
+        run passed meanwhile is raised at its next check, not here."""
+        reserved, self.reserved = self.reserved, 0.0
+        if reserved:
+            with contextlib.suppress(Unwind):
+                spend_reply(self.core, 0, 0, None, self.label, self.target, reserved)
 
     def cut(self, signal: Unwind, salvage: str) -> BaseException:
         """The error for a stop met while charging or waiting: a cut becomes the API's ``Cut``
@@ -351,15 +399,16 @@ class _Attempt:
     def answered(self, response: httpx2.Response) -> None:
         """A whole reply (read): charge its usage. Error statuses used nothing."""
         if not 200 <= response.status_code < 300:  # is_success, without its two calls
+            self.release()  # an error status: the API bills nothing
             return
         try:
             figures = reply_usage(self.shape, response.content)
-        except Unreadable as err:
+        except Unreadable as err:  # its reservation stays charged: the worst case is known
             self.unmetered(err, self._text(response))
             return
         price = self.price
         try:
-            self.charge(figures, price(figures) if price is not None else None)
+            self.charge(figures, price(figures) if price is not None else None, final=True)
         except Unwind as signal:
             raise self.cut(signal, self._text(response)) from None
 

@@ -1,0 +1,194 @@
+"""S3-10: with ``cost_usd`` armed, each request of an instrumented client reserves its worst case
+before it is sent (its input bounded by its body's size, its output at its cap, the cap clamped
+so the worst case fits), and its reply settles the reservation. Real SDKs against the loopback
+server of ``tests/wire``."""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+openai = pytest.importorskip("openai")
+anthropic = pytest.importorskip("anthropic")
+from wire import Reply, Server  # noqa: E402
+from wire import anthropic_shapes as a  # noqa: E402
+from wire import openai_shapes as o  # noqa: E402
+
+import nbbudget as nb  # noqa: E402
+from nbbudget.integrations.models import anthropic_api, openai_api  # noqa: E402
+
+ASK = [{"role": "user", "content": "plan the trip"}]
+#: USD per million tokens: output dear, so that a request's cap decides most of its worst case
+PRICES = {"input": 1.0, "output": 100.0}
+IN_RATE, OUT_RATE = PRICES["input"] / 1e6, PRICES["output"] / 1e6
+FRAMING = 1024  # the input tokens the worst case adds to the body's size (see the docs)
+PROMPT, ANSWER = 20, 30  # what each reply reports using, its output at most its cap
+
+
+def capped_chat(body: Any) -> Any:
+    """A completion that uses at most the output cap it was asked for."""
+    out = min(ANSWER, body.get("max_completion_tokens") or body.get("max_tokens") or ANSWER)
+    return o.chat("x" * out, o.chat_usage(PROMPT, out)).body
+
+
+def cost_of(out: int) -> float:
+    return PROMPT * IN_RATE + out * OUT_RATE
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    with Server(default=Reply(body=capped_chat)) as server:
+        yield server
+
+
+@pytest.fixture
+def client(server: Server) -> Iterator[Any]:
+    bare = openai.OpenAI(base_url=server.url, api_key="test", max_retries=0)
+    yield nb.instrument(bare, prices=PRICES)
+    bare.close()
+
+
+def chat(client: Any, **kwargs: Any) -> Any:
+    return client.chat.completions.create(model="house-model", messages=ASK, **kwargs)
+
+
+def worst(body_size: int, cap: int) -> float:
+    return (body_size + FRAMING) * IN_RATE + cap * OUT_RATE
+
+
+def test_S3_10_a_reply_settles_its_reservation_to_what_it_used(server: Server, client: Any,
+                                                               ledger: Any) -> None:
+    with nb.budget(cost_usd=1.0, ledger=ledger) as run:
+        chat(client, max_tokens=40)
+        assert run.consumed["cost_usd"] == pytest.approx(cost_of(ANSWER))
+        assert run.remaining("cost_usd") == pytest.approx(1.0 - cost_of(ANSWER))
+    assert server.bodies()[0]["max_tokens"] == 40  # it fitted: not clamped
+
+
+def test_S3_10_the_cap_is_clamped_so_that_the_worst_case_fits(server: Server,
+                                                              client: Any) -> None:
+    limit = 0.0035  # about 20 output tokens past the input's bound
+    with nb.budget(cost_usd=limit) as run:
+        chat(client, max_tokens=1000)
+        sent = server.received[0]
+    cap = sent.body["max_tokens"]
+    size = int(sent.headers["content-length"])
+    assert 1 <= cap < 1000
+    # the largest cap whose worst case fits, give or take the bytes the new cap changed
+    assert worst(size - 8, cap) <= limit < worst(size + 8, cap + 2)
+    assert run.consumed["cost_usd"] == pytest.approx(cost_of(min(cap, ANSWER)))
+
+
+def test_S3_10_a_request_that_cannot_pay_for_one_output_token_is_refused_unsent(
+        server: Server, client: Any) -> None:
+    with nb.budget(cost_usd=0.001) as run:  # less than the input's bound alone
+        with pytest.raises(nb.BudgetExceeded) as caught:
+            chat(client, max_tokens=40)
+    assert isinstance(caught.value, openai_api.Refused)  # the SDK's own error class too
+    assert caught.value.kind == "cost_usd"
+    assert server.received == []
+    assert run.consumed.get("cost_usd", 0) == 0  # nothing reserved stays behind
+    assert run.trace.refusals_by_kind()["cost_usd"] == 1  # traced as any refusal (S4-8)
+
+
+def test_S3_10_an_error_status_gives_the_reservation_back(server: Server, client: Any) -> None:
+    server.queue(Reply.error(400, "bad request", "invalid_request_error"))
+    with nb.budget(cost_usd=1.0) as run:
+        with pytest.raises(openai.BadRequestError):
+            chat(client, max_tokens=40)
+        assert run.consumed.get("cost_usd", 0) == pytest.approx(0)
+        chat(client, max_tokens=40)
+        assert run.consumed["cost_usd"] == pytest.approx(cost_of(ANSWER))
+
+
+def test_S3_10_a_request_with_no_cap_reserves_all_that_is_left_until_it_settles(
+        server: Server, client: Any) -> None:
+    """Nothing bounds such a reply's output, so the cost left is reserved whole: a request made
+    meanwhile is refused, and the reply gives back what it did not use."""
+    server.queue(Reply(body=capped_chat, delay=0.5))
+    errors: list[BaseException] = []
+    with nb.budget(cost_usd=1.0) as run:
+        first = threading.Thread(target=contextvars.copy_context().run,
+                                 args=(lambda: chat(client),), name="reserve-no-cap")
+        first.start()
+        try:
+            while not server.received:  # the first request is in flight
+                threading.Event().wait(0.01)
+            assert run.remaining("cost_usd") == pytest.approx(0)
+            try:
+                chat(client, max_tokens=5)
+            except nb.BudgetExceeded as err:
+                errors.append(err)
+        finally:
+            first.join()
+        assert "max_tokens" not in server.received[0].body  # no cap invented for it
+        assert run.consumed["cost_usd"] == pytest.approx(cost_of(ANSWER))
+    assert [type(e) for e in errors] == [openai_api.Refused]
+    assert len(server.received) == 1
+
+
+@pytest.mark.parametrize("round_", range(5))
+def test_S3_10_sixteen_threads_sharing_a_cost_limit_never_pass_it(server: Server, client: Any,
+                                                                 ledger: Any, round_: int
+                                                                 ) -> None:
+    """Each thread asks until it is refused: every reply uses no more than its request
+    reserved, so the run never passes its limit and nothing is cut; each refusal is nbbudget's
+    error, and the server answered exactly the calls that were charged."""
+    limit = 0.05
+    done: list[int] = []
+    raised: list[BaseException] = []
+    lock = threading.Lock()
+
+    def ask_until_refused() -> None:
+        n = 0
+        try:
+            while n < 100:  # the cost limit refuses long before
+                chat(client, max_tokens=40)
+                n += 1
+        except BaseException as exc:  # noqa: BLE001 - the test reads what each thread met
+            with lock:
+                raised.append(exc)
+                done.append(n)
+
+    with nb.budget(cost_usd=limit, ledger=ledger) as run:
+        threads = [threading.Thread(target=contextvars.copy_context().run,  # in the run
+                                    args=(ask_until_refused,), name=f"reserve-{i}")
+                   for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(raised) == 16
+    assert all(isinstance(e, openai_api.Refused) and e.kind == "cost_usd" for e in raised), raised
+    assert run.outcome.status == "completed"
+    caps = [r.body["max_tokens"] for r in server.received]
+    assert len(caps) == sum(done) > 0
+    used = sum(cost_of(min(cap, ANSWER)) for cap in caps)
+    assert run.consumed["cost_usd"] == pytest.approx(used)
+    assert run.consumed["cost_usd"] <= limit
+    assert run.consumed["provider_calls"] == len(caps)
+
+
+def test_S3_10_anthropic_requests_reserve_and_clamp_too(server: Server) -> None:
+    def capped_message(body: Any) -> Any:
+        out = min(ANSWER, body["max_tokens"])
+        return a.message("y" * out, a.usage(PROMPT, out)).body
+
+    server.default = Reply(body=capped_message)
+    bare = anthropic.Anthropic(base_url=server.url, api_key="test", max_retries=0)
+    client = nb.instrument(bare, prices=PRICES)
+    try:
+        with nb.budget(cost_usd=0.0035) as run:
+            client.messages.create(model="house-model", max_tokens=1000, messages=ASK)
+            with pytest.raises(anthropic_api.Refused):
+                client.messages.create(model="house-model", max_tokens=1000, messages=ASK)
+    finally:
+        bare.close()
+    cap = server.received[0].body["max_tokens"]
+    assert 1 <= cap < 1000
+    assert run.consumed["cost_usd"] == pytest.approx(cost_of(min(cap, ANSWER)))
+    assert len(server.received) == 1
