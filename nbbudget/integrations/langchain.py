@@ -89,7 +89,7 @@ from uuid import UUID
 
 from ..core.errors import BudgetExceeded, ConfigError
 from ..run.budget import Budget, current
-from ..run.providers import Usage, reserve_request, spend_usage
+from ..run.providers import Usage, require_request, reserve_request, spend_usage
 from .prices import FIGURES, given_price, price_of
 
 #: The oldest langchain-core the handler was tested with (the ``langchain`` extra's bound).
@@ -244,7 +244,9 @@ class Budgeted(BaseCallbackHandler):
                        tags: list[str] | None = None, metadata: dict[str, Any] | None = None,
                        **kwargs: Any) -> None:
         """A runnable starts: a LangGraph node's run is one ``steps``, anything else is
-        checked only.
+        checked only. A node that prepares a model call of a langchain ``create_agent``
+        graph is refused first when the run could not permit the call, before its middleware
+        run (`_prepares_model_call`).
 
         LangGraph gives each node run (a task) its own ``langgraph_checkpoint_ns``, which the
         runnables inside the node inherit: a run whose namespace differs from its parent's is
@@ -262,6 +264,8 @@ class Budgeted(BaseCallbackHandler):
         try:
             run.check()
             if node is not None:
+                if _prepares_model_call(node, metadata):
+                    require_request(run.lowlevel, f"node:{node}")
                 run.charge("steps", target=f"node:{node}")
         except BudgetExceeded as err:
             self._namespaces.pop(run_id, None)
@@ -399,6 +403,15 @@ class Budgeted(BaseCallbackHandler):
             if price is not None:
                 return price.cost(figures)
         return None
+
+
+def _prepares_model_call(node: str, metadata: dict[str, Any] | None) -> bool:
+    """Whether *node* runs the middleware before a model call of a langchain ``create_agent``
+    graph (which marks its runs ``ls_integration``): its ``model`` node, where the
+    ``wrap_model_call`` middleware (``@dynamic_prompt`` among them) run before the model is
+    called, or a middleware's ``<name>.before_model`` node, which run before it."""
+    return (metadata or {}).get("ls_integration") == "langchain_create_agent" and (
+        node == "model" or node.endswith(".before_model"))
 
 
 def _figures(usage: Any) -> dict[str, int]:
