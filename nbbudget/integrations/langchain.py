@@ -19,7 +19,9 @@ What it counts:
   ``provider_calls`` and one ``turns`` before the model is called, both or neither (S4-3); a
   refused call never reaches the model. Each attempt counts, a LangChain retry
   (``with_retry``) or a fallback included (S4-6). With ``output_tokens`` spent, the next call is
-  refused (S2-9).
+  refused (S2-9). In a langchain ``create_agent`` graph, a call the run could not permit is
+  refused at the start of the node that prepares it, before its middleware run (a
+  ``before_model`` node, or the ``model`` node's ``wrap_model_call`` and ``@dynamic_prompt``).
 - **Usage.** What a reply used is charged from its ``usage_metadata`` when it arrives: ``tokens``
   is input plus output (cached input included), ``output_tokens`` is output (reasoning
   included). Spending that already happened is recorded even past a limit, and then the run is

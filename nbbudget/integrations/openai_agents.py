@@ -54,9 +54,14 @@ No answer is made up: the agent run ends with the error, never with a final outp
   into the agent's own ``ModelSettings`` object, which the SDK passes on as it is when no
   ``RunConfig(model_settings=...)`` overrides it: that would change the agent for every run
   that shares it, so ``Budgeted`` does not, and only a call with no output tokens left is
-  refused. Neither can a hook change ``Runner.run(max_turns=...)``, a local of the run: the
-  ``turns`` limit refuses the turn past it instead, with `BudgetRefused` rather than the SDK's
-  ``MaxTurnsExceeded``;
+  refused;
+- the turns of one agent: the SDK prepares a turn (its tools listed, its instructions built)
+  before ``on_llm_start``, and after an agent's first turn no hook runs before that. The hooks
+  refuse a turn the run cannot permit at ``on_agent_start`` (the first agent) and at
+  ``on_handoff`` (the agent handed off to), before its preparation; a later turn of the same
+  agent is refused at ``on_llm_start``, once prepared. ``Runner.run(agent, input,
+  **budgeted.run_options())`` hands the SDK's own ``max_turns`` the run's turns instead, which
+  stop before that preparation, as `BudgetRefused`;
 - retries: the OpenAI client's own retries (``max_retries``) and the SDK's
   (``ModelSettings.retry``) happen inside one model call, under one ``provider_calls`` permit.
   The SDK reports its own failed attempts in the reply's usage (``requests``): they are charged
