@@ -266,7 +266,8 @@ def test_an_agents_model_call_past_the_turns_is_refused_before_its_middleware_ru
     """turns=1 over a create_agent graph prepares what ModelCallLimitMiddleware(run_limit=1)
     prepares: the second model call is refused at the start of its first before_model node,
     before the before_model and wrap_model_call middleware (@dynamic_prompt) run again, where
-    the model call itself would be refused only after them."""
+    the model call itself would be refused only after them; the refusal is traced (S4-8) and
+    takes no step."""
     middleware = pytest.importorskip("langchain.agents.middleware")
     counts = {"before_model": 0, "prompt": 0}
     script = Script(asks("lookup"), answer())
@@ -283,7 +284,7 @@ def test_an_agents_model_call_past_the_turns_is_refused_before_its_middleware_ru
         invoke(counted_agent(script, counts), START_STATE, mode)
     assert counts == reference and script.calls == 1
     assert (caught.value.kind, caught.value.target) == ("turns", "node:Counted.before_model")
-    assert run.consumed["turns"] == 1
+    assert run.consumed["turns"] == 1 and run.consumed["steps"] == 3  # before_model, model, tools
     assert [e.payload["budget_kind"] for e in refusals(run)] == ["turns"]
 
 

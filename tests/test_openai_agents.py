@@ -578,7 +578,7 @@ def test_run_options_end_a_looping_agent_where_the_sdks_max_turns_would():
     and the next turn's preparation (the SDK calls none there), so under turns=3 the fourth
     turn's instructions and tools are prepared before on_llm_start refuses it. With
     run_options() the SDK's own turn count stops the loop where max_turns=3 does, and the
-    refusal is still nbbudget's, naming turns."""
+    refusal is still nbbudget's, naming turns and traced (S4-8)."""
     replies = [calls(("add", {"a": i, "b": i})) for i in range(6)]
     reference, error, sent = prepared(
         replies, lambda agent: Runner.run_sync(agent, "go", max_turns=3))
