@@ -85,9 +85,9 @@ def test_S3_10_the_cap_is_clamped_so_that_the_worst_case_fits(server: Server,
 
 def test_S3_10_a_request_that_cannot_pay_for_one_output_token_is_refused_unsent(
         server: Server, client: Any) -> None:
-    with nb.budget(cost_usd=0.001) as run:  # less than the input's bound alone
-        with pytest.raises(nb.BudgetExceeded) as caught:
-            chat(client, max_tokens=40)
+    # less than the input's bound alone
+    with nb.budget(cost_usd=0.001) as run, pytest.raises(nb.BudgetExceeded) as caught:
+        chat(client, max_tokens=40)
     assert isinstance(caught.value, openai_api.Refused)  # the SDK's own error class too
     assert caught.value.kind == "cost_usd"
     assert server.received == []
@@ -149,7 +149,7 @@ def test_S3_10_sixteen_threads_sharing_a_cost_limit_never_pass_it(server: Server
             while n < 100:  # the cost limit refuses long before
                 chat(client, max_tokens=40)
                 n += 1
-        except BaseException as exc:  # noqa: BLE001 - the test reads what each thread met
+        except BaseException as exc:  # the test reads what each thread met
             with lock:
                 raised.append(exc)
                 done.append(n)

@@ -227,6 +227,67 @@ def test_a_refused_model_call_never_reaches_the_model(mode):
     assert run.consumed["provider_calls"] == 2 and run.consumed["turns"] == 2
 
 
+class ToolCallingScriptedModel(ScriptedChatModel):
+    """A `ScriptedChatModel` that takes tools (``bind_tools``), as a langchain
+    ``create_agent`` graph asks of its model; its script says which tools it calls."""
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        return self
+
+
+def counted_agent(script: Script, counts: dict[str, int], *limits: Any) -> Any:
+    """A langchain ``create_agent`` graph with a tool, ``lookup``, whose preparation of each
+    model call is counted in *counts*: ``before_model`` (a middleware's before_model node) and
+    ``prompt`` (a ``@dynamic_prompt``, a wrap_model_call middleware run in the model node);
+    *limits* are middleware put first."""
+    agents = pytest.importorskip("langchain.agents")
+    middleware = pytest.importorskip("langchain.agents.middleware")
+
+    @tool
+    def lookup(q: str) -> str:
+        """Look something up."""
+        return q.upper()
+
+    class Counted(middleware.AgentMiddleware):
+        def before_model(self, state: Any, runtime: Any) -> None:
+            counts["before_model"] += 1
+
+    @middleware.dynamic_prompt
+    def prompt(request: Any) -> str:
+        counts["prompt"] += 1
+        return "look it up"
+
+    return agents.create_agent(ToolCallingScriptedModel(script=script), tools=[lookup],
+                               middleware=[*limits, Counted(), prompt])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_agents_model_call_past_the_turns_is_refused_before_its_middleware_run(mode):
+    """turns=1 over a create_agent graph prepares what ModelCallLimitMiddleware(run_limit=1)
+    prepares: the second model call is refused at the start of its first before_model node,
+    before the before_model and wrap_model_call middleware (@dynamic_prompt) run again, where
+    the model call itself would be refused only after them; the refusal is traced (S4-8) and
+    takes no step."""
+    middleware = pytest.importorskip("langchain.agents.middleware")
+    counts = {"before_model": 0, "prompt": 0}
+    script = Script(asks("lookup"), answer())
+    limit = middleware.ModelCallLimitMiddleware(run_limit=1, exit_behavior="error")
+    limit_error = pytest.importorskip(
+        "langchain.agents.middleware.model_call_limit").ModelCallLimitExceededError
+    with pytest.raises(limit_error):
+        counted_agent(script, counts, limit).invoke(START_STATE)
+    reference, counts = counts, {"before_model": 0, "prompt": 0}
+    assert reference == {"before_model": 1, "prompt": 1} and script.calls == 1
+
+    script = Script(asks("lookup"), answer())
+    with pytest.raises(nb.BudgetExceeded) as caught, nb.budget(turns=1) as run:
+        invoke(counted_agent(script, counts), START_STATE, mode)
+    assert counts == reference and script.calls == 1
+    assert (caught.value.kind, caught.value.target) == ("turns", "node:Counted.before_model")
+    assert run.consumed["turns"] == 1 and run.consumed["steps"] == 3  # before_model, model, tools
+    assert [e.payload["budget_kind"] for e in refusals(run)] == ["turns"]
+
+
 def test_each_attempt_of_a_retried_model_is_a_provider_call():
     """S4-6: LangChain's with_retry calls the model again after a failure; each attempt takes
     a provider call, the failed one is not refunded, and the third attempt is refused."""

@@ -15,6 +15,8 @@ pytest.importorskip("agents")
 
 from agents import (
     Agent,
+    AgentHooks,
+    MaxTurnsExceeded,
     ModelRetrySettings,
     ModelSettings,
     OpenAIChatCompletionsModel,
@@ -503,3 +505,138 @@ def test_with_an_instrumented_client_each_model_call_is_charged_once(server):
     assert (run.consumed["provider_calls"], run.consumed["tool_calls"],
             run.consumed["tokens"], run.consumed["output_tokens"]) == (2, 1, 240, 40)
     assert [body["max_tokens"] for body in server.bodies()] == [100, 80]
+
+
+def counted(server: Server, counts: dict, names: list[str]) -> list[Agent]:
+    """Agents named *names*, each handing off to the next, whose preparation of a turn is
+    counted in *counts*: ``instructions`` (a dynamic instructions function), ``tools`` (the
+    ``is_enabled`` of their tool ``add``, which the SDK asks as it lists an agent's tools each
+    turn) and ``start`` (the agent's own start hook)."""
+
+    def instructions(context, agent):
+        counts["instructions"] += 1
+        return "add, or hand off"
+
+    def enabled(context, agent):
+        counts["tools"] += 1
+        return True
+
+    class Started(AgentHooks):
+        async def on_start(self, context, agent):
+            counts["start"] += 1
+
+    @function_tool(is_enabled=enabled)
+    def add(a: int, b: int) -> int:
+        """Add two numbers."""
+        return a + b
+
+    agents = [Agent(name=name, instructions=instructions, tools=[add], hooks=Started(),
+                    model=model(server)) for name in names]
+    for agent, to in itertools.pairwise(agents):
+        agent.handoffs = [to]
+    return agents
+
+
+def prepared(replies: list[Reply], run_agent) -> tuple[dict, BaseException, int]:
+    """What the first of a chain of five counted agents prepared when *run_agent* ran it on a
+    server answering *replies*: the counts, the error the run ended with, the requests sent."""
+    counts = {"instructions": 0, "tools": 0, "start": 0}
+    with Server() as server:
+        server.queue(*replies)
+        first = counted(server, counts, [f"a{i}" for i in range(5)])[0]
+        with pytest.raises(Exception) as caught:
+            run_agent(first)
+        return counts, caught.value, len(server.received)
+
+
+def test_a_handoff_past_the_turns_is_refused_before_the_next_agent_is_prepared():
+    """turns=3 over a chain of handoffs prepares what the SDK's own max_turns=3 prepares: three
+    agents' instructions, tool lists and start hooks. The handoff to a fourth agent is refused
+    (no turn left for it) before the SDK runs that agent's start hook, which it runs beside
+    on_agent_start, where a refusal would come too late."""
+    replies = [calls((f"transfer_to_a{i + 1}", {})) for i in range(4)] + [text("done")]
+    reference, error, sent = prepared(
+        replies, lambda agent: Runner.run_sync(agent, "go", max_turns=3))
+    assert isinstance(error, MaxTurnsExceeded) and sent == 3
+    assert reference == {"instructions": 3, "tools": 6, "start": 3}
+
+    def bounded(agent):
+        with nb.budget(turns=3) as run:
+            try:
+                Runner.run_sync(agent, "go", hooks=Budgeted())
+            finally:
+                assert run.consumed["agent_invocations"] == 2  # the refused handoff took none
+
+    counts, error, sent = prepared(replies, bounded)
+    assert counts == reference
+    assert isinstance(error, BudgetRefused) and (error.kind, sent) == ("turns", 3)
+    assert error.outcome is not None and error.outcome.code == "TurnBudgetExceeded"
+
+
+def test_run_options_end_a_looping_agent_where_the_sdks_max_turns_would():
+    """One agent calling its tool each turn: the hooks alone cannot act between a turn's tools
+    and the next turn's preparation (the SDK calls none there), so under turns=3 the fourth
+    turn's instructions and tools are prepared before on_llm_start refuses it. With
+    run_options() the SDK's own turn count stops the loop where max_turns=3 does, and the
+    refusal is still nbbudget's, naming turns and traced (S4-8)."""
+    replies = [calls(("add", {"a": i, "b": i})) for i in range(6)]
+    reference, error, sent = prepared(
+        replies, lambda agent: Runner.run_sync(agent, "go", max_turns=3))
+    assert isinstance(error, MaxTurnsExceeded) and sent == 3
+    assert reference == {"instructions": 3, "tools": 6, "start": 1}
+
+    def hooks_alone(agent):
+        with nb.budget(turns=3):
+            Runner.run_sync(agent, "go", hooks=Budgeted())
+
+    counts, error, sent = prepared(replies, hooks_alone)
+    assert isinstance(error, BudgetRefused) and (error.kind, sent) == ("turns", 3)
+    # the fourth turn's instructions and tool list (the SDK asks is_enabled once more for
+    # each tool call it runs), as docs/bounding-agents.md says
+    assert counts == {"instructions": 4, "tools": 7, "start": 1}
+
+    def with_options(agent):
+        with nb.budget(turns=3) as run:
+            try:
+                Runner.run_sync(agent, "go", **Budgeted().run_options())
+            finally:
+                assert run.consumed["turns"] == run.consumed["provider_calls"] == 3
+                assert [r["budget_kind"] for r in refusals(run)] == ["turns"]
+
+    counts, error, sent = prepared(replies, with_options)
+    assert counts == reference
+    assert isinstance(error, BudgetRefused) and (error.kind, sent) == ("turns", 3)
+    assert error.outcome is not None and error.outcome.code == "TurnBudgetExceeded"
+
+
+def test_run_options_keep_the_sdks_max_turns_when_it_is_the_smaller():
+    """run_options(max_turns=2) under turns=5: the SDK's own limit ends the loop, with its own
+    MaxTurnsExceeded, and the run refused nothing."""
+    replies = [calls(("add", {"a": i, "b": i})) for i in range(6)]
+
+    def with_options(agent):
+        with nb.budget(turns=5) as run:
+            options = Budgeted().run_options(max_turns=2)
+            assert options["max_turns"] == 2
+            try:
+                Runner.run_sync(agent, "go", **options)
+            finally:
+                assert refusals(run) == [] and run.consumed["turns"] == 2
+
+    counts, error, sent = prepared(replies, with_options)
+    assert isinstance(error, MaxTurnsExceeded) and sent == 2
+    assert counts == {"instructions": 2, "tools": 4, "start": 1}
+
+
+def test_an_agent_started_with_no_turn_left_is_refused_before_its_instructions():
+    """The run's turns already spent when Runner.run starts: on_agent_start refuses before the
+    SDK lists the agent's tools or builds its instructions; nothing is sent."""
+
+    def spent(agent):
+        with nb.budget(turns=1) as run:
+            run.charge("turns")
+            Runner.run_sync(agent, "go", hooks=Budgeted())
+
+    counts, error, sent = prepared([text("never asked")], spent)
+    assert isinstance(error, BudgetRefused) and (error.kind, sent) == ("turns", 0)
+    assert (counts["instructions"], counts["tools"]) == (0, 0)

@@ -19,7 +19,9 @@ What it counts:
   ``provider_calls`` and one ``turns`` before the model is called, both or neither (S4-3); a
   refused call never reaches the model. Each attempt counts, a LangChain retry
   (``with_retry``) or a fallback included (S4-6). With ``output_tokens`` spent, the next call is
-  refused (S2-9).
+  refused (S2-9). In a langchain ``create_agent`` graph, a call the run could not permit is
+  refused at the start of the node that prepares it, before its middleware run (a
+  ``before_model`` node, or the ``model`` node's ``wrap_model_call`` and ``@dynamic_prompt``).
 - **Usage.** What a reply used is charged from its ``usage_metadata`` when it arrives: ``tokens``
   is input plus output (cached input included), ``output_tokens`` is output (reasoning
   included). Spending that already happened is recorded even past a limit, and then the run is
@@ -89,7 +91,7 @@ from uuid import UUID
 
 from ..core.errors import BudgetExceeded, ConfigError
 from ..run.budget import Budget, current
-from ..run.providers import Usage, reserve_request, spend_usage
+from ..run.providers import Usage, require_request, reserve_request, spend_usage
 from .prices import FIGURES, given_price, price_of
 
 #: The oldest langchain-core the handler was tested with (the ``langchain`` extra's bound).
@@ -244,7 +246,9 @@ class Budgeted(BaseCallbackHandler):
                        tags: list[str] | None = None, metadata: dict[str, Any] | None = None,
                        **kwargs: Any) -> None:
         """A runnable starts: a LangGraph node's run is one ``steps``, anything else is
-        checked only.
+        checked only. A node that prepares a model call of a langchain ``create_agent``
+        graph is refused first when the run could not permit the call, before its middleware
+        run (`_prepares_model_call`).
 
         LangGraph gives each node run (a task) its own ``langgraph_checkpoint_ns``, which the
         runnables inside the node inherit: a run whose namespace differs from its parent's is
@@ -262,6 +266,8 @@ class Budgeted(BaseCallbackHandler):
         try:
             run.check()
             if node is not None:
+                if _prepares_model_call(node, metadata):
+                    require_request(run.lowlevel, f"node:{node}")
                 run.charge("steps", target=f"node:{node}")
         except BudgetExceeded as err:
             self._namespaces.pop(run_id, None)
@@ -399,6 +405,15 @@ class Budgeted(BaseCallbackHandler):
             if price is not None:
                 return price.cost(figures)
         return None
+
+
+def _prepares_model_call(node: str, metadata: dict[str, Any] | None) -> bool:
+    """Whether *node* runs the middleware before a model call of a langchain ``create_agent``
+    graph (which marks its runs ``ls_integration``): its ``model`` node, where the
+    ``wrap_model_call`` middleware (``@dynamic_prompt`` among them) run before the model is
+    called, or a middleware's ``<name>.before_model`` node, which run before it."""
+    return (metadata or {}).get("ls_integration") == "langchain_create_agent" and (
+        node == "model" or node.endswith(".before_model"))
 
 
 def _figures(usage: Any) -> dict[str, int]:

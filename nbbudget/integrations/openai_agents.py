@@ -54,9 +54,14 @@ No answer is made up: the agent run ends with the error, never with a final outp
   into the agent's own ``ModelSettings`` object, which the SDK passes on as it is when no
   ``RunConfig(model_settings=...)`` overrides it: that would change the agent for every run
   that shares it, so ``Budgeted`` does not, and only a call with no output tokens left is
-  refused. Neither can a hook change ``Runner.run(max_turns=...)``, a local of the run: the
-  ``turns`` limit refuses the turn past it instead, with `BudgetRefused` rather than the SDK's
-  ``MaxTurnsExceeded``;
+  refused;
+- the turns of one agent: the SDK prepares a turn (its tools listed, its instructions built)
+  before ``on_llm_start``, and after an agent's first turn no hook runs before that. The hooks
+  refuse a turn the run cannot permit at ``on_agent_start`` (the first agent) and at
+  ``on_handoff`` (the agent handed off to), before its preparation; a later turn of the same
+  agent is refused at ``on_llm_start``, once prepared. ``Runner.run(agent, input,
+  **budgeted.run_options())`` hands the SDK's own ``max_turns`` the run's turns instead, which
+  stop before that preparation, as `BudgetRefused`;
 - retries: the OpenAI client's own retries (``max_retries``) and the SDK's
   (``ModelSettings.retry``) happen inside one model call, under one ``provider_calls`` permit.
   The SDK reports its own failed attempts in the reply's usage (``requests``): they are charged
@@ -85,7 +90,7 @@ from typing import Any
 from ..core.errors import BudgetExceeded, ConfigError
 from ..core.kinds import KIND_INDEX
 from ..run.budget import Budget, current
-from ..run.providers import Usage, reserve_request, spend_usage
+from ..run.providers import Usage, require_request, reserve_request, spend_usage
 from .prices import given_price, price_of
 
 #: The release of the OpenAI Agents SDK the hooks were tested with: 0.24 calls ``on_llm_start``
@@ -95,6 +100,7 @@ OPENAI_AGENTS_NEEDED = "0.24"
 try:
     from agents.exceptions import AgentsException
     from agents.lifecycle import RunHooksBase
+    from agents.run_config import DEFAULT_MAX_TURNS
 except ImportError as exc:
     raise ImportError(
         f"nbbudget.openai_agents needs the OpenAI Agents SDK {OPENAI_AGENTS_NEEDED} or newer: "
@@ -158,9 +164,38 @@ class Budgeted(RunHooksBase[Any, Any]):
             run.check()
         return run
 
+    def run_options(self, max_turns: int | None = DEFAULT_MAX_TURNS) -> dict[str, Any]:
+        """``Runner.run``'s ``hooks``, ``max_turns`` and ``error_handlers`` that end the agent
+        run when the run's turns are spent before the SDK prepares the turn past them (see the
+        module's documentation): ``Runner.run(agent, input, **budgeted.run_options())``.
+
+        ``max_turns``: the SDK's own limit, lowered to the ``turns`` and ``provider_calls`` the
+        run has left now (with ``models=True``); when the SDK's count reaches it, the run's
+        refusal ends the agent run as `BudgetRefused`, or, when the run still permits a model
+        call (this ``max_turns`` was the smaller), the SDK's own ``MaxTurnsExceeded``."""
+        if self.models:
+            run = self._run()
+            left = min(run.remaining("turns"), run.remaining("provider_calls"))
+            if max_turns is None or left < max_turns:
+                max_turns = int(left)
+        return {"hooks": self, "max_turns": max_turns,
+                "error_handlers": {"max_turns": self._max_turns_reached}}
+
+    def _max_turns_reached(self, data: Any) -> None:
+        """The SDK's ``max_turns`` error handler: the run's refusal of the next model call
+        (traced, as `on_llm_start` would raise it), else None for the SDK to raise its own."""
+        run = self._run()
+        if self.models:
+            _require_call(run, data.run_data.last_agent)
+
     async def on_agent_start(self, context: Any, agent: Any) -> None:
-        """An agent takes over (the first, or after a handoff): the run's time is checked."""
-        self._run()
+        """An agent takes over (the first, or after a handoff), before the SDK prepares its
+        first turn (its instructions, its tools, the agent's own start hook): the run's time is
+        checked, and a model call the run could not permit now is refused here rather than at
+        `on_llm_start`, after that work."""
+        run = self._run()
+        if self.models:
+            _require_call(run, agent)
 
     async def on_llm_start(self, context: Any, agent: Any, system_prompt: str | None,
                            input_items: list[Any]) -> None:
@@ -231,12 +266,26 @@ class Budgeted(RunHooksBase[Any, Any]):
         self._run()
 
     async def on_handoff(self, context: Any, from_agent: Any, to_agent: Any) -> None:
-        """A handoff: one ``agent_invocations`` before the new agent takes over."""
+        """A handoff: one ``agent_invocations`` before the new agent takes over, refused (and
+        so is the handoff) when the run could not permit the new agent a model call: the SDK
+        runs the new agent's own start hook beside `on_agent_start`, so a refusal there would
+        come too late to keep it from running."""
         run = self._run()
+        if self.models:
+            _require_call(run, to_agent)
         try:
             run.charge("agent_invocations", target=f"agent:{to_agent.name}")
         except BudgetExceeded as err:
             raise BudgetRefused(*err.args) from None
+
+
+def _require_call(run: Budget, agent: Any) -> None:
+    """Refuse a model call of *agent* that *run* could not permit now (`BudgetRefused`,
+    traced), reserving nothing: `Budgeted` reserves at `on_llm_start`."""
+    try:
+        require_request(run.lowlevel, f"provider:{_model_of(agent)[1]}")
+    except BudgetExceeded as err:
+        raise BudgetRefused(*err.args) from None
 
 
 def _model_of(agent: Any) -> tuple[str, str]:

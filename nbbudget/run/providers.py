@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from ..core.lowlevel import Core, Run
 
 __all__ = ["GUARDRAIL_MS", "Usage", "clamp", "degrade_past", "make_provider",
-           "reserve_priced", "reserve_request", "spend_reply", "spend_usage", "usage_of"]
+           "require_request", "reserve_priced", "reserve_request", "spend_reply", "spend_usage",
+           "usage_of"]
 
 #: a call that does not answer is cut after 1 h (S3-8): the default of a provider's guardrail,
 #: and the guardrail of each request of an instrumented model client
@@ -229,6 +230,17 @@ def reserve_priced(core: Core, asked: Any, target: str, fixed: float, rate: floa
     cap, reserved = core.reserve_costed(_RETRY if retry else _FIRST_ATTEMPT, _OUTPUT_TOKENS, _COST,
                                         fixed, rate, _INF if asked is None else asked, target)
     return (None if cap == _INF else int(cap)), reserved
+
+
+def require_request(core: Core, target: str) -> None:
+    """Refuse a model request the run cannot permit now, as `reserve_request` would refuse it
+    (no output token left, S2-9, then no ``turns`` or ``provider_calls`` permit), reserving
+    nothing. For an adapter that acts before a model call is prepared (its prompt built, its
+    tools listed) and reserves at the call itself: the Agents SDK hooks at an agent's start,
+    the LangChain handler at the start of an agent's model node."""
+    core.require(_OUTPUT_TOKENS, 1, target)
+    for i, n in _FIRST_ATTEMPT:
+        core.require(i, n, target)
 
 
 def _guarded(run: Run, label: str, limit_ms: int, fn: Callable[..., Any],
