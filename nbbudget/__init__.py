@@ -79,13 +79,15 @@ def _no_run(name: str) -> ConfigError:
 
 
 def instrument(client: _Client, *, prices: Any = None, degrade: tuple[str, float] | None = None,
-               name: str | None = None) -> _Client:
+               name: str | None = None, provider: str | None = None) -> _Client:
     """A copy of an OpenAI or Anthropic client whose model calls are provider calls of the run
     current when each is made (`nbbudget.integrations.models`; the ``openai`` and ``anthropic``
-    extras). The SDK is imported only when a client is instrumented."""
+    extras). ``prices``: USD per million tokens, a function of the usage, or ``"free"``;
+    ``provider``: the provider's name in genai-prices (default: resolved from the client's base
+    URL). The SDK is imported only when a client is instrumented."""
     from .integrations.models import instrument as _instrument
 
-    return _instrument(client, prices=prices, degrade=degrade, name=name)
+    return _instrument(client, prices=prices, degrade=degrade, name=name, provider=provider)
 
 
 def suggest_limits(traces: Iterable[Trace] | None = None, *, margin: float = 0.2,

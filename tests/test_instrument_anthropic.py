@@ -18,7 +18,7 @@ from wire import Reply, Server
 from wire import anthropic_shapes as a
 
 import nbbudget as nb
-from nbbudget.integrations.prices import cost_usd
+from nbbudget.run.prices import cost_usd
 
 MODEL = "claude-3-5-haiku-latest"
 ASK = [{"role": "user", "content": "plan the trip"}]

@@ -22,7 +22,7 @@ from wire import Reply, Server
 from wire import openai_shapes as o
 
 import nbbudget as nb
-from nbbudget.integrations.prices import cost_usd
+from nbbudget.run.prices import cost_usd
 
 ASK = [{"role": "user", "content": "plan the trip"}]
 

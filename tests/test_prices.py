@@ -1,5 +1,5 @@
 """Model prices from genai-prices' bundled data, read once per model
-(nbbudget.integrations.prices)."""
+(nbbudget.run.prices)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import zlib
 
 import pytest
 
-from nbbudget.integrations import prices
+import nbbudget as nb
+from nbbudget.run import prices
 
 try:
     import genai_prices
@@ -107,7 +108,64 @@ def test_without_genai_prices_no_model_has_a_price(monkeypatch) -> None:
 
 def test_prices_given_per_million_tokens_price_cached_input_at_its_own_rate_or_as_input() -> None:
     usage = {"input_tokens": 1_000_000, "cache_read_tokens": 400_000, "output_tokens": 100_000}
-    assert prices.given_price({"input": 2.0, "output": 8.0})(usage) == pytest.approx(2.0 + 0.8)
-    assert prices.given_price({"input": 2.0, "output": 8.0, "cache_read": 0.5})(usage) == \
+    given = prices.given_price
+    assert given({"input": 2.0, "output": 8.0}, "here")(usage) == pytest.approx(2.0 + 0.8)
+    assert given({"input": 2.0, "output": 8.0, "cache_read": 0.5}, "here")(usage) == \
         pytest.approx(600_000 * 2e-6 + 400_000 * 0.5e-6 + 0.8)
-    assert prices.given_price(lambda used: used["output_tokens"] / 1e6)(usage) == 0.1
+    assert given(lambda used: used["output_tokens"] / 1e6, "here")(usage) == 0.1
+
+
+def test_free_costs_nothing_and_no_prices_is_no_price() -> None:
+    assert prices.given_price("free", "here")({"input_tokens": 10**9, "output_tokens": 10**9}) \
+        == 0
+    assert prices.given_price(None, "here") is None
+
+
+@pytest.mark.parametrize("bad", [
+    {"input": 1.0}, {"inptu": 1.0, "output": 2.0}, {"input": -1, "output": 2.0},
+    {"input": float("inf"), "output": 1.0}, {"input": True, "output": 1.0},
+    {"input": "2.5", "output": 10}, "cheap", "Free", 2.5, [2.5, 10.0]])
+def test_a_bad_price_is_refused_naming_the_value_and_the_fix(bad) -> None:
+    with pytest.raises(nb.ConfigError) as info:
+        prices.given_price(bad, "nb.instrument()")
+    assert str(info.value) == (
+        f"nb.instrument(): prices={bad!r} is not a price: give USD per million tokens, "
+        f"{{'input': 2.5, 'output': 10.0}} (optionally 'cache_read' and 'cache_write'; finite "
+        f"numbers >= 0), a function of the usage figures returning dollars, or 'free' for a "
+        f"local model")
+
+
+@needs_genai_prices
+@pytest.mark.parametrize(("url", "provider"), [
+    ("https://openrouter.ai/api/v1", "openrouter"),
+    ("https://api.groq.com/openai/v1", "groq"),
+    ("https://generativelanguage.googleapis.com/v1beta/openai/", "google"),
+    ("https://api.openai.com/v1/", "openai"),
+    ("https://api.anthropic.com", "anthropic"),
+    ("https://api.deepseek.com/v1", "deepseek"),
+])
+def test_a_providers_api_url_names_it_as_genai_prices_does(url: str, provider: str) -> None:
+    assert prices.provider_of(url) == provider
+
+
+@needs_genai_prices
+def test_a_url_no_provider_serves_names_none() -> None:
+    assert prices.provider_of("http://127.0.0.1:8000/v1") is None
+    assert prices.provider_of("https://llm.internal.example.com/v1") is None
+
+
+def test_without_genai_prices_no_url_names_a_provider(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "genai_prices", None)
+    assert prices.provider_of("https://openrouter.ai/api/v1") is None
+
+
+@needs_genai_prices
+@pytest.mark.parametrize(("provider", "model"), [
+    ("openrouter", "openai/gpt-4o-mini"), ("groq", "llama-3.3-70b-versatile"),
+    ("google", "gemini-2.0-flash")])
+def test_models_of_the_providers_behind_openai_compatible_apis_have_prices(provider, model):
+    usage = {"input_tokens": 1000, "output_tokens": 500}
+    expected = genai_prices.calc_price(genai_prices.Usage(**usage), model,
+                                       provider_id=provider).total_price
+    assert prices.cost_usd(provider, model, usage) == pytest.approx(float(expected))
+    assert prices.price_of("openai", model) is None  # looked up at openai, it has none

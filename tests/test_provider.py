@@ -84,13 +84,15 @@ def test_S4_10_S3_3_usage_past_a_limit_is_recorded_then_fails_by_the_first_in_or
         "failed", "budget-cut", "TokenBudgetExceeded")
 
 
-def test_cost_comes_from_a_price_table_or_a_price_function(clock):
+def test_cost_comes_from_prices_per_million_tokens_or_a_price_function(clock):
     with nb.budget(clock=clock) as run:
         run.provider(ScriptedProvider([Reply(input_tokens=2000, output_tokens=1000)]),
-                     prices={"input": 0.5, "output": 1.5})("a")
+                     prices={"input": 500, "output": 1500})("a")
         run.provider(ScriptedProvider([Reply(input_tokens=10, output_tokens=10)]),
-                     price=lambda usage: 0.25)("b")
-    assert run.consumed["cost_usd"] == 2.5 + 0.25
+                     prices=lambda usage: 0.25)("b")
+        run.provider(ScriptedProvider([Reply(input_tokens=10, output_tokens=10)]),
+                     price=lambda usage: 0.125)("c")  # the older name of prices=function
+    assert run.consumed["cost_usd"] == 2.5 + 0.25 + 0.125
 
 
 @pytest.mark.parametrize("usage", [
@@ -124,8 +126,8 @@ def test_bad_provider_arguments_are_config_errors(clock):
     run = nb.budget(clock=clock)
     with pytest.raises(nb.ConfigError, match="retries=-1"):
         run.provider(lambda: None, retries=-1)
-    with pytest.raises(nb.ConfigError, match="not both"):
-        run.provider(lambda: None, prices={"input": 1}, price=lambda u: 1)
+    with pytest.raises(nb.ConfigError, match="not price= too"):
+        run.provider(lambda: None, prices={"input": 1, "output": 2}, price=lambda u: 1)
     with pytest.raises(nb.ConfigError, match="guardrail='soon'"):
         run.provider(lambda: None, guardrail="soon")
 

@@ -110,7 +110,7 @@ def test_within_limits_the_agent_answers_and_usage_is_charged():
     agent, ran = looping_agent(answer_after=2, usage=(100, 20))
     with nb.budget(tool_calls=5, tokens=1000, cost_usd=1.0) as run:
         result = agent.run_sync("go", capabilities=[
-            Budgeted(run, prices={"input": 1.0, "output": 2.0})])
+            Budgeted(run, prices={"input": 1000.0, "output": 2000.0})])
     assert result.output == "done" and ran == ["q1", "q2"]
     assert run.outcome.status == "completed"
     assert run.consumed["tokens"] == 3 * 120 and run.consumed["output_tokens"] == 60
@@ -188,8 +188,8 @@ def test_budgeted_outside_any_run_is_a_clear_error():
 def test_bad_arguments_are_config_errors():
     with pytest.raises(nb.ConfigError, match="run="):
         Budgeted("not a run")
-    with pytest.raises(nb.ConfigError, match="not both"):
-        Budgeted(prices={"input": 1}, price=lambda usage: 0.0)
+    with pytest.raises(nb.ConfigError, match="not price= too"):
+        Budgeted(prices={"input": 1, "output": 2}, price=lambda usage: 0.0)
 
 
 def test_cancelling_the_run_from_a_tool_unwinds_the_agent_run():

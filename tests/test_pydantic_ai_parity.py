@@ -434,10 +434,10 @@ def test_a_stream_is_cut_when_its_cost_passes_the_limit():
     cost_usd mid-stream."""
     agent = Agent(FunctionModel(stream_function=three_chunks))
     ours: list[str] = []
-    # 50 input tokens at $1 per 1,000 = $0.05, then $0.01 per output token
+    # 50 input tokens at $1,000 per million = $0.05, then $0.01 per output token
     with pytest.raises(UsageLimitCut) as info, nb.budget(cost_usd=0.065) as run:
         asyncio.run(stream_text(agent, ours, capabilities=[
-            Budgeted(run, prices={"input": 1.0, "output": 10.0})]))
+            Budgeted(run, prices={"input": 1000.0, "output": 10_000.0})]))
     assert info.value.by == "cost_usd" and ours == ["one"]
     assert run.consumed["cost_usd"] == pytest.approx(0.07)
 
@@ -480,7 +480,7 @@ def test_a_stream_within_the_limits_is_charged_once():
     ours: list[str] = []
     with nb.budget(output_tokens=10, cost_usd=1.0) as run:
         asyncio.run(stream_text(agent, ours, capabilities=[
-            Budgeted(run, prices={"input": 1.0, "output": 10.0})]))
+            Budgeted(run, prices={"input": 1000.0, "output": 10_000.0})]))
     assert ours == ["one", "two", "three"]
     assert run.consumed["output_tokens"] == 3 and run.consumed["tokens"] == 53
     assert run.consumed["cost_usd"] == pytest.approx(0.08)
@@ -557,7 +557,7 @@ def test_a_response_with_no_cost_under_a_cost_limit_stops_the_run():
     0.005, under a limit of 0.01: pydantic-ai waits for a cost and completes with 0.005, a
     lower bound; nbbudget stops at the response it cannot price, before anything more is sent,
     with a ConfigError naming prices= (seed 003: a cost limit needs the model's cost or
-    prices; S3-4). Documented difference. With prices= for the responses that carry none,
+    prices; S3-4). Documented difference. With prices=, which wins over a response's own cost,
     it completes."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", CostNotFoundWarning)  # pydantic-ai waits for the cost
@@ -569,8 +569,8 @@ def test_a_response_with_no_cost_under_a_cost_limit_stops_the_run():
     assert run.consumed["provider_calls"] == 1
     with nb.budget(cost_usd=0.01) as run:
         costed_agent(None, "0.005").run_sync("go", capabilities=[
-            Budgeted(run, prices={"input": 0.01, "output": 0.01})])
-    assert run.consumed["cost_usd"] == pytest.approx(0.005 + 53 * 0.01 / 1000)
+            Budgeted(run, prices={"input": 10, "output": 10})])
+    assert run.consumed["cost_usd"] == pytest.approx((53 + 15) * 10 / 1e6)
 
 
 def test_a_cost_limit_with_no_price_is_a_configuration_error():
@@ -586,9 +586,10 @@ def test_a_cost_limit_with_no_price_is_a_configuration_error():
         Agent(TestModel()).run_sync("hello", capabilities=[Budgeted(run)])
     assert str(info.value) == (
         "model test of provider test returned a response with no cost and genai-prices has no "
-        "price for it, so the run's cost_usd limit of 0.01 cannot be kept: give its prices, "
-        "Budgeted(run, prices={'input': ..., 'output': ...}) in USD per 1,000 tokens, or "
-        "price=")
+        "price for it, so the run's cost_usd limit of 0.01 cannot be kept: name the provider "
+        "genai-prices knows it at, Budgeted(run, provider='openrouter'), or give its prices, "
+        "Budgeted(run, prices={'input': ..., 'output': ...}) in USD per million tokens, a "
+        "function of the usage, or 'free'")
     assert run.consumed["provider_calls"] == 1  # nothing more was sent
 
 

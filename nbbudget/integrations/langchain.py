@@ -33,11 +33,14 @@ What it counts:
 - **Cost.** ``cost_usd`` is the reply's usage at the model's price in genai-prices (its data
   ships in the package: nothing is fetched), the model and its provider read from the reply's
   ``response_metadata`` (``model_name``, ``model_provider``), else from what the model tells
-  LangChain about itself (``ls_model_name``, ``ls_provider``). ``prices=`` sets the price
-  instead: ``{"input": usd, "output": usd}`` per million tokens, or a function of the usage
-  mapping (``input_tokens``, ``output_tokens``, ``cache_read_tokens``, ``cache_write_tokens``)
-  returning dollars. With ``cost_usd`` limited, a model with no known price is refused before
-  it is called, with a `nbbudget.ConfigError` that names the model and ``prices=``.
+  LangChain about itself (``ls_model_name``, ``ls_provider``); ``provider=`` names the provider
+  instead (``"openrouter"`` for a ``ChatOpenAI`` pointed at OpenRouter, which LangChain calls
+  ``openai``). ``prices=`` sets the price instead, as everywhere in nbbudget
+  (`nbbudget.run.prices`): ``{"input": usd, "output": usd}`` per million tokens, a function of
+  the usage mapping (``input_tokens``, ``output_tokens``, ``cache_read_tokens``,
+  ``cache_write_tokens``) returning dollars, or ``"free"`` (a local model). With ``cost_usd``
+  limited, a model with no known price is refused before it is called, with a
+  `nbbudget.ConfigError` that names the provider, the model, ``prices=`` and ``provider=``.
 - **Tool calls.** Each tool call reserves a ``tool_calls`` permit before the tool runs; a
   refused tool never runs. The tool calls a model asks for at once (LangGraph's ``ToolNode``
   runs them side by side) each take their permit as they start: with fewer permits left than
@@ -84,15 +87,15 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
 from ..core.errors import BudgetExceeded, ConfigError
 from ..run.budget import Budget, current
+from ..run.prices import FIGURES, Given, given_price, price_of
 from ..run.providers import Usage, require_request, reserve_request, spend_usage
-from .prices import FIGURES, given_price, price_of
 
 #: The oldest langchain-core the handler was tested with (the ``langchain`` extra's bound).
 LANGCHAIN_CORE_NEEDED = "1.8.3"
@@ -122,9 +125,6 @@ class _OwnErrorsUnlogged(logging.Filter):
 
 logging.getLogger("langchain_core.callbacks.manager").addFilter(_OwnErrorsUnlogged())
 
-_PRICE_KEYS = frozenset({"input", "output", "cache_read", "cache_write"})
-
-
 @dataclass(eq=False)
 class _Call:
     """One model call between its start and its end: the run it charged and the model."""
@@ -142,36 +142,26 @@ class Budgeted(BaseCallbackHandler):
     ``run``: the `nbbudget.Budget` to charge; `None` charges `nbbudget.current()` at each event.
     ``prices``: the model's price when genai-prices has none or you want your own: a mapping
     of USD per million tokens (``input``, ``output``, and optionally ``cache_read`` and
-    ``cache_write`` for cached input tokens, which otherwise cost as input), or a function of
-    the usage mapping returning dollars.
+    ``cache_write`` for cached input tokens, which otherwise cost as input), a function of
+    the usage mapping returning dollars, or ``"free"``. ``provider``: the provider whose price
+    genai-prices gives, in its name (default: the one the model tells LangChain).
     """
 
     raise_error = True  # LangChain logs and swallows a handler's error unless told otherwise
     run_inline = True  # under ainvoke: charge in the graph's own task, before the call, in order
 
-    def __init__(self, run: Budget | None = None, *,
-                 prices: Mapping[str, float] | Callable[[Mapping[str, int]], float] | None = None
-                 ) -> None:
+    def __init__(self, run: Budget | None = None, *, prices: Given | None = None,
+                 provider: str | None = None) -> None:
         if run is not None and not isinstance(run, Budget):
             raise ConfigError(f"Budgeted(run={run!r}): give an nbbudget run (nb.budget(...)) "
                               f"or None for the current one")
-        if isinstance(prices, Mapping):
-            unknown = set(prices) - _PRICE_KEYS
-            if unknown or not prices:
-                raise ConfigError(f"prices={dict(prices)!r}: give USD per million tokens as "
-                                  f"{{'input': ..., 'output': ...}} (optionally 'cache_read', "
-                                  f"'cache_write'), or a function of the usage")
-            for key, value in prices.items():
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                        0 <= value < math.inf):
-                    raise ConfigError(f"prices[{key!r}]={value!r}: a price is a finite number "
-                                      f"of USD per million tokens, >= 0")
-        elif prices is not None and not callable(prices):
-            raise ConfigError(f"prices={prices!r}: give a mapping of USD per million tokens or "
-                              f"a function of the usage")
+        self._given = given_price(prices, "nbbudget.langchain.Budgeted()")  # else genai-prices'
+        if provider is not None and (not isinstance(provider, str) or not provider):
+            raise ConfigError(f"Budgeted(provider={provider!r}): give the provider's name in "
+                              f"genai-prices, a non-empty str such as 'openrouter'")
         self.run = run
         self.prices = prices
-        self._given = None if prices is None else given_price(prices)  # else genai-prices'
+        self.provider = provider
         self._calls: dict[UUID, _Call] = {}  # model calls under way
         self._roots: dict[UUID, UUID] = {}  # every run under way -> the top run it is part of
         self._namespaces: dict[UUID, str] = {}  # chain runs under way -> their LangGraph task
@@ -201,16 +191,19 @@ class Budgeted(BaseCallbackHandler):
         if run is None:
             return
         metadata = metadata or {}
-        provider, model = metadata.get("ls_provider"), metadata.get("ls_model_name")
+        provider = self.provider or metadata.get("ls_provider")
+        model = metadata.get("ls_model_name")
         label = f"provider:{model or _class_name(serialized)}"
         try:
             run.check()
-            if self.prices is None and run.remaining("cost_usd") != math.inf and (
+            if self._given is None and run.remaining("cost_usd") != math.inf and (
                     model is None or price_of(str(provider), str(model)) is None):
                 raise ConfigError(
-                    f"cost_usd is limited and genai-prices has no price for model {model!r} of "
-                    f"provider {provider!r}: give its price, Budgeted(prices={{'input': ..., "
-                    f"'output': ...}}) in USD per million tokens")
+                    f"cost_usd is limited and genai-prices has no price for model {model!r} at "
+                    f"provider {provider!r}: name the provider genai-prices knows it at, "
+                    f"Budgeted(provider='openrouter'), or give its price, "
+                    f"Budgeted(prices={{'input': ..., 'output': ...}}) in USD per million "
+                    f"tokens, a function of the usage, or 'free'")
             # S2-9: with output_tokens spent, no more calls
             reserve_request(run.lowlevel, None, label)
         except BudgetExceeded as err:
@@ -388,11 +381,12 @@ class Budgeted(BaseCallbackHandler):
                       output_tokens=figures.get("output_tokens", 0))
         metadata = getattr(message, "response_metadata", None) or {}
         model = metadata.get("model_name") or metadata.get("model")
-        cost = self._cost(call, figures, metadata.get("model_provider") or call.provider,
+        cost = self._cost(call, figures,
+                          self.provider or metadata.get("model_provider") or call.provider,
                           str(model) if model else None)
         if cost is not None:
             usage["cost_usd"] = cost
-        spend_usage(call.run, usage, None, None, call.model or model or "model")
+        spend_usage(call.run, usage, None, call.model or model or "model")
 
     def _cost(self, call: _Call, figures: Mapping[str, int], provider: str | None,
               model: str | None) -> float | None:

@@ -22,12 +22,14 @@ with no run charges `nbbudget.current()` as the agent run reaches each hook, so 
 - **Tokens and cost.** When the model answers (``on_llm_end``) its usage is charged as the SDK
   reports it: ``tokens`` is input (cached input included) plus output (reasoning included),
   ``output_tokens`` the output, and ``cost_usd`` the model's price in genai-prices' bundled
-  data (`nbbudget.integrations.prices`; genai-prices needs Python 3.11 or newer), or
-  ``prices=``: ``{"input": USD, "output": USD}`` per million tokens, or a function of the
-  usage mapping (``input_tokens``, ``output_tokens``, ``cache_read_tokens``,
-  ``cache_write_tokens``) returning dollars. With ``cost_usd`` armed, a model with no known
-  price is refused before its first call with a `nbbudget.ConfigError` naming the model and
-  ``prices=``. Usage is spent after the fact: past a limit it is recorded and the run fails
+  data (`nbbudget.run.prices`; genai-prices needs Python 3.11 or newer) at the model's
+  provider (``openai``, the prefix of a ``litellm/<provider>/<model>`` name, or ``provider=``),
+  or ``prices=``, as everywhere in nbbudget: ``{"input": USD, "output": USD}`` per million
+  tokens, a function of the usage mapping (``input_tokens``, ``output_tokens``,
+  ``cache_read_tokens``, ``cache_write_tokens``) returning dollars, or ``"free"`` (a local
+  model). With ``cost_usd`` armed, a model with no known price is refused before its first
+  call with a `nbbudget.ConfigError` naming the provider, the model, ``prices=`` and
+  ``provider=``. Usage is spent after the fact: past a limit it is recorded and the run fails
   ``budget-cut`` by the first limit passed (S3-3).
 - **Tool calls.** Before each local tool runs (``on_tool_start``: function tools, and the
   computer, shell and patch tools) one ``tool_calls`` permit is reserved (S4-3); a refused tool
@@ -84,14 +86,13 @@ permits (S4-3), whether or not they started.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..core.errors import BudgetExceeded, ConfigError
 from ..core.kinds import KIND_INDEX
 from ..run.budget import Budget, current
+from ..run.prices import Given, given_price, price_of
 from ..run.providers import Usage, require_request, reserve_request, spend_usage
-from .prices import given_price, price_of
 
 #: The release of the OpenAI Agents SDK the hooks were tested with: 0.24 calls ``on_llm_start``
 #: before each model call and passes an ``AgentsException`` raised by a hook through unwrapped.
@@ -132,25 +133,25 @@ class Budgeted(RunHooksBase[Any, Any]):
     hooks=Budgeted())`` (see the module's documentation).
 
     ``run``: the `nbbudget.Budget` to charge; `None` takes `nbbudget.current()` at each hook.
-    ``prices``: ``{"input": usd, "output": usd}`` per million tokens, or a function of the usage
-    mapping returning dollars; `None` prices each model from genai-prices' data.
+    ``prices``: ``{"input": usd, "output": usd}`` per million tokens, a function of the usage
+    mapping returning dollars, or ``"free"``; `None` prices each model from genai-prices' data,
+    at ``provider`` (genai-prices' name, ``"openrouter"``) when given.
     ``models=False`` charges no model call (no turns, provider calls, tokens or cost), for a
     model whose client ``nb.instrument`` already charges; tools and handoffs still count.
     """
 
-    def __init__(self, run: Budget | None = None, *,
-                 prices: Mapping[str, float] | Callable[[Mapping[str, int]], float] | None = None,
-                 models: bool = True) -> None:
+    def __init__(self, run: Budget | None = None, *, prices: Given | None = None,
+                 provider: str | None = None, models: bool = True) -> None:
         if run is not None and not isinstance(run, Budget):
             raise ConfigError(f"Budgeted(run={run!r}): give an nbbudget run (nb.budget(...)) "
                               f"or None for the current one")
-        if prices is not None and not callable(prices) and not (
-                isinstance(prices, Mapping) and set(prices) <= {"input", "output"}):
-            raise ConfigError(f"prices={prices!r}: give {{'input': USD, 'output': USD}} per "
-                              f"million tokens, or a function of the usage returning dollars")
+        self._given = given_price(prices, "nbbudget.openai_agents.Budgeted()")
+        if provider is not None and (not isinstance(provider, str) or not provider):
+            raise ConfigError(f"Budgeted(provider={provider!r}): give the provider's name in "
+                              f"genai-prices, a non-empty str such as 'openrouter'")
         self.run = run
         self.prices = prices
-        self._given = None if prices is None else given_price(prices)  # else genai-prices'
+        self.provider = provider
         self.models = models
 
     def _run(self, *, check: bool = True) -> Budget:
@@ -203,14 +204,15 @@ class Budgeted(RunHooksBase[Any, Any]):
         run = self._run()
         if not self.models:
             return
-        provider, model = _model_of(agent)
+        provider, model = _model_of(agent, self.provider)
         target = f"provider:{model}"
-        if (self.prices is None and run.limits.cost_usd is not None
+        if (self._given is None and run.limits.cost_usd is not None
                 and price_of(provider, model) is None):
             raise ConfigError(
-                f"no price is known for model {model!r} (provider {provider!r}) and the run "
-                f"limits cost_usd: give Budgeted(prices={{'input': USD, 'output': USD}}) per "
-                f"million tokens, or a function of the usage")
+                f"no price is known for model {model!r} at provider {provider!r} and the run "
+                f"limits cost_usd: name the provider genai-prices knows it at, "
+                f"Budgeted(provider='openrouter'), or give Budgeted(prices={{'input': USD, "
+                f"'output': USD}}) per million tokens, a function of the usage, or 'free'")
         try:
             reserve_request(run.lowlevel, None, target)  # refused when no output token is left
         except BudgetExceeded as err:
@@ -223,7 +225,7 @@ class Budgeted(RunHooksBase[Any, Any]):
         if not self.models:
             run.check()
             return
-        provider, model = _model_of(agent)
+        provider, model = _model_of(agent, self.provider)
         used = response.usage
         usage = {
             "input_tokens": used.input_tokens,
@@ -242,7 +244,7 @@ class Budgeted(RunHooksBase[Any, Any]):
         if cost is not None:
             charged["cost_usd"] = cost
         try:
-            spend_usage(run, charged, None, None, model)
+            spend_usage(run, charged, None, model)
         finally:  # recorded even when the tokens cut the run (the first stop is the one kept)
             if used.requests > 1:  # the SDK's own retries (ModelSettings.retry): no hook ran
                 run.lowlevel.spend(((_PROVIDER_CALLS, used.requests - 1),), f"provider:{model}")
@@ -283,15 +285,16 @@ def _require_call(run: Budget, agent: Any) -> None:
     """Refuse a model call of *agent* that *run* could not permit now (`BudgetRefused`,
     traced), reserving nothing: `Budgeted` reserves at `on_llm_start`."""
     try:
-        require_request(run.lowlevel, f"provider:{_model_of(agent)[1]}")
+        require_request(run.lowlevel, f"provider:{_model_of(agent, None)[1]}")
     except BudgetExceeded as err:
         raise BudgetRefused(*err.args) from None
 
 
-def _model_of(agent: Any) -> tuple[str, str]:
+def _model_of(agent: Any, provider: str | None) -> tuple[str, str]:
     """The provider and model name an agent asks (a RunConfig(model=...) override is not
     visible to hooks): its ``model`` string, or the ``model`` of its Model object, or the SDK's
-    default; a ``provider/`` prefix (``litellm/anthropic/...``) names the provider."""
+    default; *provider* when given, else a ``provider/`` prefix (``litellm/anthropic/...``)
+    names the provider, else it is ``openai``."""
     model = agent.model
     if model is not None and not isinstance(model, str):
         model = getattr(model, "model", None)
@@ -302,5 +305,7 @@ def _model_of(agent: Any) -> tuple[str, str]:
     name = str(model)
     if name.startswith("litellm/"):
         name = name.removeprefix("litellm/")
-    provider, slash, rest = name.partition("/")
-    return (provider, rest) if slash else ("openai", name)
+    if provider is not None:
+        return provider, name
+    prefix, slash, rest = name.partition("/")
+    return (prefix, rest) if slash else ("openai", name)

@@ -17,9 +17,12 @@ run, with no change to the agent, its tools or its prompts::
   ``turns``. The request's ``max_tokens`` setting is clamped to what remains of the
   ``output_tokens`` grant (S2-9); an exhausted grant refuses the request.
 - **What a response used** is charged after the fact: ``tokens`` (input and output),
-  ``output_tokens``, and ``cost_usd``: the response's own cost (``usage.cost``, which
-  pydantic-ai works out with genai-prices), else ``prices=`` (USD per 1,000 tokens) or
-  ``price=`` (a function), else genai-prices' price of the model. Spending past a limit is
+  ``output_tokens``, and ``cost_usd``: at ``prices=`` when given, as everywhere in nbbudget
+  (`nbbudget.run.prices`: USD per million tokens, a function of the usage, or ``"free"``;
+  ``price=`` is the older name of a function), else the response's own cost (``usage.cost``,
+  which a gateway reports), else genai-prices' price of the model at its provider
+  (``provider=``, else the one whose API the response's ``provider_url`` matches, else its
+  ``provider_name``). Spending past a limit is
   recorded and the run fails ``budget-cut`` by the first limit passed, in the order tokens >
   cost (S3-3). Under a cost limit, a response that used tokens and whose cost nothing can tell
   stops the run with a `nbbudget.ConfigError` that names ``prices=``: the limit could not be
@@ -61,8 +64,8 @@ from typing import Any
 from ..core.errors import BudgetCut, BudgetExceeded, ConfigError
 from ..core.lowlevel import Unwind
 from ..run.budget import Budget, current
+from ..run.prices import FIGURES, Given, PriceFn, cost_usd, given_price, provider_of
 from ..run.providers import Usage, clamp, spend_usage
-from .prices import FIGURES, cost_usd
 
 #: The first pydantic-ai release with a hook before every attempt at a model request
 #: (``prepare_model_request``), where a ``provider_calls`` permit is taken and ``max_tokens``
@@ -146,9 +149,10 @@ class Budgeted(AbstractCapability[Any]):
     """Put an nbbudget run around a pydantic-ai agent run (see the module's documentation).
 
     ``run``: the `nbbudget.Budget` to charge; `None` takes `nbbudget.current()` when the agent
-    run starts. ``prices``: ``{"input": usd, "output": usd}`` per 1,000 tokens, or ``price``: a
-    function of the usage mapping returning dollars, for responses that carry no cost of their
-    own and models genai-prices does not price.
+    run starts. ``prices``: ``{"input": usd, "output": usd}`` per million tokens, a function of
+    the usage mapping returning dollars, or ``"free"`` (``price``: the older name of a
+    function); it wins over a response's own cost and genai-prices'. ``provider``: the
+    provider whose price genai-prices gives, in its name (default: the response's).
     ``steer=True`` tells the model about approach notices (S3-5): when the run passes a notice
     threshold, the next request carries a line such as ``Budget notice: start converging
     (tool_calls at 80% of its limit).``; the loop itself can read ``run.notice_level``.
@@ -156,20 +160,32 @@ class Budgeted(AbstractCapability[Any]):
 
     run: Budget | None = None
     _: KW_ONLY
-    prices: Mapping[str, float] | None = None
+    prices: Given | None = None
     price: Callable[[Mapping[str, float]], float] | None = None
+    provider: str | None = None
     steer: bool = False
     id: str | None = "nbbudget"
     _told: int = dataclasses.field(default=0, init=False, repr=False)
     _billed: _Billed = dataclasses.field(default_factory=_Billed, init=False, repr=False)
     _reserved: set[str] = dataclasses.field(default_factory=set, init=False, repr=False)
+    _price: PriceFn | None = dataclasses.field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.run is not None and not isinstance(self.run, Budget):
             raise ConfigError(f"Budgeted(run={self.run!r}): give an nbbudget run "
                               f"(nb.budget(...)) or None for the current one")
-        if self.prices is not None and self.price is not None:
-            raise ConfigError("give prices= (per 1,000 tokens) or price= (a function), not both")
+        prices = self.prices
+        if self.price is not None:
+            if prices is not None:
+                raise ConfigError("nbbudget.pydantic_ai.Budgeted(): give prices= alone (USD per "
+                                  "million tokens, a function of the usage, or 'free'), not "
+                                  "price= too")
+            prices = self.price  # price= is the older name of prices= given a function
+        self._price = given_price(prices, "nbbudget.pydantic_ai.Budgeted()")
+        if self.provider is not None and (not isinstance(self.provider, str)
+                                          or not self.provider):
+            raise ConfigError(f"Budgeted(provider={self.provider!r}): give the provider's name "
+                              f"in genai-prices, a non-empty str such as 'openrouter'")
 
     async def for_run(self, ctx: Any) -> Budgeted:
         """A copy for one agent run, bound to its nbbudget run."""
@@ -225,7 +241,7 @@ class Budgeted(AbstractCapability[Any]):
                                   response: Any) -> Any:
         """Charge what the response used that was not charged yet (a stream is charged as it
         goes); past a limit the run fails ``budget-cut`` (S3-3)."""
-        self._charge(response.usage, response.model_name, response.provider_name, final=True)
+        self._charge(response.usage, response.model_name, self._provider(response), final=True)
         return response
 
     def _charge(self, usage: Any, model: str | None, provider: str | None, *,
@@ -233,8 +249,8 @@ class Budgeted(AbstractCapability[Any]):
         """Bring what this attempt is charged up to *usage*, a pydantic-ai `RequestUsage` (the
         response's so far, or at its end when *final*).
 
-        The cost is the response's own (``usage.cost``, which pydantic-ai works out with
-        genai-prices), else ``prices=``/``price=``, else genai-prices' price of the model. A
+        The cost is ``prices=``'s, else the response's own (``usage.cost``), else
+        genai-prices' price of the model at *provider*. A
         response that used tokens and has no cost, under a cost limit, is a configuration error
         once it has ended: the limit could not be kept (seed 003: a cost limit needs a price).
         """
@@ -249,9 +265,10 @@ class Budgeted(AbstractCapability[Any]):
             raise ConfigError(
                 f"model {model or '(unnamed)'} of provider {provider or '(none)'} returned a "
                 f"response with no cost and genai-prices has no price for it, so the run's "
-                f"cost_usd limit of {run.limits.cost_usd} cannot be kept: give its prices, "
-                f"Budgeted(run, prices={{'input': ..., 'output': ...}}) in USD per 1,000 "
-                f"tokens, or price=")
+                f"cost_usd limit of {run.limits.cost_usd} cannot be kept: name the provider "
+                f"genai-prices knows it at, Budgeted(run, provider='openrouter'), or give its "
+                f"prices, Budgeted(run, prices={{'input': ..., 'output': ...}}) in USD per "
+                f"million tokens, a function of the usage, or 'free'")
         spent = Usage(input_tokens=max(0, inp - billed.input_tokens),
                       output_tokens=max(0, out - billed.output_tokens))
         billed.input_tokens, billed.output_tokens = max(inp, billed.input_tokens), max(
@@ -260,7 +277,7 @@ class Budgeted(AbstractCapability[Any]):
             spent["cost_usd"] = cost - billed.cost_usd
             billed.cost_usd = cost
         try:
-            spend_usage(run, spent, None, None, model or "model")
+            spend_usage(run, spent, None, model or "model")
         except Unwind as signal:
             cut = signal.stop  # the run, or the run it draws on, failed budget-cut
             err = UsageLimitCut(cut.by or "budget", cut.message)
@@ -269,19 +286,24 @@ class Budgeted(AbstractCapability[Any]):
 
     def _cost(self, usage: Any, inp: int, out: int, model: str | None,
               provider: str | None) -> float | None:
+        if self._price is not None:
+            return self._price({key: getattr(usage, key, 0) for key in FIGURES})
         if usage.cost is not None:
             return float(usage.cost)
-        if self.prices is not None:
-            return inp / 1000 * self.prices.get("input", 0) + out / 1000 * self.prices.get(
-                "output", 0)
-        if self.price is not None:
-            return self.price({"input_tokens": inp, "output_tokens": out})
         if not (inp or out):
             return None
         if model and provider:
             figures = {key: getattr(usage, key, 0) for key in FIGURES}
             return cost_usd(provider, model, figures)
         return None
+
+    def _provider(self, response: Any) -> str | None:
+        """The provider a response's price is looked up at: ``provider=``, else the one whose
+        API its ``provider_url`` matches in genai-prices, else its ``provider_name``."""
+        if self.provider is not None:
+            return self.provider
+        url = getattr(response, "provider_url", None)
+        return (provider_of(url) if url else None) or response.provider_name
 
     async def before_node_run(self, ctx: Any, *, node: Any) -> Any:
         """A model response's tool calls reserve their ``tool_calls`` permits together, before
@@ -351,8 +373,8 @@ def _meter(stream: Any, budgeted: Budgeted) -> None:
         async with aclosing(events()) as source:
             async for event in source:
                 try:
-                    budgeted._charge(stream.usage, stream.model_name, stream.provider_name,
-                                     final=False)
+                    budgeted._charge(stream.usage, stream.model_name,
+                                     budgeted._provider(stream), final=False)
                 except UsageLimitCut as err:
                     with suppress(NotImplementedError):  # a model that cannot cancel: its
                         await stream.cancel()  # source is closed below, all there is

@@ -57,6 +57,7 @@ from ..core.trace import Trace
 from .branches import agent as _agent
 from .branches import parallel as _parallel
 from .branches import parallel_on as _parallel_on
+from .prices import Given, PriceFn
 from .providers import make_provider
 from .tools import make_tool
 
@@ -750,19 +751,21 @@ class Budget:
         return make_tool(self, fn, name, max_silence)
 
     def provider(self, fn: Callable[..., _R] | None = None, *, name: str | None = None,
-                 prices: Mapping[str, float] | None = None,
-                 price: Callable[[Any], float] | None = None, retries: int = 0,
+                 prices: Given | None = None, price: PriceFn | None = None, retries: int = 0,
                  guardrail: int | str | None = None,
                  degrade: tuple[Callable[..., Any], float] | None = None) -> Any:
         """Decorate the function that calls a model. Each attempt (``retries`` included)
         reserves a ``provider_calls`` permit (S4-6); ``max_output_tokens`` is clamped to what
-        remains (S2-9); the reply's usage (``input_tokens``, ``output_tokens``, ``cost_usd``, or a
-        cost from ``prices={"input": usd_per_1k, "output": usd_per_1k}`` or ``price(usage)``) is
-        charged after the fact, and a passed limit fails the run (S3-3). ``guardrail`` (default
-        1 h, 0 off) cuts a call that does not answer (S3-8). A streamed reply is charged chunk by
-        chunk and closed the moment a limit is passed (S3-9); one that fails after content is cut
-        ``by="stream-error"``. ``degrade=(cheaper, fraction)`` switches to the cheaper model,
-        once, past that fraction of the cost limit (S3-7)."""
+        remains (S2-9); the reply's usage (``input_tokens``, ``output_tokens``, optionally
+        ``cache_read_tokens``, ``cache_write_tokens`` and ``cost_usd``) is charged after the
+        fact, and a passed limit fails the run (S3-3). Its cost is ``prices=`` of the usage
+        (``{"input": usd, "output": usd}`` per million tokens, a function of the usage, or
+        ``"free"``; ``price=`` is the older name of a function) when given, else the cost the
+        reply reports. ``guardrail`` (default 1 h, 0 off) cuts a call that does not answer
+        (S3-8). A streamed reply is charged chunk by chunk and closed the moment a limit is
+        passed (S3-9); one that fails after content is cut ``by="stream-error"``.
+        ``degrade=(cheaper, fraction)`` switches to the cheaper model, once, past that fraction
+        of the cost limit (S3-7)."""
 
         def wrap(f: Callable[..., _R]) -> Callable[..., _R]:
             return make_provider(self, f, name, prices, price, retries, guardrail, degrade)

@@ -3,12 +3,14 @@ S4-6).
 
 Every attempt reserves a ``provider_calls`` permit before dispatch, retries included, and a
 failed attempt is not refunded. What a reply used is read from it through a small protocol (an
-object or mapping with ``input_tokens``, ``output_tokens`` and optionally ``cost_usd``, found as
-the reply's ``usage`` or the reply itself) and charged after the fact: spending that already
-happened is recorded, and when it passes a limit the run fails ``budget-cut`` by that limit
-(tokens > cost > ...), never with a made-up reply. A per-request ``max_output_tokens`` is clamped
-to what remains of the output-token grant. A guardrail (one hour by default, 0 to turn it off)
-stops waiting for a call that never returns, whether or not the call cooperates.
+object or mapping with ``input_tokens``, ``output_tokens`` and optionally ``cache_read_tokens``,
+``cache_write_tokens`` and ``cost_usd``, found as the reply's ``usage`` or the reply itself) and
+charged after the fact, at ``prices=`` (`nbbudget.run.prices`) when given, else at the cost the
+reply reports: spending that already happened is recorded, and when it passes a limit the run
+fails ``budget-cut`` by that limit (tokens > cost > ...), never with a made-up reply. A
+per-request ``max_output_tokens`` is clamped to what remains of the output-token grant. A
+guardrail (one hour by default, 0 to turn it off) stops waiting for a call that never returns,
+whether or not the call cooperates.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.duration import parse_duration
 from ..core.errors import BudgetCut, BudgetExceeded, ConfigError
 from ..core.kinds import KIND_INDEX, KINDS
+from .prices import Given, PriceFn, given_price
 
 if TYPE_CHECKING:
     from ..core.lowlevel import Core, Run
@@ -36,15 +39,17 @@ __all__ = ["GUARDRAIL_MS", "Usage", "clamp", "degrade_past", "make_provider",
 GUARDRAIL_MS = 3_600_000
 
 
-_USAGE_KEYS = ("input_tokens", "output_tokens", "cost_usd")
+_USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
+               "cost_usd")
 _INF = float("inf")
 _TOKENS, _OUTPUT_TOKENS, _COST = (KIND_INDEX[k] for k in ("tokens", "output_tokens", "cost_usd"))
 
 
 class Usage(dict[str, float]):
-    """What one reply used: ``input_tokens``, ``output_tokens``, ``cost_usd``. `usage_of` makes
-    it and `spend_usage` charges it, here and in the pydantic-ai adapter (which makes its own
-    from a model response's usage)."""
+    """What one reply used: ``input_tokens`` (cached ones included), ``output_tokens``,
+    ``cache_read_tokens``, ``cache_write_tokens``, and ``cost_usd`` when it reports its cost.
+    `usage_of` makes it and `spend_usage` charges it, here and in the adapters (which make
+    their own from a model response's usage)."""
 
 
 def usage_of(reply: Any) -> Usage:
@@ -70,14 +75,13 @@ def usage_of(reply: Any) -> Usage:
 
 
 def make_provider(run: Run, fn: Callable[..., Any], name: str | None,
-                  prices: Mapping[str, float] | None,
-                  price: Callable[[Usage], float] | None, retries: int,
+                  prices: Given | None, price: PriceFn | None, retries: int,
                   guardrail: int | str | None,
                   degrade: tuple[Callable[..., Any], float] | None = None) -> Callable[..., Any]:
     """*fn* as a provider of *run*: what `Budget.provider` (``nbbudget.run.budget``) returns,
     kept here with what a model call needs (the clamp, the guardrail, retries, charging the
     reply's usage, degrading). The options are those of `Budget.provider`, checked here."""
-    _check_options(run, fn, prices, price, retries, degrade)
+    priced = _check_options(run, fn, prices, price, retries, degrade)
     limit_ms = GUARDRAIL_MS if guardrail is None else parse_duration(guardrail,
                                                                      field="guardrail")
     label = name or getattr(fn, "__name__", None) or "provider"
@@ -100,8 +104,8 @@ def make_provider(run: Run, fn: Callable[..., Any], name: str | None,
                     raise
                 continue
             if isinstance(reply, Iterator):  # a streamed reply
-                return _stream(run, reply, prices, price, label, degrade)
-            spend_usage(run, usage_of(reply), prices, price, label)
+                return _stream(run, reply, priced, label, degrade)
+            spend_usage(run, usage_of(reply), priced, label)
             _maybe_degrade(run, degrade, label)
             return reply
         raise AssertionError("unreachable")
@@ -109,9 +113,11 @@ def make_provider(run: Run, fn: Callable[..., Any], name: str | None,
     return call
 
 
-def _check_options(run: Run, fn: Callable[..., Any], prices: Mapping[str, float] | None,
-                   price: Callable[[Usage], float] | None, retries: int,
-                   degrade: tuple[Callable[..., Any], float] | None) -> None:
+def _check_options(run: Run, fn: Callable[..., Any], prices: Given | None,
+                   price: PriceFn | None, retries: int,
+                   degrade: tuple[Callable[..., Any], float] | None) -> PriceFn | None:
+    """The options of `make_provider` checked; the price of its replies (``prices=``, or the
+    older ``price=``, a function), or None."""
     if not callable(fn):
         raise ConfigError(f"provider() decorates a function, not {fn!r}")
     if degrade is not None:
@@ -124,12 +130,15 @@ def _check_options(run: Run, fn: Callable[..., Any], prices: Mapping[str, float]
             raise ConfigError("degrade= needs a cost limit (cost_usd=): the fraction is of it")
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ConfigError(f"retries={retries!r} must be a whole number >= 0")
-    if prices is not None and price is not None:
-        raise ConfigError("give prices= (per 1,000 tokens) or price= (a function), not both")
+    if price is not None:
+        if prices is not None:
+            raise ConfigError("run.provider(): give prices= alone (USD per million tokens, a "
+                              "function of the usage, or 'free'), not price= too")
+        prices = price  # price= is the older name of prices= given a function
+    return given_price(prices, "run.provider()")
 
 
-def _stream(run: Run, chunks: Iterator[Any], prices: Mapping[str, float] | None,
-            price: Callable[[Usage], float] | None, label: str,
+def _stream(run: Run, chunks: Iterator[Any], price: PriceFn | None, label: str,
             degrade: tuple[Callable[..., Any], float] | None) -> Iterator[Any]:
     """A streamed reply: each chunk's usage is charged as it arrives, and the stream is closed
     the moment a limit is passed (S3-9); a stream that fails after content is a cut by
@@ -150,7 +159,7 @@ def _stream(run: Run, chunks: Iterator[Any], prices: Mapping[str, float] | None,
             started = True
             used = usage_of(chunk)
             if used:
-                spend_usage(run, used, prices, price, label)  # raises once a limit is passed
+                spend_usage(run, used, price, label)  # raises once a limit is passed
             yield chunk
     finally:
         close = getattr(chunks, "close", None)
@@ -274,18 +283,20 @@ def _guarded(run: Run, label: str, limit_ms: int, fn: Callable[..., Any],
     return box["reply"]
 
 
-def spend_usage(run: Run, usage: Usage, prices: Mapping[str, float] | None,
-           price: Callable[[Usage], float] | None, label: str) -> None:
+def spend_usage(run: Run, usage: Usage, price: PriceFn | None, label: str) -> None:
     """Charge what a reply used: it was spent, so it is recorded even past a limit, and then
-    the run fails by the first limit it passed (S3-3). A provider charges each reply with it;
-    so does the pydantic-ai adapter, after each model response."""
+    the run fails by the first limit it passed (S3-3). Its cost is *price* (``prices=``) of
+    the usage when given, else the ``cost_usd`` it reports. A provider charges each reply with
+    it; so do the adapters, with the cost they worked out in ``cost_usd``."""
     inp = _amount("input_tokens", usage.get("input_tokens", 0), label)
     out = _amount("output_tokens", usage.get("output_tokens", 0), label)
-    cost = usage.get("cost_usd")
-    if cost is None and prices is not None:
-        cost = inp / 1000 * prices.get("input", 0) + out / 1000 * prices.get("output", 0)
-    if cost is None and price is not None:
-        cost = price(usage)
+    if price is not None:
+        for key in ("cache_read_tokens", "cache_write_tokens"):
+            if key in usage:
+                _amount(key, usage[key], label)
+        cost: float | None = price(usage)
+    else:
+        cost = usage.get("cost_usd")
     spend_reply(run.lowlevel, inp, out, cost, label, f"provider:{label}")
 
 

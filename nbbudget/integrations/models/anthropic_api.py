@@ -41,7 +41,7 @@ class Unpriced(ConfigError, AnthropicError):
     """A request naming a model with no known price while ``cost_usd`` is limited."""
 
 
-def _usage(usage: Mapping[str, Any]) -> dict[str, int]:
+def _usage(usage: Mapping[str, Any]) -> dict[str, float]:
     """A message's usage (a reply's, ``message_start``'s): every figure it reports."""
     read = count(usage, "cache_read_input_tokens", required=False)
     written = count(usage, "cache_creation_input_tokens", required=False)
@@ -50,7 +50,7 @@ def _usage(usage: Mapping[str, Any]) -> dict[str, int]:
             "cache_read_tokens": read, "cache_write_tokens": written}
 
 
-def _delta_usage(usage: Mapping[str, Any]) -> dict[str, int]:
+def _delta_usage(usage: Mapping[str, Any]) -> dict[str, float]:
     """``message_delta``'s usage: the output so far, and the input where it reports it."""
     if "input_tokens" in usage or usage.get("cache_read_input_tokens") or usage.get(
             "cache_creation_input_tokens"):
@@ -58,7 +58,7 @@ def _delta_usage(usage: Mapping[str, Any]) -> dict[str, int]:
     return {"output_tokens": count(usage, "output_tokens")}
 
 
-def _stream_usage(event: Mapping[str, Any]) -> dict[str, int] | None:
+def _stream_usage(event: Mapping[str, Any]) -> dict[str, float] | None:
     kind = event.get("type")
     if kind == "message_start":
         message = event.get("message")

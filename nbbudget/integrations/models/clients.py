@@ -16,8 +16,9 @@ async alike, OpenAI and Anthropic alike, one mechanism. For a request to a model
   (`nbbudget.BudgetExceeded` and the SDK's own error: the SDK passes its own errors on
   unchanged, where Anthropic's would take any other error for a connection error and retry
   it) and nothing is sent;
-- with ``cost_usd`` limited, a model with no price in genai-prices and no ``prices=`` is refused
-  with ``Unpriced`` (a `nbbudget.ConfigError`) naming the model and ``prices=``;
+- with ``cost_usd`` limited, a model with no price in genai-prices for the client's provider
+  and no ``prices=`` is refused with ``Unpriced`` (a `nbbudget.ConfigError`) naming the
+  provider, the model, ``prices=`` and ``provider=``;
 - the request's timeouts are lowered to the run's remaining time and the guardrail (one hour,
   S3-8). A timeout of the run's own raises ``Cut`` (`nbbudget.BudgetCut`, ``by="timeout"``, or
   ``"guardrail"``), never the HTTP timeout the SDK would retry; the SDK's own shorter timeouts
@@ -25,7 +26,11 @@ async alike, OpenAI and Anthropic alike, one mechanism. For a request to a model
 
 **After.** What a reply used is charged as its API reports it (`spend_reply`): ``tokens`` (input,
 cached included, plus output), ``output_tokens`` (reasoning included) and ``cost_usd`` from
-``prices=`` or genai-prices (`nbbudget.integrations.prices`, read once per model). Spending that
+``prices=`` (`nbbudget.run.prices`: USD per million tokens, a function of the usage, or
+``"free"``), else the cost the reply reports (OpenRouter's ``usage.cost``), else genai-prices'
+price of the model at the client's provider: ``provider=``, or the one whose API the client's
+base URL matches (``https://openrouter.ai/api/v1``: ``openrouter``), or, when none matches, the
+SDK's own (``openai``, ``anthropic``); read once per model. Spending that
 happened is recorded even past a limit; the run is then cut by the first limit passed (S3-3) and
 the call raises ``Cut`` with ``salvage``, the reply's text. A stop of the run itself (a cancel,
 the panel's Stop button) unwinds through the SDK as any nbbudget stop does.
@@ -57,7 +62,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -69,6 +74,7 @@ from ...core.kinds import KIND_INDEX, KINDS
 from ...core.lowlevel import Core, Stop, Unwind
 from ...core.outcome import Status
 from ...run.budget import Budget, current
+from ...run.prices import Given, PriceFn, given_price, price_of, provider_of
 from ...run.providers import (
     GUARDRAIL_MS,
     degrade_past,
@@ -76,7 +82,6 @@ from ...run.providers import (
     reserve_request,
     spend_reply,
 )
-from ..prices import Given, given_price, price_of
 from .shapes import Shape, Unreadable, ends, events_of, may_hold_usage, reply_usage, request_body
 
 __all__ = ["instrument"]
@@ -114,24 +119,29 @@ class _Api:
 
 
 def instrument(client: _C, *, prices: Given | None = None,
-               degrade: tuple[str, float] | None = None, name: str | None = None) -> _C:
+               degrade: tuple[str, float] | None = None, name: str | None = None,
+               provider: str | None = None) -> _C:
     """A copy of *client* (``openai.OpenAI``/``AsyncOpenAI``, ``anthropic.Anthropic``/
     ``AsyncAnthropic``) whose model calls are provider calls of the run current when each is
     made; outside every run it counts nothing. See the module's documentation.
 
-    ``prices``: ``{"input": usd, "output": usd}`` per million tokens, or a function of the usage
-    figures (``input_tokens``, ``output_tokens``, ``cache_read_tokens``, ``cache_write_tokens``)
-    returning dollars; otherwise genai-prices' price of the model. ``degrade=("model", 0.8)``:
+    ``prices``: ``{"input": usd, "output": usd}`` per million tokens (optionally
+    ``cache_read`` and ``cache_write``), a function of the usage figures (``input_tokens``,
+    ``output_tokens``, ``cache_read_tokens``, ``cache_write_tokens``) returning dollars, or
+    ``"free"`` (a local model); otherwise the cost the reply reports, else genai-prices' price of
+    the model at *provider* (a genai-prices provider id, ``"openrouter"``; default: resolved
+    from the client's base URL, else the SDK's own). ``degrade=("model", 0.8)``:
     past that fraction of the cost limit (or, with none, of the most used armed limit) requests
     name the cheaper model. ``name``: the calls' name in the trace (default: the model).
     """
     api = _api_of(client)
-    _check(prices, degrade, name)
+    given = given_price(prices, "nb.instrument()")
+    _check(degrade, name, provider)
     http = client._client  # type: ignore[attr-defined]  # the SDK's HTTP client (no accessor)
     if isinstance(http, (_Budgeted, _AsyncBudgeted)):
         raise ConfigError(f"this {type(client).__name__} client is instrumented already: "
                           f"instrument the original client once")
-    gate = _Gate(api, prices, degrade, name)
+    gate = _Gate(api, given, degrade, name, provider or _provider(client, api))
     wrapper: httpx2.Client | httpx2.AsyncClient
     if isinstance(http, httpx2.AsyncClient):
         wrapper = _AsyncBudgeted(http, gate)
@@ -160,14 +170,13 @@ def _api_of(client: object) -> _Api:
                       f"{type(client).__module__}.{type(client).__name__}")
 
 
-def _check(prices: Given | None, degrade: tuple[str, float] | None, name: str | None) -> None:
-    if prices is not None and not callable(prices):
-        figures = [prices.get(key) for key in ("input", "output")] if isinstance(
-            prices, Mapping) else [None]
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                   and 0 <= v < _INF for v in figures):
-            raise ConfigError(f"prices={prices!r}: give {{'input': usd, 'output': usd}} per "
-                              f"million tokens (numbers >= 0), or a function of the usage")
+def _provider(client: object, api: _Api) -> str:
+    """The provider of the API at *client*'s base URL, as genai-prices names it, else the
+    SDK's own (a server genai-prices does not know: a proxy, a local server)."""
+    return provider_of(str(getattr(client, "base_url", ""))) or api.provider
+
+
+def _check(degrade: tuple[str, float] | None, name: str | None, provider: str | None) -> None:
     if degrade is not None:
         ok = isinstance(degrade, tuple) and len(degrade) == 2
         model, fraction = degrade if ok else ("", 0)
@@ -177,6 +186,9 @@ def _check(prices: Given | None, degrade: tuple[str, float] | None, name: str | 
                               f"(0, 1]), e.g. ('gpt-4o-mini', 0.8)")
     if name is not None and (not isinstance(name, str) or not name):
         raise ConfigError(f"name={name!r}: give the calls' name in the trace, a non-empty str")
+    if provider is not None and (not isinstance(provider, str) or not provider):
+        raise ConfigError(f"provider={provider!r}: give the provider's name in genai-prices, "
+                          f"a non-empty str such as 'openrouter'")
 
 
 class _Gate:
@@ -186,13 +198,12 @@ class _Gate:
     time, ``benchmarks/bench_instrument.py``). What depends only on the model (the calls' name
     and target, the price) is worked out once per model and kept."""
 
-    def __init__(self, api: _Api, prices: Given | None, degrade: tuple[str, float] | None,
-                 name: str | None) -> None:
-        self.api, self.degrade, self.name = api, degrade, name
-        self.given = None if prices is None else given_price(prices)  # else genai-prices'
+    def __init__(self, api: _Api, given: PriceFn | None, degrade: tuple[str, float] | None,
+                 name: str | None, provider: str) -> None:
+        self.api, self.degrade, self.name, self.provider = api, degrade, name, provider
+        self.given = given  # prices=, which wins over a reported cost; else genai-prices'
         # by model: (label, target, price or None); filled as models are met
-        self.models: dict[str, tuple[str, str, Callable[[Mapping[str, int]], float] | None]] \
-            = {}
+        self.models: dict[str, tuple[str, str, PriceFn | None]] = {}
 
     def open(self, request: httpx2.Request) -> tuple[httpx2.Request, _Attempt] | None:
         """Before an attempt is sent: the request to send and its attempt, or None when it is
@@ -258,12 +269,12 @@ class _Gate:
         return request, _Attempt(self, run, core, shape, model, label, target, price, stream,
                                  hide, bound, reserved)
 
-    def _model(self, model: str) -> tuple[str, str, Callable[[Mapping[str, int]], float] | None]:
+    def _model(self, model: str) -> tuple[str, str, PriceFn | None]:
         """The calls' name, target and price for *model*, kept for its next calls."""
         label = self.name or model
         price = self.given
         if price is None:
-            found = price_of(self.api.provider, model)
+            found = price_of(self.provider, model)
             price = None if found is None else found.cost
         known = self.models[model] = (label, "provider:" + label, price)
         return known
@@ -272,14 +283,16 @@ class _Gate:
         """A model with no price: refused while ``cost_usd`` is limited."""
         if run.remaining("cost_usd") != _INF:
             raise self.api.unpriced(
-                f"cost_usd is limited and there is no price for {self.api.provider} model "
-                f"{model!r} (genai-prices does not know it, or is not installed: it comes with "
-                f"nbbudget[{self.api.provider}] on Python 3.11 or newer): give "
-                f"nb.instrument(client, prices={{'input': usd, 'output': usd}}) per million "
+                f"cost_usd is limited and there is no price for model {model!r} at provider "
+                f"{self.provider!r} (genai-prices does not know it, or is not installed: it "
+                f"comes with nbbudget[{self.api.provider}] on Python 3.11 or newer): name the "
+                f"provider genai-prices knows it at, nb.instrument(client, "
+                f"provider='openrouter'), or give prices={{'input': usd, 'output': usd}} per "
+                f"million "
                 f"tokens, or a function of the usage")
 
 
-def _worst(price: Callable[[Mapping[str, int]], float], size: int) -> tuple[float, float]:
+def _worst(price: PriceFn, size: int) -> tuple[float, float]:
     """A request's worst case at *price* (S3-10): the dollars of its input and the dollars of
     each output token. Its input is bounded from above by its body's *size* in bytes (a token
     of text takes at least one byte of it, in any JSON form) and `_FRAMING` tokens more, each
@@ -330,7 +343,7 @@ class _Attempt:
                  "run", "shape", "started", "stream", "target")
 
     def __init__(self, gate: _Gate, run: Budget, core: Core, shape: Shape, model: str,
-                 label: str, target: str, price: Callable[[Mapping[str, int]], float] | None,
+                 label: str, target: str, price: PriceFn | None,
                  stream: bool, hide: bool, bound: float, reserved: float) -> None:
         self.gate, self.run, self.core, self.shape = gate, run, core, shape
         self.model, self.label = model, label
@@ -339,7 +352,7 @@ class _Attempt:
         self.deadline = self.started + bound
         self.reserved = reserved  # dollars reserved before sending, not yet drawn (S3-10)
 
-    def charge(self, figures: Mapping[str, int], cost: float | None,
+    def charge(self, figures: Mapping[str, float], cost: float | None,
                final: bool = False) -> None:
         """Charge what was used (S3-3: recorded even past a limit, which raises the run's
         stop), then degrade if the run has used enough (S3-7). The cost is drawn from what the
@@ -366,6 +379,16 @@ class _Attempt:
         if reserved:
             with contextlib.suppress(Unwind):
                 spend_reply(self.core, 0, 0, None, self.label, self.target, reserved)
+
+    def cost(self, figures: Mapping[str, float]) -> float | None:
+        """What *figures* cost: at ``prices=``, else the cost the reply reports in them
+        (``cost_usd``), else at genai-prices' price of the model; None when nothing prices
+        them."""
+        reported = figures.get("cost_usd")
+        if reported is not None and self.gate.given is None:
+            return reported
+        price = self.price
+        return None if price is None else price(figures)
 
     def cut(self, signal: Unwind, salvage: str) -> BaseException:
         """The error for a stop met while charging or waiting: a cut becomes the API's ``Cut``
@@ -406,9 +429,8 @@ class _Attempt:
         except Unreadable as err:  # its reservation stays charged: the worst case is known
             self.unmetered(err, self._text(response))
             return
-        price = self.price
         try:
-            self.charge(figures, price(figures) if price is not None else None, final=True)
+            self.charge(figures, self.cost(figures), final=True)
         except Unwind as signal:
             raise self.cut(signal, self._text(response)) from None
 
@@ -427,13 +449,13 @@ class _Attempt:
         limited = [i for i, left in zip(_METERED, core.remaining_of(_METERED), strict=True)
                    if left != _INF]
         if not limited:
-            core.record("unmetered", {"provider": self.gate.api.provider, "model": self.label,
+            core.record("unmetered", {"provider": self.gate.provider, "model": self.label,
                                       "usage": err.said()})
             return
         kind = KINDS[limited[0]]
         scope = core.scope
         scope.halt(Stop.of(Status.FAILED, (
-            f"{self.gate.api.provider} reply reported {err.said()} for {self.label}, so what "
+            f"{self.gate.provider} reply reported {err.said()} for {self.label}, so what "
             f"it used cannot be charged and {kind.name} cannot be kept: the run stopped; use a "
             f"server that reports usage as the API defines it, or bound the run by "
             f"provider_calls or time instead of {kind.name} (see: nbbudget explain N-7)"),
@@ -470,10 +492,10 @@ class _Meter:
         self.pending = b""  # the start of an event not complete yet
         self.deltas = 0  # text deltas counted
         self.counted = 0  # how many bytes of ``received`` are counted in ``deltas``
-        self.charged: dict[str, int] = {}
-        self.charged_out = 0  # the output tokens in ``charged``
+        self.charged: dict[str, float] = {}
+        self.charged_out: float = 0  # the output tokens in ``charged``
         self.charged_cost = 0.0
-        self.reported: dict[str, int] = {}
+        self.reported: dict[str, float] = {}
         self.settled = False  # the final usage came (or could not be read)
         self.ended = False  # finished, cut, or closed
         price = attempt.price
@@ -588,7 +610,7 @@ class _Meter:
         self._charge_to({**reported, "output_tokens": max(
             self.deltas, reported.get("output_tokens", 0))})
 
-    def _charge_to(self, figures: Mapping[str, int]) -> None:
+    def _charge_to(self, figures: Mapping[str, float]) -> None:
         """Charge what *figures* add to what this stream has charged."""
         charged = self.charged
         diff = {key: value - charged.get(key, 0) for key, value in figures.items()
@@ -598,9 +620,8 @@ class _Meter:
         charged.update(figures)
         self.charged_out = charged.get("output_tokens", 0)
         cost = None
-        price = self.attempt.price
-        if price is not None:
-            total = price(charged)
+        total = self.attempt.cost(charged)
+        if total is not None:
             cost, self.charged_cost = max(0.0, total - self.charged_cost), total
         try:
             self.attempt.charge(diff, cost)

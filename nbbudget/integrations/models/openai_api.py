@@ -9,7 +9,9 @@ is asked: the instrumented client asks it, and keeps that chunk (which has no ch
 (``POST /responses``): ``max_output_tokens``; usage is ``input_tokens``
 (``input_tokens_details.cached_tokens``) and ``output_tokens``; a stream reports it in
 ``response.completed`` (or ``response.incomplete``/``response.failed``). Token counts are whole
-numbers >= 0 and the details objects; anything else is `shapes.Unreadable`.
+numbers >= 0 and the details objects; anything else is `shapes.Unreadable`. A server that reports
+what a call cost in ``usage.cost`` (OpenRouter, in a whole reply and in a stream's usage) has it
+read as ``cost_usd`` (`shapes.reported_cost`: a finite number >= 0, else unreadable).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 from openai import OpenAIError
 
 from ...core.errors import BudgetCut, BudgetExceeded, ConfigError
-from .shapes import Shape, Unreadable, count, details
+from .shapes import Shape, Unreadable, count, details, reported_cost
 
 __all__ = ["CHAT", "PROVIDER", "RESPONSES", "Cut", "Refused", "Unpriced"]
 
@@ -52,15 +54,16 @@ def _chat_ask_usage(body: dict[str, Any]) -> bool:
     return True
 
 
-def _chat_usage(usage: Mapping[str, Any]) -> dict[str, int]:
+def _chat_usage(usage: Mapping[str, Any]) -> dict[str, float]:
     cached = details(usage, "prompt_tokens_details")
-    return {"input_tokens": count(usage, "prompt_tokens"),
-            "output_tokens": count(usage, "completion_tokens"),
-            "cache_read_tokens": count(cached, "cached_tokens",
-                                       "usage.prompt_tokens_details", required=False)}
+    return reported_cost(usage, {
+        "input_tokens": count(usage, "prompt_tokens"),
+        "output_tokens": count(usage, "completion_tokens"),
+        "cache_read_tokens": count(cached, "cached_tokens", "usage.prompt_tokens_details",
+                                   required=False)})
 
 
-def _chat_stream_usage(event: Mapping[str, Any]) -> dict[str, int] | None:
+def _chat_stream_usage(event: Mapping[str, Any]) -> dict[str, float] | None:
     usage = event.get("usage")
     if usage is None:
         return None
@@ -96,19 +99,20 @@ CHAT = Shape(
     delta_bytes=len('"content":"x"'), asked_field=b',"usage":null', done=b"[DONE]")
 
 
-def _responses_usage(usage: Mapping[str, Any]) -> dict[str, int]:
+def _responses_usage(usage: Mapping[str, Any]) -> dict[str, float]:
     cached = details(usage, "input_tokens_details")
-    return {"input_tokens": count(usage, "input_tokens"),
-            "output_tokens": count(usage, "output_tokens"),
-            "cache_read_tokens": count(cached, "cached_tokens",
-                                       "usage.input_tokens_details", required=False)}
+    return reported_cost(usage, {
+        "input_tokens": count(usage, "input_tokens"),
+        "output_tokens": count(usage, "output_tokens"),
+        "cache_read_tokens": count(cached, "cached_tokens", "usage.input_tokens_details",
+                                   required=False)})
 
 
 #: the events that end a response's stream, reporting its usage
 _ENDS = ("response.completed", "response.incomplete", "response.failed")
 
 
-def _responses_stream_usage(event: Mapping[str, Any]) -> dict[str, int] | None:
+def _responses_stream_usage(event: Mapping[str, Any]) -> dict[str, float] | None:
     response = event.get("response")
     usage = response.get("usage") if type(response) is dict else None
     if usage is None:

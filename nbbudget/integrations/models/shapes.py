@@ -3,13 +3,15 @@ and its output cap, how a reply and a stream's events report usage, where a stre
 
 `Shape` is that description; ``openai_api`` and ``anthropic_api`` each give theirs, and
 ``instrument`` (the mechanism) reads nothing of an API but through it. Usage is read into the
-figures of `nbbudget.integrations.prices.FIGURES` (``input_tokens`` counts every input token,
-cached ones included; ``output_tokens`` includes reasoning).
+figures of `nbbudget.run.prices.FIGURES` (``input_tokens`` counts every input token,
+cached ones included; ``output_tokens`` includes reasoning), and ``cost_usd`` where the reply
+reports what it cost (OpenRouter's ``usage.cost``, `reported_cost`).
 
 Usage is read as the API defines it, from the parsed JSON: a whole reply's top-level ``usage``
 (`reply_usage`), a stream event's as its API places it. A count that is not a whole number
 >= 0, details that are not an object, or usage missing where the API reports it raise
-`Unreadable`, naming the field and the value. A stream's meter (``clients``) parses an event
+`Unreadable`, naming the field and the value; so does a reported cost that is not a finite
+number >= 0. A stream's meter (``clients``) parses an event
 only when its bytes may hold usage (`may_hold_usage`, which proves it cannot otherwise) or when
 its text deltas must be counted exactly (``Shape.delta_bytes`` bounds how many the bytes not
 yet counted can hold, whatever their JSON form).
@@ -25,7 +27,7 @@ from json.scanner import make_scanner
 from typing import Any
 
 __all__ = ["MISSING", "Shape", "Unreadable", "count", "details", "ends", "events_of",
-           "may_hold_usage", "reply_usage", "request_body"]
+           "may_hold_usage", "reply_usage", "reported_cost", "request_body"]
 
 # (text, index) -> (value, end), in C; typeshed types make_scanner's argument oddly
 _scan: Callable[[str, int], tuple[Any, int]] = make_scanner(
@@ -83,6 +85,21 @@ def details(usage: Mapping[str, Any], key: str, where: str = "usage") -> Mapping
     raise Unreadable(f"{where}.{key}", value)
 
 
+def reported_cost(usage: Mapping[str, Any], figures: dict[str, float],
+                  where: str = "usage") -> dict[str, float]:
+    """*figures*, with the cost in dollars *usage* reports (``cost``: OpenRouter's, in a whole
+    reply and in a stream's last usage) as ``cost_usd`` when it reports one: a finite number
+    >= 0, else `Unreadable`. The OpenAI shapes read it; the model clients charge it in place
+    of a price from genai-prices (``prices=`` still wins)."""
+    value = usage.get("cost")
+    if value is None:
+        return figures
+    if (type(value) is float or type(value) is int) and 0 <= value < math.inf:
+        figures["cost_usd"] = float(value)
+        return figures
+    raise Unreadable(f"{where}.cost", value)
+
+
 @dataclass(frozen=True)
 class Shape:
     """One endpoint of a model API (Chat Completions, Responses, Messages).
@@ -109,8 +126,8 @@ class Shape:
     path: str
     cap_keys: tuple[str, ...]
     ask_usage: Callable[[dict[str, Any]], bool]
-    usage: Callable[[Mapping[str, Any]], dict[str, int]]
-    stream_usage: Callable[[Mapping[str, Any]], dict[str, int] | None]
+    usage: Callable[[Mapping[str, Any]], dict[str, float]]
+    stream_usage: Callable[[Mapping[str, Any]], dict[str, float] | None]
     settles: Callable[[Mapping[str, Any]], bool]
     stream_text: Callable[[Mapping[str, Any]], str]
     reply_text: Callable[[Mapping[str, Any]], str]
@@ -136,8 +153,9 @@ def request_body(content: bytes) -> Any:
     return body
 
 
-def reply_usage(shape: Shape, content: bytes) -> dict[str, int]:
-    """The figures of a whole reply's top-level ``usage``, the body parsed as JSON (the C
+def reply_usage(shape: Shape, content: bytes) -> dict[str, float]:
+    """The figures of a whole reply's top-level ``usage`` (and its reported cost, where the
+    shape reads one: ``cost_usd``), the body parsed as JSON (the C
     scanner, as `request_body`); `Unreadable` when the body is not a JSON object, has no
     ``usage`` object or its figures cannot be read."""
     try:
