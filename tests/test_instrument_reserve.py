@@ -192,3 +192,78 @@ def test_S3_10_anthropic_requests_reserve_and_clamp_too(server: Server) -> None:
     assert 1 <= cap < 1000
     assert run.consumed["cost_usd"] == pytest.approx(cost_of(min(cap, ANSWER)))
     assert len(server.received) == 1
+
+
+def capped_stream() -> Reply:
+    """A streamed completion that writes at most the output cap it was asked for, a piece a
+    token, and reports that usage at its end."""
+
+    def events(body: Any) -> Any:
+        out = min(ANSWER, body.get("max_completion_tokens") or body.get("max_tokens") or ANSWER)
+        made = o.chat_stream(["x"] * out, o.chat_usage(PROMPT, out)).events
+        assert callable(made)
+        return made(body)
+
+    return Reply(events=events)
+
+
+def test_S3_10_a_stream_draws_on_its_reservation_and_gives_back_the_rest(server: Server,
+                                                                       client: Any) -> None:
+    server.queue(capped_stream())
+    with nb.budget(cost_usd=1.0) as run:
+        pieces = list(chat(client, max_tokens=40, stream=True))
+        assert run.consumed["cost_usd"] == pytest.approx(cost_of(ANSWER))
+    assert sum(1 for p in pieces if p.choices and p.choices[0].delta.content) == ANSWER
+
+
+def test_S3_10_a_stream_left_before_its_usage_keeps_its_inputs_bound(server: Server,
+                                                                    client: Any) -> None:
+    """OpenAI reports a stream's input only at its end; a stream closed before it is charged
+    the output it counted and its input's bound, which the provider bills all the same."""
+    server.queue(capped_stream())
+    with nb.budget(cost_usd=1.0) as run:
+        stream = chat(client, max_tokens=40, stream=True)
+        for n, _ in enumerate(stream):
+            if n == 5:
+                break
+        stream.close()
+        size = int(server.received[0].headers["content-length"])
+        charged = run.consumed["cost_usd"]
+    counted = run.consumed["output_tokens"]
+    assert 1 <= counted <= 5
+    # the bound is of the body asked, before nbbudget added its stream_options (41 bytes)
+    assert worst(size - 50, 0) + counted * OUT_RATE <= charged
+    assert charged <= worst(size, 0) + counted * OUT_RATE
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_S3_10_sixteen_streams_sharing_a_cost_limit_never_pass_it(server: Server, client: Any,
+                                                                 round_: int) -> None:
+    limit = 0.05
+    server.queue(*[capped_stream() for _ in range(200)])
+    raised: list[BaseException] = []
+    lock = threading.Lock()
+
+    def stream_until_refused() -> None:
+        try:
+            for _ in range(100):  # the cost limit refuses long before
+                for _ in chat(client, max_tokens=40, stream=True):
+                    pass
+        except BaseException as exc:  # the test reads what each thread met
+            with lock:
+                raised.append(exc)
+
+    with nb.budget(cost_usd=limit) as run:
+        threads = [threading.Thread(target=contextvars.copy_context().run,
+                                    args=(stream_until_refused,), name=f"reserve-stream-{i}")
+                   for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(raised) == 16
+    assert all(isinstance(e, openai_api.Refused) and e.kind == "cost_usd" for e in raised), raised
+    assert run.outcome.status == "completed"
+    caps = [r.body["max_tokens"] for r in server.received]
+    assert run.consumed["cost_usd"] == pytest.approx(sum(cost_of(min(c, ANSWER)) for c in caps))
+    assert run.consumed["cost_usd"] <= limit

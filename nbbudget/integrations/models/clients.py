@@ -245,7 +245,7 @@ class _Gate:
         retry = _FIRST not in getattr(headers, "_list", ()) and headers.get(
             "x-stainless-retry-count", "0") != "0"
         core = run.lowlevel
-        reserved = 0.0
+        reserved = fixed = 0.0
         try:
             if price is not None and core.limited(_COST):
                 fixed, rate = _worst(price, len(request.content))
@@ -267,7 +267,7 @@ class _Gate:
         if not timeout or None in (values := timeout.values()) or max(values) > bound:
             _lower(request, timeout, bound)
         return request, _Attempt(self, run, core, shape, model, label, target, price, stream,
-                                 hide, bound, reserved)
+                                 hide, bound, reserved, fixed)
 
     def _model(self, model: str) -> tuple[str, str, PriceFn | None]:
         """The calls' name, target and price for *model*, kept for its next calls."""
@@ -339,18 +339,20 @@ def _prepared(request: httpx2.Request, body: dict[str, Any] | None,
 class _Attempt:
     """One attempt of a model request in a run: what it charges and how it is cut."""
 
-    __slots__ = ("core", "deadline", "gate", "hide", "label", "model", "price", "reserved",
-                 "run", "shape", "started", "stream", "target")
+    __slots__ = ("core", "deadline", "gate", "hide", "input_bound", "label", "model", "price",
+                 "reserved", "run", "shape", "started", "stream", "target")
 
     def __init__(self, gate: _Gate, run: Budget, core: Core, shape: Shape, model: str,
                  label: str, target: str, price: PriceFn | None,
-                 stream: bool, hide: bool, bound: float, reserved: float) -> None:
+                 stream: bool, hide: bool, bound: float, reserved: float,
+                 input_bound: float) -> None:
         self.gate, self.run, self.core, self.shape = gate, run, core, shape
         self.model, self.label = model, label
         self.target, self.price, self.stream, self.hide = target, price, stream, hide
         self.started = time.monotonic()
         self.deadline = self.started + bound
         self.reserved = reserved  # dollars reserved before sending, not yet drawn (S3-10)
+        self.input_bound = input_bound  # the dollars of its input's bound, in ``reserved``
 
     def charge(self, figures: Mapping[str, float], cost: float | None,
                final: bool = False) -> None:
@@ -371,14 +373,22 @@ class _Attempt:
         if degrade is not None:
             degrade_past(self.run, degrade[1], self.model, degrade[0])
 
-    def release(self) -> None:
-        """Give back what is left of the reservation: the attempt used nothing more (an error
-        status, a request never sent, a stream's end once its usage is charged). A limit the
-        run passed meanwhile is raised at its next check, not here."""
+    def release(self, keep: float = 0.0) -> None:
+        """Give back what is left of the reservation but *keep* dollars: the attempt used
+        nothing more (an error status, a request never sent, a stream's end once its usage is
+        charged), or nothing more than *keep* says (a stream that ends before its input is
+        reported keeps its input's bound). A limit the run passed meanwhile is raised at its
+        next check, not here."""
         reserved, self.reserved = self.reserved, 0.0
-        if reserved:
+        if reserved > keep:
             with contextlib.suppress(Unwind):
-                spend_reply(self.core, 0, 0, None, self.label, self.target, reserved)
+                spend_reply(self.core, 0, 0, None, self.label, self.target, reserved - keep)
+
+    def release_unreported(self, reported: Mapping[str, float]) -> None:
+        """A stream ended early: `release` what is left of the reservation, but for the bound
+        of its input when the stream never reported it (OpenAI reports a stream's input only
+        at its end: the provider bills it all the same)."""
+        self.release(0.0 if "input_tokens" in reported else self.input_bound)
 
     def cost(self, figures: Mapping[str, float]) -> float | None:
         """What *figures* cost: at ``prices=``, else the cost the reply reports in them
@@ -505,11 +515,12 @@ class _Meter:
         self._rearm()
 
     def _left(self) -> float:
-        """How many more output tokens the run's limits allow now."""
+        """How many more output tokens the run's limits allow now (the dollars this stream
+        reserved and has not drawn yet are its own, S3-10)."""
         output_tokens, tokens, cost = self.attempt.core.remaining_of(_OUTPUT_LEFT)
         left = min(output_tokens, tokens)
         if self.per_output > 0:
-            left = min(left, cost / self.per_output)
+            left = min(left, (cost + self.attempt.reserved) / self.per_output)
         return left
 
     def _rearm(self) -> None:
@@ -627,6 +638,7 @@ class _Meter:
             self.attempt.charge(diff, cost)
         except Unwind as signal:
             self.ended = True
+            self.attempt.release_unreported(self.reported)  # cut: it receives no more
             raise self.attempt.cut(signal, self.salvage()) from None
         self.left = self._left()
         self._rearm()
@@ -638,6 +650,7 @@ class _Meter:
         if not self.settled:
             self._unreadable(Unreadable("usage"))
         self.ended = True
+        self.attempt.release()  # its usage is charged: the rest of the reservation goes back
         return rest
 
     def close(self) -> None:
@@ -650,6 +663,7 @@ class _Meter:
             with contextlib.suppress(BudgetCut):
                 self._count()
                 self._charge_count()
+        self.attempt.release_unreported(self.reported)
 
     def salvage(self) -> str:
         """The text of the events received so far."""
@@ -736,8 +750,13 @@ class _Budgeted(httpx2.Client):
                                           _Meter(attempt))
                 return response
             response.read()
-        except httpx2.TimeoutException:
+        except httpx2.TimeoutException as err:
+            if isinstance(err, httpx2.ConnectTimeout):
+                attempt.release()  # never sent: nothing billed
             attempt.timed_out()
+            raise
+        except httpx2.ConnectError:
+            attempt.release()
             raise
         attempt.answered(response)
         return response
@@ -771,8 +790,13 @@ class _AsyncBudgeted(httpx2.AsyncClient):
                                                _Meter(attempt))
                 return response
             await response.aread()
-        except httpx2.TimeoutException:
+        except httpx2.TimeoutException as err:
+            if isinstance(err, httpx2.ConnectTimeout):
+                attempt.release()  # never sent: nothing billed
             attempt.timed_out()
+            raise
+        except httpx2.ConnectError:
+            attempt.release()
             raise
         attempt.answered(response)
         return response
