@@ -267,3 +267,22 @@ def test_S3_10_sixteen_streams_sharing_a_cost_limit_never_pass_it(server: Server
     caps = [r.body["max_tokens"] for r in server.received]
     assert run.consumed["cost_usd"] == pytest.approx(sum(cost_of(min(c, ANSWER)) for c in caps))
     assert run.consumed["cost_usd"] <= limit
+
+
+def test_S3_10_with_no_output_token_left_the_refusal_is_by_output_tokens_S2_9(
+        server: Server, client: Any) -> None:
+    with nb.budget(cost_usd=1.0, output_tokens=10) as run:
+        run.charge("output_tokens", 10)
+        with pytest.raises(openai_api.Refused) as caught:
+            chat(client, max_tokens=40)
+    assert caught.value.kind == "output_tokens"
+    assert server.received == []
+    assert run.consumed.get("cost_usd", 0) == 0
+
+
+def test_S3_10_the_output_tokens_left_and_the_dollars_left_both_clamp_the_cap(
+        server: Server, client: Any) -> None:
+    with nb.budget(cost_usd=1.0, output_tokens=7) as run:
+        chat(client, max_tokens=40)
+    assert server.received[0].body["max_tokens"] == 7
+    assert run.consumed["cost_usd"] == pytest.approx(cost_of(7))

@@ -250,7 +250,7 @@ class Core:
         left can pay for; less than one token affordable refuses by kind *c*, traced, and
         nothing is reserved. The cap and the dollars reserved, all under one lock, so that
         requests sharing the dollars never reserve more than is left between them.
-        `nbbudget.run.providers.reserve_request` calls it when the dollars are limited."""
+        `nbbudget.run.providers.reserve_priced` calls it when the dollars are limited."""
         scope, ledger, account = self.scope, self.ledger, self.account
         with ledger.lock:
             stop = scope.stop or scope.root.stop
@@ -258,9 +258,11 @@ class Core:
                 err: BaseException | None = stop.signal()
             else:
                 t_ms = scope.t_ms()
-                err = ledger.check(account, i, 1, target, t_ms)  # no output token left (S2-9)
+                cap = ledger.remaining(account, i)
+                # no output token left (S2-9): refused, as `reserve_within` refuses it
+                err = ledger.check(account, i, 1, target, t_ms) if cap < 1 else None
                 if err is None:
-                    cap = min(asked, ledger.remaining(account, i))
+                    cap = min(asked, cap)
                     left = ledger.remaining(account, c)
                     if cap == math.inf:  # no cap to send: the output is bounded by nothing
                         worst = left if rate > 0 else fixed  # known, so all that is left
@@ -277,7 +279,7 @@ class Core:
                         err = ledger.check(account, c, fixed + rate, target, t_ms) or \
                             ledger.refuse(account, account, c, fixed + rate, target, t_ms)
                     else:
-                        both = sorted((*items, (c, worst)), key=lambda item: KINDS[item[0]].rank)
+                        both = sorted((*items, (c, worst)), key=_rank)  # attribution order
                         err = ledger.reserve(account, both, target, t_ms)
                         if err is None:
                             return cap, worst
@@ -369,6 +371,10 @@ class Core:
         """S3-7: from now on this run or grant uses a cheaper model; its outcome says so."""
         self.degraded = how
         self.record("degraded", dict(how))
+
+
+def _rank(item: tuple[int, float]) -> int:
+    return KINDS[item[0]].rank
 
 
 def cut(scope: Scope, i: int, figures: tuple[float, float], by: str, message: str) -> Stop:

@@ -141,7 +141,8 @@ def instrument(client: _C, *, prices: Given | None = None,
     if isinstance(http, (_Budgeted, _AsyncBudgeted)):
         raise ConfigError(f"this {type(client).__name__} client is instrumented already: "
                           f"instrument the original client once")
-    gate = _Gate(api, given, degrade, name, provider or _provider(client, api))
+    gate = _Gate(api, given, degrade, name, provider or _provider(client, api),
+                 linear=given is not None and not callable(prices))
     wrapper: httpx2.Client | httpx2.AsyncClient
     if isinstance(http, httpx2.AsyncClient):
         wrapper = _AsyncBudgeted(http, gate)
@@ -191,6 +192,10 @@ def _check(degrade: tuple[str, float] | None, name: str | None, provider: str | 
                           f"a non-empty str such as 'openrouter'")
 
 
+#: what a gate keeps of each model: the calls' name and target, the price, the worst case's rates
+_Model = tuple[str, str, PriceFn | None, tuple[float, float] | None]
+
+
 class _Gate:
     """What every request of one instrumented client goes through.
 
@@ -199,11 +204,13 @@ class _Gate:
     and target, the price) is worked out once per model and kept."""
 
     def __init__(self, api: _Api, given: PriceFn | None, degrade: tuple[str, float] | None,
-                 name: str | None, provider: str) -> None:
+                 name: str | None, provider: str, *, linear: bool) -> None:
         self.api, self.degrade, self.name, self.provider = api, degrade, name, provider
         self.given = given  # prices=, which wins over a reported cost; else genai-prices'
-        # by model: (label, target, price or None); filled as models are met
-        self.models: dict[str, tuple[str, str, PriceFn | None]] = {}
+        self.linear = linear  # prices= is a mapping or "free", not a function of the user's
+        # by model: (label, target, price or None, the worst case's rates or None); filled as
+        # models are met
+        self.models: dict[str, _Model] = {}
 
     def open(self, request: httpx2.Request) -> tuple[httpx2.Request, _Attempt] | None:
         """Before an attempt is sent: the request to send and its attempt, or None when it is
@@ -234,7 +241,7 @@ class _Gate:
         known = self.models.get(model)
         if known is None:
             known = self._model(model)
-        label, target, price = known
+        label, target, price, rates = known
         if price is None:
             self._priceless(run, model)
         for key in shape.cap_keys:  # the first the body has, else the last
@@ -248,7 +255,10 @@ class _Gate:
         reserved = fixed = 0.0
         try:
             if price is not None and core.limited(_COST):
-                fixed, rate = _worst(price, len(request.content))
+                if rates is not None:  # a linear price: its rates, worked out once
+                    fixed, rate = (len(request.content) + _FRAMING) * rates[0], rates[1]
+                else:
+                    fixed, rate = _worst(price, len(request.content))
                 capped, reserved = reserve_priced(core, asked, target, fixed, rate, retry=retry)
             else:
                 capped = reserve_request(core, asked, target, retry=retry)
@@ -269,14 +279,19 @@ class _Gate:
         return request, _Attempt(self, run, core, shape, model, label, target, price, stream,
                                  hide, bound, reserved, fixed)
 
-    def _model(self, model: str) -> tuple[str, str, PriceFn | None]:
-        """The calls' name, target and price for *model*, kept for its next calls."""
+    def _model(self, model: str) -> _Model:
+        """The calls' name, target, price for *model* and, where the price is linear in the
+        usage (``prices=`` as a mapping, genai-prices' price of a model not priced in tiers),
+        the rates of a request's worst case (S3-10), kept for its next calls: 4 calls of the
+        price a request cost 5 us."""
         label = self.name or model
-        price = self.given
+        price, linear = self.given, self.linear
         if price is None:
             found = price_of(self.provider, model)
             price = None if found is None else found.cost
-        known = self.models[model] = (label, "provider:" + label, price)
+            linear = found is not None and found.per_token is not None
+        rates = _rates(price) if price is not None and linear else None
+        known = self.models[model] = (label, "provider:" + label, price, rates)
         return known
 
     def _priceless(self, run: Budget, model: str) -> None:
@@ -303,6 +318,13 @@ def _worst(price: PriceFn, size: int) -> tuple[float, float]:
     fixed = max(plain_input, price({"input_tokens": n, "cache_write_tokens": n}))
     rate = (price({"input_tokens": n, "output_tokens": _MILLION}) - plain_input) / _MILLION
     return fixed, max(rate, 0.0)
+
+
+def _rates(price: PriceFn) -> tuple[float, float]:
+    """A linear price's `_worst` per token: the dollars of each input token of the bound and of
+    each output token."""
+    fixed, rate = _worst(price, _MILLION - _FRAMING)
+    return fixed / _MILLION, rate
 
 
 def _lower(request: httpx2.Request, timeout: Mapping[str, float | None] | None,
