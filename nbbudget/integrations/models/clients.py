@@ -228,6 +228,8 @@ class _Gate:
             capped = reserve_request(core, asked, target, retry=retry)
         except BudgetExceeded as err:
             raise self.api.refused(*err.args) from None
+        except Unwind as signal:  # the run was cut meanwhile, by another thread's reply
+            raise _public(self.api, signal, "") from None
         if capped != asked:
             body[key], changed = capped, True
         stream = body.get("stream") is True
@@ -295,6 +297,20 @@ def _prepared(request: httpx2.Request, body: dict[str, Any] | None,
     return prepared
 
 
+def _public(api: _Api, signal: Unwind, salvage: str) -> BaseException:
+    """The error for a stop met before, while or after a request is sent: a cut becomes the
+    API's ``Cut`` (which the run's ``with`` block re-raises as it is, and the SDK passes on
+    unretried), with *salvage*, in every thread and task it reaches; any other stop (a cancel)
+    unwinds as it is."""
+    stop = signal.stop
+    if not isinstance(stop.error(), BudgetCut):
+        return signal
+    err = api.cut(stop.by or "budget", stop.message)
+    err.salvage = salvage  # type: ignore[attr-defined]
+    err.reports = stop
+    return err
+
+
 class _Attempt:
     """One attempt of a model request in a run: what it charges and how it is cut."""
 
@@ -320,16 +336,8 @@ class _Attempt:
             degrade_past(self.run, degrade[1], self.model, degrade[0])
 
     def cut(self, signal: Unwind, salvage: str) -> BaseException:
-        """The error for a stop met while charging or waiting: a cut becomes the API's ``Cut``
-        (which the run's ``with`` block re-raises as it is), with *salvage*; any other stop
-        unwinds as it is."""
-        stop = signal.stop
-        if not isinstance(stop.error(), BudgetCut):
-            return signal
-        err = self.gate.api.cut(stop.by or "budget", stop.message)
-        err.salvage = salvage  # type: ignore[attr-defined]
-        err.reports = stop
-        return err
+        """The error for a stop met while charging or waiting (`_public`)."""
+        return _public(self.gate.api, signal, salvage)
 
     def timed_out(self, salvage: str = "") -> None:
         """After a timeout or at a deadline between events: raise the run's ``timeout`` cut,

@@ -1,0 +1,184 @@
+"""``nb.instrument`` when things go wrong: many threads and tasks on one client as a limit is
+passed, streams that end early (left by the caller, dropped by the network, ended without their
+usage), replies that trickle in, and the SDKs' own waits before a retry; then a fault test of
+every kind at once. Through the real OpenAI and Anthropic SDKs against the servers of
+tests/wire, which count what they receive (S2-4, S3-3, S3-8, S3-9, S4-6, N-7)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextvars
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("openai")
+pytest.importorskip("anthropic")
+import anthropic  # after the skips
+import openai
+from wire import Reply, Server
+from wire import anthropic_shapes as a
+from wire import openai_shapes as o
+
+import nbbudget as nb
+
+ASK = [{"role": "user", "content": "plan the trip"}]
+CLAUDE = "claude-3-5-haiku-latest"
+#: one cent an output token, input free: a reply of 10 output tokens costs 0.10
+PRICES = {"input": 0, "output": 10_000}
+SDKS = {"openai": (openai.OpenAI, openai.AsyncOpenAI, openai.OpenAIError),
+        "anthropic": (anthropic.Anthropic, anthropic.AsyncAnthropic, anthropic.AnthropicError)}
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    with Server() as server:
+        yield server
+        for client in _made:  # before the server waits for their connections to close
+            client.close()
+        _made.clear()
+
+
+_made: list[Any] = []
+
+
+def _client(sdk: str, server: Server, *, retries: int = 2, **options: Any) -> Any:
+    made = SDKS[sdk][0](base_url=server.url, api_key="k", max_retries=retries)
+    _made.append(made)
+    return nb.instrument(made, **options)
+
+
+def _reply(sdk: str, stream: bool, pieces: int = 10, delay: float = 0.0) -> Reply:
+    """A reply of *pieces* text deltas and as many output tokens, one input token."""
+    texts = [f"w{i} " for i in range(pieces)]
+    if sdk == "openai":
+        if stream:
+            return o.chat_stream(texts, o.chat_usage(1, pieces), event_delay=delay)
+        return o.chat("".join(texts), o.chat_usage(1, pieces))
+    if stream:
+        return a.message_stream(texts, a.usage(1, pieces), event_delay=delay)
+    return a.message("".join(texts), a.usage(1, pieces))
+
+
+def _call(client: Any, sdk: str, stream: bool) -> str:
+    """One model call, its text read whole."""
+    if sdk == "openai":
+        if stream:
+            return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+                model="gpt-4o", messages=ASK, stream=True) if c.choices)
+        return str(client.chat.completions.create(model="gpt-4o", messages=ASK)
+                   .choices[0].message.content)
+    if stream:
+        with client.messages.stream(model=CLAUDE, max_tokens=100, messages=ASK) as events:
+            return "".join(events.text_stream)
+    return str(client.messages.create(model=CLAUDE, max_tokens=100, messages=ASK).content[0].text)
+
+
+async def _acall(client: Any, sdk: str, stream: bool) -> str:
+    """`_call` on an async client."""
+    if sdk == "openai":
+        if stream:
+            return "".join([c.choices[0].delta.content or "" async for c in
+                            await client.chat.completions.create(model="gpt-4o", messages=ASK,
+                                                                 stream=True) if c.choices])
+        reply = await client.chat.completions.create(model="gpt-4o", messages=ASK)
+        return str(reply.choices[0].message.content)
+    if stream:
+        async with client.messages.stream(model=CLAUDE, max_tokens=100, messages=ASK) as events:
+            return "".join([text async for text in events.text_stream])
+    reply = await client.messages.create(model=CLAUDE, max_tokens=100, messages=ASK)
+    return str(reply.content[0].text)
+
+
+def _outcome(err: BaseException | None, sdk: str) -> str:
+    """What reached a caller: ``ok``, the public error's name, or ``raw`` and the type of an
+    error that should never reach one (nbbudget's ``Unwind``, a connection error)."""
+    if err is None:
+        return "ok"
+    if isinstance(err, nb.BudgetError) and isinstance(err, SDKS[sdk][2]):
+        return type(err).__name__
+    return f"raw {type(err).__module__}.{type(err).__qualname__}"
+
+
+def _in_threads(work: Callable[[], None], n: int, name: str) -> None:
+    """Run *work* in *n* named threads, each in a copy of this context (the run current);
+    wait for every one to end."""
+    ended = [threading.Event() for _ in range(n)]
+
+    def body(done: threading.Event) -> None:
+        try:
+            work()
+        finally:
+            done.set()
+
+    threads = [threading.Thread(target=contextvars.copy_context().run, args=(body, ended[i]),
+                                name=f"{name}-{i}") for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for done in ended:
+        assert done.wait(30), "a caller thread did not end"
+
+
+# -- every thread and task a cut reaches gets the public error -------------------------------
+@pytest.mark.parametrize("sdk", list(SDKS))
+def test_threads_sharing_a_client_as_cost_is_passed_all_get_the_public_error_S3_3(
+        server: Server, sdk: str) -> None:
+    client = _client(sdk, server, prices=PRICES)
+    lock = threading.Lock()
+    for round_ in range(20):
+        stream = bool(round_ % 2)
+        server.default = _reply(sdk, stream, delay=0.001)
+        seen: collections.Counter[str] = collections.Counter()
+
+        def work(stream: bool = stream, seen: collections.Counter[str] = seen) -> None:
+            for _ in range(3):
+                err: BaseException | None = None
+                try:
+                    _call(client, sdk, stream)
+                except BaseException as caught:  # what reached the caller
+                    err = caught
+                with lock:
+                    seen[_outcome(err, sdk)] += 1
+
+        with pytest.raises(nb.BudgetCut), nb.budget(cost_usd=1.0) as run:
+            _in_threads(work, 16, "caller")
+        assert not [kind for kind in seen if kind.startswith("raw")], (round_, seen)
+        assert seen["ok"] <= 10 and seen["ok"] + seen["Cut"] + seen["Refused"] == 48
+        assert run.consumed["cost_usd"] <= 1.0 + 16 * 0.10 + 1e-9  # each passes it once
+
+
+@pytest.mark.parametrize("sdk", list(SDKS))
+def test_tasks_sharing_an_async_client_as_cost_is_passed_all_get_the_public_error_S3_3(
+        server: Server, sdk: str) -> None:
+    async def rounds() -> list[collections.Counter[str]]:
+        async with SDKS[sdk][1](base_url=server.url, api_key="k", max_retries=2) as bare:
+            client = nb.instrument(bare, prices=PRICES)
+            return [await one_round(client, bool(round_ % 2)) for round_ in range(20)]
+
+    async def one_round(client: Any, stream: bool) -> collections.Counter[str]:
+        server.default = _reply(sdk, stream, delay=0.001)
+        seen: collections.Counter[str] = collections.Counter()
+
+        async def work() -> None:
+            for _ in range(2):
+                err: BaseException | None = None
+                try:
+                    await _acall(client, sdk, stream)
+                except Exception as caught:  # what reached the caller
+                    err = caught
+                except BaseException as caught:
+                    seen[_outcome(caught, sdk)] += 1
+                    raise
+                seen[_outcome(err, sdk)] += 1
+
+        with pytest.raises(nb.BudgetCut):
+            async with nb.budget(cost_usd=1.0):
+                await asyncio.gather(*[work() for _ in range(16)])
+        return seen
+
+    for round_, seen in enumerate(asyncio.run(rounds())):
+        assert not [kind for kind in seen if kind.startswith("raw")], (round_, seen)
+        assert seen["ok"] <= 10 and seen["ok"] + seen["Cut"] + seen["Refused"] == 32
