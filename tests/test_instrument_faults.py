@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -182,3 +183,129 @@ def test_tasks_sharing_an_async_client_as_cost_is_passed_all_get_the_public_erro
     for round_, seen in enumerate(asyncio.run(rounds())):
         assert not [kind for kind in seen if kind.startswith("raw")], (round_, seen)
         assert seen["ok"] <= 10 and seen["ok"] + seen["Cut"] + seen["Refused"] == 32
+
+
+# -- a stream that ends early is charged what arrived ----------------------------------------
+#: each API: its SDK, its stream of 40 deltas (input 7, output 40), and how a caller opens it
+#: (sync and async) and tells a text event
+STREAMS: dict[str, tuple[str, Callable[..., Reply], Callable[[Any], Any], Callable[[Any], Any],
+                         Callable[[Any], bool]]] = {
+    "chat": ("openai",
+             lambda **kw: o.chat_stream([f"w{i} " for i in range(40)], o.chat_usage(7, 40), **kw),
+             lambda c: c.chat.completions.create(model="gpt-4o", messages=ASK, stream=True),
+             lambda c: c.chat.completions.create(model="gpt-4o", messages=ASK, stream=True),
+             lambda e: bool(e.choices and e.choices[0].delta.content)),
+    "responses": ("openai",
+                  lambda **kw: o.response_stream([f"w{i} " for i in range(40)],
+                                                 o.response_usage(7, 40), **kw),
+                  lambda c: c.responses.create(model="gpt-4o", input="plan", stream=True),
+                  lambda c: c.responses.create(model="gpt-4o", input="plan", stream=True),
+                  lambda e: e.type == "response.output_text.delta"),
+    "messages": ("anthropic",
+                 lambda **kw: a.message_stream([f"w{i} " for i in range(40)], a.usage(7, 40),
+                                               **kw),
+                 lambda c: c.messages.create(model=CLAUDE, max_tokens=1000, messages=ASK,
+                                             stream=True),
+                 lambda c: c.messages.create(model=CLAUDE, max_tokens=1000, messages=ASK,
+                                             stream=True),
+                 lambda e: e.type == "content_block_delta"),
+}
+#: the input a stream's API reports before its text (Anthropic's message_start), else 0
+INPUT_FIRST = {"chat": 0, "responses": 0, "messages": 7}
+
+
+def _leave_after(events: Any, is_text: Callable[[Any], bool], n: int) -> None:
+    seen = 0
+    for event in events:
+        seen += is_text(event)
+        if seen == n:
+            break
+
+
+async def _aleave_after(events: Any, is_text: Callable[[Any], bool], n: int) -> None:
+    seen = 0
+    async for event in events:
+        seen += is_text(event)
+        if seen == n:
+            break
+
+
+@pytest.mark.parametrize("how", ["closed", "kept"])
+@pytest.mark.parametrize("api", list(STREAMS))
+def test_a_stream_left_with_break_is_charged_what_arrived_by_the_blocks_end_S3_9(
+        server: Server, api: str, how: str) -> None:
+    sdk, reply, opened, _, is_text = STREAMS[api]
+    server.queue(reply())
+    client = _client(sdk, server)
+    with nb.budget(tokens=10_000) as run:
+        events = opened(client)
+        _leave_after(events, is_text, 15)
+        if how == "closed":
+            events.close()
+        kept = events  # as a notebook's variable keeps it: nothing closes it
+    assert 15 <= run.consumed["output_tokens"] < 40
+    assert run.consumed["tokens"] == run.consumed["output_tokens"] + INPUT_FIRST[api]
+    del kept
+
+
+@pytest.mark.parametrize("how", ["closed", "kept"])
+@pytest.mark.parametrize("api", list(STREAMS))
+def test_an_async_stream_left_with_break_is_charged_what_arrived_by_the_blocks_end_S3_9(
+        server: Server, api: str, how: str) -> None:
+    sdk, reply, _, opened, is_text = STREAMS[api]
+    server.queue(reply())
+
+    async def main() -> dict[str, float]:
+        async with SDKS[sdk][1](base_url=server.url, api_key="k") as bare:
+            client = nb.instrument(bare)
+            async with nb.budget(tokens=10_000) as run:
+                events = await opened(client)
+                await _aleave_after(events, is_text, 15)
+                if how == "closed":
+                    await events.close()
+            consumed = dict(run.consumed)  # before the loop's end closes what is left open
+            await events.close()
+            return consumed
+
+    consumed = asyncio.run(main())
+    assert 15 <= consumed["output_tokens"] < 40
+    assert consumed["tokens"] == consumed["output_tokens"] + INPUT_FIRST[api]
+
+
+@pytest.mark.parametrize("api", list(STREAMS))
+def test_a_stream_whose_connection_drops_is_charged_what_arrived_S3_9(server: Server,
+                                                                      api: str) -> None:
+    sdk, reply, opened, _, is_text = STREAMS[api]
+    server.queue(dataclasses.replace(reply(), drop=25))  # its 25th event never comes
+    client = _client(sdk, server)
+    seen = 0
+    with pytest.raises(SDKS[sdk][2]) as caught, nb.budget(tokens=10_000) as run:
+        for event in opened(client):
+            seen += is_text(event)
+    assert not isinstance(caught.value, nb.BudgetError)  # the SDK's own, as without nbbudget
+    assert seen >= 15 and run.consumed["output_tokens"] >= seen
+    assert run.consumed["tokens"] == run.consumed["output_tokens"] + INPUT_FIRST[api]
+    assert len(server.received) == 1  # a stream is not sent again
+
+
+@pytest.mark.parametrize("api", list(STREAMS))
+def test_a_stream_that_ends_without_its_usage_is_charged_what_arrived_N_7(server: Server,
+                                                                         api: str) -> None:
+    sdk, reply, opened, _, is_text = STREAMS[api]
+    whole = reply()
+    body = {"stream": True, "stream_options": {"include_usage": True}}
+    events = whole.events(body) if callable(whole.events) else whole.events
+    assert events is not None
+    kept = [(name, data) for name, data in events if not (
+        isinstance(data, dict) and (data.get("usage") or data.get("type") in (
+            "message_delta", "response.completed")))]
+    server.queue(Reply(events=kept))
+    client = _client(sdk, server)
+    seen = 0
+    with nb.budget(provider_calls=5) as run:  # no token limit: the stream reaches its end
+        for event in opened(client):
+            seen += is_text(event)
+    assert seen == 40
+    assert run.consumed["output_tokens"] == 40
+    assert run.consumed["tokens"] == 40 + INPUT_FIRST[api]
+    assert run.trace.latest("unmetered") is not None

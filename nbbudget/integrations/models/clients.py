@@ -440,6 +440,7 @@ class _Meter:
         self.left = self._left()
         self.count_at = 0.0  # the length of ``received`` past which the deltas are counted
         self._rearm()
+        attempt.core.hold(self.settle)  # charged by its run's end if never ended or closed
 
     def _left(self) -> float:
         """How many more output tokens the run's limits allow now."""
@@ -572,18 +573,28 @@ class _Meter:
     def finish(self) -> bytes:
         """The stream ended: its last bytes, charged. One that never reported its final usage
         is charged its count, then is unreadable usage (N-7)."""
-        rest = self.feed(b"\n\n") if self.pending else b""  # a last event without its end
-        if not self.settled:
-            self._unreadable(Unreadable("usage"))
-        self.ended = True
+        try:
+            rest = self.feed(b"\n\n") if self.pending else b""  # a last event without its end
+            if not self.settled:
+                self._unreadable(Unreadable("usage"))
+        finally:
+            self.ended = True
+            self.attempt.core.release(self.settle)
         return rest
 
     def close(self) -> None:
         """The stream is closed before its end (left by the caller, or failed): what it counted
         is charged; a limit it passes stops the run, whose next check raises, not this close."""
+        self.attempt.core.release(self.settle)
         if self.ended:
             return
         self.ended = True
+        self.settle()
+
+    def settle(self) -> None:
+        """Charge the text deltas received so far, and the usage reported: the stream is
+        closed, or its run's block ends while the stream is still open (`Core.hold`: a caller
+        that left a stream with ``break`` and keeps it in a variable). Raises nothing."""
         if not self.settled:
             with contextlib.suppress(BudgetCut):
                 self._count()
