@@ -11,6 +11,7 @@ import collections
 import contextvars
 import dataclasses
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -309,3 +310,88 @@ def test_a_stream_that_ends_without_its_usage_is_charged_what_arrived_N_7(server
     assert run.consumed["output_tokens"] == 40
     assert run.consumed["tokens"] == 40 + INPUT_FIRST[api]
     assert run.trace.latest("unmetered") is not None
+
+
+# -- the run's time bounds the whole request (S3-8) ------------------------------------------
+def _timed_call(sdk: str, client: Any, stream: bool, on_thread: bool) -> tuple[Any, float]:
+    """Call once under ``time="1s"`` on this thread or another: what was raised, and after how
+    long."""
+    box: dict[str, Any] = {}
+
+    def call() -> None:
+        began = time.monotonic()
+        try:
+            with nb.budget(time="1s"):
+                _call(client, sdk, stream)
+        except BaseException as err:  # what reached the caller
+            box["err"] = err
+        box["took"] = time.monotonic() - began
+
+    if on_thread:
+        _in_threads(call, 1, "timed")
+    else:
+        call()
+    return box.get("err"), box["took"]
+
+
+@pytest.mark.parametrize("on_thread", [False, True], ids=["main-thread", "other-thread"])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("sdk", list(SDKS))
+def test_a_reply_that_trickles_in_is_cut_at_the_runs_deadline_S3_8(
+        server: Server, sdk: str, stream: bool, on_thread: bool) -> None:
+    reply = _reply(sdk, stream, pieces=200)
+    reply.trickle = 0.01  # a byte every 10 ms: each read well within its timeout
+    server.queue(reply)
+    err, took = _timed_call(sdk, _client(sdk, server), stream, on_thread)
+    assert isinstance(err, nb.BudgetCut) and isinstance(err, SDKS[sdk][2]), err
+    assert err.by == "timeout"
+    assert took < 1.5
+    assert len(server.received) == 1
+
+
+@pytest.mark.parametrize("header", [("retry-after", "5"), ("retry-after-ms", "5000"), None],
+                         ids=["retry-after", "retry-after-ms", "backoff"])
+@pytest.mark.parametrize("sdk", list(SDKS))
+def test_a_wait_before_a_retry_past_the_deadline_is_a_cut_at_once_S3_8(
+        server: Server, sdk: str, header: tuple[str, str] | None) -> None:
+    error = Reply.error(429)
+    error.headers = dict([header]) if header else {}
+    server.queue(error, _reply(sdk, False))
+    client = _client(sdk, server, retries=3)
+    began = time.monotonic()
+    with pytest.raises(nb.BudgetCut) as caught, nb.budget(
+            time="1s" if header else "200ms") as run:
+        _call(client, sdk, False)
+    assert isinstance(caught.value, SDKS[sdk][2]) and caught.value.by == "timeout"
+    assert time.monotonic() - began < 0.5
+    assert len(server.received) == 1  # not retried
+    assert run.consumed["provider_calls"] == 1
+    assert run.outcome is not None and run.outcome.by == "timeout"
+
+
+@pytest.mark.parametrize("sdk", list(SDKS))
+def test_a_wait_before_a_retry_within_the_deadline_is_the_sdks_own_S4_6(
+        server: Server, sdk: str) -> None:
+    error = Reply.error(429)
+    error.headers = {"retry-after-ms": "100"}
+    server.queue(error, _reply(sdk, False))
+    with nb.budget(time="2s") as run:
+        _call(_client(sdk, server), sdk, False)
+    assert len(server.received) == 2 and run.consumed["provider_calls"] == 2
+
+
+@pytest.mark.parametrize("sdk", list(SDKS))
+def test_the_guardrail_bounds_a_reply_that_trickles_in_without_a_time_limit_S3_8(
+        server: Server, sdk: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nbbudget.integrations.models import clients
+
+    monkeypatch.setattr(clients, "GUARDRAIL_MS", 500)  # one hour by default
+    reply = _reply(sdk, False, pieces=200)
+    reply.trickle = 0.01
+    server.queue(reply)
+    began = time.monotonic()
+    with pytest.raises(nb.BudgetCut) as caught, nb.budget(provider_calls=3):
+        _call(_client(sdk, server), sdk, False)
+    assert caught.value.by == "guardrail"
+    assert time.monotonic() - began < 1.2
+    assert len(server.received) == 1
