@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import contextvars
 import dataclasses
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +23,7 @@ pytest.importorskip("openai")
 pytest.importorskip("anthropic")
 import anthropic  # after the skips
 import openai
-from wire import Reply, Server
+from wire import Received, Reply, Server
 from wire import anthropic_shapes as a
 from wire import openai_shapes as o
 
@@ -145,7 +147,8 @@ def test_threads_sharing_a_client_as_cost_is_passed_all_get_the_public_error_S3_
                 with lock:
                     seen[_outcome(err, sdk)] += 1
 
-        with pytest.raises(nb.BudgetCut), nb.budget(cost_usd=1.0) as run:
+        # preempt=False: the block waits for its threads, whose tallies are read after it
+        with pytest.raises(nb.BudgetCut), nb.budget(cost_usd=1.0, preempt=False) as run:
             _in_threads(work, 16, "caller")
         assert not [kind for kind in seen if kind.startswith("raw")], (round_, seen)
         assert seen["ok"] <= 10 and seen["ok"] + seen["Cut"] + seen["Refused"] == 48
@@ -246,7 +249,7 @@ def test_a_stream_left_with_break_is_charged_what_arrived_by_the_blocks_end_S3_9
         kept = events  # as a notebook's variable keeps it: nothing closes it
     assert 15 <= run.consumed["output_tokens"] < 40
     assert run.consumed["tokens"] == run.consumed["output_tokens"] + INPUT_FIRST[api]
-    del kept
+    kept.close()  # its reply's socket is watched until then (S3-8)
 
 
 @pytest.mark.parametrize("how", ["closed", "kept"])
@@ -395,3 +398,67 @@ def test_the_guardrail_bounds_a_reply_that_trickles_in_without_a_time_limit_S3_8
     assert caught.value.by == "guardrail"
     assert time.monotonic() - began < 1.2
     assert len(server.received) == 1
+
+
+# -- every fault at once ----------------------------------------------------------------------
+FAULTS = ("429", "5xx", "dropped", "trickled", "bad usage", "good")
+
+
+def _faulty(sdk: str, seed: int) -> Callable[[Received], Reply]:
+    """A server's answer to each attempt, picked at random (seeded) among `FAULTS`."""
+    pick = random.Random(seed)
+    lock = threading.Lock()
+
+    def answer(received: Received) -> Reply:
+        stream = bool((received.body or {}).get("stream"))
+        with lock:
+            fault = pick.choice(FAULTS)
+            wait = pick.choice(["0.01", "5"])
+        if fault == "429":
+            return Reply(body={"error": {"message": "slow down"}}, status=429,
+                         headers={"retry-after": wait})
+        if fault == "5xx":
+            return Reply(body={"error": {"message": "oops"}}, status=503)
+        reply = _reply(sdk, stream, pieces=8)
+        if fault == "dropped":
+            reply.drop = 5 if stream else 20
+        elif fault == "trickled":
+            reply.trickle = 0.002
+        elif fault == "bad usage":
+            reply.body = reply.body and {**reply.body, "usage": {"prompt_tokens": "12"}}
+        return reply
+
+    return answer
+
+
+@pytest.mark.parametrize("sdk", list(SDKS))
+def test_random_faults_on_many_threads_charge_every_attempt_and_pass_no_limit_S4_6(
+        server: Server, sdk: str) -> None:
+    client = _client(sdk, server, retries=2, prices=PRICES)
+    lock = threading.Lock()
+    for seed in range(3):
+        server.answer = _faulty(sdk, seed)
+        server.received.clear()
+        seen: collections.Counter[str] = collections.Counter()
+
+        def work(seen: collections.Counter[str] = seen) -> None:
+            for i in range(4):
+                err: BaseException | None = None
+                try:
+                    _call(client, sdk, bool(i % 2))
+                except BaseException as caught:  # what reached the caller
+                    err = caught
+                public = err is None or isinstance(err, nb.BudgetError)
+                with lock:  # the SDK's own errors (a 429 retried out, a drop) are its own
+                    seen["sdk" if not public and isinstance(err, SDKS[sdk][2])
+                         else _outcome(err, sdk)] += 1
+
+        # preempt=False: the block waits for its threads, whose tallies are read after it
+        run = nb.budget(provider_calls=40, cost_usd=2.0, time="4s", preempt=False)
+        with contextlib.suppress(nb.BudgetError), run:
+            _in_threads(work, 6, "chaos")
+        server.wait_finished()
+        assert not [kind for kind in seen if kind.startswith("raw")], (seed, seen)
+        assert len(server.received) == run.consumed["provider_calls"] <= 40, (seed, seen)
+        assert run.consumed.get("cost_usd", 0) <= 2.0 + 6 * 0.08 + 1e-9
+        assert run.consumed["run_ms"] < 5500
