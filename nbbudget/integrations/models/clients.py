@@ -19,9 +19,11 @@ async alike, OpenAI and Anthropic alike, one mechanism. For a request to a model
 - with ``cost_usd`` limited, a model with no price in genai-prices and no ``prices=`` is refused
   with ``Unpriced`` (a `nbbudget.ConfigError`) naming the model and ``prices=``;
 - the request's timeouts are lowered to the run's remaining time and the guardrail (one hour,
-  S3-8). A timeout of the run's own raises ``Cut`` (`nbbudget.BudgetCut`, ``by="timeout"``, or
-  ``"guardrail"``), never the HTTP timeout the SDK would retry; the SDK's own shorter timeouts
-  stay its own.
+  S3-8), and the socket of its reply is shut at that deadline while the reply is read
+  (`_Watch`: a reply that trickles in). A timeout of the run's own raises ``Cut``
+  (`nbbudget.BudgetCut`, ``by="timeout"``, or ``"guardrail"``), never the HTTP timeout the SDK
+  would retry; the SDK's own shorter timeouts stay its own. An error status the SDK would
+  retry after a wait that ends past the deadline cuts the run at once (`_Attempt.waits`).
 
 **After.** What a reply used is charged as its API reports it (`spend_reply`): ``tokens`` (input,
 cached included, plus output), ``output_tokens`` (reasoning included) and ``cost_usd`` from
@@ -39,7 +41,8 @@ Anthropic's input in ``message_start`` and output in ``message_delta``) is charg
 and supersedes the count. When the count would pass a limit, the stream is cut there (S3-9): the
 count is charged as spent (an OpenAI stream's input, reported only at its end, is then unknown
 and not charged), the HTTP response is closed, and ``Cut`` raises with ``salvage``, the text
-received so far. A stream the caller leaves early is charged its count when it closes. Every
+received so far. A stream the caller leaves early is charged its count when it closes, or
+when its run's block ends if it is still open then (`nbbudget.core.lowlevel.Core.hold`). Every
 event is read as its API defines it, whatever the server's JSON form (`_Meter`).
 
 **Usage that cannot be read** (N-7): a reply or stream whose usage is missing or malformed (a
