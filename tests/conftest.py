@@ -174,6 +174,12 @@ def quick_idle_workers() -> Iterator[None]:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_workers, "IDLE_SECONDS", 0.05)
+        try:  # the instrumented model clients' watch of their replies' deadlines, alike
+            from nbbudget.integrations.models.clients import _Watch
+        except ImportError:  # without httpx2
+            pass
+        else:
+            patch.setattr(_Watch, "IDLE_S", 0.05)
         yield
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn, Protocol
 
 from .clock import Clock
@@ -70,7 +70,7 @@ class Core:
     `Core.run` and a grant with `Core.grant`; tools, providers, branches, calls and the
     pydantic-ai adapter reach it as ``run.lowlevel``."""
 
-    __slots__ = ("account", "clock", "degraded", "ledger", "name", "recorder", "scope")
+    __slots__ = ("account", "clock", "degraded", "held", "ledger", "name", "recorder", "scope")
 
     def __init__(self, name: str, ledger: Ledger, account: Account, scope: Scope) -> None:
         """Tie *account* (in *ledger*) and *scope*, neither started yet, together: the scope is
@@ -83,6 +83,8 @@ class Core:
         self.recorder: Recorder = scope.recorder
         self.clock: Clock = scope.clock
         self.degraded: dict[str, str] | None = None  # S3-7: set once, when it degrades
+        # spending under way, charged as it completes, or at the end at the latest (`hold`)
+        self.held: set[Callable[[], None]] = set()
         if account is ledger.root:
             scope.attach(account.thr[RUN_MS], on_halt=self._on_halt, on_expire=self.expired,
                          notice_times=ledger.time_notices, on_notice=self._on_time_notice)
@@ -361,6 +363,29 @@ class Core:
         return cut(scope, RUN_MS, (limit, plain(round(scope.elapsed_ms(), 3))), "timeout",
                    f"{scope.name} ran out of time: its time grant of {limit} ms is spent; give "
                    f"it more time or do less work")
+
+    def hold(self, settle: Callable[[], None]) -> None:
+        """Spending under way whose charge waits for it to complete: *settle* charges what it
+        has used so far, and is called as the run's or grant's block ends unless `release`
+        came first. A model stream's meter (``nbbudget.integrations.models``) holds one: a
+        stream its caller leaves without closing it (a ``break`` in a notebook, the stream kept
+        in a variable) is charged what it received by the end of the block, at the latest.
+        *settle* raises nothing; a limit its charge passes stops the run as any charge does."""
+        self.held.add(settle)
+
+    def release(self, settle: Callable[[], None]) -> None:
+        """The spending *settle* stood for (`hold`) is charged in full."""
+        self.held.discard(settle)
+
+    def settle_held(self) -> None:
+        """Charge the spending still under way (`hold`): the run's or grant's block ends."""
+        held = self.held
+        while True:
+            try:
+                settle = held.pop()
+            except KeyError:  # none left (a stream's own end may release one meanwhile)
+                return
+            settle()
 
     # -- events ---------------------------------------------------------------------------------
     def record(self, kind: str, payload: dict[str, Any]) -> None:

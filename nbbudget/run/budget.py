@@ -338,7 +338,10 @@ class _Built:
 
     def leave(self, run: Budget, exc: BaseException | None) -> bool | None:
         """Settle the run (and its open grants) as its scope says the block ended, and raise
-        the public error of a stop that came from it."""
+        the public error of a stop that came from it. Spending still under way is charged
+        first (`Core.settle_held`)."""
+        if self.core.held:
+            self.core.settle_held()
         outcome, error = self.scope.ending(exc, run._output) or (
             _COMPLETED if exc is None else outcome_of(exc, run._output), None)
         run._settle(outcome)

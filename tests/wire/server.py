@@ -3,16 +3,20 @@
 Each request takes the next queued `Reply` (or the default): a JSON body, or server-sent events
 (chunked, one event per chunk, ``event_delay`` seconds apart), each JSON written in one of the
 valid forms of `FORMS`, after ``delay`` seconds, with any
-status (a 429 or 500 carries ``retry-after-ms`` so the SDK's own retry waits a millisecond). The
-server records every request it received (`Received`: path, headers, JSON body) and, for a
-streamed reply, how many events it wrote and whether the client closed the connection before
-the last one. ``with Server() as server:`` starts it and, at the end, stops the thread and
-joins the threads of its connections (close the clients first).
+status (a 429 or 500 carries ``retry-after-ms`` so the SDK's own retry waits a millisecond). A
+reply may also fail as a server or a network does: its bytes trickle in (``trickle`` seconds
+between bytes), or the connection drops after part of it (``drop``). The server records every
+request it received (`Received`: path, headers, JSON body) and, for a streamed reply, how many
+events it wrote and whether the client closed the connection before the last one. Instead of a
+queue, ``answer`` (a function of the request) may pick each reply, as a fault test does.
+``with Server() as server:`` starts it and, at the end, stops the thread and joins the threads
+of its connections (close the clients first).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import socket
 import threading
@@ -85,6 +89,12 @@ class Reply:
     #: how its JSON is written (`FORMS`); None: a body as ``json.dumps`` writes it by default,
     #: events compact
     form: str | None = None
+    #: seconds between two bytes of the body (of each event, for a stream): a reply that
+    #: trickles in, each byte well within a read timeout
+    trickle: float = 0.0
+    #: drop the connection (no last chunk, no more bytes) after this many events, or, for a
+    #: body, after this many of its bytes
+    drop: int | None = None
 
     def content(self, asked: Any = None) -> bytes:
         """The bytes of a JSON body, for a request of JSON body *asked*."""
@@ -131,13 +141,15 @@ class Received:
 class Server:
     """The server; ``url`` is its base URL, ``received`` every request in arrival order."""
 
-    def __init__(self, default: Reply | None = None) -> None:
+    def __init__(self, default: Reply | None = None,
+                 answer: Callable[[Received], Reply] | None = None) -> None:
         self.default = default
+        self.answer = answer
         self.received: list[Received] = []
         self._replies: collections.deque[Reply] = collections.deque()
         self._lock = threading.Lock()
         self._closing = threading.Event()  # cuts a scripted delay short when the server stops
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._httpd = _Listener(("127.0.0.1", 0), _handler(self))
         self._httpd.daemon_threads = False  # server_close() joins every request's thread
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="wire-server",
@@ -173,9 +185,21 @@ class Server:
             self.received.append(received)
             if self._replies:
                 return self._replies.popleft()
+        if self.answer is not None:
+            return self.answer(received)
         if self.default is None:
             return Reply(body={"error": {"message": "nothing queued"}}, status=599)
         return self.default
+
+
+class _Listener(ThreadingHTTPServer):
+    #: connections waiting to be accepted: socketserver's 5 drops a burst of clients' first
+    #: packets (16 threads connecting at once), which the kernel sends again a second later
+    request_queue_size = 128
+
+
+class _Dropped(Exception):
+    """The reply's connection is dropped here."""
 
 
 def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
@@ -195,6 +219,15 @@ def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
+        def finish(self) -> None:
+            # a client that left (a cut stream, a dropped reply) is no error of the server's
+            with contextlib.suppress(OSError):
+                super().finish()
+
+        def handle(self) -> None:
+            with contextlib.suppress(ConnectionError):
+                super().handle()
+
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length)
@@ -206,6 +239,10 @@ def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
             except (BrokenPipeError, ConnectionResetError):
                 received.disconnected = True
                 self.close_connection = True
+            except _Dropped:
+                self.close_connection = True
+                with contextlib.suppress(OSError):
+                    self.connection.shutdown(socket.SHUT_RDWR)
             finally:
                 received.done.set()
 
@@ -223,7 +260,10 @@ def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                if reply.drop is not None:
+                    self._write(data[:reply.drop], reply.trickle)
+                    raise _Dropped
+                self._write(data, reply.trickle)
                 return
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")
@@ -231,12 +271,27 @@ def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
             events = reply.written(received.body)
             received.events_total = len(events)
             for chunk in events:
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                if received.events_sent == reply.drop:
+                    raise _Dropped
+                self.wfile.write(b"%x\r\n" % len(chunk))
+                self._write(chunk, reply.trickle)
+                self.wfile.write(b"\r\n")
                 self.wfile.flush()
                 received.events_sent += 1
                 if reply.event_delay:
                     server._closing.wait(reply.event_delay)
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
+
+        def _write(self, data: bytes, trickle: float) -> None:
+            """*data*, at once, or a byte at a time *trickle* seconds apart."""
+            if not trickle:
+                self.wfile.write(data)
+                return
+            for i in range(len(data)):
+                self.wfile.write(data[i:i + 1])
+                self.wfile.flush()
+                if server._closing.wait(trickle):
+                    raise _Dropped
 
     return Handler

@@ -20,9 +20,11 @@ async alike, OpenAI and Anthropic alike, one mechanism. For a request to a model
   and no ``prices=`` is refused with ``Unpriced`` (a `nbbudget.ConfigError`) naming the
   provider, the model, ``prices=`` and ``provider=``;
 - the request's timeouts are lowered to the run's remaining time and the guardrail (one hour,
-  S3-8). A timeout of the run's own raises ``Cut`` (`nbbudget.BudgetCut`, ``by="timeout"``, or
-  ``"guardrail"``), never the HTTP timeout the SDK would retry; the SDK's own shorter timeouts
-  stay its own.
+  S3-8), and the socket of its reply is shut at that deadline while the reply is read
+  (`_Watch`: a reply that trickles in). A timeout of the run's own raises ``Cut``
+  (`nbbudget.BudgetCut`, ``by="timeout"``, or ``"guardrail"``), never the HTTP timeout the SDK
+  would retry; the SDK's own shorter timeouts stay its own. An error status the SDK would
+  retry after a wait that ends past the deadline cuts the run at once (`_Attempt.waits`).
 
 **After.** What a reply used is charged as its API reports it (`spend_reply`): ``tokens`` (input,
 cached included, plus output), ``output_tokens`` (reasoning included) and ``cost_usd`` from
@@ -44,7 +46,8 @@ Anthropic's input in ``message_start`` and output in ``message_delta``) is charg
 and supersedes the count. When the count would pass a limit, the stream is cut there (S3-9): the
 count is charged as spent (an OpenAI stream's input, reported only at its end, is then unknown
 and not charged), the HTTP response is closed, and ``Cut`` raises with ``salvage``, the text
-received so far. A stream the caller leaves early is charged its count when it closes. Every
+received so far. A stream the caller leaves early is charged its count when it closes, or
+when its run's block ends if it is still open then (`nbbudget.core.lowlevel.Core.hold`). Every
 event is read as its API defines it, whatever the server's JSON form (`_Meter`).
 
 **Usage that cannot be read** (N-7): a reply or stream whose usage is missing or malformed (a
@@ -59,8 +62,11 @@ What a budget cannot stop: a request already sent is paid for, whatever happens 
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import json
 import math
+import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
@@ -70,7 +76,7 @@ import httpx2
 
 from ...core import preempt
 from ...core.errors import BudgetCut, BudgetExceeded, ConfigError
-from ...core.kinds import KIND_INDEX, KINDS
+from ...core.kinds import KIND_INDEX, KINDS, RUN_MS
 from ...core.lowlevel import Core, Stop, Unwind
 from ...core.outcome import Status
 from ...run.budget import Budget, current
@@ -116,6 +122,8 @@ class _Api:
     refused: type[BudgetExceeded]
     cut: type[BudgetCut]
     unpriced: type[ConfigError]
+    #: the longest ``Retry-After`` the SDK waits for; past it the SDK does not retry
+    max_retry_after: float
 
 
 def instrument(client: _C, *, prices: Given | None = None,
@@ -142,7 +150,8 @@ def instrument(client: _C, *, prices: Given | None = None,
         raise ConfigError(f"this {type(client).__name__} client is instrumented already: "
                           f"instrument the original client once")
     gate = _Gate(api, given, degrade, name, provider or _provider(client, api),
-                 linear=given is not None and not callable(prices))
+                 linear=given is not None and not callable(prices),
+                 max_retries=client.max_retries)  # type: ignore[attr-defined]
     wrapper: httpx2.Client | httpx2.AsyncClient
     if isinstance(http, httpx2.AsyncClient):
         wrapper = _AsyncBudgeted(http, gate)
@@ -161,11 +170,12 @@ def _api_of(client: object) -> _Api:
     if package == "openai" and hasattr(client, "chat"):
         from . import openai_api as o
 
-        return _Api(o.PROVIDER, (o.CHAT, o.RESPONSES), o.Refused, o.Cut, o.Unpriced)
+        return _Api(o.PROVIDER, (o.CHAT, o.RESPONSES), o.Refused, o.Cut, o.Unpriced,
+                    o.MAX_RETRY_AFTER)
     if package == "anthropic" and hasattr(client, "messages"):
         from . import anthropic_api as a
 
-        return _Api(a.PROVIDER, (a.MESSAGES,), a.Refused, a.Cut, a.Unpriced)
+        return _Api(a.PROVIDER, (a.MESSAGES,), a.Refused, a.Cut, a.Unpriced, _INF)
     raise ConfigError(f"nb.instrument() takes an openai.OpenAI, openai.AsyncOpenAI, "
                       f"anthropic.Anthropic or anthropic.AsyncAnthropic client, not "
                       f"{type(client).__module__}.{type(client).__name__}")
@@ -204,8 +214,9 @@ class _Gate:
     and target, the price) is worked out once per model and kept."""
 
     def __init__(self, api: _Api, given: PriceFn | None, degrade: tuple[str, float] | None,
-                 name: str | None, provider: str, *, linear: bool) -> None:
+                 name: str | None, provider: str, *, linear: bool, max_retries: int) -> None:
         self.api, self.degrade, self.name, self.provider = api, degrade, name, provider
+        self.max_retries = max_retries  # the instrumented client's, for `_Attempt.waits`
         self.given = given  # prices=, which wins over a reported cost; else genai-prices'
         self.linear = linear  # prices= is a mapping or "free", not a function of the user's
         # by model: (label, target, price or None, the worst case's rates or None); filled as
@@ -264,6 +275,8 @@ class _Gate:
                 capped = reserve_request(core, asked, target, retry=retry)
         except BudgetExceeded as err:
             raise self.api.refused(*err.args) from None
+        except Unwind as signal:  # the run was cut meanwhile, by another thread's reply
+            raise _public(self.api, signal, "") from None
         if capped != asked:
             body[key], changed = capped, True
         stream = body.get("stream") is True
@@ -358,6 +371,109 @@ def _prepared(request: httpx2.Request, body: dict[str, Any] | None,
     return prepared
 
 
+#: the SDKs' backoff before a retry when the reply names no wait: 0.5 s doubled with each retry
+#: up to 8 s, less up to a quarter (jitter); a wait known to be at least this long
+_BACKOFF_S, _BACKOFF_MAX_S, _JITTER_KEPT = 0.5, 8.0, 0.75
+
+
+def _retry_after(headers: httpx2.Headers) -> float | None:
+    """The wait a reply asks for before a retry, in seconds, read as the SDKs read it:
+    ``retry-after-ms``, else ``retry-after`` in seconds or as an HTTP date; None without one."""
+    for key, scale in (("retry-after-ms", 1000), ("retry-after", 1)):
+        value = headers.get(key)
+        if value is not None:
+            try:
+                return float(value) / scale
+            except ValueError:
+                if scale == 1000:
+                    continue
+                when = email.utils.parsedate_tz(value)
+                return None if when is None else float(email.utils.mktime_tz(when) - time.time())
+    return None
+
+
+def _retried(response: httpx2.Response) -> bool:
+    """Whether the SDKs retry a reply of this status (while they have retries left)."""
+    asked = response.headers.get("x-should-retry")
+    if asked in ("true", "false"):
+        return asked == "true"
+    status = response.status_code
+    return status in (408, 409, 429) or status >= 500
+
+
+class _Watch:
+    """The sockets of the replies being read, each shut at its attempt's deadline (S3-8): a
+    reply whose bytes trickle in, each within the read timeout, then fails at once, and its
+    reader (`_Budgeted`, `_Stream`) raises the run's cut. One named daemon thread
+    (``nbbudget-model-deadlines``) looks every `TICK_S` while any reply is watched, and ends
+    after `IDLE_S` with none (calls one after another find it running: adding and dropping a
+    reply is a dict's insert and pop)."""
+
+    TICK_S = 0.05
+    #: how long the thread waits for a reply to watch before it ends (the tests shorten it)
+    IDLE_S = 1.0
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.due: dict[int, tuple[float, socket.socket]] = {}
+        self.thread: threading.Thread | None = None
+
+    def add(self, key: int, deadline: float, response: httpx2.Response) -> None:
+        """Shut *response*'s socket at *deadline* (``time.monotonic()``) unless dropped."""
+        stream = response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is None:  # a transport without a socket (in memory): nothing to shut
+            return
+        with self.lock:
+            self.due[key] = (deadline, sock)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, daemon=True,
+                                               name="nbbudget-model-deadlines")
+                self.thread.start()
+
+    def drop(self, key: int) -> None:
+        """The reply of *key* was read, or closed: its socket is no longer watched."""
+        if key in self.due:
+            with self.lock:
+                self.due.pop(key, None)
+
+    def _run(self) -> None:
+        idle_since = time.monotonic()
+        while True:
+            time.sleep(self.TICK_S)
+            now = time.monotonic()
+            with self.lock:
+                due = self.due
+                if not due:
+                    if now - idle_since >= self.IDLE_S:
+                        self.thread = None
+                        return
+                    continue
+                idle_since = now
+                late = [key for key, (deadline, _) in due.items() if deadline <= now]
+                shut = [due.pop(key)[1] for key in late]
+            for sock in shut:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+
+_watch = _Watch()
+
+
+def _public(api: _Api, signal: Unwind, salvage: str) -> BaseException:
+    """The error for a stop met before, while or after a request is sent: a cut becomes the
+    API's ``Cut`` (which the run's ``with`` block re-raises as it is, and the SDK passes on
+    unretried), with *salvage*, in every thread and task it reaches; any other stop (a cancel)
+    unwinds as it is."""
+    stop = signal.stop
+    if not isinstance(stop.error(), BudgetCut):
+        return signal
+    err = api.cut(stop.by or "budget", stop.message)
+    err.salvage = salvage  # type: ignore[attr-defined]
+    err.reports = stop
+    return err
+
+
 class _Attempt:
     """One attempt of a model request in a run: what it charges and how it is cut."""
 
@@ -423,16 +539,8 @@ class _Attempt:
         return None if price is None else price(figures)
 
     def cut(self, signal: Unwind, salvage: str) -> BaseException:
-        """The error for a stop met while charging or waiting: a cut becomes the API's ``Cut``
-        (which the run's ``with`` block re-raises as it is), with *salvage*; any other stop
-        unwinds as it is."""
-        stop = signal.stop
-        if not isinstance(stop.error(), BudgetCut):
-            return signal
-        err = self.gate.api.cut(stop.by or "budget", stop.message)
-        err.salvage = salvage  # type: ignore[attr-defined]
-        err.reports = stop
-        return err
+        """The error for a stop met while charging or waiting (`_public`)."""
+        return _public(self.gate.api, signal, salvage)
 
     def timed_out(self, salvage: str = "") -> None:
         """After a timeout or at a deadline between events: raise the run's ``timeout`` cut,
@@ -450,6 +558,39 @@ class _Attempt:
                 f"ms (guardrail_timeout); the run stopped waiting for it"))
             err.salvage = salvage  # type: ignore[attr-defined]
             raise err
+
+    def waits(self, request: httpx2.Request, response: httpx2.Response) -> None:
+        """An error status the SDK retries after a wait (the reply's ``Retry-After``, else its
+        backoff, at least as long as computed here): when that wait would end past the run's
+        time (or the guardrail), the run is cut now, and the API's ``Cut`` raises, which the
+        SDK passes on unretried (S3-8)."""
+        if not _retried(response):
+            return
+        said = request.headers.get("x-stainless-retry-count", "0")
+        taken = int(said) if said.isdigit() else 0
+        if taken >= self.gate.max_retries:
+            return  # the SDK's last attempt: it raises the error, with no wait
+        wait = _retry_after(response.headers)
+        if wait is not None and wait > self.gate.api.max_retry_after:
+            return  # the SDK does not retry it
+        if wait is None or wait <= 0:
+            wait = min(_BACKOFF_S * 2.0 ** taken, _BACKOFF_MAX_S) * _JITTER_KEPT
+        left = self.deadline - time.monotonic()
+        if wait <= left:
+            return
+        response.close()
+        if (time.monotonic() - self.started) * 1000 + wait * 1000 >= GUARDRAIL_MS:
+            self.timed_out()  # the guardrail's own cut, when it is the bound
+        core = self.core
+        scope = core.scope
+        scope.halt(Stop.of(Status.FAILED, (
+            f"{self.gate.api.provider} answered {response.status_code} for {self.label} and "
+            f"the SDK would wait {wait:.3g} s before trying again, past the {max(left, 0):.3g} s "
+            f"{scope.name} has left: the run stopped (out of time); give it more time"),
+            scope, by="timeout", code=KINDS[RUN_MS].code))
+        stop = scope.stop
+        assert stop is not None
+        raise self.cut(stop.signal(), "")
 
     def answered(self, response: httpx2.Response) -> None:
         """A whole reply (read): charge its usage. Error statuses used nothing."""
@@ -535,6 +676,7 @@ class _Meter:
         self.left = self._left()
         self.count_at = 0.0  # the length of ``received`` past which the deltas are counted
         self._rearm()
+        attempt.core.hold(self.settle)  # charged by its run's end if never ended or closed
 
     def _left(self) -> float:
         """How many more output tokens the run's limits allow now (the dollars this stream
@@ -668,19 +810,29 @@ class _Meter:
     def finish(self) -> bytes:
         """The stream ended: its last bytes, charged. One that never reported its final usage
         is charged its count, then is unreadable usage (N-7)."""
-        rest = self.feed(b"\n\n") if self.pending else b""  # a last event without its end
-        if not self.settled:
-            self._unreadable(Unreadable("usage"))
-        self.ended = True
+        try:
+            rest = self.feed(b"\n\n") if self.pending else b""  # a last event without its end
+            if not self.settled:
+                self._unreadable(Unreadable("usage"))
+        finally:
+            self.ended = True
+            self.attempt.core.release(self.settle)
         self.attempt.release()  # its usage is charged: the rest of the reservation goes back
         return rest
 
     def close(self) -> None:
         """The stream is closed before its end (left by the caller, or failed): what it counted
         is charged; a limit it passes stops the run, whose next check raises, not this close."""
+        self.attempt.core.release(self.settle)
         if self.ended:
             return
         self.ended = True
+        self.settle()
+
+    def settle(self) -> None:
+        """Charge the text deltas received so far, and the usage reported: the stream is
+        closed, or its run's block ends while the stream is still open (`Core.hold`: a caller
+        that left a stream with ``break`` and keeps it in a variable). Raises nothing."""
         if not self.settled:
             with contextlib.suppress(BudgetCut):
                 self._count()
@@ -697,8 +849,10 @@ class _Meter:
 class _Stream(httpx2.SyncByteStream):
     """A streamed reply's bytes, through its meter."""
 
-    def __init__(self, inner: httpx2.SyncByteStream, meter: _Meter) -> None:
+    def __init__(self, inner: httpx2.SyncByteStream, meter: _Meter,
+                 response: httpx2.Response) -> None:
         self.inner, self.meter = inner, meter
+        _watch.add(id(self), meter.deadline, response)  # shut at the deadline (S3-8)
 
     def __iter__(self) -> Iterator[bytes]:
         meter = self.meter
@@ -707,14 +861,17 @@ class _Stream(httpx2.SyncByteStream):
                 out = meter.feed(chunk)
                 if out:
                     yield out
-        except httpx2.TimeoutException:
+        except httpx2.TransportError:  # a timeout, or the socket shut at the deadline
+            _watch.drop(id(self))
             meter.attempt.timed_out(meter.salvage())
             raise
+        _watch.drop(id(self))
         rest = meter.finish()
         if rest:
             yield rest
 
     def close(self) -> None:
+        _watch.drop(id(self))
         try:
             self.meter.close()
         finally:
@@ -724,8 +881,10 @@ class _Stream(httpx2.SyncByteStream):
 class _AsyncStream(httpx2.AsyncByteStream):
     """A streamed reply's bytes, through its meter (async)."""
 
-    def __init__(self, inner: httpx2.AsyncByteStream, meter: _Meter) -> None:
+    def __init__(self, inner: httpx2.AsyncByteStream, meter: _Meter,
+                 response: httpx2.Response) -> None:
         self.inner, self.meter = inner, meter
+        _watch.add(id(self), meter.deadline, response)  # shut at the deadline (S3-8)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         meter = self.meter
@@ -734,14 +893,17 @@ class _AsyncStream(httpx2.AsyncByteStream):
                 out = meter.feed(chunk)
                 if out:
                     yield out
-        except httpx2.TimeoutException:
+        except httpx2.TransportError:  # a timeout, or the socket shut at the deadline
+            _watch.drop(id(self))
             meter.attempt.timed_out(meter.salvage())
             raise
+        _watch.drop(id(self))
         rest = meter.finish()
         if rest:
             yield rest
 
     async def aclose(self) -> None:
+        _watch.drop(id(self))
         try:
             self.meter.close()
         finally:
@@ -765,20 +927,26 @@ class _Budgeted(httpx2.Client):
         if opened is None:
             return self.inner.send(request, **kwargs)
         request, attempt = opened
+        kwargs["stream"] = True  # the body is read here, its socket watched (S3-8)
         try:
             response = self.inner.send(request, **kwargs)
+            if response.status_code >= 400:
+                attempt.release()  # an error status: the API bills nothing
+                attempt.waits(request, response)
             if attempt.stream and response.is_success:
                 response.stream = _Stream(response.stream,  # type: ignore[arg-type]
-                                          _Meter(attempt))
+                                          _Meter(attempt), response)
                 return response
-            response.read()
-        except httpx2.TimeoutException as err:
-            if isinstance(err, httpx2.ConnectTimeout):
+            key = id(attempt)
+            _watch.add(key, attempt.deadline, response)
+            try:
+                response.read()
+            finally:
+                _watch.drop(key)
+        except httpx2.TransportError as err:  # a timeout, or the socket shut at the deadline
+            if isinstance(err, (httpx2.ConnectError, httpx2.ConnectTimeout)):
                 attempt.release()  # never sent: nothing billed
             attempt.timed_out()
-            raise
-        except httpx2.ConnectError:
-            attempt.release()
             raise
         attempt.answered(response)
         return response
@@ -805,20 +973,26 @@ class _AsyncBudgeted(httpx2.AsyncClient):
         if opened is None:
             return await self.inner.send(request, **kwargs)
         request, attempt = opened
+        kwargs["stream"] = True  # the body is read here, its socket watched (S3-8)
         try:
             response = await self.inner.send(request, **kwargs)
+            if response.status_code >= 400:
+                attempt.release()  # an error status: the API bills nothing
+                attempt.waits(request, response)
             if attempt.stream and response.is_success:
                 response.stream = _AsyncStream(response.stream,  # type: ignore[arg-type]
-                                               _Meter(attempt))
+                                               _Meter(attempt), response)
                 return response
-            await response.aread()
-        except httpx2.TimeoutException as err:
-            if isinstance(err, httpx2.ConnectTimeout):
+            key = id(attempt)
+            _watch.add(key, attempt.deadline, response)
+            try:
+                await response.aread()
+            finally:
+                _watch.drop(key)
+        except httpx2.TransportError as err:  # a timeout, or the socket shut at the deadline
+            if isinstance(err, (httpx2.ConnectError, httpx2.ConnectTimeout)):
                 attempt.release()  # never sent: nothing billed
             attempt.timed_out()
-            raise
-        except httpx2.ConnectError:
-            attempt.release()
             raise
         attempt.answered(response)
         return response

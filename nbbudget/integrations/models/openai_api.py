@@ -24,10 +24,13 @@ from openai import OpenAIError
 from ...core.errors import BudgetCut, BudgetExceeded, ConfigError
 from .shapes import Shape, Unreadable, count, details, reported_cost
 
-__all__ = ["CHAT", "PROVIDER", "RESPONSES", "Cut", "Refused", "Unpriced"]
+__all__ = ["CHAT", "MAX_RETRY_AFTER", "PROVIDER", "RESPONSES", "Cut", "Refused", "Unpriced"]
 
 #: the provider's name in genai-prices
 PROVIDER = "openai"
+#: the longest ``Retry-After`` (seconds) the SDK waits before a retry: it does not retry a
+#: request asked to wait longer (``openai._constants.MAX_RETRY_AFTER_DELAY``)
+MAX_RETRY_AFTER = 120.0
 
 
 class Refused(BudgetExceeded, OpenAIError):
