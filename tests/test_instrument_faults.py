@@ -463,5 +463,5 @@ def test_random_faults_on_many_threads_charge_every_attempt_and_pass_no_limit_S4
         server.wait_finished()
         assert not [kind for kind in seen if kind.startswith("raw")], (seed, seen)
         assert len(server.received) == run.consumed["provider_calls"] <= 40, (seed, seen)
-        assert run.consumed.get("cost_usd", 0) <= 2.0 + 6 * 0.08 + 1e-9
+        assert run.consumed.get("cost_usd", 0) <= 2.0 + 1e-9  # each reserved first (S3-10)
         assert run.consumed["run_ms"] < 5500
