@@ -52,6 +52,8 @@ class Script:
             reply = self.replies[min(self.calls, len(self.replies)) - 1]
         if isinstance(reply, Exception):  # the provider failed this attempt
             raise reply
+        if callable(reply):  # made while the call is under way
+            reply = reply()
         return reply.model_copy(deep=True)
 
 
@@ -63,10 +65,17 @@ class ScriptedChatModel(BaseChatModel):
     script: Any
     model: str = "scripted-model"
     provider: str = "scripted"
+    max_tokens: int | None = None
 
     @property
     def _llm_type(self) -> str:
         return "scripted"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        """Its output cap, as ChatOpenAI and ChatAnthropic report theirs in a call's
+        ``invocation_params``."""
+        return {} if self.max_tokens is None else {"max_tokens": self.max_tokens}
 
     def _get_ls_params(self, stop: Any = None, **kwargs: Any) -> Any:
         params = super()._get_ls_params(stop=stop, **kwargs)
@@ -659,15 +668,16 @@ def test_cost_comes_from_genai_prices_for_the_model_that_answered():
 
 
 def test_cost_past_the_limit_cuts_the_run():
-    """S3-3: a known model's replies cost 0.0075 each under cost_usd=0.01: the second cuts."""
+    """S3-3: a known model's reply costs 0.0075 under cost_usd=0.005: a call with no output
+    cap reserves all that is left (S3-10), and a reply that costs more cuts the run."""
     script = Script(asks("lookup", used=(1_000, 500)))
     model = ScriptedChatModel(script=script, model="gpt-4o", provider="openai")
     graph, ran = agent_graph(script, model=model)
-    with pytest.raises(nb.BudgetCut) as caught, nb.budget(cost_usd=0.01) as run:
+    with pytest.raises(nb.BudgetCut) as caught, nb.budget(cost_usd=0.005) as run:
         invoke(graph, START_STATE, "invoke")
     assert caught.value.by == "cost_usd"
-    assert script.calls == 2 and ran == ["q0"]
-    assert run.consumed["cost_usd"] == pytest.approx(0.015)
+    assert script.calls == 1 and ran == []
+    assert run.consumed["cost_usd"] == pytest.approx(0.0075)
 
 
 @pytest.mark.parametrize("prices, expected", [
@@ -682,6 +692,167 @@ def test_prices_given_per_million_tokens_or_as_a_function(prices, expected):
     with nb.budget(cost_usd=1.0) as run:
         model.invoke("go", config={"callbacks": [Budgeted(prices=prices)]})
     assert run.consumed["cost_usd"] == pytest.approx(expected)
+
+
+# -- S3-10: a model call's worst-case cost is reserved before it is made -----------------------
+#: USD per million tokens: output dear, so that a call's cap decides most of its worst case
+PRICES = {"input": 1.0, "output": 100.0}
+IN_RATE, OUT_RATE = PRICES["input"] / 1e6, PRICES["output"] / 1e6
+FRAMING = 1024  # the input tokens a worst case adds to what a call sends (see the docs)
+
+
+def cost_of(inp: int, out: int) -> float:
+    return inp * IN_RATE + out * OUT_RATE
+
+
+def test_S3_10_a_call_whose_worst_case_does_not_fit_is_refused_before_the_model_runs():
+    """A cap of 1,000 output tokens is a worst case of 0.1 at least: under cost_usd=0.05 the
+    call is refused before the model runs (the handler cannot lower the cap), traced, with
+    nothing left reserved; a cap whose worst case fits is called."""
+    script = Script(answer("hi", (20, 30)))
+    model = ScriptedChatModel(script=script, max_tokens=1_000)
+    with nb.budget(cost_usd=0.05) as run:
+        with pytest.raises(nb.BudgetExceeded) as caught:
+            model.invoke("go", config={"callbacks": [Budgeted(prices=PRICES)]})
+        assert script.calls == 0
+        assert (caught.value.kind, caught.value.target) == ("cost_usd", "provider:scripted-model")
+        assert caught.value.requested >= 1_000 * OUT_RATE
+        assert run.consumed.get("cost_usd", 0) == 0
+        assert run.consumed.get("provider_calls", 0) == 0  # refused whole: no permit either
+        assert [e.payload["budget_kind"] for e in refusals(run)] == ["cost_usd"]
+        model.max_tokens = 400
+        model.invoke("go", config={"callbacks": [Budgeted(prices=PRICES)]})
+        assert script.calls == 1
+
+
+@pytest.mark.parametrize("how", ["invoke", "stream", "bound"])
+def test_S3_10_the_reply_settles_the_reservation_to_its_cost(how):
+    """While the call runs its worst case is reserved: what it sends in bytes of JSON plus the
+    framing at the input price, its cap at the output price; the reply settles it to its own
+    cost exactly, whole or streamed, the cap given on the model or bound to the call."""
+    during: list[float] = []
+    with nb.budget(cost_usd=1.0) as run:
+        def reply() -> AIMessage:
+            during.append(run.consumed["cost_usd"])
+            return answer("one two three", (20, 3))
+
+        model = ScriptedChatModel(script=Script(reply), max_tokens=None if how == "bound"
+                                  else 40)
+        config = {"callbacks": [Budgeted(prices=PRICES)]}
+        if how == "stream":
+            list(model.stream("go", config=config))
+        elif how == "bound":
+            model.bind(max_tokens=40).invoke("go", config=config)
+        else:
+            model.invoke("go", config=config)
+        assert run.consumed["cost_usd"] == pytest.approx(cost_of(20, 3), rel=1e-12)
+        assert run.remaining("cost_usd") == pytest.approx(1.0 - cost_of(20, 3), rel=1e-12)
+    [reserved] = during
+    assert cost_of(FRAMING, 40) < reserved < cost_of(FRAMING + 2_000, 40)
+
+
+def test_S3_10_a_call_with_no_cap_reserves_all_that_is_left_and_gives_back_the_rest():
+    during: list[float] = []
+    with nb.budget(cost_usd=0.5) as run:
+        def reply() -> AIMessage:
+            during.append(run.remaining("cost_usd"))
+            return answer("hi", (20, 30))
+
+        ScriptedChatModel(script=Script(reply)).invoke(
+            "go", config={"callbacks": [Budgeted(prices=PRICES)]})
+    assert during == [0]
+    assert run.consumed["cost_usd"] == pytest.approx(cost_of(20, 30), rel=1e-12)
+
+
+def capped_reply(model: ScriptedChatModel, wait: float = 0.0) -> Any:
+    """A reply that uses all of *model*'s cap, after *wait* seconds (calls side by side)."""
+    def reply() -> AIMessage:
+        threading.Event().wait(wait)
+        return answer("x", (20, model.max_tokens or 0))
+
+    return reply
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_S3_10_a_batch_sharing_a_cost_limit_never_passes_it(round_):
+    """Batches of 16 calls side by side, each using all of its cap, until every call is
+    refused: the run never passes cost_usd and is never cut; every call made was charged its
+    cost, and every call refused never reached the model."""
+    model = ScriptedChatModel(script=None, max_tokens=40)
+    model.script = Script(capped_reply(model, wait=0.02))
+    limit = 0.06  # about twelve calls' worst cases (0.005 each)
+    config = {"callbacks": [Budgeted(prices=PRICES)], "max_concurrency": 16}
+    refused = 0
+    with nb.budget(cost_usd=limit) as run:
+        for _ in range(5):
+            results = model.batch(["go"] * 16, config=config, return_exceptions=True)
+            errors = [r for r in results if isinstance(r, BaseException)]
+            assert all(isinstance(e, nb.BudgetExceeded) and e.kind == "cost_usd"
+                       for e in errors), errors
+            refused += len(errors)
+            assert run.consumed["cost_usd"] <= limit
+    assert run.outcome.status == nb.Status.COMPLETED
+    assert 0 < model.script.calls < 80 and refused == 80 - model.script.calls
+    assert run.consumed["cost_usd"] == pytest.approx(model.script.calls * cost_of(20, 40))
+    assert run.consumed["provider_calls"] == model.script.calls
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_S3_10_parallel_graph_branches_sharing_a_cost_limit_never_pass_it(round_):
+    """A Send fan-out of 12 branches, each calling the model with its cap, under a limit of
+    about seven calls' worst cases: some branches are refused and the graph ends with the
+    refusal; the run never passes cost_usd."""
+    model = ScriptedChatModel(script=None, max_tokens=40)
+    model.script = Script(capped_reply(model, wait=0.02))
+
+    class Fan(TypedDict):
+        done: Annotated[list[str], operator.add]
+
+    def ask(state: dict[str, Any]) -> dict[str, Any]:
+        return {"done": [str(model.invoke(state["q"]).content)]}
+
+    graph = StateGraph(Fan)
+    graph.add_node("ask", ask)
+    graph.add_conditional_edges(START, lambda _: [Send("ask", {"q": f"q{i}"})
+                                                  for i in range(12)])
+    graph.add_edge("ask", END)
+    limit = 0.035
+    with pytest.raises(nb.BudgetExceeded) as caught, nb.budget(cost_usd=limit) as run:
+        graph.compile().invoke({"done": []}, config={"callbacks": [Budgeted(prices=PRICES)]})
+    assert caught.value.kind == "cost_usd"
+    assert run.consumed.get("cost_usd", 0) <= limit
+    assert 0 < model.script.calls < 12
+    assert run.consumed["cost_usd"] == pytest.approx(model.script.calls * cost_of(20, 40))
+
+
+def status_error(status: int) -> Exception:
+    """The OpenAI SDK's own error for an error status from the provider."""
+    openai = pytest.importorskip("openai")
+    import httpx2
+
+    response = httpx2.Response(status, request=httpx2.Request("POST", "http://127.0.0.1/v1"))
+    return openai.APIStatusError(f"Error code: {status}", response=response, body=None)
+
+
+def test_S3_10_an_error_status_gives_the_reservation_back_and_other_errors_keep_it():
+    """A provider's error status bills nothing: the reservation goes back, and a retry
+    (with_retry) reserves its own. An error that may come after the provider billed the call
+    (a timeout, a dropped connection) keeps the worst case spent."""
+    script = Script(status_error(503), answer("hi", (20, 30)))
+    model = ScriptedChatModel(script=script, max_tokens=40)
+    config = {"callbacks": [Budgeted(prices=PRICES)]}
+    with nb.budget(cost_usd=1.0) as run:
+        model.with_retry(stop_after_attempt=2, wait_exponential_jitter=False).invoke(
+            "go", config=config)
+    assert script.calls == 2 and run.consumed["provider_calls"] == 2
+    assert run.consumed["cost_usd"] == pytest.approx(cost_of(20, 30), rel=1e-12)
+
+    script = Script(TimeoutError("the read timed out"))
+    model = ScriptedChatModel(script=script, max_tokens=40)
+    with nb.budget(cost_usd=1.0) as run:
+        with pytest.raises(TimeoutError):
+            model.invoke("go", config=config)
+        assert run.consumed["cost_usd"] > cost_of(FRAMING, 40)  # its worst case, kept
 
 
 def test_an_explicit_run_is_charged_wherever_the_graph_runs():

@@ -254,8 +254,10 @@ def test_prices_per_million_tokens_or_a_function(server):
     with nb.budget(cost_usd=1.0) as run:
         Runner.run_sync(agent, "hi", hooks=Budgeted(prices=price))
     assert run.consumed["cost_usd"] == 0.5
-    assert seen == [{"input_tokens": 100, "output_tokens": 20, "cache_read_tokens": 40,
-                     "cache_write_tokens": 0}]
+    # asked first the call's worst case (S3-10), then what the reply used
+    assert seen[-1] == {"input_tokens": 100, "output_tokens": 20, "cache_read_tokens": 40,
+                        "cache_write_tokens": 0}
+    assert all(asked["input_tokens"] > 1024 for asked in seen[:-1])
 
 
 def test_an_unpriced_model_under_a_cost_limit_is_refused_before_any_request(server):
@@ -640,3 +642,120 @@ def test_an_agent_started_with_no_turn_left_is_refused_before_its_instructions()
     counts, error, sent = prepared([text("never asked")], spent)
     assert isinstance(error, BudgetRefused) and (error.kind, sent) == ("turns", 0)
     assert (counts["instructions"], counts["tools"]) == (0, 0)
+
+
+# -- S3-10: a model call's worst-case cost is reserved before it is sent -----------------------
+#: USD per million tokens: output dear, so that a call's cap decides most of its worst case
+PRICES = {"input": 1.0, "output": 100.0}
+IN_RATE, OUT_RATE = PRICES["input"] / 1e6, PRICES["output"] / 1e6
+FRAMING = 1024  # the input tokens a worst case adds to what a call sends (see the docs)
+PROMPT, ANSWER = 20, 30  # what each reply reports using, its output at most its cap
+
+
+def capped(body):
+    """A completion that uses at most the output cap it was asked for."""
+    out = min(ANSWER, body.get("max_completion_tokens") or body.get("max_tokens") or ANSWER)
+    return chat("x" * out, chat_usage(PROMPT, out)).body
+
+
+def cost_of(out):
+    return PROMPT * IN_RATE + out * OUT_RATE
+
+
+def capped_agent(server, cap):
+    return Agent(name="planner", model=model(server, "in-house-model"),
+                 model_settings=ModelSettings(max_tokens=cap))
+
+
+def test_S3_10_a_call_whose_worst_case_does_not_fit_is_refused_unsent(server):
+    """A cap of 1,000 output tokens is a worst case of 0.1 at least: under cost_usd=0.05 the
+    call is refused at on_llm_start and nothing is sent (the hooks cannot lower the cap)."""
+    server.default = Reply(body=capped)
+    with nb.budget(cost_usd=0.05) as run:
+        with pytest.raises(BudgetRefused) as caught:
+            Runner.run_sync(capped_agent(server, 1_000), "hi", hooks=Budgeted(prices=PRICES))
+        assert server.received == []
+        assert (caught.value.kind, caught.value.target) == ("cost_usd",
+                                                            "provider:in-house-model")
+        assert run.consumed.get("cost_usd", 0) == 0 and run.consumed.get("turns", 0) == 0
+        assert [r["budget_kind"] for r in refusals(run)] == ["cost_usd"]
+        Runner.run_sync(capped_agent(server, 400), "hi", hooks=Budgeted(prices=PRICES))
+    assert len(server.received) == 1
+
+
+@pytest.mark.parametrize("cap", [40, None])
+def test_S3_10_the_reply_settles_the_reservation_to_its_cost(server, cap):
+    """While the call is under way its worst case is reserved (its instructions, input and
+    tools in bytes of JSON plus the framing at the input price, the agent's max_tokens at the
+    output price; with no max_tokens, all that is left); the reply settles it to its cost."""
+    during = []
+    limit = 1.0
+
+    def reply(body):
+        during.append(run.consumed["cost_usd"])
+        return capped(body)
+
+    server.default = Reply(body=reply)
+    with nb.budget(cost_usd=limit) as run:
+        Runner.run_sync(capped_agent(server, cap), "hi", hooks=Budgeted(prices=PRICES))
+        assert run.consumed["cost_usd"] == pytest.approx(cost_of(ANSWER), rel=1e-12)
+    [reserved] = during
+    if cap is None:
+        assert reserved == limit
+    else:
+        assert cost_of(0) + FRAMING * IN_RATE + cap * OUT_RATE < reserved < limit / 10
+    assert not Budgeted()._reserved
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_S3_10_agent_runs_side_by_side_sharing_a_cost_limit_never_pass_it(server, round_):
+    """Rounds of 12 Runner.run side by side (asyncio.gather) with one Budgeted, each reply
+    using all of its cap, until every call is refused: the run never passes cost_usd and is
+    never cut; each call the server saw was charged its cost, and a refused one was never
+    sent."""
+    server.default = Reply(body=capped, delay=0.05)
+    limit = 0.04  # about ten calls' worst cases (0.004 each)
+    hooks = Budgeted(prices=PRICES)
+
+    async def rounds():
+        outcomes = []
+        for _ in range(4):
+            outcomes += await asyncio.gather(
+                *(Runner.run(capped_agent(server, 30), "hi", hooks=hooks) for _ in range(12)),
+                return_exceptions=True)
+            assert run.consumed["cost_usd"] <= limit
+        return outcomes
+
+    with nb.budget(cost_usd=limit) as run:
+        outcomes = asyncio.run(rounds())
+    refused = [o for o in outcomes if isinstance(o, BaseException)]
+    assert all(isinstance(e, BudgetRefused) and e.kind == "cost_usd" for e in refused), refused
+    assert run.outcome.status == nb.Status.COMPLETED
+    made = len(server.received)
+    assert 0 < made < 48 and len(refused) == 48 - made
+    assert run.consumed["cost_usd"] == pytest.approx(made * cost_of(ANSWER))
+    assert not hooks._reserved
+
+
+def test_S3_10_an_error_the_sdk_retries_settles_once_and_a_failed_call_keeps_its_reservation(
+        server):
+    """The SDK's own retry (ModelSettings.retry) after an error status is one model call to
+    the hooks: its reservation is settled by the reply that came. A call that fails ends
+    Runner.run with the SDK's error and no hook hears of it: its worst case stays spent, as
+    the provider may have billed it, and the hooks forget it when the run's block ends."""
+    retry = ModelSettings(max_tokens=40, retry=ModelRetrySettings(
+        max_retries=1, backoff={"initial_delay": 0.001, "max_delay": 0.001, "jitter": False},
+        policy=retry_policies.http_status([500])))
+    agent = Agent(name="a", model=model(server, "in-house-model"), model_settings=retry)
+    server.queue(Reply.error(500), Reply(body=capped))
+    hooks = Budgeted(prices=PRICES)
+    with nb.budget(cost_usd=1.0) as run:
+        Runner.run_sync(agent, "hi", hooks=hooks)
+        assert run.consumed["cost_usd"] == pytest.approx(cost_of(ANSWER), rel=1e-12)
+        server.queue(Reply.error(400, "bad request", "invalid_request_error"))
+        with pytest.raises(Exception, match="bad request"):
+            Runner.run_sync(agent, "hi", hooks=hooks)
+        kept = run.consumed["cost_usd"] - cost_of(ANSWER)
+        assert FRAMING * IN_RATE + 40 * OUT_RATE < kept < 0.01
+        assert len(hooks._reserved) == 1
+    assert not hooks._reserved

@@ -108,7 +108,9 @@ def test_testmodel_agent_is_bounded_by_provider_calls():
 
 def test_within_limits_the_agent_answers_and_usage_is_charged():
     agent, ran = looping_agent(answer_after=2, usage=(100, 20))
-    with nb.budget(tool_calls=5, tokens=1000, cost_usd=1.0) as run:
+    # each request reserves its worst case first, all that is left (no max_tokens): its
+    # input's bound alone is above a dollar at these prices (S3-10)
+    with nb.budget(tool_calls=5, tokens=1000, cost_usd=10.0) as run:
         result = agent.run_sync("go", capabilities=[
             Budgeted(run, prices={"input": 1000.0, "output": 2000.0})])
     assert result.output == "done" and ran == ["q1", "q2"]
@@ -345,3 +347,129 @@ def test_a_stream_whose_model_cannot_cancel_is_still_cut_and_closed_at_the_sourc
     with pytest.raises(UsageLimitCut) as info, nb.budget(output_tokens=2) as run:
         asyncio.run(read(run))
     assert info.value.salvage == "onetwothree" and closed == [True]
+
+
+# -- S3-10: a request's worst-case cost is reserved before it is sent -------------------------
+#: USD per million tokens: output dear, so that a request's cap decides most of its worst case
+PRICES = {"input": 1.0, "output": 100.0}
+IN_RATE, OUT_RATE = PRICES["input"] / 1e6, PRICES["output"] / 1e6
+FRAMING = 1024  # the input tokens a worst case adds to what a request sends (see the docs)
+PROMPT, ANSWER = 20, 30  # what each reply reports using, its output at most its cap
+
+
+def cost_of(out):
+    return PROMPT * IN_RATE + out * OUT_RATE
+
+
+def capped_agent(*, during=None, wait=0.0, fail=None, caps=None):
+    """An agent whose model answers using at most the max_tokens it was sent (30 output tokens
+    without one), after *wait* seconds; *during* is called while it answers, *fail* raised
+    instead of an answer; each cap it was sent is appended to *caps*."""
+
+    async def model(messages, info: AgentInfo) -> ModelResponse:
+        cap = (info.model_settings or {}).get("max_tokens")
+        if caps is not None:
+            caps.append(cap)
+        if during is not None:
+            during()
+        await asyncio.sleep(wait)
+        if fail is not None:
+            raise fail
+        out = min(ANSWER, cap or ANSWER)
+        return ModelResponse(parts=[TextPart("x" * out)],
+                             usage=RequestUsage(input_tokens=PROMPT, output_tokens=out))
+
+    return Agent(FunctionModel(model, model_name="scripted"))
+
+
+def test_S3_10_a_request_that_cannot_pay_for_one_output_token_is_refused_unsent():
+    """Its input's bound alone (the framing's 1,024 tokens) passes cost_usd=0.0005: refused
+    before the model is called, traced, with nothing left reserved."""
+    caps: list = []
+    with nb.budget(cost_usd=0.0005) as run, pytest.raises(UsageLimitRefused) as caught:
+        capped_agent(caps=caps).run_sync("go", capabilities=[Budgeted(run, prices=PRICES)])
+    assert caps == []
+    assert (caught.value.kind, caught.value.target) == ("cost_usd", "provider:scripted")
+    assert run.consumed.get("cost_usd", 0) == 0 and run.consumed.get("provider_calls", 0) == 0
+    assert [e.payload["budget_kind"] for e in refusals(run)] == ["cost_usd"]
+
+
+def test_S3_10_max_tokens_is_clamped_so_that_the_worst_case_fits():
+    """max_tokens=1000 is a worst case of 0.1 at least: under cost_usd=0.01 the model is sent a
+    cap whose worst case fits, and the reply settles the reservation to its own cost."""
+    caps: list = []
+    with nb.budget(cost_usd=0.01) as run:
+        capped_agent(caps=caps).run_sync("go", model_settings={"max_tokens": 1_000},
+                                         capabilities=[Budgeted(run, prices=PRICES)])
+    [cap] = caps
+    assert 1 <= cap < (0.01 - FRAMING * IN_RATE) / OUT_RATE
+    assert cap > (0.01 - (FRAMING + 3_000) * IN_RATE) / OUT_RATE
+    assert run.consumed["cost_usd"] == pytest.approx(cost_of(min(cap, ANSWER)), rel=1e-12)
+
+
+@pytest.mark.parametrize("cap", [40, None])
+def test_S3_10_the_reply_settles_the_reservation_to_its_cost(cap):
+    """While the request is under way its worst case is reserved (its messages, instructions
+    and tools in bytes of JSON plus the framing at the input price, its cap at the output
+    price; with no cap, all that is left); the reply settles it to its cost exactly."""
+    during: list = []
+    limit = 1.0
+    with nb.budget(cost_usd=limit) as run:
+        agent = capped_agent(during=lambda: during.append(run.consumed["cost_usd"]))
+        agent.run_sync("go", model_settings={} if cap is None else {"max_tokens": cap},
+                       capabilities=[Budgeted(run, prices=PRICES)])
+        assert run.consumed["cost_usd"] == pytest.approx(cost_of(ANSWER), rel=1e-12)
+    [reserved] = during
+    if cap is None:
+        assert reserved == limit
+    else:
+        assert FRAMING * IN_RATE + cap * OUT_RATE < reserved < limit / 10
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_S3_10_agent_runs_side_by_side_sharing_a_cost_limit_never_pass_it(round_):
+    """Rounds of 12 agent runs side by side (asyncio.gather), each asking max_tokens=40 and
+    using all of the cap it is sent, until every request is refused: the run never passes
+    cost_usd and is never cut, and each request the model answered was charged its cost."""
+    caps: list = []
+    agent = capped_agent(wait=0.02, caps=caps)
+    limit = 0.04  # about ten requests' worst cases (0.005 each)
+
+    async def rounds():
+        outcomes = []
+        for _ in range(4):
+            outcomes += await asyncio.gather(
+                *(agent.run("go", model_settings={"max_tokens": 40},
+                            capabilities=[Budgeted(prices=PRICES)]) for _ in range(12)),
+                return_exceptions=True)
+            assert run.consumed["cost_usd"] <= limit
+        return outcomes
+
+    with nb.budget(cost_usd=limit) as run:
+        outcomes = asyncio.run(rounds())
+    refused = [o for o in outcomes if isinstance(o, BaseException)]
+    assert all(isinstance(e, UsageLimitRefused) and e.kind == "cost_usd" for e in refused), \
+        refused
+    assert run.outcome.status == "completed"
+    assert 0 < len(caps) < 48 and len(refused) == 48 - len(caps)
+    assert run.consumed["cost_usd"] == pytest.approx(sum(cost_of(min(c, ANSWER)) for c in caps))
+
+
+def test_S3_10_an_error_status_gives_the_reservation_back_and_other_errors_keep_it():
+    """A provider's error status (pydantic-ai's ModelHTTPError) bills nothing: the reservation
+    goes back. An error that may come after the provider billed the request (a timeout) keeps
+    its worst case spent."""
+    from pydantic_ai.exceptions import ModelHTTPError
+
+    with nb.budget(cost_usd=1.0) as run:
+        with pytest.raises(ModelHTTPError):
+            capped_agent(fail=ModelHTTPError(503, "scripted")).run_sync(
+                "go", model_settings={"max_tokens": 40},
+                capabilities=[Budgeted(run, prices=PRICES)])
+        assert run.consumed.get("cost_usd", 0) == 0
+        assert run.consumed["provider_calls"] == 1
+        with pytest.raises(TimeoutError):
+            capped_agent(fail=TimeoutError("the read timed out")).run_sync(
+                "go", model_settings={"max_tokens": 40},
+                capabilities=[Budgeted(run, prices=PRICES)])
+        assert FRAMING * IN_RATE + 40 * OUT_RATE < run.consumed["cost_usd"] < 0.01

@@ -434,12 +434,13 @@ def test_a_stream_is_cut_when_its_cost_passes_the_limit():
     cost_usd mid-stream."""
     agent = Agent(FunctionModel(stream_function=three_chunks))
     ours: list[str] = []
-    # 50 input tokens at $1,000 per million = $0.05, then $0.01 per output token
-    with pytest.raises(UsageLimitCut) as info, nb.budget(cost_usd=0.065) as run:
+    # 50 input tokens at $10 per million = $0.0005, then $0.10 per output token; with no
+    # max_tokens the request reserved all that was left (S3-10), which its stream passes
+    with pytest.raises(UsageLimitCut) as info, nb.budget(cost_usd=0.15) as run:
         asyncio.run(stream_text(agent, ours, capabilities=[
-            Budgeted(run, prices={"input": 1000.0, "output": 10_000.0})]))
+            Budgeted(run, prices={"input": 10.0, "output": 100_000.0})]))
     assert info.value.by == "cost_usd" and ours == ["one"]
-    assert run.consumed["cost_usd"] == pytest.approx(0.07)
+    assert run.consumed["cost_usd"] == pytest.approx(0.2005)
 
 
 def test_a_stream_from_a_priced_model_is_cut_by_its_genai_prices_cost():
@@ -478,7 +479,9 @@ def test_a_stream_within_the_limits_is_charged_once():
     """A stream charged as it goes is not charged again when it ends."""
     agent = Agent(FunctionModel(stream_function=three_chunks))
     ours: list[str] = []
-    with nb.budget(output_tokens=10, cost_usd=1.0) as run:
+    # the request's worst case is reserved first (S3-10): its input's bound alone is above
+    # a dollar at these prices
+    with nb.budget(output_tokens=10, cost_usd=10.0) as run:
         asyncio.run(stream_text(agent, ours, capabilities=[
             Budgeted(run, prices={"input": 1000.0, "output": 10_000.0})]))
     assert ours == ["one", "two", "three"]
@@ -567,7 +570,7 @@ def test_a_response_with_no_cost_under_a_cost_limit_stops_the_run():
     ours, _, run = under_budget(sync(costed_agent(None, "0.005"), "go"), cost_usd=0.01)
     assert isinstance(ours, nb.ConfigError) and "prices=" in str(ours)
     assert run.consumed["provider_calls"] == 1
-    with nb.budget(cost_usd=0.01) as run:
+    with nb.budget(cost_usd=0.1) as run:  # above each request's worst case (S3-10)
         costed_agent(None, "0.005").run_sync("go", capabilities=[
             Budgeted(run, prices={"input": 10, "output": 10})])
     assert run.consumed["cost_usd"] == pytest.approx((53 + 15) * 10 / 1e6)

@@ -244,14 +244,16 @@ class Core:
 
     def reserve_costed(self, items: Sequence[tuple[int, float]], i: int, c: int,
                        fixed: float, rate: float, asked: float,
-                       target: str | None) -> tuple[float, float]:
+                       target: str | None, clamp: bool = True) -> tuple[float, float]:
         """`reserve_within` for a request whose cost is reserved too, at its worst case (S3-10):
         *fixed* dollars (its input, bounded from above) plus *rate* dollars for each output
         token of its cap, kind *c* being the dollars and kind *i* the output tokens. The cap is
         *asked* (``inf``: none asked) clamped to what kind *i* has left and to what the dollars
         left can pay for; less than one token affordable refuses by kind *c*, traced, and
         nothing is reserved. The cap and the dollars reserved, all under one lock, so that
-        requests sharing the dollars never reserve more than is left between them.
+        requests sharing the dollars never reserve more than is left between them. Not
+        *clamp*: the caller cannot change the cap it sends (a framework's callback), so it is
+        never lowered: a worst case that does not fit is refused whole.
         `nbbudget.run.providers.reserve_priced` calls it when the dollars are limited."""
         scope, ledger, account = self.scope, self.ledger, self.account
         with ledger.lock:
@@ -264,22 +266,25 @@ class Core:
                 # no output token left (S2-9): refused, as `reserve_within` refuses it
                 err = ledger.check(account, i, 1, target, t_ms) if cap < 1 else None
                 if err is None:
-                    cap = min(asked, cap)
+                    cap = min(asked, cap) if clamp else asked
                     left = ledger.remaining(account, c)
+                    need = fixed + rate  # what the smallest request asks
                     if cap == math.inf:  # no cap to send: the output is bounded by nothing
                         worst = left if rate > 0 else fixed  # known, so all that is left
-                        fits = fixed + rate <= left
+                        fits = need <= left
                     else:
-                        if rate > 0:
+                        if rate > 0 and clamp:
                             affordable = math.floor((left - fixed) / rate)
                             while affordable >= 1 and fixed + affordable * rate > left:
                                 affordable -= 1  # a quotient rounded up
                             cap = min(cap, affordable)
                         worst = fixed + cap * rate
                         fits = worst <= left and (cap >= 1 or asked < 1)
+                        if not clamp:
+                            need = worst
                     if not fits:
-                        err = ledger.check(account, c, fixed + rate, target, t_ms) or \
-                            ledger.refuse(account, account, c, fixed + rate, target, t_ms)
+                        err = ledger.check(account, c, need, target, t_ms) or \
+                            ledger.refuse(account, account, c, need, target, t_ms)
                     else:
                         both = sorted((*items, (c, worst)), key=_rank)  # attribution order
                         err = ledger.reserve(account, both, target, t_ms)

@@ -41,6 +41,17 @@ What it counts:
   ``cache_write_tokens``) returning dollars, or ``"free"`` (a local model). With ``cost_usd``
   limited, a model with no known price is refused before it is called, with a
   `nbbudget.ConfigError` that names the provider, the model, ``prices=`` and ``provider=``.
+- **Cost reserved before a call** (S3-10). With ``cost_usd`` limited, each model call reserves
+  its worst case as it starts, with its permits: its input bounded by what it sends (the
+  messages or prompts and the ``invocation_params``, where the tools bound to the model are,
+  in bytes of JSON) plus 1,024 tokens, at the input price; its output by the cap the model
+  reports (``max_tokens``, ``max_completion_tokens``, ``max_output_tokens``, or its
+  ``ls_max_tokens``), times ``n``, at the output price. A handler cannot lower the cap, so a
+  call whose worst case does not fit what is left is refused before the model is called; a
+  call with no cap known reserves all the dollars left. The reply settles the reservation to
+  its cost; a failed call gives it back when the provider billed nothing (an error status, a
+  connection never made), and keeps it spent otherwise, as it does a reply that reports no
+  usage.
 - **Tool calls.** Each tool call reserves a ``tool_calls`` permit before the tool runs; a
   refused tool never runs. The tool calls a model asks for at once (LangGraph's ``ToolNode``
   runs them side by side) each take their permit as they start: with fewer permits left than
@@ -70,8 +81,9 @@ What a callback cannot do:
 
 - lower a request's output cap: LangChain gives a handler a copy of the request's parameters,
   so ``max_tokens`` is not clamped to what remains of ``output_tokens`` (S2-9 holds by refusing
-  the next call once the grant is spent, and by cutting the run when a reply passes it). Set
-  ``max_tokens`` on the model to bound one reply (S3-6).
+  the next call once the grant is spent, and by cutting the run when a reply passes it), nor to
+  what the cost left can pay for (S3-10 holds by refusing the call). Set ``max_tokens`` on the
+  model to bound one reply (S3-6), and to let calls share a cost limit.
 - see the retries inside a provider's SDK: LangChain reports one model call however many HTTP
   attempts the SDK made under it.
 - stop a model call or a tool already running: the run's time is checked at each event, so a
@@ -94,8 +106,17 @@ from uuid import UUID
 
 from ..core.errors import BudgetExceeded, ConfigError
 from ..run.budget import Budget, current
-from ..run.prices import FIGURES, Given, given_price, price_of
-from ..run.providers import Usage, require_request, reserve_request, spend_usage
+from ..run.prices import FIGURES, Given, PriceFn, given_price, price_of, worst_case
+from ..run.providers import (
+    Reservation,
+    Usage,
+    require_request,
+    reserve_priced,
+    reserve_request,
+    spend_usage,
+    unbilled,
+)
+from .bounds import json_size
 
 #: The oldest langchain-core the handler was tested with (the ``langchain`` extra's bound).
 LANGCHAIN_CORE_NEEDED = "1.8.3"
@@ -133,6 +154,7 @@ class _Call:
     provider: str | None
     model: str | None
     streamed: dict[str, int] = field(default_factory=dict)  # usage charged chunk by chunk
+    reserved: Reservation | None = None  # its worst-case cost, with cost_usd limited (S3-10)
 
 
 class Budgeted(BaseCallbackHandler):
@@ -175,17 +197,19 @@ class Budgeted(BaseCallbackHandler):
                             run_id: UUID, parent_run_id: UUID | None = None,
                             tags: list[str] | None = None,
                             metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        """A chat model is about to be called: one ``provider_calls`` and one ``turns``."""
-        self._model_start(run_id, parent_run_id, metadata, serialized)
+        """A chat model is about to be called: one ``provider_calls`` and one ``turns``, and
+        its worst-case cost with ``cost_usd`` limited (S3-10)."""
+        self._model_start(run_id, parent_run_id, metadata, serialized, messages, kwargs)
 
     def on_llm_start(self, serialized: dict[str, Any], prompts: list[str], *, run_id: UUID,
                      parent_run_id: UUID | None = None, tags: list[str] | None = None,
                      metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
         """A text-completion model is about to be called: as a chat model."""
-        self._model_start(run_id, parent_run_id, metadata, serialized)
+        self._model_start(run_id, parent_run_id, metadata, serialized, prompts, kwargs)
 
     def _model_start(self, run_id: UUID, parent_run_id: UUID | None,
-                     metadata: dict[str, Any] | None, serialized: dict[str, Any]) -> None:
+                     metadata: dict[str, Any] | None, serialized: dict[str, Any],
+                     sent: Any, kwargs: dict[str, Any]) -> None:
         root = self._enter(run_id, parent_run_id)
         run = self.run if self.run is not None else current()
         if run is None:
@@ -194,25 +218,38 @@ class Budgeted(BaseCallbackHandler):
         provider = self.provider or metadata.get("ls_provider")
         model = metadata.get("ls_model_name")
         label = f"provider:{model or _class_name(serialized)}"
+        reserved = None
         try:
             run.check()
-            if self._given is None and run.remaining("cost_usd") != math.inf and (
-                    model is None or price_of(str(provider), str(model)) is None):
-                raise ConfigError(
-                    f"cost_usd is limited and genai-prices has no price for model {model!r} at "
-                    f"provider {provider!r}: name the provider genai-prices knows it at, "
-                    f"Budgeted(provider='openrouter'), or give its price, "
-                    f"Budgeted(prices={{'input': ..., 'output': ...}}) in USD per million "
-                    f"tokens, a function of the usage, or 'free'")
-            # S2-9: with output_tokens spent, no more calls
-            reserve_request(run.lowlevel, None, label)
+            price = self._price(run, provider, model)
+            if price is None:  # S2-9: with output_tokens spent, no more calls
+                reserve_request(run.lowlevel, None, label)
+            else:
+                reserved = _reserve(run, price, sent, kwargs, metadata, label)
         except BudgetExceeded as err:
             self._refuse(run_id, root, err)
             raise
         except BaseException:
             self._roots.pop(run_id, None)  # no end event follows a start that raised
             raise
-        self._calls[run_id] = _Call(run, provider, model)
+        self._calls[run_id] = _Call(run, provider, model, reserved=reserved)
+
+    def _price(self, run: Budget, provider: str | None, model: str | None) -> PriceFn | None:
+        """The price a model call's worst case is reserved at: None when ``cost_usd`` is not
+        limited; a model with no known price is refused then."""
+        if run.remaining("cost_usd") == math.inf:
+            return None
+        if self._given is not None:
+            return self._given
+        found = None if model is None else price_of(str(provider), str(model))
+        if found is None:
+            raise ConfigError(
+                f"cost_usd is limited and genai-prices has no price for model {model!r} at "
+                f"provider {provider!r}: name the provider genai-prices knows it at, "
+                f"Budgeted(provider='openrouter'), or give its price, "
+                f"Budgeted(prices={{'input': ..., 'output': ...}}) in USD per million "
+                f"tokens, a function of the usage, or 'free'")
+        return found.cost
 
     def on_tool_start(self, serialized: dict[str, Any], input_str: str, *, run_id: UUID,
                       parent_run_id: UUID | None = None, tags: list[str] | None = None,
@@ -305,19 +342,26 @@ class Budgeted(BaseCallbackHandler):
         if call is None:
             return
         message, figures = _reply_usage(response)
-        if call.streamed:
+        streamed = bool(call.streamed)
+        if streamed:
             figures = {key: value - call.streamed.get(key, 0) for key, value in figures.items()
                        if value > call.streamed.get(key, 0)}
-        if figures:
-            self._spend(call, figures, message)
+        if figures or (streamed and call.reserved is not None):
+            self._spend(call, figures, message, final=True)
+        # a reply that reported no usage at all keeps its reservation spent: what it cost
+        # cannot be told (N-7)
         call.run.check()
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID,
                      parent_run_id: UUID | None = None, tags: list[str] | None = None,
                      **kwargs: Any) -> None:
-        """A failed call keeps its permit (S4-3); what its chunks reported stays charged."""
-        self._calls.pop(run_id, None)
+        """A failed call keeps its permit (S4-3); what its chunks reported stays charged. Its
+        reservation goes back when the provider billed nothing (an error status, a connection
+        never made: `unbilled`), else stays spent (S3-10)."""
+        call = self._calls.pop(run_id, None)
         self._leave(run_id)
+        if call is not None and call.reserved is not None and unbilled(error):
+            call.reserved.release()
 
     def on_tool_end(self, output: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
                     **kwargs: Any) -> None:
@@ -374,16 +418,21 @@ class Budgeted(BaseCallbackHandler):
         if run is not None:
             run.check()
 
-    def _spend(self, call: _Call, figures: Mapping[str, int], message: Any) -> None:
+    def _spend(self, call: _Call, figures: Mapping[str, int], message: Any, *,
+               final: bool = False) -> None:
         """Charge *figures* of one reply (*message*) of *call*: tokens, output tokens and cost
-        (S3-3)."""
-        usage = Usage(input_tokens=figures.get("input_tokens", 0),
-                      output_tokens=figures.get("output_tokens", 0))
+        (S3-3); the *final* charge settles the call's reservation (S3-10)."""
         metadata = getattr(message, "response_metadata", None) or {}
         model = metadata.get("model_name") or metadata.get("model")
         cost = self._cost(call, figures,
                           self.provider or metadata.get("model_provider") or call.provider,
                           str(model) if model else None)
+        if call.reserved is not None:
+            call.reserved.spend(figures.get("input_tokens", 0), figures.get("output_tokens", 0),
+                                cost, final=final)
+            return
+        usage = Usage(input_tokens=figures.get("input_tokens", 0),
+                      output_tokens=figures.get("output_tokens", 0))
         if cost is not None:
             usage["cost_usd"] = cost
         spend_usage(call.run, usage, None, call.model or model or "model")
@@ -399,6 +448,34 @@ class Budgeted(BaseCallbackHandler):
             if price is not None:
                 return price.cost(figures)
         return None
+
+
+#: where a model class reports a request's output cap in its ``invocation_params`` (OpenAI's,
+#: Anthropic's, Google's, Hugging Face's names), else in its LangSmith metadata
+_CAPS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "max_new_tokens")
+
+
+def _reserve(run: Budget, price: PriceFn, sent: Any, kwargs: dict[str, Any],
+             metadata: dict[str, Any], label: str) -> Reservation:
+    """Reserve a model call's worst case at *price* (S3-10), or refuse it: its input bounded by
+    what it sends, *sent* (the messages or prompts) and its ``invocation_params`` (the tools
+    bound to the model are there), in bytes of JSON, its output by the cap the model reports,
+    times the choices it asks for (``n``). The handler cannot lower that cap: a worst case that
+    does not fit is refused whole; with no cap known, all the dollars left are reserved."""
+    params = kwargs.get("invocation_params") or {}
+    asked = next((params[key] for key in _CAPS if _whole(params.get(key))),
+                 metadata.get("ls_max_tokens"))
+    fixed, rate = worst_case(price, json_size(sent) + json_size(params))
+    choices = params.get("n")
+    if type(choices) is int and choices > 1:
+        rate *= choices
+    _, dollars = reserve_priced(run.lowlevel, asked if _whole(asked) else None, label, fixed,
+                                rate, clamp=False)
+    return Reservation(run.lowlevel, dollars, label.removeprefix("provider:"), label)
+
+
+def _whole(value: Any) -> bool:
+    return type(value) is int and value > 0
 
 
 def _prepares_model_call(node: str, metadata: dict[str, Any] | None) -> bool:

@@ -31,6 +31,15 @@ with no run charges `nbbudget.current()` as the agent run reaches each hook, so 
   call with a `nbbudget.ConfigError` naming the provider, the model, ``prices=`` and
   ``provider=``. Usage is spent after the fact: past a limit it is recorded and the run fails
   ``budget-cut`` by the first limit passed (S3-3).
+- **Cost reserved before a call** (S3-10). With ``cost_usd`` limited, ``on_llm_start``
+  reserves the call's worst case with its permits: its input bounded by its instructions and
+  input items (``system_prompt``, ``input_items``), the agent's function tools, handoffs and
+  output schema, in bytes of JSON, plus 1,024 tokens, at the input price; its output by the
+  agent's ``model_settings.max_tokens``, at the output price, or, with none set, by nothing: all
+  the dollars left are reserved. The hooks cannot lower the cap, so a call whose worst case
+  does not fit is refused before it is sent. ``on_llm_end`` settles the reservation to what the
+  reply cost. No hook hears of a call that fails (the SDK's error ends ``Runner.run``): its
+  worst case stays spent, as the provider may have billed it, until the run ends.
 - **Tool calls.** Before each local tool runs (``on_tool_start``: function tools, and the
   computer, shell and patch tools) one ``tool_calls`` permit is reserved (S4-3); a refused tool
   never runs.
@@ -55,8 +64,10 @@ No answer is made up: the agent run ends with the error, never with a final outp
   and hands the hook no way to change them. A hook could lower ``max_tokens`` only by writing
   into the agent's own ``ModelSettings`` object, which the SDK passes on as it is when no
   ``RunConfig(model_settings=...)`` overrides it: that would change the agent for every run
-  that shares it, so ``Budgeted`` does not, and only a call with no output tokens left is
-  refused;
+  that shares it, so ``Budgeted`` does not, and only a call with no output tokens left, or
+  whose worst-case cost does not fit, is refused. A ``RunConfig(model_settings=...)`` is not
+  visible to the hooks either: its ``max_tokens`` does not bound the reservation, the agent's
+  does;
 - the turns of one agent: the SDK prepares a turn (its tools listed, its instructions built)
   before ``on_llm_start``, and after an agent's first turn no hook runs before that. The hooks
   refuse a turn the run cannot permit at ``on_agent_start`` (the first agent) and at
@@ -86,13 +97,23 @@ permits (S4-3), whether or not they started.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 from ..core.errors import BudgetExceeded, ConfigError
 from ..core.kinds import KIND_INDEX
 from ..run.budget import Budget, current
-from ..run.prices import Given, given_price, price_of
-from ..run.providers import Usage, require_request, reserve_request, spend_usage
+from ..run.prices import Given, PriceFn, given_price, price_of, worst_case
+from ..run.providers import (
+    Reservation,
+    Usage,
+    require_request,
+    reserve_priced,
+    reserve_request,
+    spend_usage,
+)
+from .bounds import json_size
 
 #: The release of the OpenAI Agents SDK the hooks were tested with: 0.24 calls ``on_llm_start``
 #: before each model call and passes an ``AgentsException`` raised by a hook through unwrapped.
@@ -153,6 +174,9 @@ class Budgeted(RunHooksBase[Any, Any]):
         self.prices = prices
         self.provider = provider
         self.models = models
+        # the model calls under way that reserved their worst case (S3-10), by the id of their
+        # agent run's context (one model call at a time each): (context, reservation, forget)
+        self._reserved: dict[int, tuple[Any, Reservation, Callable[[], None]]] = {}
 
     def _run(self, *, check: bool = True) -> Budget:
         """The run to charge, checked: a stopped or timed-out run unwinds here."""
@@ -200,23 +224,50 @@ class Budgeted(RunHooksBase[Any, Any]):
 
     async def on_llm_start(self, context: Any, agent: Any, system_prompt: str | None,
                            input_items: list[Any]) -> None:
-        """Before each model call: one ``turns`` and one ``provider_calls``, all or nothing."""
+        """Before each model call: one ``turns`` and one ``provider_calls``, all or nothing,
+        and its worst-case cost with ``cost_usd`` limited (S3-10)."""
         run = self._run()
         if not self.models:
             return
         provider, model = _model_of(agent, self.provider)
         target = f"provider:{model}"
-        if (self._given is None and run.limits.cost_usd is not None
-                and price_of(provider, model) is None):
+        price = self._price(run, provider, model)
+        core = run.lowlevel
+        try:
+            if price is None:
+                reserve_request(core, None, target)  # refused when no output token is left
+                return
+            fixed, rate = worst_case(price, json_size([system_prompt, input_items])
+                                     + json_size(_definitions(agent)))
+            settings = getattr(agent, "model_settings", None)
+            asked = getattr(settings, "max_tokens", None)
+            _, dollars = reserve_priced(core, asked if type(asked) is int and asked > 0 else None,
+                                        target, fixed, rate, clamp=False)
+        except BudgetExceeded as err:
+            raise BudgetRefused(*err.args) from None
+        key = id(context)
+
+        def forget() -> None:  # the run's block ends: a call that failed keeps it spent
+            self._reserved.pop(key, None)
+
+        self._reserved[key] = (context, Reservation(core, dollars, model, target), forget)
+        core.hold(forget)
+
+    def _price(self, run: Budget, provider: str, model: str) -> PriceFn | None:
+        """The price a model call's worst case is reserved at: None when ``cost_usd`` is not
+        limited; a model with no known price is refused then."""
+        if run.remaining("cost_usd") == math.inf:
+            return None
+        if self._given is not None:
+            return self._given
+        found = price_of(provider, model)
+        if found is None:
             raise ConfigError(
                 f"no price is known for model {model!r} at provider {provider!r} and the run "
                 f"limits cost_usd: name the provider genai-prices knows it at, "
                 f"Budgeted(provider='openrouter'), or give Budgeted(prices={{'input': USD, "
                 f"'output': USD}}) per million tokens, a function of the usage, or 'free'")
-        try:
-            reserve_request(run.lowlevel, None, target)  # refused when no output token is left
-        except BudgetExceeded as err:
-            raise BudgetRefused(*err.args) from None
+        return found.cost
 
     async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
         """The model answered: charge its tokens and cost (past a limit the run fails
@@ -240,11 +291,17 @@ class Budgeted(RunHooksBase[Any, Any]):
         else:
             price = price_of(provider, model)
             cost = None if price is None else price.cost(usage)
-        charged = Usage(input_tokens=usage["input_tokens"], output_tokens=usage["output_tokens"])
-        if cost is not None:
-            charged["cost_usd"] = cost
+        held = self._reserved.pop(id(context), None)
         try:
-            spend_usage(run, charged, None, model)
+            if held is not None and held[0] is context:  # settles its reservation (S3-10)
+                held[1].core.release(held[2])
+                held[1].spend(usage["input_tokens"], usage["output_tokens"], cost, final=True)
+            else:
+                charged = Usage(input_tokens=usage["input_tokens"],
+                                output_tokens=usage["output_tokens"])
+                if cost is not None:
+                    charged["cost_usd"] = cost
+                spend_usage(run, charged, None, model)
         finally:  # recorded even when the tokens cut the run (the first stop is the one kept)
             if used.requests > 1:  # the SDK's own retries (ModelSettings.retry): no hook ran
                 run.lowlevel.spend(((_PROVIDER_CALLS, used.requests - 1),), f"provider:{model}")
@@ -288,6 +345,35 @@ def _require_call(run: Budget, agent: Any) -> None:
         require_request(run.lowlevel, f"provider:{_model_of(agent, None)[1]}")
     except BudgetExceeded as err:
         raise BudgetRefused(*err.args) from None
+
+
+def _definitions(agent: Any) -> list[Any]:
+    """What *agent*'s model calls send beside their instructions and input, for their input's
+    bound (S3-10): its function tools' names, descriptions and schemas, its handoffs' (as the
+    SDK makes them tools) and its output type's schema. The tools of its MCP servers, listed as
+    each turn is prepared, are not seen by the hooks."""
+    from agents.handoffs import Handoff
+
+    sent: list[Any] = []
+    for tool in getattr(agent, "tools", None) or ():
+        sent.append([getattr(tool, "name", None), getattr(tool, "description", None),
+                     getattr(tool, "params_json_schema", None)])
+    for handoff in getattr(agent, "handoffs", None) or ():
+        if isinstance(handoff, Handoff):
+            sent.append([handoff.tool_name, handoff.tool_description,
+                         handoff.input_json_schema])
+        else:  # an agent: the SDK describes it as its default handoff tool
+            sent.append([Handoff.default_tool_name(handoff),
+                         Handoff.default_tool_description(handoff)])
+    output = getattr(agent, "output_type", None)
+    if output is not None and output is not str:
+        from agents.agent_output import AgentOutputSchema
+
+        try:
+            sent.append(AgentOutputSchema(output).json_schema())
+        except Exception:  # noqa: BLE001 - a type the SDK itself refuses: its own error, later
+            sent.append(repr(output))
+    return sent
 
 
 def _model_of(agent: Any, provider: str | None) -> tuple[str, str]:

@@ -27,6 +27,15 @@ run, with no change to the agent, its tools or its prompts::
   cost (S3-3). Under a cost limit, a response that used tokens and whose cost nothing can tell
   stops the run with a `nbbudget.ConfigError` that names ``prices=``: the limit could not be
   kept.
+- **Cost reserved before a request** (S3-10). With ``cost_usd`` limited and the model's price
+  known (``prices=``, else genai-prices' at the model's provider), each attempt reserves its
+  worst case as it takes its permit: its input bounded by its messages, instructions and tool
+  definitions in bytes of JSON, plus 1,024 tokens, at the input price; its output by its
+  ``max_tokens``, at the output price, the cap lowered so that the worst case fits what is left
+  (none asked: all the dollars left are reserved). One that cannot pay for one output token is
+  refused before it is sent. The response settles the reservation (a stream draws on it as it
+  is charged); an attempt that fails gives it back when the provider billed nothing (an error
+  status, a connection never made), and keeps it spent otherwise.
 - **Streams** (``agent.run_stream``, ``agent.iter``) are charged as the stream reports its
   usage, after each event; the event that passes ``output_tokens``, ``tokens`` or ``cost_usd``
   never reaches the reader: the stream is cancelled (its connection closed) and
@@ -56,6 +65,7 @@ Where this differs from `UsageLimits`, and why, is in "Bounding the agent you al
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import aclosing, asynccontextmanager, suppress
 from dataclasses import KW_ONLY, dataclass
@@ -64,8 +74,25 @@ from typing import Any
 from ..core.errors import BudgetCut, BudgetExceeded, ConfigError
 from ..core.lowlevel import Unwind
 from ..run.budget import Budget, current
-from ..run.prices import FIGURES, Given, PriceFn, cost_usd, given_price, provider_of
-from ..run.providers import Usage, clamp, spend_usage
+from ..run.prices import (
+    FIGURES,
+    Given,
+    PriceFn,
+    cost_usd,
+    given_price,
+    price_of,
+    provider_of,
+    worst_case,
+)
+from ..run.providers import (
+    Reservation,
+    Usage,
+    clamp,
+    reserve_priced,
+    spend_usage,
+    unbilled,
+)
+from .bounds import json_size
 
 #: The first pydantic-ai release with a hook before every attempt at a model request
 #: (``prepare_model_request``), where a ``provider_calls`` permit is taken and ``max_tokens``
@@ -142,6 +169,8 @@ class _Billed:
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
+    #: its worst-case cost, reserved before it was sent, with cost_usd limited (S3-10)
+    reserved: Reservation | None = None
 
 
 @dataclass
@@ -216,21 +245,60 @@ class Budgeted(AbstractCapability[Any]):
         return request_context
 
     async def prepare_model_request(self, ctx: Any, request_context: Any) -> Any:
-        """Every attempt: a ``provider_calls`` permit before dispatch, ``max_tokens`` clamped."""
+        """Every attempt: a ``provider_calls`` permit before dispatch, ``max_tokens`` clamped;
+        with ``cost_usd`` limited and the model's price known, its worst case reserved too, the
+        cap clamped so that it fits (S3-10)."""
         run = self._run()
         label = _model_name(request_context.model)
+        target = f"provider:{label}"
         settings = dict(request_context.model_settings or {})
+        asked = settings.get("max_tokens")
+        price = self._request_price(run, request_context.model)
+        reserved = None
         try:
-            run.charge("provider_calls", target=f"provider:{label}")
-            asked = settings.get("max_tokens")
-            clamped = clamp(run, asked, f"provider:{label}")
+            if price is None:
+                run.charge("provider_calls", target=target)
+                clamped = clamp(run, asked, target)
+            else:  # its messages, instructions and tool definitions bound its input
+                fixed, rate = worst_case(price, json_size(
+                    [request_context.messages, request_context.model_request_parameters]))
+                # one provider_calls permit (its turn was taken by its request step)
+                clamped, dollars = reserve_priced(run.lowlevel, asked, target, fixed, rate,
+                                                  retry=True)
+                reserved = Reservation(run.lowlevel, dollars, label, target)
         except BudgetExceeded as err:
             raise _refused(err) from None
-        self._billed = _Billed()  # this attempt's response is charged from nothing
+        # this attempt's response is charged from nothing
+        self._billed = _Billed(reserved=reserved)
         if clamped != asked:
             settings["max_tokens"] = clamped
             request_context = dataclasses.replace(request_context, model_settings=settings)
         return request_context
+
+    def _request_price(self, run: Budget, model: Any) -> PriceFn | None:
+        """The price a request's worst case is reserved at: ``prices=``, else genai-prices'
+        price of the model at its provider (``provider=``, else the one whose API the model's
+        base URL matches, else its ``system``); None when ``cost_usd`` is not limited or no
+        price is known (a response's own cost, a gateway's, is then charged after the fact)."""
+        if run.remaining("cost_usd") == math.inf:
+            return None
+        if self._price is not None:
+            return self._price
+        name = getattr(model, "model_name", None)
+        url = getattr(model, "base_url", None)
+        provider = self.provider or (provider_of(url) if url else None) or getattr(
+            model, "system", None)
+        found = price_of(str(provider), str(name)) if name and provider else None
+        return None if found is None else found.cost
+
+    async def on_model_request_error(self, ctx: Any, *, request_context: Any,
+                                     error: Exception) -> Any:
+        """An attempt failed: its reservation goes back when the provider billed nothing (an
+        error status, a connection never made: `unbilled`), else stays spent (S3-10)."""
+        reserved = self._billed.reserved
+        if reserved is not None and unbilled(error):
+            reserved.release()
+        raise error
 
     def get_wrapper_model(self, model: Any) -> Any:
         """The model of every attempt, wrapped so that a streamed response is charged as it
@@ -277,7 +345,11 @@ class Budgeted(AbstractCapability[Any]):
             spent["cost_usd"] = cost - billed.cost_usd
             billed.cost_usd = cost
         try:
-            spend_usage(run, spent, None, model or "model")
+            if billed.reserved is not None:  # drawn from, or settled by, the final charge
+                billed.reserved.spend(spent["input_tokens"], spent["output_tokens"],
+                                      spent.get("cost_usd"), final=final)
+            else:
+                spend_usage(run, spent, None, model or "model")
         except Unwind as signal:
             cut = signal.stop  # the run, or the run it draws on, failed budget-cut
             err = UsageLimitCut(cut.by or "budget", cut.message)

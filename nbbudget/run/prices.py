@@ -32,8 +32,8 @@ from typing import Any
 
 from ..core.errors import ConfigError
 
-__all__ = ["FIGURES", "FREE", "Given", "Price", "PriceFn", "cost_usd", "given_price",
-           "price_of", "provider_of"]
+__all__ = ["FIGURES", "FRAMING", "FREE", "Given", "Price", "PriceFn", "cost_usd", "given_price",
+           "price_of", "provider_of", "worst_case", "worst_rates"]
 
 #: The usage figures a price reads, in genai-prices' names. ``input_tokens`` counts every input
 #: token, cached ones included; ``cache_read_tokens`` and ``cache_write_tokens`` say how many
@@ -86,6 +86,34 @@ FREE = "free"
 Given = Mapping[str, float] | Callable[[Mapping[str, float]], float] | str
 
 _RATES = ("input", "output", "cache_read", "cache_write")
+
+#: input tokens a provider adds to a request's own (its chat template, a tool-use system
+#: prompt: Anthropic's is 346 tokens at most), in a request's worst case (S3-10)
+FRAMING = 1024
+
+
+def worst_case(price: PriceFn, size: int) -> tuple[float, float]:
+    """A model request's worst case at *price* (S3-10): the dollars of its input and the dollars
+    of each output token. Its input is bounded from above by *size*, the bytes of what it sends
+    (a token of text takes at least one byte of it, in any JSON form), and `FRAMING` tokens
+    more, each priced as a cache write where that costs more; what that bound does not cover is
+    in the docs ("Bounding the agent you already have"). The model clients
+    (``nbbudget.integrations.models``) and the LangChain, Agents SDK and pydantic-ai adapters
+    work out each request's worst case with it, before they reserve it
+    (`nbbudget.run.providers.reserve_priced`)."""
+    n = size + FRAMING
+    plain_input = price({"input_tokens": n})
+    fixed = max(plain_input, price({"input_tokens": n, "cache_write_tokens": n}))
+    rate = (price({"input_tokens": n, "output_tokens": _MILLION}) - plain_input) / _MILLION
+    return fixed, max(rate, 0.0)
+
+
+def worst_rates(price: PriceFn) -> tuple[float, float]:
+    """A linear price's `worst_case` per token: the dollars of each input token of the bound
+    (``(size + FRAMING) * rates[0]``) and of each output token. The model clients work them out
+    once per model (4 calls of a price cost a request 5 us)."""
+    fixed, rate = worst_case(price, _MILLION - FRAMING)
+    return fixed / _MILLION, rate
 
 
 def given_price(prices: Given | None, where: str) -> PriceFn | None:

@@ -15,6 +15,7 @@ whether or not the call cooperates.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import threading
@@ -24,14 +25,15 @@ from typing import TYPE_CHECKING, Any
 from ..core.duration import parse_duration
 from ..core.errors import BudgetCut, BudgetExceeded, ConfigError
 from ..core.kinds import KIND_INDEX, KINDS
+from ..core.scope import Unwind
 from .prices import Given, PriceFn, given_price
 
 if TYPE_CHECKING:
     from ..core.lowlevel import Core, Run
 
-__all__ = ["GUARDRAIL_MS", "Usage", "clamp", "degrade_past", "make_provider",
+__all__ = ["GUARDRAIL_MS", "Reservation", "Usage", "clamp", "degrade_past", "make_provider",
            "require_request", "reserve_priced", "reserve_request", "spend_reply", "spend_usage",
-           "usage_of"]
+           "unbilled", "usage_of"]
 
 #: a call that does not answer is cut after 1 h (S3-8): the default of a provider's guardrail,
 #: and the guardrail of each request of an instrumented model client
@@ -228,17 +230,78 @@ def reserve_request(core: Core, asked: Any, target: str, *, retry: bool = False)
 
 
 def reserve_priced(core: Core, asked: Any, target: str, fixed: float, rate: float, *,
-                   retry: bool = False) -> tuple[int | None, float]:
+                   retry: bool = False, clamp: bool = True) -> tuple[int | None, float]:
     """`reserve_request` for a request whose cost is reserved too, with ``cost_usd`` limited
-    (S3-10): its worst case, *fixed* dollars for its input (bounded from above) and *rate*
-    dollars per output token of its cap, the cap clamped so that the worst case fits what is
-    left. The cap to send (None: none asked and none needed, and then all the dollars left are
-    reserved, as nothing bounds the reply) and the dollars reserved, which `spend_reply` settles
-    with the reply's cost. An instrumented model client (``nbbudget.integrations.models``)
-    calls it before each attempt."""
+    (S3-10): its worst case, *fixed* dollars for its input (bounded from above,
+    `nbbudget.run.prices.worst_case`) and *rate* dollars per output token of its cap, the cap
+    clamped so that the worst case fits what is left. The cap to send (None: none asked and none
+    needed, and then all the dollars left are reserved, as nothing bounds the reply) and the
+    dollars reserved, which `spend_reply` (or a `Reservation`) settles with the reply's cost.
+    *retry*: one ``provider_calls`` permit only (a retry; or an attempt whose turn was counted
+    apart, as pydantic-ai's). Not *clamp*: the caller cannot change the cap it sends, so a worst
+    case that does not fit is refused whole, and no cap (None) is no bound on the output, even
+    under an ``output_tokens`` limit. An instrumented model client
+    (``nbbudget.integrations.models``) calls it before each attempt; the LangChain, Agents SDK
+    and pydantic-ai adapters before each model call they can see before it is sent."""
     cap, reserved = core.reserve_costed(_RETRY if retry else _FIRST_ATTEMPT, _OUTPUT_TOKENS, _COST,
-                                        fixed, rate, _INF if asked is None else asked, target)
+                                        fixed, rate, _INF if asked is None else asked, target,
+                                        clamp)
+    if not clamp:
+        return (None if asked is None else int(asked)), reserved
     return (None if cap == _INF else int(cap)), reserved
+
+
+class Reservation:
+    """The dollars one model request reserved before it was sent (`reserve_priced`, S3-10) and
+    has not drawn yet, and the charges that settle them: the LangChain, Agents SDK and
+    pydantic-ai adapters keep one for each model call under way."""
+
+    __slots__ = ("core", "dollars", "label", "target")
+
+    def __init__(self, core: Core, dollars: float, label: str, target: str) -> None:
+        self.core, self.dollars, self.label, self.target = core, dollars, label, target
+
+    def spend(self, inp: float, out: float, cost: float | None, *, final: bool) -> None:
+        """Charge what the reply used (`spend_reply`: recorded even past a limit, S3-3). A
+        charge on the way (a streamed reply's) draws its cost from the dollars reserved while
+        they last; the *final* one settles them: what the reply did not use goes back."""
+        reserved = self.dollars
+        if reserved and not final:
+            reserved = min(cost or 0.0, reserved)
+            self.dollars -= reserved
+        else:
+            self.dollars = 0.0
+        spend_reply(self.core, inp, out, cost, self.label, self.target, reserved)
+
+    def release(self) -> None:
+        """Give back the dollars not drawn: the call used nothing more (`unbilled`). A limit the
+        run passed meanwhile is raised at its next check, not here."""
+        reserved, self.dollars = self.dollars, 0.0
+        if reserved:
+            with contextlib.suppress(Unwind):
+                spend_reply(self.core, 0, 0, None, self.label, self.target, reserved)
+
+
+def unbilled(error: BaseException) -> bool:
+    """Whether the *error* a model call failed with shows that the provider billed nothing: it
+    answered with an error status (an HTTP status of 400 or more on the error or on one it was
+    raised from: the SDKs' ``APIStatusError``, pydantic-ai's ``ModelHTTPError``, httpx's
+    ``HTTPStatusError``), or the connection was never made (refused, or a connect timeout). Any
+    other error (a timeout or a connection dropped after the request was sent, a model's own
+    exception) may come after the provider billed the request. The adapters give a failed
+    call's reservation back when it is unbilled (S3-10)."""
+    seen: set[int] = set()
+    err: BaseException | None = error
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        status = getattr(err, "status_code", None)
+        if status is None:
+            status = getattr(getattr(err, "response", None), "status_code", None)
+        if (type(status) is int and status >= 400) or isinstance(err, ConnectionRefusedError) \
+                or type(err).__name__ in ("ConnectError", "ConnectTimeout"):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
 
 
 def require_request(core: Core, target: str) -> None:

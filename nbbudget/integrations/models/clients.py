@@ -80,7 +80,16 @@ from ...core.kinds import KIND_INDEX, KINDS, RUN_MS
 from ...core.lowlevel import Core, Stop, Unwind
 from ...core.outcome import Status
 from ...run.budget import Budget, current
-from ...run.prices import Given, PriceFn, given_price, price_of, provider_of
+from ...run.prices import (
+    FRAMING,
+    Given,
+    PriceFn,
+    given_price,
+    price_of,
+    provider_of,
+    worst_case,
+    worst_rates,
+)
 from ...run.providers import (
     GUARDRAIL_MS,
     degrade_past,
@@ -101,9 +110,6 @@ _METERED = tuple(sorted((KIND_INDEX[kind] for kind in ("tokens", "output_tokens"
                         key=lambda i: KINDS[i].rank))
 _MILLION = 1_000_000
 _COST = KIND_INDEX["cost_usd"]
-#: input tokens a provider adds to a request's own (its chat template, a tool-use system
-#: prompt: Anthropic's is 346 tokens at most), for a request's worst case (S3-10)
-_FRAMING = 1024
 #: the headers of a body's length, which a new body replaces
 _LENGTH = (b"content-length", b"transfer-encoding")
 _C = TypeVar("_C")
@@ -267,9 +273,9 @@ class _Gate:
         try:
             if price is not None and core.limited(_COST):
                 if rates is not None:  # a linear price: its rates, worked out once
-                    fixed, rate = (len(request.content) + _FRAMING) * rates[0], rates[1]
+                    fixed, rate = (len(request.content) + FRAMING) * rates[0], rates[1]
                 else:
-                    fixed, rate = _worst(price, len(request.content))
+                    fixed, rate = worst_case(price, len(request.content))
                 capped, reserved = reserve_priced(core, asked, target, fixed, rate, retry=retry)
             else:
                 capped = reserve_request(core, asked, target, retry=retry)
@@ -303,7 +309,7 @@ class _Gate:
             found = price_of(self.provider, model)
             price = None if found is None else found.cost
             linear = found is not None and found.per_token is not None
-        rates = _rates(price) if price is not None and linear else None
+        rates = worst_rates(price) if price is not None and linear else None
         known = self.models[model] = (label, "provider:" + label, price, rates)
         return known
 
@@ -318,26 +324,6 @@ class _Gate:
                 f"provider='openrouter'), or give prices={{'input': usd, 'output': usd}} per "
                 f"million "
                 f"tokens, or a function of the usage")
-
-
-def _worst(price: PriceFn, size: int) -> tuple[float, float]:
-    """A request's worst case at *price* (S3-10): the dollars of its input and the dollars of
-    each output token. Its input is bounded from above by its body's *size* in bytes (a token
-    of text takes at least one byte of it, in any JSON form) and `_FRAMING` tokens more, each
-    priced as a cache write where that costs more; what that bound does not cover is in the
-    docs ("Bounding the agent you already have")."""
-    n = size + _FRAMING
-    plain_input = price({"input_tokens": n})
-    fixed = max(plain_input, price({"input_tokens": n, "cache_write_tokens": n}))
-    rate = (price({"input_tokens": n, "output_tokens": _MILLION}) - plain_input) / _MILLION
-    return fixed, max(rate, 0.0)
-
-
-def _rates(price: PriceFn) -> tuple[float, float]:
-    """A linear price's `_worst` per token: the dollars of each input token of the bound and of
-    each output token."""
-    fixed, rate = _worst(price, _MILLION - _FRAMING)
-    return fixed / _MILLION, rate
 
 
 def _lower(request: httpx2.Request, timeout: Mapping[str, float | None] | None,
