@@ -286,3 +286,23 @@ def test_S3_10_the_output_tokens_left_and_the_dollars_left_both_clamp_the_cap(
         chat(client, max_tokens=40)
     assert server.received[0].body["max_tokens"] == 7
     assert run.consumed["cost_usd"] == pytest.approx(cost_of(7))
+
+
+def test_S3_10_each_of_a_requests_n_choices_may_write_up_to_its_cap(server: Server,
+                                                                   client: Any) -> None:
+    """Chat's ``n=3`` asks three answers, each up to the cap: the worst case is three times the
+    output, and the cap is clamped so that it fits (one answer's would not need it)."""
+    def three_answers(body: Any) -> Any:
+        out = min(ANSWER, body["max_tokens"])
+        return o.chat("x" * out, o.chat_usage(PROMPT, 3 * out)).body
+
+    server.queue(Reply(body=three_answers))
+    limit = 0.01
+    with nb.budget(cost_usd=limit) as run:
+        chat(client, max_tokens=40, n=3)
+    sent = server.received[0]
+    cap, size = sent.body["max_tokens"], int(sent.headers["content-length"])
+    assert worst(size - 8, 40) <= limit < worst(size - 8, 3 * 40)  # one fits, three do not
+    assert 1 <= cap < 40 and worst(size - 8, 3 * cap) <= limit
+    assert run.consumed["cost_usd"] == pytest.approx(PROMPT * IN_RATE + 3 * min(cap, ANSWER)
+                                                     * OUT_RATE)

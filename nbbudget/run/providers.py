@@ -253,8 +253,9 @@ def reserve_priced(core: Core, asked: Any, target: str, fixed: float, rate: floa
 
 class Reservation:
     """The dollars one model request reserved before it was sent (`reserve_priced`, S3-10) and
-    has not drawn yet, and the charges that settle them: the LangChain, Agents SDK and
-    pydantic-ai adapters keep one for each model call under way."""
+    has not drawn yet, and the charges that settle them: the model clients
+    (``nbbudget.integrations.models``) keep one for each attempt, the LangChain, Agents SDK and
+    pydantic-ai adapters for each model call under way."""
 
     __slots__ = ("core", "dollars", "label", "target")
 
@@ -273,13 +274,15 @@ class Reservation:
             self.dollars = 0.0
         spend_reply(self.core, inp, out, cost, self.label, self.target, reserved)
 
-    def release(self) -> None:
-        """Give back the dollars not drawn: the call used nothing more (`unbilled`). A limit the
-        run passed meanwhile is raised at its next check, not here."""
+    def release(self, keep: float = 0.0) -> None:
+        """Give back the dollars not drawn but *keep* of them: the call used nothing more
+        (`unbilled`), or nothing more than *keep* says (a model client's stream that ended
+        before it reported its input keeps its input's bound). A limit the run passed
+        meanwhile is raised at its next check, not here."""
         reserved, self.dollars = self.dollars, 0.0
-        if reserved:
+        if reserved > keep:
             with contextlib.suppress(Unwind):
-                spend_reply(self.core, 0, 0, None, self.label, self.target, reserved)
+                spend_reply(self.core, 0, 0, None, self.label, self.target, reserved - keep)
 
 
 def unbilled(error: BaseException) -> bool:

@@ -92,6 +92,7 @@ from ...run.prices import (
 )
 from ...run.providers import (
     GUARDRAIL_MS,
+    Reservation,
     degrade_past,
     reserve_priced,
     reserve_request,
@@ -269,14 +270,18 @@ class _Gate:
         retry = _FIRST not in getattr(headers, "_list", ()) and headers.get(
             "x-stainless-retry-count", "0") != "0"
         core = run.lowlevel
-        reserved = fixed = 0.0
+        reservation, fixed = None, 0.0
         try:
             if price is not None and core.limited(_COST):
                 if rates is not None:  # a linear price: its rates, worked out once
                     fixed, rate = (len(request.content) + FRAMING) * rates[0], rates[1]
                 else:
                     fixed, rate = worst_case(price, len(request.content))
+                choices = body.get("n")  # Chat's choices: each writes up to the cap
+                if type(choices) is int and choices > 1:
+                    rate *= choices
                 capped, reserved = reserve_priced(core, asked, target, fixed, rate, retry=retry)
+                reservation = Reservation(core, reserved, label, target)
             else:
                 capped = reserve_request(core, asked, target, retry=retry)
         except BudgetExceeded as err:
@@ -296,7 +301,7 @@ class _Gate:
         if not timeout or None in (values := timeout.values()) or max(values) > bound:
             _lower(request, timeout, bound)
         return request, _Attempt(self, run, core, shape, model, label, target, price, stream,
-                                 hide, bound, reserved, fixed)
+                                 hide, bound, reservation, fixed)
 
     def _model(self, model: str) -> _Model:
         """The calls' name, target, price for *model* and, where the price is linear in the
@@ -464,19 +469,19 @@ class _Attempt:
     """One attempt of a model request in a run: what it charges and how it is cut."""
 
     __slots__ = ("core", "deadline", "gate", "hide", "input_bound", "label", "model", "price",
-                 "reserved", "run", "shape", "started", "stream", "target")
+                 "reservation", "run", "shape", "started", "stream", "target")
 
     def __init__(self, gate: _Gate, run: Budget, core: Core, shape: Shape, model: str,
                  label: str, target: str, price: PriceFn | None,
-                 stream: bool, hide: bool, bound: float, reserved: float,
+                 stream: bool, hide: bool, bound: float, reservation: Reservation | None,
                  input_bound: float) -> None:
         self.gate, self.run, self.core, self.shape = gate, run, core, shape
         self.model, self.label = model, label
         self.target, self.price, self.stream, self.hide = target, price, stream, hide
         self.started = time.monotonic()
         self.deadline = self.started + bound
-        self.reserved = reserved  # dollars reserved before sending, not yet drawn (S3-10)
-        self.input_bound = input_bound  # the dollars of its input's bound, in ``reserved``
+        self.reservation = reservation  # the dollars reserved before sending (S3-10), if any
+        self.input_bound = input_bound  # the dollars of its input's bound, in the reservation
 
     def charge(self, figures: Mapping[str, float], cost: float | None,
                final: bool = False) -> None:
@@ -484,29 +489,23 @@ class _Attempt:
         stop), then degrade if the run has used enough (S3-7). The cost is drawn from what the
         attempt reserved first; a *final* charge settles the reservation, giving back what the
         reply did not use (S3-10)."""
-        reserved = self.reserved
-        if reserved:
-            if final:
-                self.reserved = 0.0
-            else:  # a stream's charge on the way: from the reservation while it lasts
-                drawn = min(cost or 0.0, reserved)
-                self.reserved, reserved = reserved - drawn, drawn
-        spend_reply(self.core, figures.get("input_tokens", 0), figures.get("output_tokens", 0),
-                    cost, self.label, self.target, reserved)
+        inp, out = figures.get("input_tokens", 0), figures.get("output_tokens", 0)
+        reservation = self.reservation
+        if reservation is not None:
+            reservation.spend(inp, out, cost, final=final)
+        else:
+            spend_reply(self.core, inp, out, cost, self.label, self.target)
         degrade = self.gate.degrade
         if degrade is not None:
             degrade_past(self.run, degrade[1], self.model, degrade[0])
 
     def release(self, keep: float = 0.0) -> None:
-        """Give back what is left of the reservation but *keep* dollars: the attempt used
-        nothing more (an error status, a request never sent, a stream's end once its usage is
-        charged), or nothing more than *keep* says (a stream that ends before its input is
-        reported keeps its input's bound). A limit the run passed meanwhile is raised at its
-        next check, not here."""
-        reserved, self.reserved = self.reserved, 0.0
-        if reserved > keep:
-            with contextlib.suppress(Unwind):
-                spend_reply(self.core, 0, 0, None, self.label, self.target, reserved - keep)
+        """Give back what is left of the reservation but *keep* dollars (`Reservation.release`):
+        the attempt used nothing more (an error status, a request never sent, a stream's end
+        once its usage is charged), or nothing more than *keep* says (a stream that ends
+        before its input is reported keeps its input's bound)."""
+        if self.reservation is not None:
+            self.reservation.release(keep)
 
     def release_unreported(self, reported: Mapping[str, float]) -> None:
         """A stream ended early: `release` what is left of the reservation, but for the bound
@@ -670,7 +669,10 @@ class _Meter:
         output_tokens, tokens, cost = self.attempt.core.remaining_of(_OUTPUT_LEFT)
         left = min(output_tokens, tokens)
         if self.per_output > 0:
-            left = min(left, (cost + self.attempt.reserved) / self.per_output)
+            reservation = self.attempt.reservation
+            if reservation is not None:
+                cost += reservation.dollars
+            left = min(left, cost / self.per_output)
         return left
 
     def _rearm(self) -> None:
