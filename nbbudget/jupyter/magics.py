@@ -54,7 +54,7 @@ from .cells import (
     pin_output,
 )
 from .clicks import Clicks
-from .panel import Panel, summary
+from .panel import Panel, run_summary
 from .status import Status
 
 __all__ = ["BudgetMagics", "NBBudget", "load", "unload"]
@@ -380,7 +380,7 @@ class BudgetMagics(Magics):
         if panel is not None:
             panel.end_cell(run)
         else:
-            _display_text(summary(run.snapshot()))
+            _display_text(run_summary(run))
 
     def _call(self, compiled: CompiledCell, line: str, cell: str, args: Any, limits: Limits,
               panel: Panel | None, ceilings: Manifest | None) -> Any:
@@ -413,7 +413,7 @@ class BudgetMagics(Magics):
         if panel is not None:
             panel.end_cell(job=resp.job, state=_incomplete_state(resp))
         elif not (args.detach or args.resume) and resp.job is not None:
-            _display_text(summary(resp.job.run.snapshot()))
+            _display_text(run_summary(resp.job.run))
         return self._finish(resp, args, panel)
 
     def _finish(self, resp: Response, args: Any, panel: Panel | None) -> Any:
