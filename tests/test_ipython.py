@@ -252,6 +252,10 @@ def test_a_cell_line_is_expanded_as_ipython_expands_a_magics_line(shell, capsys)
         assert shell.run_cell(f"%%budget --no-widget {line}\npass").error_in_exec is None
         said.append(capsys.readouterr().out.rsplit("; ", 1)[-1].strip())
     assert said == ["steps 0/3", "steps 0/4", "steps 0/2"]
+    # the frame IPython reads: two above run_cell_magic's (here g's, where m is)
+    shell.run_cell("def g():\n    m = 7\n    def f():\n        get_ipython().run_cell_magic("
+                   "'budget', '--no-widget --steps $m', 'pass')\n    f()\ng()")
+    assert capsys.readouterr().out.rstrip().endswith("; steps 0/7")
     result = shell.run_cell("%%budget --no-widget --steps $$n\npass")
     assert "invalid int value: '$n'" in str(result.error_in_exec)  # $$n: a literal $n
     assert shell.run_cell("%%budget --no-widget --detach --key 'a}}b'\npass").success

@@ -532,7 +532,7 @@ def _expanded(shell: Any, line: str) -> str:
     """The cell line as IPython's ``run_cell_magic`` would have expanded it (``$name`` and
     ``{expression}``, in the user's namespace and the frame it reads), had ``%%budget`` not
     opted out (``no_var_expand``) for every line: IPython copies the whole user namespace for
-    each one, a sixth of what the magic added to a cell, and a line without ``$``, ``{`` or
+    each one, a fifth of what the magic added to a cell, and a line without ``$``, ``{`` or
     ``}`` comes out of it as it went in. Called by ``budget_cell`` for the others: when
     IPython's ``run_cell_magic`` called it, the line is expanded in the same frame (two above
     that one, as IPython reads it); called any other way, where IPython would not have

@@ -71,8 +71,8 @@ def summary(snap: Snapshot, state: str | None = None) -> str:
 def run_summary(run: Budget) -> str:
     """`summary` of *run*'s snapshot now, as the magic prints it under a cell shown without a
     panel: a run that spent nothing but time and has no limits (`time_only`) is said from its
-    status and time, without a snapshot (which cost the magic a quarter of what it adds to a
-    cell that does nothing, bench_magic.py)."""
+    status and time, without a snapshot (which cost a fifth of what the magic added to a cell
+    that does nothing, bench_magic.py)."""
     shown = time_only(run)
     if shown is None:
         return summary(run.snapshot())

@@ -233,7 +233,7 @@ class Status:
         """Wake the thread, which clears the event before it reads what it shows: an event
         still set has not been seen yet, and setting it again would only take its lock. With
         no status bar open nothing clears it, and each cell's start and end skips that (about
-        2 us of the magic's cost each, bench_magic.py)."""
+        1.5 us of the magic's cost each, bench_magic.py)."""
         if not self._wake.is_set():
             self._wake.set()
 

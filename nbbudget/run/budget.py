@@ -191,14 +191,15 @@ def time_only(run: Budget) -> tuple[str, float] | None:
     status and the time run (ms) of a run whose parts were never built and that has no limits
     (no axes, nothing spent but time); None for any other run, whose `Budget.snapshot` says
     more. The magic's summary of a cell (``nbbudget.jupyter.panel.run_summary``) reads it: a
-    snapshot, made for nothing more, cost a quarter of what ``%%budget`` adds to a cell."""
+    snapshot, made for nothing more, cost a fifth of what ``%%budget`` added to a cell."""
     state = run._state
     if state.__class__ is not _Unbuilt:
         return None
     limits = state.recipe.limits
     if limits is not _NO_LIMITS and limits:
         return None
-    return state.status_now()
+    _, status, elapsed = state.now()
+    return status, elapsed
 
 
 def stop_error(error: BaseException) -> BaseException:
@@ -303,18 +304,18 @@ class _Unbuilt:
         armed = self.recipe.limits.to_dict()
         axes = tuple(AxisUsage(kind, limit, 0, limit, 0.0)
                      for kind, limit in armed.items()) if armed else ()
-        status, elapsed = self.status_now()
+        outcome, status, elapsed = self.now()
         return Snapshot(run.name, status, elapsed, None, axes,
-                        {_TIME: round(elapsed)} if elapsed else {}, 0, self.outcome)
+                        {_TIME: round(elapsed)} if elapsed else {}, 0, outcome)
 
-    def status_now(self) -> tuple[str, float]:
-        """The run's status and the time it has run (ms), read once, as its snapshot shows
-        them."""
+    def now(self) -> tuple[Outcome | None, str, float]:
+        """The run's outcome, its status and the time it has run (ms), each read once (the
+        outcome first: it is written last when the run is left), as its snapshot shows them."""
         outcome, began, ended = self.outcome, self.began, self.ended
         if began is None:
-            return (outcome.status.value if outcome else "ready"), 0.0
+            return outcome, (outcome.status.value if outcome else "ready"), 0.0
         elapsed = (ended if ended is not None else self.recipe.clock.now_ms()) - began
-        return (outcome.status.value if outcome else "running"), elapsed
+        return outcome, (outcome.status.value if outcome else "running"), elapsed
 
 
 class _Built:
