@@ -88,6 +88,26 @@ def test_each_kind_of_run_is_recorded_with_its_outcome_limits_and_consumption(ke
     assert loop.trace().replay(nb.Limits(steps=1)).refusals[0]["consumed_value"] == 2
 
 
+def test_the_limits_and_consumption_are_stored_as_json_dumps_writes_them(keeping, home):
+    with nb.budget(name="idle"):
+        pass
+    with nb.budget(steps=5, cost_usd=0.5, tokens=2**40, name="spent") as run:
+        run.step()
+        run.charge("cost_usd", 0.1 + 0.2)
+        run.charge("tokens", 7)
+    history.flush()
+    with closing(sqlite3.connect(home / "nbbudget.db")) as db:
+        stored = db.execute("SELECT name, limits, consumed FROM history ORDER BY id").fetchall()
+    entries = {e.name: e for e in history.entries()}
+    for name, limits, consumed in stored:
+        assert limits == json.dumps(entries[name].limits)
+        assert consumed == json.dumps(entries[name].consumed)
+    assert [(name, limits) for name, limits, _ in stored] == [
+        ("idle", "{}"),
+        ("spent", '{"steps": 5, "tokens": 1099511627776, "cost_usd": 0.5}')]
+    assert '"cost_usd": 0.30000000000000004' in stored[1][2]
+
+
 def test_grants_are_part_of_their_run_not_runs_of_their_own(keeping, home):
     with nb.budget(steps=10, name="outer") as run, run.grant(steps=2, name="inner") as grant:
         grant.step()

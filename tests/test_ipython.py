@@ -243,6 +243,25 @@ def test_S4_2_configured_limits_apply_and_a_cell_may_only_restrict_them(shell):
     assert result.error_in_exec is None
 
 
+def test_a_cell_line_is_expanded_as_ipython_expands_a_magics_line(shell, capsys):
+    """$name and {expression} from the user's namespace, $$ and }} as themselves escaped; a
+    line whose braces do not expand (JSON) is left as it is."""
+    shell.run_cell("n = 3")
+    said = []
+    for line in ("--steps $n", "--steps {n + 1}", "--run-limits-json '{\"steps\": 2}'"):
+        assert shell.run_cell(f"%%budget --no-widget {line}\npass").error_in_exec is None
+        said.append(capsys.readouterr().out.rsplit("; ", 1)[-1].strip())
+    assert said == ["steps 0/3", "steps 0/4", "steps 0/2"]
+    # the frame IPython reads: two above run_cell_magic's (here g's, where m is)
+    shell.run_cell("def g():\n    m = 7\n    def f():\n        get_ipython().run_cell_magic("
+                   "'budget', '--no-widget --steps $m', 'pass')\n    f()\ng()")
+    assert capsys.readouterr().out.rstrip().endswith("; steps 0/7")
+    result = shell.run_cell("%%budget --no-widget --steps $$n\npass")
+    assert "invalid int value: '$n'" in str(result.error_in_exec)  # $$n: a literal $n
+    assert shell.run_cell("%%budget --no-widget --detach --key 'a}}b'\npass").success
+    assert nb.last_response.job is not None and nb.last_response.job.label == "a}b"
+
+
 def test_a_cell_line_read_once_is_read_again_when_the_settings_or_its_files_change(
         shell, tmp_path):
     """The same line under new settings, a manifest changed on disk, and a --trace target

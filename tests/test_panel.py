@@ -12,7 +12,7 @@ from traitlets.config import Config
 
 import nbbudget as nb
 from nbbudget.jupyter.clicks import Route
-from nbbudget.jupyter.panel import STOP_WAITS, Panel, line, summary
+from nbbudget.jupyter.panel import STOP_WAITS, Panel, line, run_summary, summary
 from nbbudget.testing import FakeClock
 
 pytestmark = pytest.mark.usefixtures("quick_idle_workers", "home")
@@ -91,6 +91,34 @@ def test_N_3_a_cut_by_a_limit_names_the_limit():
         run.step()
         run.step()
     assert summary(run.snapshot()) == "nbbudget etl: failed (by steps), 0.0 s; steps 1/1"
+
+
+def test_N_3_the_summary_of_a_run_says_what_its_snapshot_says():
+    clock = FakeClock()
+    ready = nb.budget(clock=clock, name="ready")  # never entered
+    with nb.budget(clock=clock, name="plain") as plain:  # no limits, nothing built
+        clock.advance("1.25s")
+        running = run_summary(plain)
+        assert running == summary(plain.snapshot()) == "nbbudget plain: running, 1.2 s"
+    with nb.budget(steps=5, clock=clock, name="armed") as armed:  # limits, nothing spent
+        clock.advance("60ms")
+    with nb.budget(clock=clock, name="built") as built:  # parts built by a charge
+        built.charge("tool_calls")
+        clock.advance("2.05s")
+    with pytest.raises(nb.BudgetExceeded), nb.budget(steps=1, clock=clock, name="cut") as cut:
+        cut.step()
+        cut.step()
+    with nb.budget(nb.Limits(), clock=clock, name="empty") as empty:  # no limits, not the same
+        pass                                                            # object as NO_LIMITS
+    said = {run.name: run_summary(run) for run in (ready, plain, armed, built, cut, empty)}
+    assert said == {run.name: summary(run.snapshot())
+                    for run in (ready, plain, armed, built, cut, empty)}
+    assert said == {"ready": "nbbudget ready: ready, 0.0 s",
+                    "plain": "nbbudget plain: completed, 1.2 s",
+                    "armed": "nbbudget armed: completed, 0.1 s; steps 0/5",
+                    "built": "nbbudget built: completed, 2.0 s",
+                    "cut": "nbbudget cut: failed (by steps), 0.0 s; steps 1/1",
+                    "empty": "nbbudget empty: completed, 0.0 s"}
 
 
 def test_N_3_the_panel_shows_time_as_time():

@@ -32,6 +32,7 @@ import atexit
 import collections
 import contextlib
 import json
+import math
 import os
 import threading
 import time
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import ConfigError
-from ..core.kinds import KINDS
+from ..core.kinds import KIND_INDEX, KINDS
 from ..core.limits import Limits
 from ..core.suggest import Suggestion, suggest
 from ..core.trace import Trace
@@ -281,7 +282,23 @@ def _row(run: Budget | Deferred, how: str, trace: Trace | None,
             outcome.status.value if outcome is not None else "ended",
             outcome.cause if outcome is not None else None,
             outcome.by if outcome is not None else None,
-            json.dumps(budget.limits.to_dict()), json.dumps(consumed), saved)
+            _amounts_json(budget.limits.to_dict()), _amounts_json(consumed), saved)
+
+
+def _amounts_json(amounts: dict[str, float]) -> str:
+    """``json.dumps(amounts)`` of a run's limits or consumption, by kind: written here where
+    each key is a kind's name (no character to escape) and each value a finite int or float,
+    whose JSON is its repr; else by `json.dumps`. (json.dumps took a quarter of the time the
+    writer spends on a cell's run, bench_magic.py.)"""
+    if not amounts:
+        return "{}"
+    parts = []
+    for kind, value in amounts.items():
+        if not (kind in KIND_INDEX and (type(value) is int or (
+                type(value) is float and math.isfinite(value)))):
+            return json.dumps(amounts)
+        parts.append(f'"{kind}": {value!r}')
+    return "{" + ", ".join(parts) + "}"
 
 
 def _compact(trace: Trace) -> dict[str, Any]:

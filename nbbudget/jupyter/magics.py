@@ -19,7 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments
 from traitlets import Bool, Dict, Int, List, Unicode
 from traitlets.config import Configurable
@@ -54,7 +55,7 @@ from .cells import (
     pin_output,
 )
 from .clicks import Clicks
-from .panel import Panel, summary
+from .panel import Panel, run_summary
 from .status import Status
 
 __all__ = ["BudgetMagics", "NBBudget", "load", "unload"]
@@ -230,6 +231,7 @@ class BudgetMagics(Magics):
         self.status = Status(shell, lambda: config.status_interval_ms, self.clicks.route)
         self._lines: dict[tuple[Any, ...], _Line] = {}  # cell lines read, by line and settings
 
+    @no_var_expand  # the line is expanded here, only where it holds something to expand
     @magic_arguments("%budget")  # IPython adds a % for a cell magic: shown as %%budget
     @argument("--budget", metavar="DUR",
               help="the call budget: how long the cell may hold you (needs --detach or "
@@ -278,6 +280,8 @@ class BudgetMagics(Magics):
                 work(i)
                 nb.checkpoint(i + 1)            # pauses here once the 2 s are spent
         """
+        if "$" in line or "{" in line or "}" in line:
+            line = _expanded(self.shell, line)
         args, limits, ceilings, notices = self._line(line)
         compiled = compile_cell(self.shell, cell)
         panel = self._panel(limits, args)
@@ -380,7 +384,7 @@ class BudgetMagics(Magics):
         if panel is not None:
             panel.end_cell(run)
         else:
-            _display_text(summary(run.snapshot()))
+            _display_text(run_summary(run))
 
     def _call(self, compiled: CompiledCell, line: str, cell: str, args: Any, limits: Limits,
               panel: Panel | None, ceilings: Manifest | None) -> Any:
@@ -413,7 +417,7 @@ class BudgetMagics(Magics):
         if panel is not None:
             panel.end_cell(job=resp.job, state=_incomplete_state(resp))
         elif not (args.detach or args.resume) and resp.job is not None:
-            _display_text(summary(resp.job.run.snapshot()))
+            _display_text(run_summary(resp.job.run))
         return self._finish(resp, args, panel)
 
     def _finish(self, resp: Response, args: Any, panel: Panel | None) -> Any:
@@ -518,6 +522,27 @@ class BudgetMagics(Magics):
         return run.usage()
 
 
+
+
+#: IPython's own way of running a cell magic, which expands its line before calling it
+_RUN_CELL_MAGIC = InteractiveShell.run_cell_magic.__code__
+
+
+def _expanded(shell: Any, line: str) -> str:
+    """The cell line as IPython's ``run_cell_magic`` would have expanded it (``$name`` and
+    ``{expression}``, in the user's namespace and the frame it reads), had ``%%budget`` not
+    opted out (``no_var_expand``) for every line: IPython copies the whole user namespace for
+    each one, a fifth of what the magic added to a cell, and a line without ``$``, ``{`` or
+    ``}`` comes out of it as it went in. Called by ``budget_cell`` for the others: when
+    IPython's ``run_cell_magic`` called it, the line is expanded in the same frame (two above
+    that one, as IPython reads it); called any other way, where IPython would not have
+    expanded it either, it is left as it is."""
+    magic = sys._getframe(2)  # the frame that called budget_cell
+    if magic.f_code is not _RUN_CELL_MAGIC:
+        return line
+    # var_expand reads the frame depth + 1 above its own: run_cell_magic's caller's caller
+    expanded: str = shell.var_expand(line, 4)
+    return expanded
 
 
 def _history_changed(change: Any) -> None:

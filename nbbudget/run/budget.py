@@ -69,7 +69,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_NOTICES", "STATE_VERSION", "Budget", "Deferred", "Grant", "Snapshot",
            "activate", "budget", "check_notices", "current", "set_ambient", "set_on_end",
-           "stop_error"]
+           "stop_error", "time_only"]
 
 _R = TypeVar("_R")
 _INF = math.inf
@@ -187,6 +187,22 @@ def _settle_escaped_here() -> None:
             warnings.warn(text, RuntimeWarning, stacklevel=3)
 
 
+def time_only(run: Budget) -> tuple[str, float] | None:
+    """What *run*'s snapshot would show when it shows nothing but its status and time: the
+    status and the time run (ms) of a run whose parts were never built and that has no limits
+    (no axes, nothing spent but time); None for any other run, whose `Budget.snapshot` says
+    more. The magic's summary of a cell (``nbbudget.jupyter.panel.run_summary``) reads it: a
+    snapshot, made for nothing more, cost a fifth of what ``%%budget`` added to a cell."""
+    state = run._state
+    if state.__class__ is not _Unbuilt:
+        return None
+    limits = state.recipe.limits
+    if limits is not _NO_LIMITS and limits:
+        return None
+    _, status, elapsed = state.now()
+    return status, elapsed
+
+
 def stop_error(error: BaseException) -> BaseException:
     """*error* as a ``with run:`` block raises it when it leaves: a stop unwinding through user
     code becomes the public `BudgetError` it stands for; anything else is itself. For hosts
@@ -286,13 +302,21 @@ class _Unbuilt:
 
     def snapshot(self, run: Budget) -> Snapshot:
         """Each armed axis stands at 0: only time was spent."""
+        armed = self.recipe.limits.to_dict()
         axes = tuple(AxisUsage(kind, limit, 0, limit, 0.0)
-                     for kind, limit in self.recipe.limits.to_dict().items())
-        outcome = self.outcome
-        status = outcome.status.value if outcome else (
-            "running" if self.began is not None else "ready")
-        return Snapshot(run.name, status, self.elapsed_ms(), None, axes, self.consumed(), 0,
-                        outcome)
+                     for kind, limit in armed.items()) if armed else ()
+        outcome, status, elapsed = self.now()
+        return Snapshot(run.name, status, elapsed, None, axes,
+                        {_TIME: round(elapsed)} if elapsed else {}, 0, outcome)
+
+    def now(self) -> tuple[Outcome | None, str, float]:
+        """The run's outcome, its status and the time it has run (ms), each read once (the
+        outcome first: it is written last when the run is left), as its snapshot shows them."""
+        outcome, began, ended = self.outcome, self.began, self.ended
+        if began is None:
+            return outcome, (outcome.status.value if outcome else "ready"), 0.0
+        elapsed = (ended if ended is not None else self.recipe.clock.now_ms()) - began
+        return outcome, (outcome.status.value if outcome else "running"), elapsed
 
 
 class _Built:
