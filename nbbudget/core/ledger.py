@@ -43,8 +43,8 @@ if TYPE_CHECKING:
     from .scope import Scope, Stop
 
 __all__ = ["STATE_VERSION", "Account", "Branch", "ClusterLedger", "Figures", "Ledger",
-           "LedgerFactory", "LocalLedger", "check_totals", "plain", "read_state",
-           "reserve_in_steps"]
+           "LedgerFactory", "LocalLedger", "Worst", "check_totals", "plain", "read_state",
+           "reserve_costed_in_steps", "reserve_in_steps"]
 
 #: the version a run's saved state (`Budget.state`) carries, which `read_state` checks before a
 #: run is resumed from it; `nbbudget.run.budget` offers it beside `Budget.resume`
@@ -185,6 +185,15 @@ class Ledger(Protocol):
         (`remaining`), else the refusal. `reserve_in_steps` does it with those three steps,
         for any ledger. *when* reads the trace's time (`Scope.t_ms`), only when an
         event is recorded: a model request's reservation mostly records none."""
+
+    def reserve_costed(self, account: Account, items: Items, i: int, c: int, worst: Worst,
+                       target: str | None, when: Callable[[], float]
+                       ) -> tuple[float, float] | BudgetExceeded:
+        """`reserve_within` for a model request whose dollars (kind *c*) are reserved too, at
+        its *worst* case, its cap clamped to the output tokens (kind *i*) and the dollars left
+        (S3-10); the cap and the dollars reserved, else the refusal (nothing reserved).
+        `reserve_costed_in_steps` does it with `check`, `remaining`, `refuse` and `reserve`,
+        for any ledger."""
 
     def spend(self, account: Account, items: Items, target: str | None,
               when: Callable[[], float]) -> list[tuple[Account, int]]:
@@ -546,6 +555,43 @@ class LocalLedger:
                     pools[j].append(None)
         return reserve_in_steps(self, account, items, i, target, when())
 
+    def reserve_costed(self, account: Account, items: Items, i: int, c: int, worst: Worst,
+                       target: str | None, when: Callable[[], float]
+                       ) -> tuple[float, float] | BudgetExceeded:
+        """`Ledger.reserve_costed`. The run's own request, with no full trace, takes its permits
+        from the pools, one of each kind, and its dollars inline, as `reserve_within` and
+        `reserve` would (the dollars have no pool: their count, the consumption, the next
+        notice), without their calls: the generic steps cost a request with ``cost_usd`` armed
+        about 20 us more than one without (``benchmarks/bench_instrument.py``). Anything
+        else, and every refusal, goes through `reserve_costed_in_steps`."""
+        root = self.root
+        if account is root and not self.figures.full:
+            counts, pools, thr = root.counts, root.pools, root.thr
+            # what `remaining` says of each, inline: the limit less what is used
+            out_left = thr[i] - counts[i] + len(pools[i])
+            dollars_left = thr[c] - counts[c]
+            if out_left >= 1 and dollars_left > 0:
+                cap, dollars, short = worst.fit(out_left, dollars_left)
+                if not short and counts[c] + dollars <= thr[c]:
+                    taken = 0
+                    for j, n in items:
+                        if n != 1:
+                            break
+                        try:
+                            pools[j].pop()
+                        except IndexError:
+                            break
+                        taken += 1
+                    else:
+                        counts[c] += dollars
+                        root.bulk[c] += dollars - 1  # one consumption, as `_take` counts it
+                        if counts[c] - root.base[c] >= root.watch[c]:  # `_after_take`'s notice
+                            self.figures.notice(when())
+                        return cap, dollars
+                    for j, _ in items[:taken]:  # all or none (S4-3)
+                        pools[j].append(None)
+        return reserve_costed_in_steps(self, account, items, i, c, worst, target, when)
+
     def _take_all(self, items: Items) -> tuple[int, float] | None:
         """Reserve every item on the run, or none: the first that cannot be had, else None.
         Dollars get back their exact figures; pooled kinds give back by count."""
@@ -719,6 +765,66 @@ def _from_pool(pool: list[None], n: float) -> int:
 
 def _left(account: Account, i: int) -> float:
     return max(0, account.thr[i] - account.base[i] - account.used(i))
+
+
+@dataclass(frozen=True)
+class Worst:
+    """A model request's worst case (S3-10): *fixed* dollars for its input (bounded from above)
+    and *rate* dollars for each output token of its cap, *asked* (``inf``: none asked). With
+    *clamp*, the cap may be lowered so that the worst case fits what is left; without it (a
+    framework's callback cannot change the cap it sends) a worst case that does not fit is
+    refused whole. `nbbudget.core.lowlevel.Core.reserve_costed` makes one for
+    `Ledger.reserve_costed`."""
+
+    fixed: float
+    rate: float
+    asked: float
+    clamp: bool = True
+
+    def fit(self, out_left: float, dollars_left: float) -> tuple[float, float, float]:
+        """The cap, the dollars its worst case reserves, and the dollars asked when it does not
+        fit (then the cap is below one token, or the dollars are more than *dollars_left*),
+        with *out_left* output tokens and *dollars_left* dollars left."""
+        fixed, rate, asked = self.fixed, self.rate, self.asked
+        cap = min(asked, out_left) if self.clamp else asked
+        if cap == _INF:  # no cap to send: the output is bounded by nothing known, so the
+            worst = dollars_left if rate > 0 else fixed  # worst case is all that is left
+            return cap, worst, (0.0 if fixed + rate <= dollars_left else fixed + rate)
+        if rate > 0 and self.clamp:
+            affordable = math.floor((dollars_left - fixed) / rate)
+            while affordable >= 1 and fixed + affordable * rate > dollars_left:
+                affordable -= 1  # a quotient rounded up
+            cap = min(cap, affordable)
+        worst = fixed + cap * rate
+        fits = worst <= dollars_left and (cap >= 1 or asked < 1)
+        return cap, worst, (0.0 if fits else fixed + rate if self.clamp else worst)
+
+
+def reserve_costed_in_steps(ledger: Ledger, account: Account, items: Items, i: int, c: int,
+                            worst: Worst, target: str | None, when: Callable[[], float]
+                            ) -> tuple[float, float] | BudgetExceeded:
+    """`Ledger.reserve_costed` in steps (`Ledger.check`, `Ledger.remaining`, `Ledger.refuse`,
+    `Ledger.reserve`), for any ledger: the Dask backend's and the general case of
+    `LocalLedger`'s (lock held). A request with no output token left is refused by kind *i*
+    (S2-9); one whose worst case the dollars cannot pay for, by kind *c*; the permits of *items*
+    and the dollars are reserved together, in the attribution order (S3-3)."""
+    t_ms = when()
+    out_left = ledger.remaining(account, i)
+    if out_left < 1:
+        err = ledger.check(account, i, 1, target, t_ms)
+        if err is not None:
+            return err
+    cap, dollars, short = worst.fit(out_left, ledger.remaining(account, c))
+    if short:
+        return ledger.check(account, c, short, target, t_ms) or ledger.refuse(
+            account, account, c, short, target, t_ms)
+    both = sorted((*items, (c, dollars)), key=_rank)
+    err = ledger.reserve(account, both, target, t_ms)
+    return err if err is not None else (cap, dollars)
+
+
+def _rank(item: tuple[int, float]) -> int:
+    return KINDS[item[0]].rank
 
 
 def reserve_in_steps(ledger: Ledger, account: Account, items: Items, i: int,

@@ -24,7 +24,7 @@ from typing import Any, NoReturn, Protocol
 from .clock import Clock
 from .errors import BudgetExceeded, ConfigError
 from .kinds import KINDS, RUN_MS
-from .ledger import Account, Ledger, LedgerFactory, LocalLedger, plain
+from .ledger import Account, Ledger, LedgerFactory, LocalLedger, Worst, plain
 from .limits import Limits
 from .outcome import Status
 from .preempt import Entry
@@ -255,43 +255,15 @@ class Core:
         *clamp*: the caller cannot change the cap it sends (a framework's callback), so it is
         never lowered: a worst case that does not fit is refused whole.
         `nbbudget.run.providers.reserve_priced` calls it when the dollars are limited."""
-        scope, ledger, account = self.scope, self.ledger, self.account
+        scope, ledger = self.scope, self.ledger
         with ledger.lock:
             stop = scope.stop or scope.root.stop
-            if stop is not None:
-                err: BaseException | None = stop.signal()
-            else:
-                t_ms = scope.t_ms()
-                cap = ledger.remaining(account, i)
-                # no output token left (S2-9): refused, as `reserve_within` refuses it
-                err = ledger.check(account, i, 1, target, t_ms) if cap < 1 else None
-                if err is None:
-                    cap = min(asked, cap) if clamp else asked
-                    left = ledger.remaining(account, c)
-                    need = fixed + rate  # what the smallest request asks
-                    if cap == math.inf:  # no cap to send: the output is bounded by nothing
-                        worst = left if rate > 0 else fixed  # known, so all that is left
-                        fits = need <= left
-                    else:
-                        if rate > 0 and clamp:
-                            affordable = math.floor((left - fixed) / rate)
-                            while affordable >= 1 and fixed + affordable * rate > left:
-                                affordable -= 1  # a quotient rounded up
-                            cap = min(cap, affordable)
-                        worst = fixed + cap * rate
-                        fits = worst <= left and (cap >= 1 or asked < 1)
-                        if not clamp:
-                            need = worst
-                    if not fits:
-                        err = ledger.check(account, c, need, target, t_ms) or \
-                            ledger.refuse(account, account, c, need, target, t_ms)
-                    else:
-                        both = sorted((*items, (c, worst)), key=_rank)  # attribution order
-                        err = ledger.reserve(account, both, target, t_ms)
-                        if err is None:
-                            return cap, worst
-        assert err is not None
-        self.fail(err)
+            got = stop.signal() if stop is not None else ledger.reserve_costed(
+                self.account, items, i, c, Worst(fixed, rate, asked, clamp), target, scope.t_ms)
+            if type(got) is tuple:
+                return got
+        assert isinstance(got, BaseException)
+        self.fail(got)
 
     def limited(self, i: int) -> bool:
         """Whether kind *i* has a limit on this account or its run's (read without the lock:
@@ -401,10 +373,6 @@ class Core:
         """S3-7: from now on this run or grant uses a cheaper model; its outcome says so."""
         self.degraded = how
         self.record("degraded", dict(how))
-
-
-def _rank(item: tuple[int, float]) -> int:
-    return KINDS[item[0]].rank
 
 
 def cut(scope: Scope, i: int, figures: tuple[float, float], by: str, message: str) -> Stop:

@@ -43,6 +43,8 @@ from ...core.ledger import (
     Items,
     Ledger,
     LedgerFactory,
+    Worst,
+    reserve_costed_in_steps,
     reserve_in_steps,
 )
 from ...core.limits import Limits
@@ -352,6 +354,13 @@ class DaskLedger:
         """`reserve` *items* unless kind *i* has less than one unit left on the scheduler
         (refused first, nothing reserved); what is then left of kind *i*, else the refusal."""
         return reserve_in_steps(self, account, items, i, target, when())
+
+    def reserve_costed(self, account: Account, items: Items, i: int, c: int, worst: Worst,
+                       target: str | None, when: Callable[[], float]
+                       ) -> tuple[float, float] | BudgetExceeded:
+        """A model request's permits and its worst case's dollars (S3-10), on the scheduler,
+        in steps (`reserve_costed_in_steps`)."""
+        return reserve_costed_in_steps(self, account, items, i, c, worst, target, when)
 
     def lease(self, i: int, target: str | None, t_ms: float) -> BudgetExceeded | None:
         """Settle the run's lease of kind *i* and take the next, in one round trip; one of its
