@@ -306,3 +306,17 @@ def test_S3_10_each_of_a_requests_n_choices_may_write_up_to_its_cap(server: Serv
     assert 1 <= cap < 40 and worst(size - 8, 3 * cap) <= limit
     assert run.consumed["cost_usd"] == pytest.approx(PROMPT * IN_RATE + 3 * min(cap, ANSWER)
                                                      * OUT_RATE)
+
+
+def test_S3_5_a_reservation_that_reaches_a_notice_level_gives_the_notice(
+        server: Server, client: Any, ledger: Any) -> None:
+    """Dollars reserved count toward the approach notices as dollars spent do (S3-5): a
+    request whose worst case takes the run past 50% of its cost gives the first notice."""
+    with nb.budget(cost_usd=0.0125, notices=(0.5, 0.95), ledger=ledger) as run:
+        chat(client, max_tokens=40)  # reserves ~0.0052 (42%), settles at ~0.003 (24%)
+        assert not [e for e in run.trace.events if e.kind == "approach_notice"]
+        chat(client, max_tokens=40)  # the first's 0.003 and this one's ~0.0052: past 50%
+        assert run.consumed["cost_usd"] / 0.0125 < 0.5  # settled: below it again
+    notices = [e.payload for e in run.trace.events if e.kind == "approach_notice"]
+    assert [(n["level"], n["budget_kind"]) for n in notices] == [(1, "cost_usd")]
+    assert notices[0]["ratio"] > 0.6  # given at the reservation
