@@ -27,6 +27,7 @@ PRICES = {"input": 1.0, "output": 100.0}
 IN_RATE, OUT_RATE = PRICES["input"] / 1e6, PRICES["output"] / 1e6
 FRAMING = 1024  # the input tokens the worst case adds to the body's size (see the docs)
 PROMPT, ANSWER = 20, 30  # what each reply reports using, its output at most its cap
+LIMIT = 0.05  # the cost limit sixteen threads share
 
 
 def capped_chat(body: Any) -> Any:
@@ -138,25 +139,31 @@ def test_S3_10_sixteen_threads_sharing_a_cost_limit_never_pass_it(server: Server
     """Each thread asks until it is refused: every reply uses no more than its request
     reserved, so the run never passes its limit and nothing is cut; each refusal is nbbudget's
     error, and the server answered exactly the calls that were charged."""
-    limit = 0.05
-    done: list[int] = []
+    run = sixteen_until_refused(lambda: chat(client, max_tokens=40), ledger)
+    caps = [r.body["max_tokens"] for r in server.received]
+    used = sum(cost_of(min(cap, ANSWER)) for cap in caps)
+    assert run.consumed["cost_usd"] == pytest.approx(used)
+    assert run.consumed["provider_calls"] == len(caps) > 16
+
+
+def sixteen_until_refused(call: Any, ledger: Any) -> nb.Budget:
+    """Sixteen threads in one run under ``cost_usd=LIMIT`` each make *call* until it is refused;
+    each must end with the API's refusal by ``cost_usd`` (never a cut: no reply passes the
+    limit), and the run never passes it. The run, ended."""
     raised: list[BaseException] = []
     lock = threading.Lock()
 
-    def ask_until_refused() -> None:
-        n = 0
+    def until_refused() -> None:
         try:
-            while n < 100:  # the cost limit refuses long before
-                chat(client, max_tokens=40)
-                n += 1
+            for _ in range(100):  # the cost limit refuses long before
+                call()
         except BaseException as exc:  # the test reads what each thread met
             with lock:
                 raised.append(exc)
-                done.append(n)
 
-    with nb.budget(cost_usd=limit, ledger=ledger) as run:
+    with nb.budget(cost_usd=LIMIT, ledger=ledger) as run:
         threads = [threading.Thread(target=contextvars.copy_context().run,  # in the run
-                                    args=(ask_until_refused,), name=f"reserve-{i}")
+                                    args=(until_refused,), name=f"reserve-{i}")
                    for i in range(16)]
         for t in threads:
             t.start()
@@ -165,12 +172,8 @@ def test_S3_10_sixteen_threads_sharing_a_cost_limit_never_pass_it(server: Server
     assert len(raised) == 16
     assert all(isinstance(e, openai_api.Refused) and e.kind == "cost_usd" for e in raised), raised
     assert run.outcome.status == "completed"
-    caps = [r.body["max_tokens"] for r in server.received]
-    assert len(caps) == sum(done) > 0
-    used = sum(cost_of(min(cap, ANSWER)) for cap in caps)
-    assert run.consumed["cost_usd"] == pytest.approx(used)
-    assert run.consumed["cost_usd"] <= limit
-    assert run.consumed["provider_calls"] == len(caps)
+    assert run.consumed["cost_usd"] <= LIMIT
+    return run
 
 
 def test_S3_10_anthropic_requests_reserve_and_clamp_too(server: Server) -> None:
@@ -238,35 +241,17 @@ def test_S3_10_a_stream_left_before_its_usage_keeps_its_inputs_bound(server: Ser
 
 @pytest.mark.parametrize("round_", range(3))
 def test_S3_10_sixteen_streams_sharing_a_cost_limit_never_pass_it(server: Server, client: Any,
-                                                                 round_: int) -> None:
-    limit = 0.05
+                                                                 ledger: Any, round_: int
+                                                                 ) -> None:
     server.queue(*[capped_stream() for _ in range(200)])
-    raised: list[BaseException] = []
-    lock = threading.Lock()
 
-    def stream_until_refused() -> None:
-        try:
-            for _ in range(100):  # the cost limit refuses long before
-                for _ in chat(client, max_tokens=40, stream=True):
-                    pass
-        except BaseException as exc:  # the test reads what each thread met
-            with lock:
-                raised.append(exc)
+    def stream() -> None:
+        for _ in chat(client, max_tokens=40, stream=True):
+            pass
 
-    with nb.budget(cost_usd=limit) as run:
-        threads = [threading.Thread(target=contextvars.copy_context().run,
-                                    args=(stream_until_refused,), name=f"reserve-stream-{i}")
-                   for i in range(16)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    assert len(raised) == 16
-    assert all(isinstance(e, openai_api.Refused) and e.kind == "cost_usd" for e in raised), raised
-    assert run.outcome.status == "completed"
+    run = sixteen_until_refused(stream, ledger)
     caps = [r.body["max_tokens"] for r in server.received]
     assert run.consumed["cost_usd"] == pytest.approx(sum(cost_of(min(c, ANSWER)) for c in caps))
-    assert run.consumed["cost_usd"] <= limit
 
 
 def test_S3_10_with_no_output_token_left_the_refusal_is_by_output_tokens_S2_9(

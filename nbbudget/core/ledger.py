@@ -537,22 +537,11 @@ class LocalLedger:
         root = self.root
         if account is root and not self.figures.full:
             pools = root.pools
-            if root.counts[i] - len(pools[i]) + 1 <= root.thr[i]:  # check: used + base + 1
-                taken = 0
-                for j, n in items:
-                    if n != 1:
-                        break
-                    try:
-                        pools[j].pop()
-                    except IndexError:
-                        break
-                    taken += 1
-                else:  # a pool run dry is refilled by the next take, as after a charge
-                    thr, base = root.thr[i], root.base[i]  # _left(root, i), inline:
-                    left = thr - base - (root.counts[i] - len(pools[i]) - base)
-                    return left if left > 0 else 0
-                for j, _ in items[:taken]:  # all or none (S4-3)
-                    pools[j].append(None)
+            if root.counts[i] - len(pools[i]) + 1 <= root.thr[i] and _pop_permits(pools, items):
+                # (a pool run dry is refilled by the next take, as after a charge)
+                thr, base = root.thr[i], root.base[i]  # _left(root, i), inline:
+                left = thr - base - (root.counts[i] - len(pools[i]) - base)
+                return left if left > 0 else 0
         return reserve_in_steps(self, account, items, i, target, when())
 
     def reserve_costed(self, account: Account, items: Items, i: int, c: int, worst: Worst,
@@ -572,24 +561,12 @@ class LocalLedger:
             dollars_left = thr[c] - counts[c]
             if out_left >= 1 and dollars_left > 0:
                 cap, dollars, short = worst.fit(out_left, dollars_left)
-                if not short and counts[c] + dollars <= thr[c]:
-                    taken = 0
-                    for j, n in items:
-                        if n != 1:
-                            break
-                        try:
-                            pools[j].pop()
-                        except IndexError:
-                            break
-                        taken += 1
-                    else:
-                        counts[c] += dollars
-                        root.bulk[c] += dollars - 1  # one consumption, as `_take` counts it
-                        if counts[c] - root.base[c] >= root.watch[c]:  # `_after_take`'s notice
-                            self.figures.notice(when())
-                        return cap, dollars
-                    for j, _ in items[:taken]:  # all or none (S4-3)
-                        pools[j].append(None)
+                if not short and counts[c] + dollars <= thr[c] and _pop_permits(pools, items):
+                    counts[c] += dollars
+                    root.bulk[c] += dollars - 1  # one consumption, as `_take` counts it
+                    if counts[c] - root.base[c] >= root.watch[c]:  # `_after_take`'s notice
+                        self.figures.notice(when())
+                    return cap, dollars
         return reserve_costed_in_steps(self, account, items, i, c, worst, target, when)
 
     def _take_all(self, items: Items) -> tuple[int, float] | None:
@@ -747,6 +724,27 @@ class LocalLedger:
             root.base = [root.counts[i] if i in WINDOWS else 0 for i in range(_K)]
             root.base[RUN_MS] = float(state["active_ms"])  # a fresh time window (S3-1)
         self.figures.restart(int(state["notice_level"]))
+
+
+def _pop_permits(pools: list[list[None]], items: Items) -> bool:
+    """Take one permit of each kind of *items* (each an amount of 1) from the run's *pools*
+    (lock held), all or none (S4-3): whether they were taken. `LocalLedger.reserve_within`
+    and `LocalLedger.reserve_costed` take a model request's permits so, as a charge without
+    the lock takes one."""
+    taken = 0
+    for j, n in items:
+        if n != 1:
+            break
+        try:
+            pools[j].pop()
+        except IndexError:
+            break
+        taken += 1
+    else:
+        return True
+    for j, _ in items[:taken]:
+        pools[j].append(None)
+    return False
 
 
 def _from_pool(pool: list[None], n: float) -> int:
