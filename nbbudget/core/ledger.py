@@ -51,6 +51,7 @@ __all__ = ["STATE_VERSION", "Account", "Branch", "ClusterLedger", "Figures", "Le
 STATE_VERSION = "nbbudget-ledger-v1"
 _INF = math.inf
 _K = len(KINDS)
+_COST = KIND_INDEX["cost_usd"]
 # permits a pool reserves at a time: the first block, doubled at each refill up to the last.
 # A refill takes the lock, and threads that charge at once queue on it: one that waits for the
 # lock is given it while it has no GIL, and every later refill then hands both over (a thread
@@ -412,6 +413,9 @@ class Figures:
         """What *account* has used of each charged kind, across windows."""
         with self.lock:
             used = self.totals_used(account)
+        # dollars to the picodollar: a request's reservation and its settling (S3-10) add and
+        # take back amounts whose float sum differs from the reply's cost in the last digits
+        used[_COST] = round(used[_COST], 12)
         return {k.name: plain(used[i]) for i, k in enumerate(KINDS) if used[i] and i != RUN_MS}
 
     def axes(self, account: Account, elapsed_ms: float,
