@@ -93,7 +93,7 @@ def test_the_limits_and_consumption_are_stored_as_json_dumps_writes_them(keeping
         pass
     with nb.budget(steps=5, cost_usd=0.5, tokens=2**40, name="spent") as run:
         run.step()
-        run.charge("cost_usd", 0.1 + 0.2)
+        run.charge("cost_usd", 0.123456789012)  # a float of twelve digits, kept as written
         run.charge("tokens", 7)
     history.flush()
     with closing(sqlite3.connect(home / "nbbudget.db")) as db:
@@ -105,7 +105,7 @@ def test_the_limits_and_consumption_are_stored_as_json_dumps_writes_them(keeping
     assert [(name, limits) for name, limits, _ in stored] == [
         ("idle", "{}"),
         ("spent", '{"steps": 5, "tokens": 1099511627776, "cost_usd": 0.5}')]
-    assert '"cost_usd": 0.30000000000000004' in stored[1][2]
+    assert '"cost_usd": 0.123456789012' in stored[1][2]
 
 
 def test_grants_are_part_of_their_run_not_runs_of_their_own(keeping, home):
