@@ -106,7 +106,7 @@ from uuid import UUID
 
 from ..core.errors import BudgetExceeded, ConfigError
 from ..run.budget import Budget, current
-from ..run.prices import FIGURES, Given, PriceFn, given_price, price_of, worst_case
+from ..run.prices import FIGURES, Given, PriceFn, given_price, given_provider, price_of, worst_case
 from ..run.providers import (
     Reservation,
     Usage,
@@ -178,9 +178,7 @@ class Budgeted(BaseCallbackHandler):
             raise ConfigError(f"Budgeted(run={run!r}): give an nbbudget run (nb.budget(...)) "
                               f"or None for the current one")
         self._given = given_price(prices, "nbbudget.langchain.Budgeted()")  # else genai-prices'
-        if provider is not None and (not isinstance(provider, str) or not provider):
-            raise ConfigError(f"Budgeted(provider={provider!r}): give the provider's name in "
-                              f"genai-prices, a non-empty str such as 'openrouter'")
+        given_provider(provider, "nbbudget.langchain.Budgeted()")
         self.run = run
         self.prices = prices
         self.provider = provider

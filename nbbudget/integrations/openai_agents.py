@@ -104,7 +104,7 @@ from typing import Any
 from ..core.errors import BudgetExceeded, ConfigError
 from ..core.kinds import KIND_INDEX
 from ..run.budget import Budget, current
-from ..run.prices import Given, PriceFn, given_price, price_of, worst_case
+from ..run.prices import Given, PriceFn, given_price, given_provider, price_of, worst_case
 from ..run.providers import (
     Reservation,
     Usage,
@@ -166,10 +166,9 @@ class Budgeted(RunHooksBase[Any, Any]):
         if run is not None and not isinstance(run, Budget):
             raise ConfigError(f"Budgeted(run={run!r}): give an nbbudget run (nb.budget(...)) "
                               f"or None for the current one")
-        self._given = given_price(prices, "nbbudget.openai_agents.Budgeted()")
-        if provider is not None and (not isinstance(provider, str) or not provider):
-            raise ConfigError(f"Budgeted(provider={provider!r}): give the provider's name in "
-                              f"genai-prices, a non-empty str such as 'openrouter'")
+        where = "nbbudget.openai_agents.Budgeted()"
+        self._given = given_price(prices, where)
+        given_provider(provider, where)
         self.run = run
         self.prices = prices
         self.provider = provider

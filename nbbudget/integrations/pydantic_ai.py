@@ -80,6 +80,7 @@ from ..run.prices import (
     PriceFn,
     cost_usd,
     given_price,
+    given_provider,
     price_of,
     provider_of,
     worst_case,
@@ -203,18 +204,9 @@ class Budgeted(AbstractCapability[Any]):
         if self.run is not None and not isinstance(self.run, Budget):
             raise ConfigError(f"Budgeted(run={self.run!r}): give an nbbudget run "
                               f"(nb.budget(...)) or None for the current one")
-        prices = self.prices
-        if self.price is not None:
-            if prices is not None:
-                raise ConfigError("nbbudget.pydantic_ai.Budgeted(): give prices= alone (USD per "
-                                  "million tokens, a function of the usage, or 'free'), not "
-                                  "price= too")
-            prices = self.price  # price= is the older name of prices= given a function
-        self._price = given_price(prices, "nbbudget.pydantic_ai.Budgeted()")
-        if self.provider is not None and (not isinstance(self.provider, str)
-                                          or not self.provider):
-            raise ConfigError(f"Budgeted(provider={self.provider!r}): give the provider's name "
-                              f"in genai-prices, a non-empty str such as 'openrouter'")
+        where = "nbbudget.pydantic_ai.Budgeted()"
+        self._price = given_price(self.prices, where, price=self.price)
+        given_provider(self.provider, where)
 
     async def for_run(self, ctx: Any) -> Budgeted:
         """A copy for one agent run, bound to its nbbudget run."""

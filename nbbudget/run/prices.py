@@ -33,7 +33,7 @@ from typing import Any
 from ..core.errors import ConfigError
 
 __all__ = ["FIGURES", "FRAMING", "FREE", "Given", "Price", "PriceFn", "cost_usd", "given_price",
-           "price_of", "provider_of", "worst_case", "worst_rates"]
+           "given_provider", "price_of", "provider_of", "worst_case", "worst_rates"]
 
 #: The usage figures a price reads, in genai-prices' names. ``input_tokens`` counts every input
 #: token, cached ones included; ``cache_read_tokens`` and ``cache_write_tokens`` say how many
@@ -116,13 +116,21 @@ def worst_rates(price: PriceFn) -> tuple[float, float]:
     return fixed / _MILLION, rate
 
 
-def given_price(prices: Given | None, where: str) -> PriceFn | None:
+def given_price(prices: Given | None, where: str, *,
+                price: PriceFn | None = None) -> PriceFn | None:
     """The price a user gave as ``prices=`` to *where* (``"nb.instrument()"``, ...), checked, or
     None when none was given: the function itself (its answer as dollars), 0 for ``"free"``, or
     the mapping's USD per million tokens, cached input at ``cache_read``/``cache_write`` where
-    given, else at ``input``. A bad value raises `ConfigError` naming it and the fix. Every
-    integration reads ``prices=`` with it: the model clients, ``run.provider`` and the
-    LangChain, Agents SDK and pydantic-ai adapters."""
+    given, else at ``input``. *price*: ``price=``, the older name of ``prices=`` given a
+    function, which ``run.provider`` and the pydantic-ai adapter still take (not both). A bad
+    value raises `ConfigError` naming it and the fix. Every integration reads ``prices=`` with
+    it: the model clients, ``run.provider`` and the LangChain, Agents SDK and pydantic-ai
+    adapters."""
+    if price is not None:
+        if prices is not None:
+            raise ConfigError(f"{where}: give prices= alone (USD per million tokens, a function "
+                              f"of the usage, or 'free'), not price= too")
+        prices = price
     if prices is None:
         return None
     if isinstance(prices, str):
@@ -138,6 +146,16 @@ def given_price(prices: Given | None, where: str) -> PriceFn | None:
         f"{{'input': 2.5, 'output': 10.0}} (optionally 'cache_read' and 'cache_write'; finite "
         f"numbers >= 0), a function of the usage figures returning dollars, or 'free' for a "
         f"local model")
+
+
+def given_provider(provider: object, where: str) -> str | None:
+    """The provider a user named as ``provider=`` to *where*, checked: a genai-prices provider
+    id (``"openrouter"``), or None for the default. The model clients and the LangChain,
+    Agents SDK and pydantic-ai adapters read ``provider=`` with it."""
+    if provider is None or (isinstance(provider, str) and provider):
+        return provider
+    raise ConfigError(f"{where}: provider={provider!r}: give the provider's name in "
+                      f"genai-prices, a non-empty str such as 'openrouter'")
 
 
 def _rates_ok(prices: Mapping[Any, Any]) -> bool:

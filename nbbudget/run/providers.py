@@ -132,12 +132,7 @@ def _check_options(run: Run, fn: Callable[..., Any], prices: Given | None,
             raise ConfigError("degrade= needs a cost limit (cost_usd=): the fraction is of it")
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ConfigError(f"retries={retries!r} must be a whole number >= 0")
-    if price is not None:
-        if prices is not None:
-            raise ConfigError("run.provider(): give prices= alone (USD per million tokens, a "
-                              "function of the usage, or 'free'), not price= too")
-        prices = price  # price= is the older name of prices= given a function
-    return given_price(prices, "run.provider()")
+    return given_price(prices, "run.provider()", price=price)
 
 
 def _stream(run: Run, chunks: Iterator[Any], price: PriceFn | None, label: str,

@@ -85,6 +85,7 @@ from ...run.prices import (
     Given,
     PriceFn,
     given_price,
+    given_provider,
     price_of,
     provider_of,
     worst_case,
@@ -151,7 +152,8 @@ def instrument(client: _C, *, prices: Given | None = None,
     """
     api = _api_of(client)
     given = given_price(prices, "nb.instrument()")
-    _check(degrade, name, provider)
+    given_provider(provider, "nb.instrument()")
+    _check(degrade, name)
     http = client._client  # type: ignore[attr-defined]  # the SDK's HTTP client (no accessor)
     if isinstance(http, (_Budgeted, _AsyncBudgeted)):
         raise ConfigError(f"this {type(client).__name__} client is instrumented already: "
@@ -194,7 +196,7 @@ def _provider(client: object, api: _Api) -> str:
     return provider_of(str(getattr(client, "base_url", ""))) or api.provider
 
 
-def _check(degrade: tuple[str, float] | None, name: str | None, provider: str | None) -> None:
+def _check(degrade: tuple[str, float] | None, name: str | None) -> None:
     if degrade is not None:
         ok = isinstance(degrade, tuple) and len(degrade) == 2
         model, fraction = degrade if ok else ("", 0)
@@ -204,9 +206,6 @@ def _check(degrade: tuple[str, float] | None, name: str | None, provider: str | 
                               f"(0, 1]), e.g. ('gpt-4o-mini', 0.8)")
     if name is not None and (not isinstance(name, str) or not name):
         raise ConfigError(f"name={name!r}: give the calls' name in the trace, a non-empty str")
-    if provider is not None and (not isinstance(provider, str) or not provider):
-        raise ConfigError(f"provider={provider!r}: give the provider's name in genai-prices, "
-                          f"a non-empty str such as 'openrouter'")
 
 
 #: what a gate keeps of each model: the calls' name and target, the price, the worst case's rates
