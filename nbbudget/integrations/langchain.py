@@ -98,7 +98,6 @@ One handler may serve several graphs, threads and event loops at once.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,7 +105,16 @@ from uuid import UUID
 
 from ..core.errors import BudgetExceeded, ConfigError
 from ..run.budget import Budget, current
-from ..run.prices import FIGURES, Given, PriceFn, given_price, given_provider, price_of, worst_case
+from ..run.prices import (
+    FIGURES,
+    Given,
+    PriceFn,
+    given_price,
+    given_provider,
+    limited_price,
+    price_of,
+    worst_case,
+)
 from ..run.providers import (
     Reservation,
     Usage,
@@ -219,7 +227,8 @@ class Budgeted(BaseCallbackHandler):
         reserved = None
         try:
             run.check()
-            price = self._price(run, provider, model)
+            price = limited_price(run.remaining("cost_usd"), self._given, provider, model,
+                                  "Budgeted")
             if price is None:  # S2-9: with output_tokens spent, no more calls
                 reserve_request(run.lowlevel, None, label)
             else:
@@ -231,23 +240,6 @@ class Budgeted(BaseCallbackHandler):
             self._roots.pop(run_id, None)  # no end event follows a start that raised
             raise
         self._calls[run_id] = _Call(run, provider, model, reserved=reserved)
-
-    def _price(self, run: Budget, provider: str | None, model: str | None) -> PriceFn | None:
-        """The price a model call's worst case is reserved at: None when ``cost_usd`` is not
-        limited; a model with no known price is refused then."""
-        if run.remaining("cost_usd") == math.inf:
-            return None
-        if self._given is not None:
-            return self._given
-        found = None if model is None else price_of(str(provider), str(model))
-        if found is None:
-            raise ConfigError(
-                f"cost_usd is limited and genai-prices has no price for model {model!r} at "
-                f"provider {provider!r}: name the provider genai-prices knows it at, "
-                f"Budgeted(provider='openrouter'), or give its price, "
-                f"Budgeted(prices={{'input': ..., 'output': ...}}) in USD per million "
-                f"tokens, a function of the usage, or 'free'")
-        return found.cost
 
     def on_tool_start(self, serialized: dict[str, Any], input_str: str, *, run_id: UUID,
                       parent_run_id: UUID | None = None, tags: list[str] | None = None,

@@ -97,14 +97,20 @@ permits (S4-3), whether or not they started.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 from ..core.errors import BudgetExceeded, ConfigError
 from ..core.kinds import KIND_INDEX
 from ..run.budget import Budget, current
-from ..run.prices import Given, PriceFn, given_price, given_provider, price_of, worst_case
+from ..run.prices import (
+    Given,
+    given_price,
+    given_provider,
+    limited_price,
+    price_of,
+    worst_case,
+)
 from ..run.providers import (
     Reservation,
     Usage,
@@ -230,7 +236,8 @@ class Budgeted(RunHooksBase[Any, Any]):
             return
         provider, model = _model_of(agent, self.provider)
         target = f"provider:{model}"
-        price = self._price(run, provider, model)
+        price = limited_price(run.remaining("cost_usd"), self._given, provider, model,
+                              "Budgeted")
         core = run.lowlevel
         try:
             if price is None:
@@ -251,22 +258,6 @@ class Budgeted(RunHooksBase[Any, Any]):
 
         self._reserved[key] = (context, Reservation(core, dollars, model, target), forget)
         core.hold(forget)
-
-    def _price(self, run: Budget, provider: str, model: str) -> PriceFn | None:
-        """The price a model call's worst case is reserved at: None when ``cost_usd`` is not
-        limited; a model with no known price is refused then."""
-        if run.remaining("cost_usd") == math.inf:
-            return None
-        if self._given is not None:
-            return self._given
-        found = price_of(provider, model)
-        if found is None:
-            raise ConfigError(
-                f"no price is known for model {model!r} at provider {provider!r} and the run "
-                f"limits cost_usd: name the provider genai-prices knows it at, "
-                f"Budgeted(provider='openrouter'), or give Budgeted(prices={{'input': USD, "
-                f"'output': USD}}) per million tokens, a function of the usage, or 'free'")
-        return found.cost
 
     async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
         """The model answered: charge its tokens and cost (past a limit the run fails

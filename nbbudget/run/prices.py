@@ -33,7 +33,8 @@ from typing import Any
 from ..core.errors import ConfigError
 
 __all__ = ["FIGURES", "FRAMING", "FREE", "Given", "Price", "PriceFn", "cost_usd", "given_price",
-           "given_provider", "price_of", "provider_of", "worst_case", "worst_rates"]
+           "given_provider", "limited_price", "price_of", "provider_of", "worst_case",
+           "worst_rates"]
 
 #: The usage figures a price reads, in genai-prices' names. ``input_tokens`` counts every input
 #: token, cached ones included; ``cache_read_tokens`` and ``cache_write_tokens`` say how many
@@ -156,6 +157,29 @@ def given_provider(provider: object, where: str) -> str | None:
         return provider
     raise ConfigError(f"{where}: provider={provider!r}: give the provider's name in "
                       f"genai-prices, a non-empty str such as 'openrouter'")
+
+
+def limited_price(cost_left: float, given: PriceFn | None, provider: str | None,
+                  model: str | None, where: str) -> PriceFn | None:
+    """The price a model call's worst case is reserved at (S3-10), for an adapter that knows the
+    call's *provider* and *model* only as it starts: None while the dollars are not limited
+    (*cost_left* is infinite); else ``prices=`` (*given*), else genai-prices' price of the
+    model, and a model with neither is refused with a `ConfigError` naming it and the fix
+    (*where*: the adapter, ``"Budgeted"``). The LangChain handler and the Agents SDK hooks read
+    it before each model call."""
+    if cost_left == math.inf:
+        return None
+    if given is not None:
+        return given
+    found = None if model is None else price_of(str(provider), str(model))
+    if found is None:
+        raise ConfigError(
+            f"cost_usd is limited and genai-prices has no price for model {model!r} at "
+            f"provider {provider!r}: name the provider genai-prices knows it at, "
+            f"{where}(provider='openrouter'), or give its price, {where}(prices={{'input': "
+            f"..., 'output': ...}}) in USD per million tokens, a function of the usage, or "
+            f"'free'")
+    return found.cost
 
 
 def _rates_ok(prices: Mapping[Any, Any]) -> bool:
