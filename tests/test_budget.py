@@ -565,15 +565,31 @@ def test_a_run_used_for_nothing_builds_no_parts_and_cannot_be_entered_again(monk
     assert built == [1]
 
 
-def test_a_run_timed_or_traced_in_full_is_built_at_once(monkeypatch):
+def test_a_run_traced_in_full_is_built_at_once_and_a_timed_one_as_it_is_entered(monkeypatch):
     from nbbudget.core.lowlevel import Core
 
-    built = []
+    clock = FakeClock()
+    built: list[float] = []
     real = Core.run
-    monkeypatch.setattr(Core, "run", lambda *a, **k: built.append(1) or real(*a, **k))
-    nb.budget(time="1s")  # its deadline is armed on entry
-    nb.budget(trace="full")
-    assert built == [1, 1]
+
+    def run(*a, **k):
+        built.append(clock.now_ms())
+        clock.advance(7)  # building takes time: it counts inside the run's time
+        return real(*a, **k)
+
+    monkeypatch.setattr(Core, "run", run)
+    nb.budget(trace="full", clock=clock)
+    assert built == [0]
+    timed = nb.budget(time="1s", steps=3, clock=clock)
+    assert built == [0]
+    assert timed.remaining_ms == 1000  # not entered: its time grant in full
+    assert timed.snapshot().remaining_ms == 1000
+    clock.advance(100)
+    with timed:
+        assert built == [0, 107]
+        assert timed.lowlevel.scope.started_ms == 107  # taken before it was built
+        assert timed.remaining_ms == 993
+    assert timed.outcome is not None and timed.outcome.status.value == "completed"
 
 
 def test_threads_that_first_use_a_run_at_once_share_its_one_set_of_parts():

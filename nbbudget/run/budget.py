@@ -212,10 +212,13 @@ def stop_error(error: BaseException) -> BaseException:
 
 
 class _Unbuilt:
-    """The state of a run whose parts are not built: nothing about it is timed (no time grant,
-    no full trace) and its counters would be kept in this process, so until something needs
-    the parts (a charge, a stop, a grant, its trace) it answers from its recipe and the times it
-    was entered and left. It has spent nothing but time; nothing can have stopped it.
+    """The state of a run whose parts are not built: its counters would be kept in this
+    process and it is not traced in full, so until something needs the parts (a charge, a
+    stop, a grant, its trace) it answers from its recipe and the times it was entered and left.
+    It has spent nothing but time; nothing can have stopped it. A run with a time grant is
+    built as it is entered, once its start is taken (`enter`): building counts inside its
+    time, not before its clock starts (bench_preempt.py: the build was a third of how late a
+    deadline's stop reached the ``except`` after the block).
 
     Entering and leaving write their times here without a lock, while another thread may be
     building the parts (`Budget._build`, under `_BUILDING`). The builder switches the run's
@@ -262,13 +265,14 @@ class _Unbuilt:
         return False
 
     def remaining_ms(self) -> float | None:
-        return None
+        return self.recipe.time_ms()  # not entered yet, or nothing is timed
 
     def enter(self, run: Budget) -> None:
-        """Only the run's start is kept."""
+        """The run's start is kept; a run with a time grant is built now, started then."""
         if self.began is None:
             self.began = self.recipe.clock.now_ms()
-        if run._state is not self:  # built meanwhile: its builder may not have seen the start
+        # built meanwhile (its builder may not have seen the start), or timed: built now
+        if run._state is not self or self.recipe.time_ms() is not None:
             self.built(run).take_over(run, self)
 
     def leave(self, run: Budget, exc: BaseException | None) -> bool | None:
@@ -306,7 +310,7 @@ class _Unbuilt:
         axes = tuple(AxisUsage(kind, limit, 0, limit, 0.0)
                      for kind, limit in armed.items()) if armed else ()
         outcome, status, elapsed = self.now()
-        return Snapshot(run.name, status, elapsed, None, axes,
+        return Snapshot(run.name, status, elapsed, self.recipe.time_ms(), axes,
                         {_TIME: round(elapsed)} if elapsed else {}, 0, outcome)
 
     def now(self) -> tuple[Outcome | None, str, float]:
@@ -1089,10 +1093,18 @@ class _Recipe(NamedTuple):
     ledger: LedgerFactory
 
     def lazy(self) -> bool:
-        """Whether the parts may wait for first use: nothing about the run is timed (no time
-        grant, no full trace) and its counters are kept in this process."""
-        return (self.ledger is LocalLedger and not self.full and self.limits.run_ms is None
-                and self.totals.run_ms is None)
+        """Whether the parts may wait: its counters are kept in this process and it is not
+        traced in full. They wait for first use, or for the run to be entered when it has a
+        time grant (`_Unbuilt`)."""
+        return self.ledger is LocalLedger and not self.full
+
+    def time_ms(self) -> float | None:
+        """The run's time grant in full (its window, or its whole-run total if less), or None
+        when it has none: what a run not entered yet has left."""
+        window, total = self.limits.run_ms, self.totals.run_ms
+        if window is None:
+            return total
+        return window if total is None else min(window, total)
 
     def state(self, began: float | None) -> _State:
         """The state a new run of this recipe starts in: unbuilt (begun at *began*, if given)
