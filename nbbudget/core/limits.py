@@ -74,8 +74,10 @@ class Limits:
     cost_usd: float | None = None
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            object.__setattr__(self, f.name, check_limit(f.name, getattr(self, f.name)))
+        for f in _FIELDS:  # (fields(self) builds the tuple again at each call)
+            value = getattr(self, f.name)
+            if value is not None:  # None is unbounded as given; most fields are None
+                object.__setattr__(self, f.name, check_limit(f.name, value))
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
