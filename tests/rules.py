@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import re
 
-#: S0 (call budget) 12, S2 (grants) 9, S3 (task limits) 9 and S4 (run limits) 12: 42 in all
+#: S0 (call budget) 12, S2 (grants) 9, S3 (task limits) 10 and S4 (run limits) 12: 43 in all
 SEMANTIC_RULE_IDS = (
     [f"S0-{n}" for n in range(1, 13)]
     + [f"S2-{n}" for n in range(1, 10)]
-    + [f"S3-{n}" for n in range(1, 10)]
+    + [f"S3-{n}" for n in range(1, 11)]
     + [f"S4-{n}" for n in range(1, 13)]
 )
 #: the rules of how the model meets Jupyter

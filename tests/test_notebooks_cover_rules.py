@@ -30,8 +30,8 @@ def _source(cell: dict) -> str:
     return "".join(source) if isinstance(source, list) else source
 
 
-def test_the_rule_list_has_all_49_ids():
-    assert len(RULE_IDS) == len(set(RULE_IDS)) == 49
+def test_the_rule_list_has_all_50_ids():
+    assert len(RULE_IDS) == len(set(RULE_IDS)) == 50
 
 
 def test_there_are_notebooks_and_the_quickstart_is_among_them():

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import json
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -26,7 +27,7 @@ from ..core.duration import parse_duration
 from ..core.errors import BudgetCut, BudgetExceeded, ConfigError
 from ..core.kinds import KIND_INDEX, KINDS
 from ..core.scope import Unwind
-from .prices import Given, PriceFn, given_price
+from .prices import Given, PriceFn, given_price, worst_case
 
 if TYPE_CHECKING:
     from ..core.lowlevel import Core, Run
@@ -92,22 +93,37 @@ def make_provider(run: Run, fn: Callable[..., Any], name: str | None,
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        if takes_cap:
+        core = run.lowlevel
+        # S3-10: with cost_usd limited and a price, each attempt reserves its worst case
+        worst = worst_case(priced, _size(args, kwargs)) if (
+            priced is not None and core.limited(_COST)) else None
+        if takes_cap and worst is None:
             kwargs["max_output_tokens"] = clamp(run, kwargs.get("max_output_tokens"), target)
-        model = degrade[0] if degrade is not None and run.lowlevel.degraded else fn
+        asked = kwargs.get("max_output_tokens")
+        model = degrade[0] if degrade is not None and core.degraded else fn
         for attempt in range(retries + 1):
-            run.charge("provider_calls", target=target)  # S4-6: every attempt
+            reservation = None
+            if worst is None:
+                run.charge("provider_calls", target=target)  # S4-6: every attempt
+            else:  # its permit, and its worst case with the cap clamped to fit
+                cap, dollars = reserve_priced(core, asked, target, *worst, retry=True,
+                                              clamp=takes_cap)
+                if takes_cap:
+                    kwargs["max_output_tokens"] = cap
+                reservation = Reservation(core, dollars, label, target)
             try:
                 reply = _guarded(run, label, limit_ms, model, args, kwargs)
             except (BudgetCut, BudgetExceeded):
-                raise
-            except Exception:
+                raise  # (a guardrail's cut keeps the reservation: the call may be billed)
+            except Exception as exc:
+                if reservation is not None and unbilled(exc):
+                    reservation.release()
                 if attempt == retries:
                     raise
                 continue
             if isinstance(reply, Iterator):  # a streamed reply
-                return _stream(run, reply, priced, label, degrade)
-            spend_usage(run, usage_of(reply), priced, label)
+                return _stream(run, reply, priced, label, degrade, reservation)
+            spend_usage(run, usage_of(reply), priced, label, reservation)
             _maybe_degrade(run, degrade, label)
             return reply
         raise AssertionError("unreachable")
@@ -136,16 +152,19 @@ def _check_options(run: Run, fn: Callable[..., Any], prices: Given | None,
 
 
 def _stream(run: Run, chunks: Iterator[Any], price: PriceFn | None, label: str,
-            degrade: tuple[Callable[..., Any], float] | None) -> Iterator[Any]:
-    """A streamed reply: each chunk's usage is charged as it arrives, and the stream is closed
-    the moment a limit is passed (S3-9); a stream that fails after content is a cut by
-    ``stream-error`` (S2-4)."""
-    started = False
+            degrade: tuple[Callable[..., Any], float] | None,
+            reservation: Reservation | None) -> Iterator[Any]:
+    """A streamed reply: each chunk's usage is charged as it arrives (drawn from the dollars
+    *reservation* holds, S3-10), and the stream is closed the moment a limit is passed (S3-9);
+    a stream that fails after content is a cut by ``stream-error`` (S2-4). What it reserved
+    and did not draw goes back when it ends or its caller closes it."""
+    started = ended = False
     try:
         while True:
             try:
                 chunk = next(chunks)
             except StopIteration:
+                ended = True
                 _maybe_degrade(run, degrade, label)
                 return
             except Exception as exc:
@@ -155,13 +174,19 @@ def _stream(run: Run, chunks: Iterator[Any], price: PriceFn | None, label: str,
                                                 f"content: {type(exc).__name__}: {exc}") from exc
             started = True
             used = usage_of(chunk)
-            if used:
-                spend_usage(run, used, price, label)  # raises once a limit is passed
-            yield chunk
+            if used:  # raises once a limit is passed
+                spend_usage(run, used, price, label, reservation, final=False)
+            try:
+                yield chunk
+            except GeneratorExit:  # its caller closed it: what it reported is all it used
+                ended = True
+                raise
     finally:
         close = getattr(chunks, "close", None)
         if close is not None:
             close()  # S3-9: the provider stops streaming
+        if ended and reservation is not None:
+            reservation.release()
 
 
 def _maybe_degrade(run: Run, degrade: tuple[Callable[..., Any], float] | None,
@@ -344,11 +369,13 @@ def _guarded(run: Run, label: str, limit_ms: int, fn: Callable[..., Any],
     return box["reply"]
 
 
-def spend_usage(run: Run, usage: Usage, price: PriceFn | None, label: str) -> None:
+def spend_usage(run: Run, usage: Usage, price: PriceFn | None, label: str,
+                reservation: Reservation | None = None, *, final: bool = True) -> None:
     """Charge what a reply used: it was spent, so it is recorded even past a limit, and then
     the run fails by the first limit it passed (S3-3). Its cost is *price* (``prices=``) of
     the usage when given, else the ``cost_usd`` it reports. A provider charges each reply with
-    it; so do the adapters, with the cost they worked out in ``cost_usd``."""
+    it, settling what its attempt reserved (*reservation*, S3-10; a stream's chunk draws on
+    it, not *final*); so do the adapters, with the cost they worked out in ``cost_usd``."""
     inp = _amount("input_tokens", usage.get("input_tokens", 0), label)
     out = _amount("output_tokens", usage.get("output_tokens", 0), label)
     if price is not None:
@@ -358,7 +385,22 @@ def spend_usage(run: Run, usage: Usage, price: PriceFn | None, label: str) -> No
         cost: float | None = price(usage)
     else:
         cost = usage.get("cost_usd")
-    spend_reply(run.lowlevel, inp, out, cost, label, f"provider:{label}")
+    if reservation is not None:
+        reservation.spend(inp, out, cost, final=final)
+    else:
+        spend_reply(run.lowlevel, inp, out, cost, label, f"provider:{label}")
+
+
+def _size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """What bounds the input of a provider's request from above (S3-10): the bytes of its
+    arguments as JSON (what is not JSON as its ``str``), ``max_output_tokens`` left out. What
+    the function adds to the prompt itself is not covered (the docs say so)."""
+    given = {k: v for k, v in kwargs.items() if k != "max_output_tokens"}
+    try:
+        text = json.dumps([args, given], default=str, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):  # keys that are not strings, a cycle
+        text = repr((args, given))
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def spend_reply(core: Core, inp: float, out: float, cost: float | None, label: str,
