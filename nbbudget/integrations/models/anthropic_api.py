@@ -14,7 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from anthropic import AnthropicError
+try:
+    from anthropic import AnthropicError as _SdkError
+except ImportError:  # the wire format, spoken by another library: nbbudget's errors
+    _SdkError = Exception  # type: ignore[assignment,misc]
 
 from ...core.errors import BudgetCut, BudgetExceeded, ConfigError
 from .shapes import MISSING, Shape, Unreadable, count
@@ -25,19 +28,19 @@ __all__ = ["MESSAGES", "PROVIDER", "Cut", "Refused", "Unpriced"]
 PROVIDER = "anthropic"
 
 
-class Refused(BudgetExceeded, AnthropicError):
+class Refused(BudgetExceeded, _SdkError):
     """A request the budget refused before it was sent: nbbudget's `BudgetExceeded` and the
     SDK's `AnthropicError` at once (the SDK would take any other error raised while sending for
     a connection error, and retry it)."""
 
 
-class Cut(BudgetCut, AnthropicError):
+class Cut(BudgetCut, _SdkError):
     """A request or stream cut by the budget; ``salvage`` is the text received so far."""
 
     salvage: str = ""
 
 
-class Unpriced(ConfigError, AnthropicError):
+class Unpriced(ConfigError, _SdkError):
     """A request naming a model with no known price while ``cost_usd`` is limited."""
 
 

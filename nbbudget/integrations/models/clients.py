@@ -63,16 +63,16 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
+import importlib
 import json
 import math
 import socket
+import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
-
-import httpx2
 
 from ...core import preempt
 from ...core.errors import BudgetCut, BudgetExceeded, ConfigError
@@ -101,7 +101,7 @@ from ...run.providers import (
 )
 from .shapes import Shape, Unreadable, ends, events_of, may_hold_usage, reply_usage, request_body
 
-__all__ = ["instrument"]
+__all__ = ["Http", "api_of", "http_of", "instrument", "library", "send", "send_async"]
 
 _INF = math.inf
 #: what bounds a stream's output, for `_Meter._left`
@@ -113,6 +113,9 @@ _METERED = tuple(sorted((KIND_INDEX[kind] for kind in ("tokens", "output_tokens"
 _MILLION = 1_000_000
 _BACKSLASH = ord("\\")  # ``int in bytes`` is one memchr
 _COST = KIND_INDEX["cost_usd"]
+#: the extension a gate marks a request with once it has opened its attempt: the HTTP client an
+#: instrumented client wraps sends it on untouched, as the process-wide switch does
+_OPENED = "nbbudget.opened"
 #: the headers of a body's length, which a new body replaces
 _LENGTH = (b"content-length", b"transfer-encoding")
 _C = TypeVar("_C")
@@ -159,33 +162,40 @@ def instrument(client: _C, *, prices: Given | None = None,
     if isinstance(http, (_Budgeted, _AsyncBudgeted)):
         raise ConfigError(f"this {type(client).__name__} client is instrumented already: "
                           f"instrument the original client once")
-    gate = _Gate(api, given, degrade, name, provider or _provider(client, api),
+    library = http_of(http)
+    if library is None:
+        raise ConfigError(f"nb.instrument() wraps a client built on httpx2 or httpx, and this "
+                          f"{type(client).__name__} uses {type(http).__module__}."
+                          f"{type(http).__name__}: give it one of those (http_client=)")
+    gate = _Gate(api, library, given, degrade, name, provider or _provider(client, api),
                  linear=given is not None and not callable(prices),
                  max_retries=client.max_retries)  # type: ignore[attr-defined]
-    wrapper: httpx2.Client | httpx2.AsyncClient
-    if isinstance(http, httpx2.AsyncClient):
-        wrapper = _AsyncBudgeted(http, gate)
-    elif isinstance(http, httpx2.Client):
-        wrapper = _Budgeted(http, gate)
-    else:
-        raise ConfigError(f"nb.instrument() wraps a client built on httpx2, and this "
-                          f"{type(client).__name__} uses {type(http).__module__}."
-                          f"{type(http).__name__}: give it an httpx2 client (http_client=)")
+    wrapper = (library.budgeted_async(http, gate) if isinstance(http, library.module.AsyncClient)
+               else library.budgeted(http, gate))
     copy: _C = client.with_options(http_client=wrapper)  # type: ignore[attr-defined]
     return copy
+
+
+def api_of(family: str) -> _Api:
+    """The API *family* (``"openai"``, ``"anthropic"``) as the gates read it: its shapes and
+    its errors (the SDK's own as well as nbbudget's where the SDK is installed). Used here and
+    by the process-wide switch (``everywhere``), which routes a request by its path."""
+    if family == "openai":
+        from . import openai_api as o
+
+        return _Api(o.PROVIDER, (o.CHAT, o.RESPONSES), o.Refused, o.Cut, o.Unpriced,
+                    o.MAX_RETRY_AFTER)
+    from . import anthropic_api as a
+
+    return _Api(a.PROVIDER, (a.MESSAGES,), a.Refused, a.Cut, a.Unpriced, _INF)
 
 
 def _api_of(client: object) -> _Api:
     package = type(client).__module__.split(".")[0]
     if package == "openai" and hasattr(client, "chat"):
-        from . import openai_api as o
-
-        return _Api(o.PROVIDER, (o.CHAT, o.RESPONSES), o.Refused, o.Cut, o.Unpriced,
-                    o.MAX_RETRY_AFTER)
+        return api_of("openai")
     if package == "anthropic" and hasattr(client, "messages"):
-        from . import anthropic_api as a
-
-        return _Api(a.PROVIDER, (a.MESSAGES,), a.Refused, a.Cut, a.Unpriced, _INF)
+        return api_of("anthropic")
     raise ConfigError(f"nb.instrument() takes an openai.OpenAI, openai.AsyncOpenAI, "
                       f"anthropic.Anthropic or anthropic.AsyncAnthropic client, not "
                       f"{type(client).__module__}.{type(client).__name__}")
@@ -220,9 +230,14 @@ class _Gate:
     time, ``benchmarks/bench_instrument.py``). What depends only on the model (the calls' name
     and target, the price) is worked out once per model and kept."""
 
-    def __init__(self, api: _Api, given: PriceFn | None, degrade: tuple[str, float] | None,
-                 name: str | None, provider: str, *, linear: bool, max_retries: int) -> None:
+    def __init__(self, api: _Api, library: Http, given: PriceFn | None,
+                 degrade: tuple[str, float] | None, name: str | None, provider: str, *,
+                 linear: bool, max_retries: float, strict: bool = False) -> None:
         self.api, self.degrade, self.name, self.provider = api, degrade, name, provider
+        self.library = library  # the HTTP library the requests go through
+        # a request is a model call only if its body names a model (a process-wide gate, which
+        # sees every POST to a path that ends as the API's do)
+        self.strict = strict
         self.max_retries = max_retries  # the instrumented client's, for `_Attempt.waits`
         self.given = given  # prices=, which wins over a reported cost; else genai-prices'
         self.linear = linear  # prices= is a mapping or "free", not a function of the user's
@@ -230,11 +245,11 @@ class _Gate:
         # models are met
         self.models: dict[str, _Model] = {}
 
-    def open(self, request: httpx2.Request) -> tuple[httpx2.Request, _Attempt] | None:
+    def open(self, request: Any) -> tuple[Any, _Attempt] | None:
         """Before an attempt is sent: the request to send and its attempt, or None when it is
         not a model call made in a run (it is then sent untouched)."""
         run = current()
-        if run is None or request.method != "POST":
+        if run is None or request.method != "POST" or _OPENED in request.extensions:
             return None
         path = request.url.path
         for shape in self.api.shapes:
@@ -244,9 +259,9 @@ class _Gate:
             return None
         try:
             body = request_body(request.content)
-        except (httpx2.RequestNotRead, ValueError):
+        except self.library.not_read:
             return None
-        if type(body) is not dict:
+        if type(body) is not dict or (self.strict and type(body.get("model")) is not str):
             return None
         changed = False
         degrade = self.degrade
@@ -296,7 +311,11 @@ class _Gate:
         guardrail = GUARDRAIL_MS
         bound = (guardrail if left_ms is None or left_ms >= guardrail else left_ms) / 1000
         if changed or hide or stream:
-            request = _prepared(request, body if changed or hide else None, stream)
+            request = _prepared(request, body if changed or hide else None, stream,
+                                self.library)
+        # the HTTP client an instrumented client wraps (patched by the process-wide switch)
+        # sends it as it is
+        request.extensions[_OPENED] = True
         timeout = request.extensions.get("timeout")
         if not timeout or None in (values := timeout.values()) or max(values) > bound:
             _lower(request, timeout, bound)
@@ -331,16 +350,14 @@ class _Gate:
                 f"tokens, or a function of the usage")
 
 
-def _lower(request: httpx2.Request, timeout: Mapping[str, float | None] | None,
-           bound: float) -> None:
+def _lower(request: Any, timeout: Mapping[str, float | None] | None, bound: float) -> None:
     """Lower *request*'s timeouts to *bound* seconds."""
     timeout = timeout or dict.fromkeys(("connect", "read", "write", "pool"))
     request.extensions["timeout"] = {key: bound if value is None else min(value, bound)
                                      for key, value in timeout.items()}
 
 
-def _prepared(request: httpx2.Request, body: dict[str, Any] | None,
-              stream: bool) -> httpx2.Request:
+def _prepared(request: Any, body: dict[str, Any] | None, stream: bool, library: Http) -> Any:
     """*request* with *body* (when it changed); a stream is asked uncompressed, so that its
     bytes can be read as they come. A new body makes a new request, its headers given once
     as the raw pairs (a ``Headers`` copy, then a request's own, cost twice as much)."""
@@ -355,9 +372,9 @@ def _prepared(request: httpx2.Request, body: dict[str, Any] | None,
     headers.append((b"Content-Length", str(len(content)).encode()))
     if stream:
         headers.append((b"Accept-Encoding", b"identity"))
-    prepared = httpx2.Request(request.method, request.url, headers=headers,
-                              stream=httpx2.ByteStream(content),
-                              extensions=dict(request.extensions))
+    http = library.module
+    prepared = http.Request(request.method, request.url, headers=headers,
+                            stream=http.ByteStream(content), extensions=dict(request.extensions))
     prepared.read()  # its content, as a request made with content= has it
     return prepared
 
@@ -367,7 +384,7 @@ def _prepared(request: httpx2.Request, body: dict[str, Any] | None,
 _BACKOFF_S, _BACKOFF_MAX_S, _JITTER_KEPT = 0.5, 8.0, 0.75
 
 
-def _retry_after(headers: httpx2.Headers) -> float | None:
+def _retry_after(headers: Any) -> float | None:
     """The wait a reply asks for before a retry, in seconds, read as the SDKs read it:
     ``retry-after-ms``, else ``retry-after`` in seconds or as an HTTP date; None without one."""
     for key, scale in (("retry-after-ms", 1000), ("retry-after", 1)):
@@ -383,11 +400,11 @@ def _retry_after(headers: httpx2.Headers) -> float | None:
     return None
 
 
-def _retried(response: httpx2.Response) -> bool:
+def _retried(response: Any) -> bool:
     """Whether the SDKs retry a reply of this status (while they have retries left)."""
     asked = response.headers.get("x-should-retry")
     if asked in ("true", "false"):
-        return asked == "true"
+        return bool(asked == "true")
     status = response.status_code
     return status in (408, 409, 429) or status >= 500
 
@@ -409,7 +426,7 @@ class _Watch:
         self.due: dict[int, tuple[float, socket.socket]] = {}
         self.thread: threading.Thread | None = None
 
-    def add(self, key: int, deadline: float, response: httpx2.Response) -> None:
+    def add(self, key: int, deadline: float, response: Any) -> None:
         """Shut *response*'s socket at *deadline* (``time.monotonic()``) unless dropped."""
         stream = response.extensions.get("network_stream")
         sock = stream.get_extra_info("socket") if stream is not None else None
@@ -544,7 +561,7 @@ class _Attempt:
             err.salvage = salvage  # type: ignore[attr-defined]
             raise err
 
-    def waits(self, request: httpx2.Request, response: httpx2.Response) -> None:
+    def waits(self, request: Any, response: Any) -> None:
         """An error status the SDK retries after a wait (the reply's ``Retry-After``, else its
         backoff, at least as long as computed here): when that wait would end past the run's
         time (or the guardrail), the run is cut now, and the API's ``Cut`` raises, which the
@@ -577,7 +594,7 @@ class _Attempt:
         assert stop is not None
         raise self.cut(stop.signal(), "")
 
-    def answered(self, response: httpx2.Response) -> None:
+    def answered(self, response: Any) -> None:
         """A whole reply (read): charge its usage. Error statuses used nothing."""
         if not 200 <= response.status_code < 300:  # is_success, without its two calls
             self.release()  # an error status: the API bills nothing
@@ -592,7 +609,7 @@ class _Attempt:
         except Unwind as signal:
             raise self.cut(signal, self._text(response)) from None
 
-    def _text(self, response: httpx2.Response) -> str:
+    def _text(self, response: Any) -> str:
         try:
             return self.shape.reply_text(response.json())
         except (ValueError, AttributeError, TypeError):  # not the API's shape
@@ -847,11 +864,12 @@ class _Meter:
                        if isinstance(event, dict))
 
 
-class _Stream(httpx2.SyncByteStream):
-    """A streamed reply's bytes, through its meter."""
+class _Stream:
+    """A streamed reply's bytes, through its meter: the part every HTTP library's stream class
+    shares (`Http` makes one for each, a subclass of its ``SyncByteStream``, which its
+    responses require)."""
 
-    def __init__(self, inner: httpx2.SyncByteStream, meter: _Meter,
-                 response: httpx2.Response) -> None:
+    def __init__(self, inner: Any, meter: _Meter, response: Any) -> None:
         self.inner, self.meter = inner, meter
         _watch.add(id(self), meter.deadline, response)  # shut at the deadline (S3-8)
 
@@ -862,8 +880,8 @@ class _Stream(httpx2.SyncByteStream):
                 out = meter.feed(chunk)
                 if out:
                     yield out
-        except httpx2.TransportError:  # a timeout, or the socket shut at the deadline
-            _watch.drop(id(self))
+        except meter.attempt.gate.library.transport_error:  # a timeout, or the socket shut at
+            _watch.drop(id(self))                             # the deadline
             meter.attempt.timed_out(meter.salvage())
             raise
         _watch.drop(id(self))
@@ -879,11 +897,10 @@ class _Stream(httpx2.SyncByteStream):
             self.inner.close()
 
 
-class _AsyncStream(httpx2.AsyncByteStream):
-    """A streamed reply's bytes, through its meter (async)."""
+class _AsyncStream:
+    """A streamed reply's bytes, through its meter (async; as `_Stream`)."""
 
-    def __init__(self, inner: httpx2.AsyncByteStream, meter: _Meter,
-                 response: httpx2.Response) -> None:
+    def __init__(self, inner: Any, meter: _Meter, response: Any) -> None:
         self.inner, self.meter = inner, meter
         _watch.add(id(self), meter.deadline, response)  # shut at the deadline (S3-8)
 
@@ -894,8 +911,8 @@ class _AsyncStream(httpx2.AsyncByteStream):
                 out = meter.feed(chunk)
                 if out:
                     yield out
-        except httpx2.TransportError:  # a timeout, or the socket shut at the deadline
-            _watch.drop(id(self))
+        except meter.attempt.gate.library.transport_error:  # a timeout, or the socket shut at
+            _watch.drop(id(self))                             # the deadline
             meter.attempt.timed_out(meter.salvage())
             raise
         _watch.drop(id(self))
@@ -911,102 +928,166 @@ class _AsyncStream(httpx2.AsyncByteStream):
             await self.inner.aclose()
 
 
-class _Budgeted(httpx2.Client):
-    """The HTTP client of an instrumented sync client: the original one, each model request
-    through the gate. Its own transport is never used (every request goes to the original)."""
+def send(gate: _Gate, sender: Callable[..., Any], request: Any, kwargs: dict[str, Any]) -> Any:
+    """Send *request* with *sender* (an HTTP client's own ``send``), through *gate*: a model
+    call made in a run is charged, bounded and metered; any other request is sent untouched.
+    An instrumented client's HTTP client sends each request with it, and so does the
+    process-wide switch (``everywhere``) in the ``send`` of every HTTP client."""
+    opened = gate.open(request)
+    if opened is None:
+        return sender(request, **kwargs)
+    request, attempt = opened
+    library = gate.library
+    kwargs["stream"] = True  # the body is read here, its socket watched (S3-8)
+    try:
+        response = sender(request, **kwargs)
+        if response.status_code >= 400:
+            attempt.release()  # an error status: the API bills nothing
+            attempt.waits(request, response)
+        if attempt.stream and response.is_success:
+            response.stream = library.stream(response.stream, _Meter(attempt), response)
+            return response
+        key = id(attempt)
+        _watch.add(key, attempt.deadline, response)
+        try:
+            response.read()
+        finally:
+            _watch.drop(key)
+    except library.transport_error as err:  # a timeout, or the socket shut at the deadline
+        if isinstance(err, library.never_sent):
+            attempt.release()  # never sent: nothing billed
+        attempt.timed_out()
+        raise
+    attempt.answered(response)
+    return response
 
-    def __init__(self, inner: httpx2.Client, gate: _Gate) -> None:
-        super().__init__(timeout=inner.timeout, transport=httpx2.BaseTransport(),
-                         trust_env=False)
+
+async def send_async(gate: _Gate, sender: Callable[..., Any], request: Any,
+                     kwargs: dict[str, Any]) -> Any:
+    """`send`, for an async HTTP client."""
+    opened = gate.open(request)
+    if opened is None:
+        return await sender(request, **kwargs)
+    request, attempt = opened
+    library = gate.library
+    kwargs["stream"] = True  # the body is read here, its socket watched (S3-8)
+    try:
+        response = await sender(request, **kwargs)
+        if response.status_code >= 400:
+            attempt.release()  # an error status: the API bills nothing
+            attempt.waits(request, response)
+        if attempt.stream and response.is_success:
+            response.stream = library.async_stream(response.stream, _Meter(attempt), response)
+            return response
+        key = id(attempt)
+        _watch.add(key, attempt.deadline, response)
+        try:
+            await response.aread()
+        finally:
+            _watch.drop(key)
+    except library.transport_error as err:  # a timeout, or the socket shut at the deadline
+        if isinstance(err, library.never_sent):
+            attempt.release()  # never sent: nothing billed
+        attempt.timed_out()
+        raise
+    attempt.answered(response)
+    return response
+
+
+class _Budgeted:
+    """The HTTP client of an instrumented sync client: the original one, each model request
+    through the gate. Its own transport is never used (every request goes to the original).
+    `Http` makes one class of it for each HTTP library, a subclass of its ``Client`` (the SDKs
+    take nothing else)."""
+
+    def __init__(self, inner: Any, gate: _Gate) -> None:
+        http = gate.library.module
+        super().__init__(timeout=inner.timeout,  # type: ignore[call-arg]
+                         transport=http.BaseTransport(), trust_env=False)
         self.inner, self.gate = inner, gate
         # the original client builds every request (its base URL, headers, auth), called
         # straight from the SDK: no frame of this wrapper's in between
-        self.build_request = inner.build_request  # type: ignore[method-assign]
+        self.build_request = inner.build_request
 
-    def send(self, request: httpx2.Request, **kwargs: Any) -> httpx2.Response:
-        opened = self.gate.open(request)
-        if opened is None:
-            return self.inner.send(request, **kwargs)
-        request, attempt = opened
-        kwargs["stream"] = True  # the body is read here, its socket watched (S3-8)
-        try:
-            response = self.inner.send(request, **kwargs)
-            if response.status_code >= 400:
-                attempt.release()  # an error status: the API bills nothing
-                attempt.waits(request, response)
-            if attempt.stream and response.is_success:
-                response.stream = _Stream(response.stream,  # type: ignore[arg-type]
-                                          _Meter(attempt), response)
-                return response
-            key = id(attempt)
-            _watch.add(key, attempt.deadline, response)
-            try:
-                response.read()
-            finally:
-                _watch.drop(key)
-        except httpx2.TransportError as err:  # a timeout, or the socket shut at the deadline
-            if isinstance(err, (httpx2.ConnectError, httpx2.ConnectTimeout)):
-                attempt.release()  # never sent: nothing billed
-            attempt.timed_out()
-            raise
-        attempt.answered(response)
-        return response
+    def send(self, request: Any, **kwargs: Any) -> Any:
+        return send(self.gate, self.inner.send, request, kwargs)
 
     @property
     def is_closed(self) -> bool:
-        return self.inner.is_closed
+        return bool(self.inner.is_closed)
 
     def close(self) -> None:
         self.inner.close()
 
 
-class _AsyncBudgeted(httpx2.AsyncClient):
+class _AsyncBudgeted:
     """The HTTP client of an instrumented async client (as `_Budgeted`)."""
 
-    def __init__(self, inner: httpx2.AsyncClient, gate: _Gate) -> None:
-        super().__init__(timeout=inner.timeout, transport=httpx2.AsyncBaseTransport(),
-                         trust_env=False)
+    def __init__(self, inner: Any, gate: _Gate) -> None:
+        http = gate.library.module
+        super().__init__(timeout=inner.timeout,  # type: ignore[call-arg]
+                         transport=http.AsyncBaseTransport(), trust_env=False)
         self.inner, self.gate = inner, gate
-        self.build_request = inner.build_request  # type: ignore[method-assign]  # as _Budgeted
+        self.build_request = inner.build_request  # as _Budgeted
 
-    async def send(self, request: httpx2.Request, **kwargs: Any) -> httpx2.Response:
-        opened = self.gate.open(request)
-        if opened is None:
-            return await self.inner.send(request, **kwargs)
-        request, attempt = opened
-        kwargs["stream"] = True  # the body is read here, its socket watched (S3-8)
-        try:
-            response = await self.inner.send(request, **kwargs)
-            if response.status_code >= 400:
-                attempt.release()  # an error status: the API bills nothing
-                attempt.waits(request, response)
-            if attempt.stream and response.is_success:
-                response.stream = _AsyncStream(response.stream,  # type: ignore[arg-type]
-                                               _Meter(attempt), response)
-                return response
-            key = id(attempt)
-            _watch.add(key, attempt.deadline, response)
-            try:
-                await response.aread()
-            finally:
-                _watch.drop(key)
-        except httpx2.TransportError as err:  # a timeout, or the socket shut at the deadline
-            if isinstance(err, (httpx2.ConnectError, httpx2.ConnectTimeout)):
-                attempt.release()  # never sent: nothing billed
-            attempt.timed_out()
-            raise
-        attempt.answered(response)
-        return response
+    async def send(self, request: Any, **kwargs: Any) -> Any:
+        return await send_async(self.gate, self.inner.send, request, kwargs)
 
     @property
     def is_closed(self) -> bool:
-        return self.inner.is_closed
+        return bool(self.inner.is_closed)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
 
 
+class Http:
+    """One HTTP library model requests go through: httpx2, or the older httpx, whose classes
+    have the same names and behave alike (openai before 3, LiteLLM, Ollama's client). What the
+    gate, the meter and the wrapper clients make and catch in it; `http_of` gives the one of a
+    client. Used here and by the process-wide switch (``everywhere``)."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+        self.not_read = (module.RequestNotRead, ValueError)  # a body not read, not JSON
+        self.transport_error: type[BaseException] = module.TransportError
+        self.never_sent = (module.ConnectError, module.ConnectTimeout)  # nothing billed
+        # its responses require their streams to be of its own classes
+        self.stream = type("Stream", (_Stream, module.SyncByteStream), {})
+        self.async_stream = type("AsyncStream", (_AsyncStream, module.AsyncByteStream), {})
+        self.budgeted = type("Budgeted", (_Budgeted, module.Client), {})
+        self.budgeted_async = type("AsyncBudgeted", (_AsyncBudgeted, module.AsyncClient), {})
+
+
+_libraries: dict[str, Http] = {}
+
+
+def library(name: str) -> Http | None:
+    """The `Http` of the library *name* (``"httpx2"``, ``"httpx"``), made once; None when it
+    is not installed."""
+    found = _libraries.get(name)
+    if found is None:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            return None
+        found = _libraries.setdefault(name, Http(module))
+    return found
+
+
+def http_of(client: object) -> Http | None:
+    """The `Http` of an HTTP *client* (an ``httpx2`` or ``httpx`` one, or of a subclass of
+    theirs), else None."""
+    for name in ("httpx2", "httpx"):
+        if name in sys.modules:  # a client of a library never imported is none of its
+            found = library(name)
+            if found is not None and isinstance(client, (found.module.Client,
+                                                         found.module.AsyncClient)):
+                return found
+    return None
+
+
 # N-5: a request and its stream read the run's deadline and stop themselves, cut with the text
 # received so far (S3-9): a stop from elsewhere is held back while the thread is inside them
-for _own in (_Budgeted.send, _Stream.__iter__):
+for _own in (send, _Stream.__iter__):
     preempt.guard(_own.__code__)

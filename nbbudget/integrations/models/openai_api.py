@@ -19,7 +19,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from openai import OpenAIError
+try:
+    from openai import OpenAIError as _SdkError
+except ImportError:  # the wire format, spoken by another library: nbbudget's errors
+    _SdkError = Exception  # type: ignore[assignment,misc]
 
 from ...core.errors import BudgetCut, BudgetExceeded, ConfigError
 from .shapes import Shape, Unreadable, count, details, reported_cost
@@ -33,18 +36,18 @@ PROVIDER = "openai"
 MAX_RETRY_AFTER = 120.0
 
 
-class Refused(BudgetExceeded, OpenAIError):
+class Refused(BudgetExceeded, _SdkError):
     """A request the budget refused before it was sent: nbbudget's `BudgetExceeded` and the
     SDK's `OpenAIError` at once (the SDK passes its own errors to the caller unchanged)."""
 
 
-class Cut(BudgetCut, OpenAIError):
+class Cut(BudgetCut, _SdkError):
     """A request or stream cut by the budget; ``salvage`` is the text received so far."""
 
     salvage: str = ""
 
 
-class Unpriced(ConfigError, OpenAIError):
+class Unpriced(ConfigError, _SdkError):
     """A request naming a model with no known price while ``cost_usd`` is limited."""
 
 
