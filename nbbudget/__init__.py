@@ -8,7 +8,7 @@ pauses at a checkpoint (`call`, `checkpoint`, `jobs`). In IPython, ``%load_ext n
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .calls import history as _history  # installs the recording of runs that end
 from .calls.call import call, checkpoint, resume_state
@@ -33,6 +33,9 @@ from .core.suggest import Suggestion
 from .core.trace import Event, Replay, Trace
 from .run.budget import Budget, Grant, Snapshot, budget, current
 from .run.tools import ToolContext
+
+if TYPE_CHECKING:
+    from .integrations.models.everywhere import Switch
 
 __version__ = "0.1.0"
 _Client = TypeVar("_Client")
@@ -78,13 +81,42 @@ def _no_run(name: str) -> ConfigError:
                        f"or in the work of nb.call(...)")
 
 
-def instrument(client: _Client, *, prices: Any = None, degrade: tuple[str, float] | None = None,
-               name: str | None = None, provider: str | None = None) -> _Client:
-    """A copy of an OpenAI or Anthropic client whose model calls are provider calls of the run
-    current when each is made (`nbbudget.integrations.models`; the ``openai`` and ``anthropic``
-    extras). ``prices``: USD per million tokens, a function of the usage, or ``"free"``;
-    ``provider``: the provider's name in genai-prices (default: resolved from the client's base
-    URL). The SDK is imported only when a client is instrumented."""
+@overload
+def instrument(client: None = None) -> Switch: ...
+
+
+@overload
+def instrument(client: _Client, *, prices: Any = None,
+               degrade: tuple[str, float] | None = None, name: str | None = None,
+               provider: str | None = None) -> _Client: ...
+
+
+def instrument(client: Any = None, *, prices: Any = None,
+               degrade: tuple[str, float] | None = None, name: str | None = None,
+               provider: str | None = None) -> Any:
+    """Bound model calls by the run current when each is made.
+
+    ``nb.instrument()``: every model call the process makes, through the OpenAI or Anthropic
+    SDK at any base URL or any library built on httpx2 or httpx, clients made before or after
+    included (`nbbudget.integrations.models.everywhere`); returns the switch, whose
+    ``.undo()`` (or the end of its ``with`` block) turns it off. Calling it again changes
+    nothing. Calls outside every run pass untouched.
+
+    ``nb.instrument(client)``: a copy of an OpenAI or Anthropic client whose model calls are
+    provider calls (`nbbudget.integrations.models`; the ``openai`` and ``anthropic`` extras).
+    ``prices``: USD per million tokens, a function of the usage, or ``"free"``; ``provider``:
+    the provider's name in genai-prices (default: resolved from the client's base URL). The
+    SDK is imported only when a client is instrumented."""
+    if client is None:
+        given = [k for k, v in (("prices", prices), ("degrade", degrade), ("name", name),
+                                ("provider", provider)) if v is not None]
+        if given:
+            raise ConfigError(f"nb.instrument() with no client takes no {given[0]}=: give it "
+                              f"with a client, nb.instrument(client, {given[0]}=...), whose "
+                              f"calls it then applies to")
+        from .integrations.models.everywhere import install
+
+        return install()
     from .integrations.models import instrument as _instrument
 
     return _instrument(client, prices=prices, degrade=degrade, name=name, provider=provider)

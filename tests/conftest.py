@@ -153,6 +153,20 @@ def no_thread_left_running() -> Iterator[None]:
         )
 
 
+@pytest.fixture(autouse=True)
+def model_calls_switch_left_as_found() -> Iterator[None]:
+    """Fail the test if it left ``nb.instrument()``'s process-wide switch on (a test that loads
+    the IPython extension in this process turns it on, and must unload it): every later test's
+    bare model clients would be counted. It is turned off, so that the next test starts clean."""
+    yield
+    everywhere = sys.modules.get("nbbudget.integrations.models.everywhere")
+    switch = everywhere.installed() if everywhere is not None else None
+    if switch is not None:
+        switch.undo()
+        pytest.fail("test left nb.instrument()'s process-wide switch on: undo it (or unload "
+                    "the IPython extension)", pytrace=False)
+
+
 def _ledger_id(factory: Any) -> str:
     """A ledger's test id: its class name less ``Ledger`` (``LocalLedger`` is ``local``)."""
     return str(factory.__name__).removesuffix("Ledger").lower()

@@ -107,6 +107,12 @@ class NBBudget(Configurable):
                    "nb.budget() blocks) in the store's history (%budget history, nbbudget "
                    "history); NBBUDGET_HISTORY=1|0 overrides this.",
     ).tag(config=True)
+    instrument = Bool(
+        True, help="Bound every model call this kernel makes by the run current when it is "
+                   "made (nb.instrument(): the OpenAI and Anthropic SDKs at any base URL, and "
+                   "what is built on them or on httpx2 or httpx). False: only the clients "
+                   "given to nb.instrument(client).",
+    ).tag(config=True)
     interactive = Bool(
         None, allow_none=True,
         help="True: treat every execution as a person's (no default budget); False: as a "
@@ -550,6 +556,23 @@ def _history_changed(change: Any) -> None:
     _history.refresh()
 
 
+def _model_calls(on: bool) -> None:
+    """Every model call of the kernel bounded (``nb.instrument()``), or no longer."""
+    from ..integrations.models import everywhere
+
+    if on:
+        everywhere.install()
+    else:
+        switch = everywhere.installed()
+        if switch is not None:
+            switch.undo()
+
+
+def _instrument_changed(change: Any) -> None:
+    """``%config NBBudget.instrument = ...``: from now on."""
+    _model_calls(bool(change["new"]))
+
+
 def _history_shown(suggest: bool, limit: int | None) -> Any:
     """``%budget history``: the store's last runs as a DataFrame, newest first; with
     ``--suggest``, the limits suggested from them. A sentence where there is nothing to
@@ -803,6 +826,9 @@ def load(shell: Any) -> None:
     _store.set_default_home(lambda: config.home or None)
     _history.set_default(lambda: bool(config.history))
     config.observe(_history_changed, names="history")
+    if config.instrument:
+        _model_calls(True)
+    config.observe(_instrument_changed, names="instrument")
     ended = _EndedJobs()
     ended.told.update(job.id for job in jobs if job.done())
     shell.events.register("pre_run_cell", ended)
@@ -841,3 +867,5 @@ def unload(shell: Any) -> None:
     _store.set_default_home(None)
     config.unobserve(_history_changed, names="history")
     _history.set_default(None)
+    config.unobserve(_instrument_changed, names="instrument")
+    _model_calls(False)

@@ -131,6 +131,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: Any
+    raw: bytes = b""  # the body's bytes as they came
     status: int = 0
     events_sent: int = 0
     events_total: int = 0
@@ -232,7 +233,7 @@ def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length)
             received = Received("POST", self.path, {k.lower(): v for k, v in self.headers.items()},
-                                json.loads(raw) if raw else None)
+                                json.loads(raw) if raw else None, raw=raw)
             reply = server._next(received)
             try:
                 self._answer(reply, received)

@@ -101,7 +101,7 @@ from ...run.providers import (
 )
 from .shapes import Shape, Unreadable, ends, events_of, may_hold_usage, reply_usage, request_body
 
-__all__ = ["Http", "api_of", "http_of", "instrument", "library", "send", "send_async"]
+__all__ = ["Gate", "Http", "api_of", "http_of", "instrument", "library", "send", "send_async"]
 
 _INF = math.inf
 #: what bounds a stream's output, for `_Meter._left`
@@ -167,7 +167,7 @@ def instrument(client: _C, *, prices: Given | None = None,
         raise ConfigError(f"nb.instrument() wraps a client built on httpx2 or httpx, and this "
                           f"{type(client).__name__} uses {type(http).__module__}."
                           f"{type(http).__name__}: give it one of those (http_client=)")
-    gate = _Gate(api, library, given, degrade, name, provider or _provider(client, api),
+    gate = Gate(api, library, given, degrade, name, provider or _provider(client, api),
                  linear=given is not None and not callable(prices),
                  max_retries=client.max_retries)  # type: ignore[attr-defined]
     wrapper = (library.budgeted_async(http, gate) if isinstance(http, library.module.AsyncClient)
@@ -223,8 +223,9 @@ def _check(degrade: tuple[str, float] | None, name: str | None) -> None:
 _Model = tuple[str, str, PriceFn | None, tuple[float, float] | None]
 
 
-class _Gate:
-    """What every request of one instrumented client goes through.
+class Gate:
+    """What every request of one instrumented client goes through (and, under the
+    process-wide switch, ``everywhere``, every request to one API at one base URL).
 
     Kept lean: its work is added to every model call (the goal: at most 5% of a call's CPU
     time, ``benchmarks/bench_instrument.py``). What depends only on the model (the calls' name
@@ -488,7 +489,7 @@ class _Attempt:
     __slots__ = ("core", "deadline", "gate", "hide", "input_bound", "label", "model", "price",
                  "reservation", "run", "shape", "started", "stream", "target")
 
-    def __init__(self, gate: _Gate, run: Budget, core: Core, shape: Shape, model: str,
+    def __init__(self, gate: Gate, run: Budget, core: Core, shape: Shape, model: str,
                  label: str, target: str, price: PriceFn | None,
                  stream: bool, hide: bool, bound: float, reservation: Reservation | None,
                  input_bound: float) -> None:
@@ -928,7 +929,7 @@ class _AsyncStream:
             await self.inner.aclose()
 
 
-def send(gate: _Gate, sender: Callable[..., Any], request: Any, kwargs: dict[str, Any]) -> Any:
+def send(gate: Gate, sender: Callable[..., Any], request: Any, kwargs: dict[str, Any]) -> Any:
     """Send *request* with *sender* (an HTTP client's own ``send``), through *gate*: a model
     call made in a run is charged, bounded and metered; any other request is sent untouched.
     An instrumented client's HTTP client sends each request with it, and so does the
@@ -962,7 +963,7 @@ def send(gate: _Gate, sender: Callable[..., Any], request: Any, kwargs: dict[str
     return response
 
 
-async def send_async(gate: _Gate, sender: Callable[..., Any], request: Any,
+async def send_async(gate: Gate, sender: Callable[..., Any], request: Any,
                      kwargs: dict[str, Any]) -> Any:
     """`send`, for an async HTTP client."""
     opened = gate.open(request)
@@ -1000,7 +1001,7 @@ class _Budgeted:
     `Http` makes one class of it for each HTTP library, a subclass of its ``Client`` (the SDKs
     take nothing else)."""
 
-    def __init__(self, inner: Any, gate: _Gate) -> None:
+    def __init__(self, inner: Any, gate: Gate) -> None:
         http = gate.library.module
         super().__init__(timeout=inner.timeout,  # type: ignore[call-arg]
                          transport=http.BaseTransport(), trust_env=False)
@@ -1023,7 +1024,7 @@ class _Budgeted:
 class _AsyncBudgeted:
     """The HTTP client of an instrumented async client (as `_Budgeted`)."""
 
-    def __init__(self, inner: Any, gate: _Gate) -> None:
+    def __init__(self, inner: Any, gate: Gate) -> None:
         http = gate.library.module
         super().__init__(timeout=inner.timeout,  # type: ignore[call-arg]
                          transport=http.AsyncBaseTransport(), trust_env=False)

@@ -1,0 +1,237 @@
+"""``nb.instrument()`` with no client: every model call the process makes is a provider call of
+the run current when it is made, whichever library makes it and whenever its client was made.
+
+**Where it sits.** The ``send`` of the HTTP clients of httpx2 and of the older httpx
+(``Client`` and ``AsyncClient``), replaced on the class, as Logfire replaces the SDKs' methods:
+every SDK built on them sends each attempt of a request, its own retries included, through it.
+So the OpenAI and Anthropic SDKs at any base URL are covered, with the clients made before the
+switch, their copies (``with_options``, ``copy``) and the clients other libraries make inside
+(LangChain's ``ChatOpenAI``, LiteLLM's OpenAI handler, an agent framework's own client), on
+either library. Observability tools that wrap the SDKs' methods (Logfire, OpenTelemetry's
+instrumentors) sit above it: both see every call, whichever came first. A library not imported
+yet is switched on as it is imported (`_Finder`), so ``%load_ext nbbudget`` imports neither.
+
+**What is a model call.** A ``POST`` made inside a run (`nbbudget.current`) whose path ends as
+an API's endpoint does (``/chat/completions`` and ``/responses``: OpenAI's, and every server
+that speaks it; ``/messages``: Anthropic's) and whose JSON body names a model. It goes through
+the gate of ``clients`` (`send`): the permits, the clamp, the usage, the price, the stream cut,
+the time and the degrade of ``nb.instrument(client)``, the same. The provider, for its price, is
+resolved from the request's URL through genai-prices (``https://openrouter.ai/api/v1`` is
+OpenRouter), else the API's own. The errors are the API's (``openai_api``, ``anthropic_api``):
+nbbudget's, and the SDK's own where the SDK is installed, which it passes on unretried. A
+request an instrumented client (``nb.instrument(client)``) has opened passes untouched: it is
+counted once.
+
+**Outside every run** the switched ``send`` reads one context variable and calls the original;
+the request and its reply are the library's own, byte for byte.
+
+`install` turns it on (``nb.instrument()``, ``%load_ext nbbudget`` with ``NBBudget.instrument``,
+the kernel of ``nbbudget run``); the `Switch` it returns turns it off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.abc
+import importlib.machinery
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+from ...run.budget import current
+from ...run.prices import provider_of
+from .clients import Gate, Http, api_of, library, send, send_async
+
+__all__ = ["LIBRARIES", "ROUTES", "Switch", "install", "installed"]
+
+#: the HTTP libraries whose clients' ``send`` is switched
+LIBRARIES = ("httpx2", "httpx")
+#: the endpoints read as model calls: how the path ends, and the API family that reads it
+ROUTES: tuple[tuple[str, str], ...] = (
+    ("/chat/completions", "openai"), ("/responses", "openai"), ("/messages", "anthropic"))
+#: gates kept, by API family, HTTP library and base URL; cleared past this many
+_GATES_KEPT = 256
+#: the SDKs' own retries when nothing says otherwise: a process-wide gate does not see the
+#: client's ``max_retries`` (an instrumented client's gate does)
+_DEFAULT_RETRIES = 2
+
+
+class Switch:
+    """The process-wide switch, on from `install` until `undo` (or the end of a ``with``
+    block). One in a process: `install` returns the same one while it is on."""
+
+    def __init__(self) -> None:
+        self.on = False
+        # (class, the original send, the one put in its place), for each class switched
+        self.patched: list[tuple[type, Callable[..., Any], Callable[..., Any]]] = []
+        self.gates: dict[tuple[str, str, str], Gate] = {}
+        self.finder: _Finder | None = None
+
+    def undo(self) -> None:
+        """Turn it off: each class's own ``send`` is put back (where another wrapper was put
+        over it since, the switched one stays beneath it and passes every request on)."""
+        with _lock:
+            if not self.on:
+                return
+            self.on = False
+            if self.finder is not None:
+                with contextlib.suppress(ValueError):
+                    sys.meta_path.remove(self.finder)
+                self.finder = None
+            for cls, original, ours in self.patched:
+                if cls.__dict__.get("send") is ours:
+                    cls.send = original  # type: ignore[attr-defined]
+            self.patched.clear()
+            self.gates.clear()
+
+    def __enter__(self) -> Switch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.undo()
+
+    def __repr__(self) -> str:
+        state = "on" if self.on else "off"
+        libraries = sorted({cls.__module__.split(".")[0] for cls, _, _ in self.patched})
+        return f"<nbbudget model calls switch: {state} ({', '.join(libraries) or 'no library'})>"
+
+    # -- what the switched send asks -------------------------------------------------------
+    def gate(self, request: Any, http: Http) -> Gate | None:
+        """The gate of *request*, a ``POST`` in a run: the one of its API and base URL, made
+        the first time; None when its path is no model endpoint's."""
+        path = request.url.path
+        route = next((route for route in ROUTES if path.endswith(route[0])), None)
+        if route is None:
+            return None
+        end, family = route
+        url = str(request.url)
+        base = url[:url.index(end)] if end in url else url
+        key = (family, http.module.__name__, base)
+        gate = self.gates.get(key)
+        if gate is None:
+            api = api_of(family)
+            gate = Gate(api, http, None, None, None, provider_of(base) or api.provider,
+                         linear=False, max_retries=_DEFAULT_RETRIES, strict=True)
+            with _lock:
+                if len(self.gates) >= _GATES_KEPT:
+                    self.gates.clear()
+                gate = self.gates.setdefault(key, gate)
+        return gate
+
+
+_lock = threading.RLock()
+_switch = Switch()
+
+
+def installed() -> Switch | None:
+    """The switch, while it is on; else None."""
+    return _switch if _switch.on else None
+
+
+def install() -> Switch:
+    """Turn the switch on (once: while it is on, this changes nothing) and return it. The
+    libraries imported already are switched now; the others as they are imported."""
+    with _lock:
+        if _switch.on:
+            return _switch
+        _switch.on = True
+        for name in LIBRARIES:
+            module = sys.modules.get(name)
+            if module is not None:
+                _patch(name)
+        finder = _switch.finder = _Finder(tuple(n for n in LIBRARIES if n not in sys.modules))
+        if finder.names:
+            sys.meta_path.insert(0, finder)
+    return _switch
+
+
+def _patch(name: str) -> None:
+    """Switch the ``send`` of library *name*'s ``Client`` and ``AsyncClient`` (lock held)."""
+    http = library(name)
+    if http is None:
+        return
+    module = http.module
+    for cls, make in ((module.Client, _switched), (module.AsyncClient, _switched_async)):
+        if any(patched is cls for patched, _, _ in _switch.patched):
+            continue
+        original = cls.send
+        ours = make(original, http)
+        cls.send = ours
+        _switch.patched.append((cls, original, ours))
+
+
+def _switched(original: Callable[..., Any], http: Http) -> Callable[..., Any]:
+    """*original* (a ``Client.send``), with each model request made in a run through its gate."""
+
+    @functools.wraps(original)
+    def send_(self: Any, request: Any, **kwargs: Any) -> Any:
+        # outside every run (and for a request an instrumented client opened): the original
+        if current() is None or not _switch.on:
+            return original(self, request, **kwargs)
+        gate = _switch.gate(request, http) if request.method == "POST" else None
+        if gate is None:
+            return original(self, request, **kwargs)
+        return send(gate, functools.partial(original, self), request, kwargs)
+
+    return send_
+
+
+def _switched_async(original: Callable[..., Any], http: Http) -> Callable[..., Any]:
+    """*original* (an ``AsyncClient.send``), as `_switched`."""
+
+    @functools.wraps(original)
+    async def send_(self: Any, request: Any, **kwargs: Any) -> Any:
+        if current() is None or not _switch.on:
+            return await original(self, request, **kwargs)
+        gate = _switch.gate(request, http) if request.method == "POST" else None
+        if gate is None:
+            return await original(self, request, **kwargs)
+        return await send_async(gate, functools.partial(original, self), request, kwargs)
+
+    return send_
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Switches an HTTP library on as it is imported, after its module has run: the finder
+    asks the others on ``sys.meta_path`` for the module's spec and has its loader switch the
+    library once it has loaded it (as wrapt's post-import hooks do)."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in self.names:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _Loader(spec.loader, fullname)
+                return spec
+        return None
+
+
+class _Loader(importlib.abc.Loader):
+    """A library's own loader, which switches it once it has run its module."""
+
+    def __init__(self, loader: Any, name: str) -> None:
+        self.loader, self.name = loader, name
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        made: ModuleType | None = self.loader.create_module(spec)
+        return made
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.loader.exec_module(module)
+        with _lock:
+            if _switch.on:
+                _patch(self.name)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)  # the rest of the loader's API (resources, ...)
