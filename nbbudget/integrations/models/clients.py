@@ -262,14 +262,18 @@ class Gate:
             body = request_body(request.content)
         except self.library.not_read:
             return None
-        if type(body) is not dict or (self.strict and type(body.get("model")) is not str):
+        if type(body) is not dict:
             return None
+        named = shape.model_of
+        model = body.get("model") if named is None else named(path, body)
+        if self.strict and type(model) is not str:
+            return None  # no model named: not a model call
         changed = False
         degrade = self.degrade
-        if degrade is not None and run.lowlevel.degraded is not None and (
-                body.get("model") != degrade[0]):
-            body["model"], changed = degrade[0], True
-        model = body.get("model")
+        if degrade is not None and run.lowlevel.degraded is not None and named is None and (
+                model != degrade[0]):
+            body["model"] = model = degrade[0]
+            changed = True
         if type(model) is not str:
             model = str(model)
         known = self.models.get(model)
@@ -278,10 +282,13 @@ class Gate:
         label, target, price, rates = known
         if price is None:
             self._priceless(run, model)
+        holder = body if not shape.cap_in else body.get(shape.cap_in)
+        if type(holder) is not dict:
+            holder = {}  # none asked: set in the body only if a cap must be sent
         for key in shape.cap_keys:  # the first the body has, else the last
-            if key in body:
+            if key in holder:
                 break
-        asked = body.get(key)
+        asked = holder.get(key)
         headers = request.headers  # a first attempt's header found in C, else looked up
         retry = _FIRST not in getattr(headers, "_list", ()) and headers.get(
             "x-stainless-retry-count", "0") != "0"
@@ -305,8 +312,11 @@ class Gate:
         except Unwind as signal:  # the run was cut meanwhile, by another thread's reply
             raise _public(self.api, signal, "") from None
         if capped != asked:
-            body[key], changed = capped, True
-        stream = body.get("stream") is True
+            if shape.cap_in and body.get(shape.cap_in) is not holder:
+                body[shape.cap_in] = holder
+            holder[key], changed = capped, True
+        streamed = shape.streamed
+        stream = body.get("stream") is True if streamed is None else streamed(path, body)
         hide = stream and shape.ask_usage(body)
         left_ms = core.scope.remaining_ms()
         guardrail = GUARDRAIL_MS

@@ -119,7 +119,11 @@ class Shape:
     ``final``: the bytes that name the events reporting the final usage (their types), which
     are parsed even without a ``usage`` (none is then unreadable usage); ``done``: the data of a
     last event that ends the stream where the SDK stops reading
-    (Chat's ``[DONE]``), or empty.
+    (Chat's ``[DONE]``), or empty. ``cap_in``: the object of the body that holds the cap keys
+    (Gemini's ``generationConfig``), or empty for the body itself; ``model_of(path, body)``:
+    the model a request names, where it is not its body's ``model`` (Gemini names it in the
+    path); ``streamed(path, body)``: whether it asks for a stream, where that is not its body's
+    ``stream`` being true.
     """
 
     name: str
@@ -136,6 +140,9 @@ class Shape:
     asked_field: bytes = b""
     final: tuple[bytes, ...] = ()
     done: bytes = b""
+    cap_in: str = ""
+    model_of: Callable[[str, dict[str, Any]], Any] | None = None
+    streamed: Callable[[str, dict[str, Any]], bool] | None = None
 
 
 def request_body(content: bytes) -> Any:
