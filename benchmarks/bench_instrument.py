@@ -94,6 +94,8 @@ def main() -> int:
     parser.add_argument("--calls", nargs=2, type=int, metavar=("N", "REPS"),
                         help=argparse.SUPPRESS)
     parser.add_argument("--chunks", type=int, metavar="PAIRS", help=argparse.SUPPRESS)
+    parser.add_argument("--switch", nargs=2, type=int, metavar=("N", "REPS"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(*args.child)
@@ -102,6 +104,9 @@ def main() -> int:
         return 0
     if args.chunks:
         print(json.dumps(per_chunk(args.chunks)))
+        return 0
+    if args.switch:
+        print(json.dumps(switched(*args.switch)))
         return 0
     if args.instructions:
         return instructions()
@@ -134,6 +139,31 @@ def main() -> int:
     print(f"  the worst-case reservation (S3-10), cost_usd armed against not: added "
           f"{statistics.median(added):5.1f} us CPU a call, the median of {len(added)} "
           f"processes ({added[0]:.1f} to {added[-1]:.1f}; goal <= 10 us)")
+    switch_n, switch_reps = (2000, 5) if args.quick else (20000, 9)
+    print(f"The process-wide switch (nb.instrument()): {processes} processes; outside every "
+          f"run, {switch_reps} reps of {switch_n} sends of each HTTP library's client through "
+          f"an in-memory transport, switched and not, interleaved in blocks; in a run, whole "
+          f"calls of a bare client (goals: at most 1 us added outside a run, 5% in one)")
+    rows: dict[str, list[list[float]]] = {}
+    for k in range(processes):
+        done = subprocess.run([sys.executable, __file__, "--switch", str(switch_n),
+                               str(switch_reps)], capture_output=True, text=True, check=True)
+        for name, row in json.loads(done.stdout).items():
+            rows.setdefault(name, []).append(row)
+            unit = "%" if name.startswith("in a run") else "us"
+            added = (row[1] - row[0]) / row[0] * 100 if unit == "%" else row[1] - row[0]
+            print(f"  process {k + 1}: {name:<44} bare {row[0]:8.2f} us, added "
+                  f"{added:6.2f} {unit}", flush=True)
+    for name, found in rows.items():
+        if name.startswith("in a run"):
+            ratios = sorted((r[1] - r[0]) / r[0] for r in found)
+            print(f"  {name:<44} added {statistics.median(ratios):6.1%} of the round trip "
+                  f"(goal <= 5%), the median of {len(found)} processes")
+        else:
+            added = sorted(r[1] - r[0] for r in found)
+            print(f"  {name:<44} added {statistics.median(added):6.2f} us CPU a send "
+                  f"(goal <= 1 us), the median of {len(found)} processes "
+                  f"({added[0]:.2f} to {added[-1]:.2f})")
     pairs = 10 if args.quick else 60
     print(f"A streamed chat completion, per chunk: {processes} processes of {pairs} pairs of "
           f"1,000-chunk streams, CPU time (goal: at most 2 us added a chunk)")
@@ -192,6 +222,66 @@ def whole_calls(n: int, reps: int) -> dict[str, list[float]]:
             call = chat(inst_o)
             without, with_ = compare(lambda: unarmed.run(call), lambda: armed.run(call), n, reps)
         out[RESERVATION] = [*without, *with_]
+    return out
+
+
+def switched(n: int, reps: int) -> dict[str, list[float]]:
+    """In this process: what the process-wide switch adds. Outside every run, a ``send`` of each
+    HTTP library's client through an in-memory transport (the request to a model endpoint, so
+    that it is the path a model call takes), CPU microseconds a send with the switch off and
+    on, in blocks of *n* interleaved (the switch turned on and off between blocks, outside the
+    timing): [off, on], the median of *reps* blocks each. In a run with every axis armed, a
+    whole OpenAI chat completion of a bare client against the loopback server, switch off and
+    on, as `compare` times them: [off, on]."""
+    import httpx
+
+    from nbbudget.integrations.models import everywhere
+
+    out: dict[str, list[float]] = {}
+    body = json.dumps({"model": "gpt-4o-mini", "messages": ASK}).encode()
+    for module in (httpx2, httpx):
+        http = module.Client(transport=module.MockTransport(
+            lambda request, module=module: module.Response(200, content=b"{}")))
+        request = http.build_request("POST", "http://memory/v1/chat/completions", content=body)
+        spent: dict[bool, list[float]] = {False: [], True: []}
+        for rep in range(reps * 2):
+            on = rep % 2 == 1
+            switch = everywhere.install() if on else None
+            gc.collect()
+            gc.disable()
+            try:
+                start = time.thread_time_ns()
+                for _ in range(n):
+                    http.send(request)
+                spent[on].append((time.thread_time_ns() - start) / 1000 / n)
+            finally:
+                gc.enable()
+                if switch is not None:
+                    switch.undo()
+        http.close()
+        out[f"outside every run, {module.__name__}.Client.send"] = [
+            statistics.median(spent[False]), statistics.median(spent[True])]
+    run = nb.budget(provider_calls=HUGE, turns=HUGE, tokens=HUGE, output_tokens=HUGE,
+                    cost_usd=float(HUGE))
+    with Server() as server, run, \
+            openai.OpenAI(base_url=server.url, api_key="k", max_retries=0) as bare:
+        server.default = o.chat("Paris.", o.chat_usage(20, 3, cached=5))
+
+        def call() -> object:
+            return bare.chat.completions.create(model="gpt-4o-mini", messages=ASK,
+                                                max_completion_tokens=100)
+
+        offs, ons = [], []
+        for rep in range(max(2, reps // 3)):
+            switch = everywhere.install() if rep % 2 else None
+            try:
+                (cpu, _), _ = compare(call, call, 40, 1)  # both ways alike, this rep's state
+            finally:
+                if switch is not None:
+                    switch.undo()
+            (ons if switch is not None else offs).append(cpu)
+        out["in a run, a bare OpenAI client's whole call"] = [statistics.median(offs),
+                                                              statistics.median(ons)]
     return out
 
 

@@ -210,3 +210,25 @@ def test_the_provider_is_resolved_from_the_requests_url(switch: Any) -> None:
     local = switch.gate(httpx2.Request("POST", "http://127.0.0.1:9/v1/messages"),
                         everywhere.library("httpx2"))
     assert local is not None and local.provider == "anthropic"
+
+
+def test_langchains_chat_models_are_bounded_with_no_handler(switch: Any) -> None:
+    """LangChain's ChatOpenAI and ChatAnthropic make their own SDK clients: no callback handler,
+    no wrapping, and the third call under provider_calls=2 is refused unsent."""
+    langchain_openai = pytest.importorskip("langchain_openai")
+    langchain_anthropic = pytest.importorskip("langchain_anthropic")
+    with Server(default=o.chat("Paris.", o.chat_usage(12, 3))) as server:
+        gpt = langchain_openai.ChatOpenAI(model="gpt-4o-mini", base_url=server.url,
+                                          api_key="k", max_retries=0)
+        error = three_calls_under_two(lambda: gpt.invoke("plan the trip"), server)
+        assert isinstance(error, openai_api.Refused)
+    with Server(default=a.message("Paris.", a.usage(12, 3))) as server:
+        claude = langchain_anthropic.ChatAnthropic(model="claude-3-5-haiku-latest",
+                                                   base_url=server.url, api_key="k",
+                                                   max_retries=0)
+        with nb.budget(tokens=1000) as run:
+            reply = claude.invoke("plan the trip")
+        assert reply.content == "Paris."
+        assert run.consumed["tokens"] == 15
+        server.received.clear()
+        three_calls_under_two(lambda: claude.invoke("plan the trip"), server)
