@@ -654,3 +654,47 @@ def test_a_run_built_by_another_thread_while_it_is_entered_or_left_keeps_its_tim
         assert run.outcome == nb.Outcome(nb.Status.COMPLETED)
         assert [e.t_ms for e in run.trace.events if e.kind == "outcome"] == [30]
         assert run.snapshot().elapsed_ms == 30
+
+
+class _LibraryError(Exception):
+    """What a library raises for any error it meets, as LiteLLM raises InternalServerError."""
+
+
+def _library_call(run: nb.Budget) -> None:
+    try:
+        run.charge("provider_calls")
+    except Exception as exc:
+        raise _LibraryError("the model call failed") from exc
+
+
+def test_a_library_error_raised_for_a_refusal_ends_the_block_as_the_refusal() -> None:
+    """N-7: a refusal that reaches the caller as a library's own error still ends the run as
+    the refusal it was (never completed, never a plain error), and the block raises nbbudget's
+    error, whose outcome says what the caller got."""
+    with pytest.raises(nb.BudgetExceeded) as refused, nb.budget(provider_calls=1) as run:
+        _library_call(run)
+        _library_call(run)
+    assert refused.value.kind == "provider_calls"
+    outcome = run.outcome
+    assert (outcome.status.value, outcome.by, outcome.code) == (
+        "failed", "provider_calls", refused.value.code)
+    assert outcome.message.endswith("(the caller got it as test_budget._LibraryError)")
+    assert refused.value.outcome is outcome
+    assert isinstance(refused.value.__context__, _LibraryError)
+
+
+def test_a_library_error_with_no_budget_cause_is_left_as_it_is() -> None:
+    with pytest.raises(_LibraryError), nb.budget(provider_calls=5) as run:
+        try:
+            raise ValueError("a bad reply")
+        except ValueError as exc:
+            raise _LibraryError("the model call failed") from exc
+    assert (run.outcome.status.value, run.outcome.code) == ("failed", "_LibraryError")
+
+
+def test_a_refusal_the_work_caught_and_wrapped_then_handled_completes() -> None:
+    with nb.budget(provider_calls=1) as run:
+        _library_call(run)
+        with pytest.raises(_LibraryError):
+            _library_call(run)
+    assert run.outcome.status.value == "completed"

@@ -31,8 +31,8 @@ from .errors import BudgetCut, BudgetError, BudgetExceeded, Cancelled, ConfigErr
 from .outcome import Outcome, Status
 
 __all__ = ["ENDINGS", "EXIT_CANCELLED", "EXIT_FAILED", "EXIT_INCOMPLETE", "EXIT_OK",
-           "EXIT_STOPPED", "OUT_OF_TIME", "Ending", "Incomplete", "by_in_words", "envelope_code",
-           "outcome_of"]
+           "EXIT_STOPPED", "OUT_OF_TIME", "Ending", "Incomplete", "budget_cause", "by_in_words",
+           "envelope_code", "outcome_of"]
 
 # The exit codes of an envelope (``meta.exit_code``), re-exported by `nbbudget.calls.response`
 # for `Response` and read by the table below, the magic and ``nbbudget run``.
@@ -101,6 +101,25 @@ def outcome_of(exc: BaseException, output: Any = None) -> Outcome:
         return ENDINGS[Status.STOPPED].outcome("interrupted", cause="interrupt",
                                                code="KeyboardInterrupt")
     return failed.outcome(str(exc), cause="error", code=type(exc).__name__, output=output)
+
+
+def budget_cause(exc: BaseException) -> BudgetError | None:
+    """The budget error *exc* was raised for, when it is another library's error raised while
+    handling one of nbbudget's (LiteLLM turns a refused model call into its own
+    ``InternalServerError``): the first `BudgetError` among its causes and contexts, nearest
+    first; None when there is none. A run's block that such an error leaves ends as that
+    budget error would have (``nbbudget.run.budget``)."""
+    seen: set[int] = set()
+    queue: list[BaseException] = [exc]
+    while queue and len(seen) < 32:
+        err = queue.pop(0)
+        if id(err) in seen:
+            continue
+        seen.add(id(err))
+        if isinstance(err, BudgetError) and err is not exc:
+            return err
+        queue.extend(e for e in (err.__cause__, err.__context__) if e is not None)
+    return None
 
 
 def envelope_code(error: BaseException) -> str:

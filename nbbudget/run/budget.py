@@ -34,7 +34,7 @@ from ..core import preempt as _preempt
 from ..core.backends import load
 from ..core.clock import Clock, default_clock
 from ..core.duration import parse_duration
-from ..core.endings import outcome_of
+from ..core.endings import budget_cause, outcome_of
 from ..core.errors import BudgetCut, BudgetError, Cancelled, ConfigError
 from ..core.kinds import CHARGE_INDEX as _CHARGE_INDEX
 from ..core.kinds import KIND_INDEX, KINDS, RUN_MS, STEPS, kind_index
@@ -185,6 +185,13 @@ def _settle_escaped_here() -> None:
     if _preempt.escaped(threading.get_ident()):
         for text in settle_escaped():
             warnings.warn(text, RuntimeWarning, stacklevel=3)
+
+
+def _named(exc: BaseException) -> str:
+    """*exc*'s class as its library names it: ``litellm.InternalServerError``."""
+    kind = type(exc)
+    module = kind.__module__.split(".")[0]
+    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
 
 
 def time_only(run: Budget) -> tuple[str, float] | None:
@@ -370,9 +377,20 @@ class _Built:
         first (`Core.settle_held`)."""
         if self.core.held:
             self.core.settle_held()
-        outcome, error = self.scope.ending(exc, run._output) or (
+        wrapped = None  # nbbudget's error a library raised its own for (LiteLLM's refusals)
+        if exc is not None and not isinstance(exc, (BudgetError, Unwind)):
+            wrapped = budget_cause(exc)
+        ending = self.scope.ending(exc, run._output)
+        if ending is None and wrapped is not None and exc is not None:
+            told = outcome_of(wrapped, run._output)
+            ending = dataclasses.replace(told, message=f"{told.message} (the caller got it as "
+                                                       f"{_named(exc)})"), wrapped
+            wrapped.outcome = ending[0]
+        outcome, error = ending or (
             _COMPLETED if exc is None else outcome_of(exc, run._output), None)
         run._settle(outcome)
+        if error is not None and error is wrapped:
+            raise wrapped from None  # the block ends as nbbudget's error would have
         if error is not None:
             error.outcome = outcome
             raise error from (exc if not isinstance(exc, Unwind) else None)
