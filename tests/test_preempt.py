@@ -362,6 +362,29 @@ def test_N_5_the_kernel_timer_stops_the_main_thread_at_its_deadline(name):
 
 
 @_KERNEL_TIMER
+def test_N_5_a_deadline_that_passes_while_the_run_is_entered_lands_in_its_block(monkeypatch):
+    """A run is built once its clock has started, inside its time: a deadline that passes
+    while the block is being entered is not raised there (the block would be left without its
+    end) but lands in the block a moment later, without waiting for the clock's timer."""
+    from nbbudget.core.lowlevel import Core
+
+    real = Core.run
+
+    def slow(cls, *args, **kwargs):
+        _busy_until(time.monotonic() + 0.005)  # building takes longer than the run's time
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(Core, "run", classmethod(slow))
+    started = time.monotonic()
+    with pytest.raises(nb.BudgetCut) as cut, nb.budget(time="1ms", clock=_LateTimer()) as run:
+        _spin()
+    assert time.monotonic() - started < LATE_S
+    assert cut.value.outcome is run.outcome
+    assert run.outcome.by == "timeout"
+    assert preempt._armed_ns == 0
+
+
+@_KERNEL_TIMER
 def test_N_5_the_kernel_timer_of_an_outer_run_stops_the_main_thread_inside_an_inner_one():
     """Runs nest: the earliest deadline of the runs the main thread is inside is the one the
     kernel's timer is set to; the inner run ends with the outer one's stop."""

@@ -44,6 +44,7 @@ import inspect
 import os
 import signal
 import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Callable
@@ -356,6 +357,25 @@ def _due_ns(due_ms: float) -> int:
     return int(due_ms * 1e6) + 1000
 
 
+#: how soon the kernel's timer goes off again when it found the deadline passed while
+#: nbbudget's own code ran (`_again`)
+_AGAIN_NS = 200_000
+
+
+def _again() -> None:
+    """In the handler: the kernel's timer found its deadline passed while the thread ran
+    nbbudget's own code inside the run (entering it, when the deadline is that close): it goes
+    off again in `_AGAIN_NS`, so that the stop lands in the block once that code has returned,
+    not when the clock's timer thread fires it (it may wait for the GIL, or be late). No lock,
+    as a handler takes none: another thread's `_set_alarm` meanwhile sets the timer its own
+    way, and then the clock's timer fires the entry, as without the kernel's."""
+    global _armed_ns
+    if _alarm is not None:
+        when = time.monotonic_ns() + _AGAIN_NS
+        _alarm.at(when)
+        _armed_ns = when
+
+
 def _rearm() -> None:
     """The main thread's kernel timer at the earliest deadline of its live entries, if any."""
     due = min((e.due_ms for e in _entries.get(_MAIN, ()) if e.due_ms is not None and not e.closed),
@@ -399,8 +419,8 @@ def _close(entry: Entry) -> None:
         timed.forget_before_deadline(entry._due)
         if entry.due_ms is not None:  # (read after `closed` was set: `_due` sets no more)
             with _lock:
-                if _due_ns(entry.due_ms) == _armed_ns:
-                    _rearm()  # set for this entry: for an outer one's, or cleared
+                if _armed_ns:  # set for this entry (or again, `_again`): for an outer
+                    _rearm()   # one's, or cleared
     task = entry.task
     if entry.cancelled and task is not None and hasattr(task, "uncancel"):  # 3.11+: as
         entry.cancelled = False  # asyncio.timeout does, so that the task's own cancels count
@@ -468,17 +488,38 @@ _guarded: set[CodeType] = set()
 def _held_in(frame: FrameType | None) -> set[CodeType] | None:
     """Where an interrupt at *frame* is held back: `_guarded` when *frame* is anywhere beneath
     a guarded wait (which raises the stop itself), `_shielded` when it is nbbudget's own code
-    called (through nbbudget's code only) from a run's leaving, else None."""
+    called (through nbbudget's code, or the standard library's that it calls: a lock's
+    ``with``, ``signal.getsignal``) from a run's entering or leaving, else None."""
     ours = True
     while frame is not None:
         code = frame.f_code
         if code in _guarded:
             return _guarded
-        ours = ours and frame.f_globals.get("__name__", "").startswith("nbbudget.")
+        ours = ours and (frame.f_globals.get("__name__", "").startswith("nbbudget.")
+                         or _standard(code))
         if ours and code in _shielded:
             return _shielded
         frame = frame.f_back
     return None
+
+
+def _folder(path: str) -> str:
+    return os.path.join(os.path.realpath(path), "")
+
+
+#: the standard library's folder, and the folders of installed packages (which a system
+#: Python keeps inside it)
+_STDLIB = _folder(sysconfig.get_paths()["stdlib"])
+_PACKAGES = tuple({_folder(sysconfig.get_paths()[key]) for key in ("purelib", "platlib")})
+
+
+def _standard(code: CodeType) -> bool:
+    """Whether *code* is the standard library's: between nbbudget's own frames it is nbbudget's
+    doing (user code that calls it has a frame of its own above it, which is not)."""
+    path = code.co_filename
+    if not path.startswith(_STDLIB):
+        path = os.path.realpath(path)
+    return path.startswith(_STDLIB) and not path.startswith(_PACKAGES)
 
 
 #: the handler was installed (code that takes the signal later is noticed when a stop is sent)
@@ -556,6 +597,9 @@ def _expired(entry: Entry, frame: FrameType | None) -> bool:
         if frame is block or frame.f_code in _callers:
             break
         if frame.f_globals.get("__name__", "").startswith("nbbudget."):
+            due = entry.due_ms
+            if due is not None and entry.clock.now_ms() >= due:
+                _again()  # past its deadline, inside nbbudget's own code (entering the run)
             return False
         frame = frame.f_back
     stop = timed.expire_here()
