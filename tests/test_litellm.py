@@ -222,3 +222,25 @@ def test_outside_every_run_litellm_is_left_as_it_is(switch: Any) -> None:
         for _ in range(3):
             assert completion(GPT, server).choices[0].message.content == "Paris."
     assert len(server.received) == 3
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "LiteLLM's native path (opt-in: litellm.rust(True) or LITELLM_RUST=1; in 1.110 the rule "
+    "that takes it is the Messages API of provider anthropic, litellm.anthropic.messages) sends "
+    "from its Rust core (litellm.rust_bridge._native), through no Python HTTP client: the run "
+    "sees none of its calls (N-7: the docs must list it)"))
+def test_litellms_native_messages_path_is_bounded(switch: Any) -> None:
+    async def three(server: Server) -> None:
+        try:
+            for _ in range(3):
+                await litellm.anthropic.messages.acreate(
+                    model=CLAUDE, api_base=server.url, api_key="k", messages=ASK, max_tokens=50)
+        finally:
+            await litellm.close_litellm_async_clients()
+
+    litellm.rust(True)
+    try:
+        with serving(a.message("Paris.", a.usage(12, 3))) as server:
+            refused_at_the_third(lambda: asyncio.run(three(server)), server, anthropic_api)
+    finally:
+        litellm.rust(None)
