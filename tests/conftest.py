@@ -92,11 +92,14 @@ DASK_OFFLOAD = "Dask-Offload"
 #: distributed's thread for the done-callbacks of futures (a detached call's job is settled on
 #: it): one for the whole process, from its first use, shut down at the end of the session
 DASK_CALLBACK = "Dask-Callback-Thread"
+#: LiteLLM's logging thread pool (``litellm_core_utils.thread_pool_executor.executor``): one for
+#: the process, its threads from its first use, shut down at the end of the session
+LITELLM_LOGGING = "litellm-logging"
 _clusters_alive = [0]
 
 
 def _exempt(t: threading.Thread) -> bool:
-    return t.name.startswith((DASK_OFFLOAD, DASK_CALLBACK)) or (
+    return t.name.startswith((DASK_OFFLOAD, DASK_CALLBACK, LITELLM_LOGGING)) or (
         _clusters_alive[0] > 0 and any(name in t.name for name in DASK_THREADS))
 
 
@@ -300,6 +303,13 @@ def _stop_dask_offload() -> None:
         callbacks.shutdown(wait=True)
 
 
+def _stop_litellm_logging() -> None:
+    pool = sys.modules.get("litellm.litellm_core_utils.thread_pool_executor")
+    executor = getattr(pool, "executor", None)
+    if executor is not None:
+        executor.shutdown(wait=True)
+
+
 @pytest.fixture(params=["sqlite", "memory"])
 def any_store(request: pytest.FixtureRequest, home: Any) -> Iterator[Any]:
     """The test runs once on each implementation of the store (``tests/stores.py``): the
@@ -327,6 +337,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if DASK_LEDGER is not None:
         DASK_LEDGER.close()
     _stop_dask_offload()
+    _stop_litellm_logging()
     main = threading.main_thread()
     others = [t for t in threading.enumerate() if t is not main]
     leftover = _wait_for_threads(others, THREAD_GRACE_SECONDS)

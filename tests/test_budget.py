@@ -698,3 +698,36 @@ def test_a_refusal_the_work_caught_and_wrapped_then_handled_completes() -> None:
         with pytest.raises(_LibraryError):
             _library_call(run)
     assert run.outcome.status.value == "completed"
+
+
+def _library_stream(run: nb.Budget) -> None:
+    """A stream whose reply passes the run's limit, cut as a model client cuts it (its own
+    error, raised for the run's stop, with the text received so far), which the library then
+    raises its own error for, as LiteLLM raises MidStreamFallbackError."""
+    from nbbudget.core.lowlevel import Unwind
+    from nbbudget.run.providers import spend_reply
+
+    try:
+        try:
+            spend_reply(run.lowlevel, 1, 3, None, "m", "provider:m")
+        except Unwind as signal:
+            cut = nb.BudgetCut(signal.stop.by or "budget", signal.stop.message)
+            cut.salvage = "a b c "  # type: ignore[attr-defined]
+            cut.reports = signal.stop
+            raise cut from None
+    except Exception as exc:
+        raise _LibraryError("the stream failed") from exc
+
+
+def test_a_library_error_raised_for_a_cut_ends_the_block_with_that_cut_S3_9() -> None:
+    """The block raises the cut the library's error was raised for, as it would have had that
+    cut reached it (with its salvage), not the stop's own error; its outcome says what the
+    caller got."""
+    with pytest.raises(nb.BudgetCut) as cut, nb.budget(output_tokens=2) as run:
+        _library_stream(run)
+    assert cut.value.salvage == "a b c "  # type: ignore[attr-defined]
+    assert isinstance(cut.value.__context__, _LibraryError)
+    outcome = run.outcome
+    assert (outcome.status.value, outcome.by) == ("failed", "output_tokens")
+    assert outcome.message.endswith("(the caller got it as test_budget._LibraryError)")
+    assert cut.value.outcome is outcome

@@ -377,15 +377,20 @@ class _Built:
         first (`Core.settle_held`)."""
         if self.core.held:
             self.core.settle_held()
-        wrapped = None  # nbbudget's error a library raised its own for (LiteLLM's refusals)
+        # nbbudget's error a library raised its own for (LiteLLM's InternalServerError for a
+        # refusal, its MidStreamFallbackError for a stream's cut): the block ends as that error
+        # would have, had it reached the block (a cut raised for the scope's stop is re-raised
+        # as it is, with its salvage, not replaced by the stop's own error)
+        wrapped = None
         if exc is not None and not isinstance(exc, (BudgetError, Unwind)):
             wrapped = budget_cause(exc)
-        ending = self.scope.ending(exc, run._output)
-        if ending is None and wrapped is not None and exc is not None:
-            told = outcome_of(wrapped, run._output)
+        ending = self.scope.ending(exc if wrapped is None else wrapped, run._output)
+        if wrapped is not None and exc is not None:
+            told, error = ending or (outcome_of(wrapped, run._output), None)
             ending = dataclasses.replace(told, message=f"{told.message} (the caller got it as "
-                                                       f"{_named(exc)})"), wrapped
-            wrapped.outcome = ending[0]
+                                                       f"{_named(exc)})"), error or wrapped
+            if wrapped.outcome is None:
+                wrapped.outcome = ending[0]
         outcome, error = ending or (
             _COMPLETED if exc is None else outcome_of(exc, run._output), None)
         run._settle(outcome)
