@@ -882,6 +882,7 @@ class _Stream:
 
     def __init__(self, inner: Any, meter: _Meter, response: Any) -> None:
         self.inner, self.meter = inner, meter
+        self.closed = False
         _watch.add(id(self), meter.deadline, response)  # shut at the deadline (S3-8)
 
     def __iter__(self) -> Iterator[bytes]:
@@ -891,16 +892,24 @@ class _Stream:
                 out = meter.feed(chunk)
                 if out:
                     yield out
+            _watch.drop(id(self))
+            rest = meter.finish()
         except meter.attempt.gate.library.transport_error:  # a timeout, or the socket shut at
             _watch.drop(id(self))                             # the deadline
             meter.attempt.timed_out(meter.salvage())
             raise
-        _watch.drop(id(self))
-        rest = meter.finish()
+        except (BudgetCut, Unwind, GeneratorExit):
+            # cut (S3-9, N-7), or left by a reader that failed: released here, as the older
+            # httpx does not close a response whose reader raised (nor do all SDKs)
+            self.close()
+            raise
         if rest:
             yield rest
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         _watch.drop(id(self))
         try:
             self.meter.close()
@@ -913,6 +922,7 @@ class _AsyncStream:
 
     def __init__(self, inner: Any, meter: _Meter, response: Any) -> None:
         self.inner, self.meter = inner, meter
+        self.closed = False
         _watch.add(id(self), meter.deadline, response)  # shut at the deadline (S3-8)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
@@ -922,16 +932,22 @@ class _AsyncStream:
                 out = meter.feed(chunk)
                 if out:
                     yield out
+            _watch.drop(id(self))
+            rest = meter.finish()
         except meter.attempt.gate.library.transport_error:  # a timeout, or the socket shut at
             _watch.drop(id(self))                             # the deadline
             meter.attempt.timed_out(meter.salvage())
             raise
-        _watch.drop(id(self))
-        rest = meter.finish()
+        except (BudgetCut, Unwind):  # cut (S3-9, N-7): released here, as `_Stream`
+            await self.aclose()
+            raise
         if rest:
             yield rest
 
     async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         _watch.drop(id(self))
         try:
             self.meter.close()
