@@ -95,6 +95,9 @@ class Reply:
     #: drop the connection (no last chunk, no more bytes) after this many events, or, for a
     #: body, after this many of its bytes
     drop: int | None = None
+    #: what ends each line of a server-sent event: ``"\n"``, or ``"\r\n"`` as Google's
+    #: servers write them
+    newline: str = "\n"
 
     def content(self, asked: Any = None) -> bytes:
         """The bytes of a JSON body, for a request of JSON body *asked*."""
@@ -111,8 +114,9 @@ class Reply:
         out = []
         for name, data in events:
             text = data if isinstance(data, str) else dump(data, self.form or "compact")
-            lines = "".join(f"data: {line}\n" for line in text.split("\n"))  # one per line
-            out.append(((f"event: {name}\n" if name else "") + lines + "\n").encode())
+            end = self.newline
+            lines = "".join(f"data: {line}{end}" for line in text.split("\n"))  # one per line
+            out.append(((f"event: {name}{end}" if name else "") + lines + end).encode())
         return out
 
     @classmethod

@@ -136,6 +136,12 @@ class _Api:
     unpriced: type[ConfigError]
     #: the longest ``Retry-After`` the SDK waits for; past it the SDK does not retry
     max_retry_after: float
+    #: the SDK's own retries when nothing says otherwise, which a process-wide gate assumes (it
+    #: does not see the client's ``max_retries``; an instrumented client's gate does)
+    retries: int = 2
+    #: the extra of nbbudget that installs the SDK and genai-prices, when not named as the
+    #: provider
+    extra: str = ""
 
 
 def instrument(client: _C, *, prices: Given | None = None,
@@ -177,14 +183,21 @@ def instrument(client: _C, *, prices: Given | None = None,
 
 
 def api_of(family: str) -> _Api:
-    """The API *family* (``"openai"``, ``"anthropic"``) as the gates read it: its shapes and
-    its errors (the SDK's own as well as nbbudget's where the SDK is installed). Used here and
-    by the process-wide switch (``everywhere``), which routes a request by its path."""
+    """The API *family* (``"openai"``, ``"anthropic"``, ``"gemini"``) as the gates read it:
+    its shapes and its errors (the SDK's own as well as nbbudget's where the SDK is installed).
+    Used here and by the process-wide switch (``everywhere``), which routes a request by its
+    path."""
     if family == "openai":
         from . import openai_api as o
 
         return _Api(o.PROVIDER, (o.CHAT, o.RESPONSES), o.Refused, o.Cut, o.Unpriced,
                     o.MAX_RETRY_AFTER)
+    if family == "gemini":
+        from . import gemini_api as g
+
+        # the SDK retries only when given retry options, and reads no Retry-After
+        return _Api(g.PROVIDER, (g.GENERATE, g.STREAM), g.Refused, g.Cut, g.Unpriced, _INF,
+                    retries=0, extra=g.EXTRA)
     from . import anthropic_api as a
 
     return _Api(a.PROVIDER, (a.MESSAGES,), a.Refused, a.Cut, a.Unpriced, _INF)
@@ -300,7 +313,7 @@ class Gate:
                     fixed, rate = (len(request.content) + FRAMING) * rates[0], rates[1]
                 else:
                     fixed, rate = worst_case(price, len(request.content))
-                choices = body.get("n")  # Chat's choices: each writes up to the cap
+                choices = holder.get(shape.choices)  # Chat's n: each writes up to the cap
                 if type(choices) is int and choices > 1:
                     rate *= choices
                 capped, reserved = reserve_priced(core, asked, target, fixed, rate, retry=retry)
@@ -354,8 +367,8 @@ class Gate:
             raise self.api.unpriced(
                 f"cost_usd is limited and there is no price for model {model!r} at provider "
                 f"{self.provider!r} (genai-prices does not know it, or is not installed: it "
-                f"comes with nbbudget[{self.api.provider}] on Python 3.11 or newer): name the "
-                f"provider genai-prices knows it at, nb.instrument(client, "
+                f"comes with nbbudget[{self.api.extra or self.api.provider}] on Python 3.11 or "
+                f"newer): name the provider genai-prices knows it at, nb.instrument(client, "
                 f"provider='openrouter'), or give prices={{'input': usd, 'output': usd}} per "
                 f"million "
                 f"tokens, or a function of the usage")
@@ -882,6 +895,7 @@ class _Stream:
 
     def __init__(self, inner: Any, meter: _Meter, response: Any) -> None:
         self.inner, self.meter = inner, meter
+        self.closed = False
         _watch.add(id(self), meter.deadline, response)  # shut at the deadline (S3-8)
 
     def __iter__(self) -> Iterator[bytes]:
@@ -891,16 +905,24 @@ class _Stream:
                 out = meter.feed(chunk)
                 if out:
                     yield out
+            _watch.drop(id(self))
+            rest = meter.finish()
         except meter.attempt.gate.library.transport_error:  # a timeout, or the socket shut at
             _watch.drop(id(self))                             # the deadline
             meter.attempt.timed_out(meter.salvage())
             raise
-        _watch.drop(id(self))
-        rest = meter.finish()
+        except (BudgetCut, Unwind, GeneratorExit):
+            # cut (S3-9, N-7), or left by a reader that failed: released here, as the older
+            # httpx does not close a response whose reader raised (nor do all SDKs)
+            self.close()
+            raise
         if rest:
             yield rest
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         _watch.drop(id(self))
         try:
             self.meter.close()
@@ -913,6 +935,7 @@ class _AsyncStream:
 
     def __init__(self, inner: Any, meter: _Meter, response: Any) -> None:
         self.inner, self.meter = inner, meter
+        self.closed = False
         _watch.add(id(self), meter.deadline, response)  # shut at the deadline (S3-8)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
@@ -922,16 +945,22 @@ class _AsyncStream:
                 out = meter.feed(chunk)
                 if out:
                     yield out
+            _watch.drop(id(self))
+            rest = meter.finish()
         except meter.attempt.gate.library.transport_error:  # a timeout, or the socket shut at
             _watch.drop(id(self))                             # the deadline
             meter.attempt.timed_out(meter.salvage())
             raise
-        _watch.drop(id(self))
-        rest = meter.finish()
+        except (BudgetCut, Unwind):  # cut (S3-9, N-7): released here, as `_Stream`
+            await self.aclose()
+            raise
         if rest:
             yield rest
 
     async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         _watch.drop(id(self))
         try:
             self.meter.close()

@@ -4,23 +4,26 @@ the run current when it is made, whichever library makes it and whenever its cli
 **Where it sits.** The ``send`` of the HTTP clients of httpx2 and of the older httpx
 (``Client`` and ``AsyncClient``), replaced on the class, as Logfire replaces the SDKs' methods:
 every SDK built on them sends each attempt of a request, its own retries included, through it.
-So the OpenAI and Anthropic SDKs at any base URL are covered, with the clients made before the
-switch, their copies (``with_options``, ``copy``) and the clients other libraries make inside
-(LangChain's ``ChatOpenAI``, LiteLLM's OpenAI handler, an agent framework's own client), on
-either library. Observability tools that wrap the SDKs' methods (Logfire, OpenTelemetry's
-instrumentors) sit above it: both see every call, whichever came first. A library not imported
-yet is switched on as it is imported (`_Finder`), so ``%load_ext nbbudget`` imports neither.
+So the OpenAI and Anthropic SDKs at any base URL are covered, and ``google-genai`` (its async
+client only where aiohttp is not installed: with aiohttp it sends through aiohttp), with the
+clients made before the switch, their copies (``with_options``, ``copy``) and the clients other
+libraries make inside (LangChain's ``ChatOpenAI``, LiteLLM's OpenAI handler, an agent
+framework's own client), on either library. Observability tools that wrap the SDKs' methods
+(Logfire, OpenTelemetry's instrumentors) sit above it: both see every call, whichever came
+first. A library not imported yet is switched on as it is imported (`_Finder`), so
+``%load_ext nbbudget`` imports neither.
 
 **What is a model call.** A ``POST`` made inside a run (`nbbudget.current`) whose path ends as
 an API's endpoint does (``/chat/completions`` and ``/responses``: OpenAI's, and every server
-that speaks it; ``/messages``: Anthropic's) and whose JSON body names a model. It goes through
+that speaks it; ``/messages``: Anthropic's; ``:generateContent`` and ``:streamGenerateContent``:
+Gemini's) and whose JSON body names a model (Gemini's path names it). It goes through
 the gate of ``clients`` (`send`): the permits, the clamp, the usage, the price, the stream cut,
 the time and the degrade of ``nb.instrument(client)``, the same. The provider, for its price, is
 resolved from the request's URL through genai-prices (``https://openrouter.ai/api/v1`` is
-OpenRouter), else the API's own. The errors are the API's (``openai_api``, ``anthropic_api``):
-nbbudget's, and the SDK's own where the SDK is installed, which it passes on unretried. A
-request an instrumented client (``nb.instrument(client)``) has opened passes untouched: it is
-counted once.
+OpenRouter), else the API's own. The errors are the API's (``openai_api``, ``anthropic_api``,
+``gemini_api``): nbbudget's, and the SDK's own where the SDK is installed, which it passes on
+unretried. A request an instrumented client (``nb.instrument(client)``) has opened passes
+untouched: it is counted once.
 
 **Outside every run** the switched ``send`` reads one context variable and calls the original;
 the request and its reply are the library's own, byte for byte.
@@ -51,12 +54,10 @@ __all__ = ["LIBRARIES", "ROUTES", "Switch", "install", "installed"]
 LIBRARIES = ("httpx2", "httpx")
 #: the endpoints read as model calls: how the path ends, and the API family that reads it
 ROUTES: tuple[tuple[str, str], ...] = (
-    ("/chat/completions", "openai"), ("/responses", "openai"), ("/messages", "anthropic"))
+    ("/chat/completions", "openai"), ("/responses", "openai"), ("/messages", "anthropic"),
+    (":generateContent", "gemini"), (":streamGenerateContent", "gemini"))
 #: gates kept, by API family, HTTP library and base URL; cleared past this many
 _GATES_KEPT = 256
-#: the SDKs' own retries when nothing says otherwise: a process-wide gate does not see the
-#: client's ``max_retries`` (an instrumented client's gate does)
-_DEFAULT_RETRIES = 2
 
 
 class Switch:
@@ -114,7 +115,7 @@ class Switch:
         if gate is None:
             api = api_of(family)
             gate = Gate(api, http, None, None, None, provider_of(base) or api.provider,
-                         linear=False, max_retries=_DEFAULT_RETRIES, strict=True)
+                         linear=False, max_retries=api.retries, strict=True)
             with _lock:
                 if len(self.gates) >= _GATES_KEPT:
                     self.gates.clear()

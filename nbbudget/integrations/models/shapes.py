@@ -123,7 +123,10 @@ class Shape:
     (Gemini's ``generationConfig``), or empty for the body itself; ``model_of(path, body)``:
     the model a request names, where it is not its body's ``model`` (Gemini names it in the
     path); ``streamed(path, body)``: whether it asks for a stream, where that is not its body's
-    ``stream`` being true.
+    ``stream`` being true. ``usage_key``: the key of a whole reply's usage object (Gemini's
+    ``usageMetadata``); ``choices``: the key, in the object that holds the cap, of how many
+    replies a request asks for, each up to the cap (Chat's ``n``, Gemini's
+    ``candidateCount``).
     """
 
     name: str
@@ -143,6 +146,8 @@ class Shape:
     cap_in: str = ""
     model_of: Callable[[str, dict[str, Any]], Any] | None = None
     streamed: Callable[[str, dict[str, Any]], bool] | None = None
+    usage_key: str = "usage"
+    choices: str = "n"
 
 
 def request_body(content: bytes) -> Any:
@@ -161,19 +166,20 @@ def request_body(content: bytes) -> Any:
 
 
 def reply_usage(shape: Shape, content: bytes) -> dict[str, float]:
-    """The figures of a whole reply's top-level ``usage`` (and its reported cost, where the
-    shape reads one: ``cost_usd``), the body parsed as JSON (the C
-    scanner, as `request_body`); `Unreadable` when the body is not a JSON object, has no
-    ``usage`` object or its figures cannot be read."""
+    """The figures of a whole reply's top-level usage object (``Shape.usage_key``: ``usage``
+    but for Gemini's) and its reported cost, where the shape reads one (``cost_usd``), the body
+    parsed as JSON (the C scanner, as `request_body`); `Unreadable` when the body is not a JSON
+    object, has no usage object or its figures cannot be read."""
+    key = shape.usage_key
     try:
         body = request_body(content)
     except ValueError:
-        raise Unreadable("usage", MISSING) from None
+        raise Unreadable(key, MISSING) from None
     if type(body) is not dict:
-        raise Unreadable("usage", MISSING)
-    usage = body.get("usage")
+        raise Unreadable(key, MISSING)
+    usage = body.get(key)
     if type(usage) is not dict:
-        raise Unreadable("usage", MISSING if usage is None else usage)
+        raise Unreadable(key, MISSING if usage is None else usage)
     return shape.usage(usage)
 
 
