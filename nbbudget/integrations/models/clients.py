@@ -99,7 +99,7 @@ from ...run.providers import (
     reserve_request,
     spend_reply,
 )
-from .shapes import Shape, Unreadable, ends, events_of, may_hold_usage, reply_usage, request_body
+from .shapes import SSE, Shape, Unreadable, ends, may_hold_usage, reply_usage, request_body
 
 __all__ = ["Gate", "Http", "api_of", "http_of", "instrument", "library", "send", "send_async"]
 
@@ -136,6 +136,9 @@ class _Api:
     unpriced: type[ConfigError]
     #: the longest ``Retry-After`` the SDK waits for; past it the SDK does not retry
     max_retry_after: float
+    #: the SDK's own retries when its client does not say otherwise (a process-wide gate does
+    #: not see the client's ``max_retries``; an instrumented client's gate does)
+    retries: int = 2
 
 
 def instrument(client: _C, *, prices: Given | None = None,
@@ -289,6 +292,9 @@ class Gate:
             if key in holder:
                 break
         asked = holder.get(key)
+        uncapped = shape.uncapped
+        if uncapped is not None and asked is not None and uncapped(asked):
+            asked = None  # it bounds nothing (Ollama's num_predict -1): clamped as if not given
         headers = request.headers  # a first attempt's header found in C, else looked up
         retry = _FIRST not in getattr(headers, "_list", ()) and headers.get(
             "x-stainless-retry-count", "0") != "0"
@@ -672,6 +678,8 @@ class _Meter:
         self.attempt = attempt
         shape = attempt.shape
         self.delta_bytes, self.final, self.done = shape.delta_bytes, shape.final, shape.done
+        self.framing = framing = shape.framing or SSE
+        self.tails, self.events = framing.tails, framing.events  # read at every chunk
         self.deadline = attempt.deadline
         self.strip = shape.asked_field if attempt.hide else b""
         # the whole events passed on so far, as they came (a list: a bytearray grown by each
@@ -718,9 +726,8 @@ class _Meter:
         """The whole events *chunk* completes, to pass on (charged, or cut, first)."""
         if self.pending:
             chunk, self.pending = self.pending + chunk, b""
-        if not (chunk.endswith(b"\n\n") or chunk.endswith(b"\r\n\r\n")):
-            lf, crlf = chunk.rfind(b"\n\n"), chunk.rfind(b"\r\n\r\n")
-            cut = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+        if not chunk.endswith(self.tails):  # not on an event's end: the rest waits
+            cut = self.framing.whole(chunk)
             chunk, self.pending = chunk[:cut], chunk[cut:]
             if not chunk:
                 return b""
@@ -761,7 +768,7 @@ class _Meter:
         if counted < len(received):
             self.counted, self.counted_size = len(received), self.size
             text = self.attempt.shape.stream_text
-            self.deltas += sum(1 for _, _, event in events_of(b"".join(received[counted:]))
+            self.deltas += sum(1 for _, _, event in self.events(b"".join(received[counted:]))
                                if type(event) is dict and text(event))
             if self.deltas - self.charged_out > self.left:
                 self._cross()
@@ -771,7 +778,7 @@ class _Meter:
         """Charge the usage the events of *data* report; the events to pass on."""
         shape, hide, kept = self.attempt.shape, self.attempt.hide, []
         reported = self.reported
-        for start, end, event in events_of(data):
+        for start, end, event in self.events(data):
             if type(event) is dict and not self.settled:
                 try:
                     figures = shape.stream_usage(event)
@@ -840,7 +847,8 @@ class _Meter:
         """The stream ended: its last bytes, charged. One that never reported its final usage
         is charged its count, then is unreadable usage (N-7)."""
         try:
-            rest = self.feed(b"\n\n") if self.pending else b""  # a last event without its end
+            # a last event without its end
+            rest = self.feed(self.framing.flush) if self.pending else b""
             if not self.settled:
                 self._unreadable(Unreadable("usage"))
         finally:
@@ -871,7 +879,7 @@ class _Meter:
     def salvage(self) -> str:
         """The text of the events received so far."""
         text = self.attempt.shape.stream_text
-        return "".join(text(event) for _, _, event in events_of(b"".join(self.received))
+        return "".join(text(event) for _, _, event in self.events(b"".join(self.received))
                        if isinstance(event, dict))
 
 

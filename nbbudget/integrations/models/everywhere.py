@@ -54,9 +54,6 @@ ROUTES: tuple[tuple[str, str], ...] = (
     ("/chat/completions", "openai"), ("/responses", "openai"), ("/messages", "anthropic"))
 #: gates kept, by API family, HTTP library and base URL; cleared past this many
 _GATES_KEPT = 256
-#: the SDKs' own retries when nothing says otherwise: a process-wide gate does not see the
-#: client's ``max_retries`` (an instrumented client's gate does)
-_DEFAULT_RETRIES = 2
 
 
 class Switch:
@@ -114,7 +111,7 @@ class Switch:
         if gate is None:
             api = api_of(family)
             gate = Gate(api, http, None, None, None, provider_of(base) or api.provider,
-                         linear=False, max_retries=_DEFAULT_RETRIES, strict=True)
+                         linear=False, max_retries=api.retries, strict=True)
             with _lock:
                 if len(self.gates) >= _GATES_KEPT:
                     self.gates.clear()
