@@ -180,9 +180,15 @@ def instrument(client: _C, *, prices: Given | None = None,
 
 
 def api_of(family: str) -> _Api:
-    """The API *family* (``"openai"``, ``"anthropic"``) as the gates read it: its shapes and
-    its errors (the SDK's own as well as nbbudget's where the SDK is installed). Used here and
-    by the process-wide switch (``everywhere``), which routes a request by its path."""
+    """The API *family* (``"openai"``, ``"anthropic"``, ``"ollama"``) as the gates read it: its
+    shapes and its errors (the SDK's own as well as nbbudget's where the SDK is installed). Used
+    here and by the process-wide switch (``everywhere``), which routes a request by its path."""
+    if family == "ollama":
+        from . import ollama_api as ol
+
+        # the ollama package never retries: an error status is the caller's at once
+        return _Api(ol.PROVIDER, (ol.CHAT, ol.GENERATE), ol.Refused, ol.Cut, ol.Unpriced, _INF,
+                    retries=0)
     if family == "openai":
         from . import openai_api as o
 

@@ -22,6 +22,10 @@ nbbudget's, and the SDK's own where the SDK is installed, which it passes on unr
 request an instrumented client (``nb.instrument(client)``) has opened passes untouched: it is
 counted once.
 
+**Ollama's native API** (``/api/chat``, ``/api/generate``: ``ollama_api``), which the ``ollama``
+package speaks on httpx, is read the same way; that package passes nbbudget's errors on as they
+are, and never retries.
+
 **Outside every run** the switched ``send`` reads one context variable and calls the original;
 the request and its reply are the library's own, byte for byte.
 
@@ -51,7 +55,8 @@ __all__ = ["LIBRARIES", "ROUTES", "Switch", "install", "installed"]
 LIBRARIES = ("httpx2", "httpx")
 #: the endpoints read as model calls: how the path ends, and the API family that reads it
 ROUTES: tuple[tuple[str, str], ...] = (
-    ("/chat/completions", "openai"), ("/responses", "openai"), ("/messages", "anthropic"))
+    ("/chat/completions", "openai"), ("/responses", "openai"), ("/messages", "anthropic"),
+    ("/api/chat", "ollama"), ("/api/generate", "ollama"))
 #: gates kept, by API family, HTTP library and base URL; cleared past this many
 _GATES_KEPT = 256
 
