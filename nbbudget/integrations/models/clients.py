@@ -684,8 +684,7 @@ class _Meter:
         self.attempt = attempt
         shape = attempt.shape
         self.delta_bytes, self.final, self.done = shape.delta_bytes, shape.final, shape.done
-        self.framing = framing = shape.framing or SSE
-        self.tails, self.events = framing.tails, framing.events  # read at every chunk
+        self.framing = shape.framing or SSE
         self.deadline = attempt.deadline
         self.strip = shape.asked_field if attempt.hide else b""
         # the whole events passed on so far, as they came (a list: a bytearray grown by each
@@ -732,8 +731,10 @@ class _Meter:
         """The whole events *chunk* completes, to pass on (charged, or cut, first)."""
         if self.pending:
             chunk, self.pending = self.pending + chunk, b""
-        if not chunk.endswith(self.tails):  # not on an event's end: the rest waits
-            cut = self.framing.whole(chunk)
+        # a chunk that ends as an event does, as a server sends them, passes whole; these ends
+        # end an event of every framing (a server-sent event's, a line's), tested here in C
+        if not (chunk.endswith(b"\n\n") or chunk.endswith(b"\r\n\r\n")):
+            cut = self.framing.whole(chunk)  # its whole events; the rest waits
             chunk, self.pending = chunk[:cut], chunk[cut:]
             if not chunk:
                 return b""
@@ -773,8 +774,8 @@ class _Meter:
         received, counted = self.received, self.counted
         if counted < len(received):
             self.counted, self.counted_size = len(received), self.size
-            text = self.attempt.shape.stream_text
-            self.deltas += sum(1 for _, _, event in self.events(b"".join(received[counted:]))
+            text, events = self.attempt.shape.stream_text, self.framing.events
+            self.deltas += sum(1 for _, _, event in events(b"".join(received[counted:]))
                                if type(event) is dict and text(event))
             if self.deltas - self.charged_out > self.left:
                 self._cross()
@@ -784,7 +785,7 @@ class _Meter:
         """Charge the usage the events of *data* report; the events to pass on."""
         shape, hide, kept = self.attempt.shape, self.attempt.hide, []
         reported = self.reported
-        for start, end, event in self.events(data):
+        for start, end, event in self.framing.events(data):
             if type(event) is dict and not self.settled:
                 try:
                     figures = shape.stream_usage(event)
@@ -885,7 +886,7 @@ class _Meter:
     def salvage(self) -> str:
         """The text of the events received so far."""
         text = self.attempt.shape.stream_text
-        return "".join(text(event) for _, _, event in self.events(b"".join(self.received))
+        return "".join(text(event) for _, _, event in self.framing.events(b"".join(self.received))
                        if isinstance(event, dict))
 
 

@@ -117,14 +117,13 @@ class Framing:
     """How a stream's bytes are cut into events, for a stream's meter (``clients``), which
     passes on whole events only.
 
-    ``tails``: what a chunk that ends on an event's end ends with (the usual chunk, tested
-    first, in C); ``whole(chunk)``: the length of *chunk*'s whole events (the rest waits for
-    the next chunk); ``flush``: the bytes that end a last event the stream did not end;
+    ``whole(chunk)``: the length of *chunk*'s whole events (the rest waits for the next chunk;
+    the meter asks only of a chunk that does not end with a blank line, which ends an event in
+    every framing); ``flush``: the bytes that end a last event the stream did not end;
     ``events(data)``: the events of *data*, each as ``(start, end, parsed JSON or None)``.
     """
 
     name: str
-    tails: tuple[bytes, ...]
     whole: Callable[[bytes], int]
     flush: bytes
     events: Callable[[bytes], list[tuple[int, int, Any]]]
@@ -285,6 +284,6 @@ def lines_of(data: bytes | bytearray, start: int = 0, end: int | None = None
 
 #: server-sent events (OpenAI, Anthropic): an event ends with a blank line, its data on
 #: ``data:`` lines
-SSE = Framing("server-sent events", (b"\n\n", b"\r\n\r\n"), _sse_whole, b"\n\n", events_of)
+SSE = Framing("server-sent events", _sse_whole, b"\n\n", events_of)
 #: newline-delimited JSON (Ollama's ``application/x-ndjson``): one JSON object a line
-NDJSON = Framing("newline-delimited JSON", (b"\n",), _ndjson_whole, b"\n", lines_of)
+NDJSON = Framing("newline-delimited JSON", _ndjson_whole, b"\n", lines_of)
