@@ -1,8 +1,9 @@
 """A scripted HTTP server on 127.0.0.1, in one named thread, that answers what a test queues.
 
-Each request takes the next queued `Reply` (or the default): a JSON body, or server-sent events
-(chunked, one event per chunk, ``event_delay`` seconds apart), each JSON written in one of the
-valid forms of `FORMS`, after ``delay`` seconds, with any
+Each request takes the next queued `Reply` (or the default): a JSON body, or a stream of events
+(chunked, one event per chunk, ``event_delay`` seconds apart) framed as server-sent events or as
+newline-delimited JSON (``framing``), each JSON written in one of the valid forms of `FORMS`,
+after ``delay`` seconds, with any
 status (a 429 or 500 carries ``retry-after-ms`` so the SDK's own retry waits a millisecond). A
 reply may also fail as a server or a network does: its bytes trickle in (``trickle`` seconds
 between bytes), or the connection drops after part of it (``drop``). The server records every
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["FORMS", "Received", "Reply", "Server", "dump"]
+__all__ = ["FORMS", "FRAMINGS", "LINE_FORMS", "Received", "Reply", "Server", "dump"]
 
 Events = list[tuple[str | None, Any]]
 
@@ -36,6 +37,10 @@ Events = list[tuple[str | None, Any]]
 #: in reverse order, compact), ``escaped`` (compact, with the first character of every key and
 #: every ``/`` escaped: ``\u0075sage``, ``\/``)
 FORMS = ("compact", "spaced", "indented", "reordered", "escaped")
+#: the forms a line of newline-delimited JSON may take: all but ``indented``, which spans lines
+LINE_FORMS = tuple(form for form in FORMS if form != "indented")
+#: how a stream's events are framed: server-sent events, or newline-delimited JSON (Ollama's)
+FRAMINGS = {"sse": "text/event-stream", "ndjson": "application/x-ndjson"}
 
 
 def dump(data: Any, form: str = "compact") -> str:
@@ -75,9 +80,10 @@ def _escaped(data: Any) -> str:
 @dataclass
 class Reply:
     """One scripted answer: ``body`` (JSON) or ``events`` (``(event name or None, data)``
-    pairs sent as server-sent events; a data that is a str is sent as is, e.g. ``[DONE]``), or
-    for either a function of the request's JSON body that returns it (a reply that depends on
-    what was asked, as ``stream_options`` or the output cap)."""
+    pairs sent as server-sent events, or, with ``framing="ndjson"``, each data a line of JSON,
+    the names unused; a data that is a str is sent as is, e.g. ``[DONE]``), or for either a
+    function of the request's JSON body that returns it (a reply that depends on what was
+    asked, as ``stream_options`` or the output cap)."""
 
     body: Any = None
     events: Events | Callable[[Any], Events] | None = None
@@ -98,6 +104,8 @@ class Reply:
     #: what ends each line of a server-sent event: ``"\n"``, or ``"\r\n"`` as Google's
     #: servers write them
     newline: str = "\n"
+    #: how ``events`` are framed (`FRAMINGS`): ``sse`` or ``ndjson``
+    framing: str = "sse"
 
     def content(self, asked: Any = None) -> bytes:
         """The bytes of a JSON body, for a request of JSON body *asked*."""
@@ -107,13 +115,21 @@ class Reply:
         return dump(body, self.form or "spaced").encode()
 
     def written(self, body: Any) -> list[bytes]:
-        """The server-sent events of this reply to a request of JSON *body*, each as the
-        server writes it (compact JSON unless ``form`` says otherwise); for an in-memory
-        transport too (httpx2's ``MockTransport``), in tests and benchmarks."""
+        """The events of this reply to a request of JSON *body*, each as the server writes it
+        (compact JSON unless ``form`` says otherwise), framed as ``framing`` says; for an
+        in-memory transport too (httpx2's ``MockTransport``), in tests and benchmarks."""
         events = self.events(body) if callable(self.events) else self.events or []
+        if self.framing not in FRAMINGS:
+            raise ValueError(f"framing={self.framing!r}: give one of {', '.join(FRAMINGS)}")
+        if self.framing == "ndjson" and self.form not in (None, *LINE_FORMS):
+            raise ValueError(f"form={self.form!r} spans lines: newline-delimited JSON takes "
+                             f"one of {', '.join(LINE_FORMS)}")
         out = []
         for name, data in events:
             text = data if isinstance(data, str) else dump(data, self.form or "compact")
+            if self.framing == "ndjson":
+                out.append(f"{text}\n".encode())
+                continue
             end = self.newline
             lines = "".join(f"data: {line}{end}" for line in text.split("\n"))  # one per line
             out.append(((f"event: {name}{end}" if name else "") + lines + end).encode())
@@ -270,7 +286,7 @@ def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
                     raise _Dropped
                 self._write(data, reply.trickle)
                 return
-            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Type", FRAMINGS[reply.framing])
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             events = reply.written(received.body)

@@ -99,7 +99,7 @@ from ...run.providers import (
     reserve_request,
     spend_reply,
 )
-from .shapes import Shape, Unreadable, ends, events_of, may_hold_usage, reply_usage, request_body
+from .shapes import SSE, Shape, Unreadable, ends, may_hold_usage, reply_usage, request_body
 
 __all__ = ["Gate", "Http", "api_of", "http_of", "instrument", "library", "send", "send_async"]
 
@@ -183,10 +183,16 @@ def instrument(client: _C, *, prices: Given | None = None,
 
 
 def api_of(family: str) -> _Api:
-    """The API *family* (``"openai"``, ``"anthropic"``, ``"gemini"``) as the gates read it:
-    its shapes and its errors (the SDK's own as well as nbbudget's where the SDK is installed).
-    Used here and by the process-wide switch (``everywhere``), which routes a request by its
-    path."""
+    """The API *family* (``"openai"``, ``"anthropic"``, ``"gemini"``, ``"ollama"``) as the gates
+    read it: its shapes and its errors (the SDK's own as well as nbbudget's where the SDK is
+    installed). Used here and by the process-wide switch (``everywhere``), which routes a
+    request by its path."""
+    if family == "ollama":
+        from . import ollama_api as ol
+
+        # the ollama package never retries: an error status is the caller's at once
+        return _Api(ol.PROVIDER, (ol.CHAT, ol.GENERATE), ol.Refused, ol.Cut, ol.Unpriced, _INF,
+                    retries=0, extra="ollama")
     if family == "openai":
         from . import openai_api as o
 
@@ -302,6 +308,9 @@ class Gate:
             if key in holder:
                 break
         asked = holder.get(key)
+        uncapped = shape.uncapped
+        if uncapped is not None and asked is not None and uncapped(asked):
+            asked = None  # it bounds nothing (Ollama's num_predict -1): clamped as if not given
         headers = request.headers  # a first attempt's header found in C, else looked up
         retry = _FIRST not in getattr(headers, "_list", ()) and headers.get(
             "x-stainless-retry-count", "0") != "0"
@@ -685,6 +694,7 @@ class _Meter:
         self.attempt = attempt
         shape = attempt.shape
         self.delta_bytes, self.final, self.done = shape.delta_bytes, shape.final, shape.done
+        self.framing = shape.framing or SSE
         self.deadline = attempt.deadline
         self.strip = shape.asked_field if attempt.hide else b""
         # the whole events passed on so far, as they came (a list: a bytearray grown by each
@@ -731,9 +741,10 @@ class _Meter:
         """The whole events *chunk* completes, to pass on (charged, or cut, first)."""
         if self.pending:
             chunk, self.pending = self.pending + chunk, b""
+        # a chunk that ends as an event does, as a server sends them, passes whole; these ends
+        # end an event of every framing (a server-sent event's, a line's), tested here in C
         if not (chunk.endswith(b"\n\n") or chunk.endswith(b"\r\n\r\n")):
-            lf, crlf = chunk.rfind(b"\n\n"), chunk.rfind(b"\r\n\r\n")
-            cut = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+            cut = self.framing.whole(chunk)  # its whole events; the rest waits
             chunk, self.pending = chunk[:cut], chunk[cut:]
             if not chunk:
                 return b""
@@ -773,8 +784,8 @@ class _Meter:
         received, counted = self.received, self.counted
         if counted < len(received):
             self.counted, self.counted_size = len(received), self.size
-            text = self.attempt.shape.stream_text
-            self.deltas += sum(1 for _, _, event in events_of(b"".join(received[counted:]))
+            text, events = self.attempt.shape.stream_text, self.framing.events
+            self.deltas += sum(1 for _, _, event in events(b"".join(received[counted:]))
                                if type(event) is dict and text(event))
             if self.deltas - self.charged_out > self.left:
                 self._cross()
@@ -784,7 +795,7 @@ class _Meter:
         """Charge the usage the events of *data* report; the events to pass on."""
         shape, hide, kept = self.attempt.shape, self.attempt.hide, []
         reported = self.reported
-        for start, end, event in events_of(data):
+        for start, end, event in self.framing.events(data):
             if type(event) is dict and not self.settled:
                 try:
                     figures = shape.stream_usage(event)
@@ -853,7 +864,8 @@ class _Meter:
         """The stream ended: its last bytes, charged. One that never reported its final usage
         is charged its count, then is unreadable usage (N-7)."""
         try:
-            rest = self.feed(b"\n\n") if self.pending else b""  # a last event without its end
+            # a last event without its end
+            rest = self.feed(self.framing.flush) if self.pending else b""
             if not self.settled:
                 self._unreadable(Unreadable("usage"))
         finally:
@@ -884,7 +896,7 @@ class _Meter:
     def salvage(self) -> str:
         """The text of the events received so far."""
         text = self.attempt.shape.stream_text
-        return "".join(text(event) for _, _, event in events_of(b"".join(self.received))
+        return "".join(text(event) for _, _, event in self.framing.events(b"".join(self.received))
                        if isinstance(event, dict))
 
 

@@ -25,6 +25,10 @@ OpenRouter), else the API's own. The errors are the API's (``openai_api``, ``ant
 unretried. A request an instrumented client (``nb.instrument(client)``) has opened passes
 untouched: it is counted once.
 
+**Ollama's native API** (``/api/chat``, ``/api/generate``: ``ollama_api``), which the ``ollama``
+package speaks on httpx, is read the same way; that package passes nbbudget's errors on as they
+are, and never retries.
+
 **Outside every run** the switched ``send`` reads one context variable and calls the original;
 the request and its reply are the library's own, byte for byte.
 
@@ -55,7 +59,8 @@ LIBRARIES = ("httpx2", "httpx")
 #: the endpoints read as model calls: how the path ends, and the API family that reads it
 ROUTES: tuple[tuple[str, str], ...] = (
     ("/chat/completions", "openai"), ("/responses", "openai"), ("/messages", "anthropic"),
-    (":generateContent", "gemini"), (":streamGenerateContent", "gemini"))
+    (":generateContent", "gemini"), (":streamGenerateContent", "gemini"),
+    ("/api/chat", "ollama"), ("/api/generate", "ollama"))
 #: gates kept, by API family, HTTP library and base URL; cleared past this many
 _GATES_KEPT = 256
 

@@ -148,7 +148,7 @@ def _text(body: Mapping[str, Any]) -> str:
 def _shape(name: str, method: str, streamed: bool) -> Shape:
     return Shape(
         name=name, path=":" + method, cap_keys=("maxOutputTokens",), cap_in="generationConfig",
-        choices="candidateCount", usage_key=_WHERE,
+        choices="candidateCount", usage_in=_WHERE,
         ask_usage=lambda body: False, usage=_usage, stream_usage=_stream_usage,
         settles=_final, final=(b"finishReason", b"blockReason"),
         stream_text=_text, reply_text=_text, hidden=lambda event: False,

@@ -14,7 +14,9 @@ Usage is read as the API defines it, from the parsed JSON: a whole reply's top-l
 number >= 0. A stream's meter (``clients``) parses an event
 only when its bytes may hold usage (`may_hold_usage`, which proves it cannot otherwise) or when
 its text deltas must be counted exactly (``Shape.delta_bytes`` bounds how many the bytes not
-yet counted can hold, whatever their JSON form).
+yet counted can hold, whatever their JSON form). A stream is cut into events by its API's
+`Framing`: server-sent events (`SSE`: OpenAI, Anthropic) or one JSON object a line (`NDJSON`:
+Ollama).
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from dataclasses import dataclass
 from json.scanner import make_scanner
 from typing import Any
 
-__all__ = ["MISSING", "Shape", "Unreadable", "count", "details", "ends", "events_of",
-           "may_hold_usage", "reply_usage", "reported_cost", "request_body"]
+__all__ = ["MISSING", "NDJSON", "SSE", "Framing", "Shape", "Unreadable", "count", "details",
+           "ends", "events_of", "lines_of", "may_hold_usage", "reply_usage", "reported_cost",
+           "request_body"]
 
 # (text, index) -> (value, end), in C; typeshed types make_scanner's argument oddly
 _scan: Callable[[str, int], tuple[Any, int]] = make_scanner(
@@ -100,6 +103,32 @@ def reported_cost(usage: Mapping[str, Any], figures: dict[str, float],
     raise Unreadable(f"{where}.cost", value)
 
 
+def _sse_whole(chunk: bytes) -> int:
+    lf, crlf = chunk.rfind(b"\n\n"), chunk.rfind(b"\r\n\r\n")
+    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+
+
+def _ndjson_whole(chunk: bytes) -> int:
+    return chunk.rfind(b"\n") + 1
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How a stream's bytes are cut into events, for a stream's meter (``clients``), which
+    passes on whole events only.
+
+    ``whole(chunk)``: the length of *chunk*'s whole events (the rest waits for the next chunk;
+    the meter asks only of a chunk that does not end with a blank line, which ends an event in
+    every framing); ``flush``: the bytes that end a last event the stream did not end;
+    ``events(data)``: the events of *data*, each as ``(start, end, parsed JSON or None)``.
+    """
+
+    name: str
+    whole: Callable[[bytes], int]
+    flush: bytes
+    events: Callable[[bytes], list[tuple[int, int, Any]]]
+
+
 @dataclass(frozen=True)
 class Shape:
     """One endpoint of a model API (Chat Completions, Responses, Messages).
@@ -123,10 +152,13 @@ class Shape:
     (Gemini's ``generationConfig``), or empty for the body itself; ``model_of(path, body)``:
     the model a request names, where it is not its body's ``model`` (Gemini names it in the
     path); ``streamed(path, body)``: whether it asks for a stream, where that is not its body's
-    ``stream`` being true. ``usage_key``: the key of a whole reply's usage object (Gemini's
-    ``usageMetadata``); ``choices``: the key, in the object that holds the cap, of how many
-    replies a request asks for, each up to the cap (Chat's ``n``, Gemini's
-    ``candidateCount``).
+    ``stream`` being true. ``usage_in``: the key of a whole reply's object of usage
+    (Gemini's ``usageMetadata``), or empty for the reply itself (Ollama's counts are
+    top-level); ``choices``: the key, in the object that holds the cap, of how many replies a
+    request asks for, each up to the cap (Chat's ``n``, Gemini's ``candidateCount``);
+    ``framing``: how its stream is cut into events, where it is not as server-sent events
+    (`SSE`): `NDJSON`; ``uncapped(value)``: whether a cap the request gives bounds nothing
+    (Ollama's ``num_predict`` of 0 or less): it is then clamped as if none were given.
     """
 
     name: str
@@ -146,8 +178,10 @@ class Shape:
     cap_in: str = ""
     model_of: Callable[[str, dict[str, Any]], Any] | None = None
     streamed: Callable[[str, dict[str, Any]], bool] | None = None
-    usage_key: str = "usage"
     choices: str = "n"
+    framing: Framing | None = None
+    usage_in: str = "usage"
+    uncapped: Callable[[Any], bool] | None = None
 
 
 def request_body(content: bytes) -> Any:
@@ -166,20 +200,22 @@ def request_body(content: bytes) -> Any:
 
 
 def reply_usage(shape: Shape, content: bytes) -> dict[str, float]:
-    """The figures of a whole reply's top-level usage object (``Shape.usage_key``: ``usage``
-    but for Gemini's) and its reported cost, where the shape reads one (``cost_usd``), the body
-    parsed as JSON (the C scanner, as `request_body`); `Unreadable` when the body is not a JSON
-    object, has no usage object or its figures cannot be read."""
-    key = shape.usage_key
+    """The figures of a whole reply's top-level usage object (``Shape.usage_in``: ``usage``,
+    Gemini's ``usageMetadata``, or the reply itself where empty, as Ollama's) and its reported
+    cost, where the shape reads one (``cost_usd``), the body parsed as JSON (the C scanner, as
+    `request_body`); `Unreadable` when the body is not a JSON object, has no usage object or its
+    figures cannot be read."""
+    key = shape.usage_in
+    named = key or "usage"
     try:
         body = request_body(content)
     except ValueError:
-        raise Unreadable(key, MISSING) from None
+        raise Unreadable(named, MISSING) from None
     if type(body) is not dict:
-        raise Unreadable(key, MISSING)
-    usage = body.get(key)
+        raise Unreadable(named, MISSING)
+    usage = body.get(key) if key else body
     if type(usage) is not dict:
-        raise Unreadable(key, MISSING if usage is None else usage)
+        raise Unreadable(named, MISSING if usage is None else usage)
     return shape.usage(usage)
 
 
@@ -227,3 +263,32 @@ def events_of(data: bytes | bytearray, start: int = 0, end: int | None = None
         out.append((pos, stop, value))
         pos = stop
     return out
+
+
+def lines_of(data: bytes | bytearray, start: int = 0, end: int | None = None
+             ) -> list[tuple[int, int, Any]]:
+    """The lines of newline-delimited JSON in ``data[start:end]``, each as ``(start, end,
+    JSON)``; a line that is not JSON (or blank) has None."""
+    out: list[tuple[int, int, Any]] = []
+    end = len(data) if end is None else end
+    pos = start
+    while pos < end:
+        cut = data.find(b"\n", pos, end)
+        stop = end if cut < 0 else cut + 1
+        line = bytes(data[pos:stop]).strip()
+        value: Any = None
+        if line:
+            try:
+                value = json.loads(line)
+            except ValueError:
+                value = None
+        out.append((pos, stop, value))
+        pos = stop
+    return out
+
+
+#: server-sent events (OpenAI, Anthropic): an event ends with a blank line, its data on
+#: ``data:`` lines
+SSE = Framing("server-sent events", _sse_whole, b"\n\n", events_of)
+#: newline-delimited JSON (Ollama's ``application/x-ndjson``): one JSON object a line
+NDJSON = Framing("newline-delimited JSON", _ndjson_whole, b"\n", lines_of)
