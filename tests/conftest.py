@@ -170,6 +170,22 @@ def model_calls_switch_left_as_found() -> Iterator[None]:
                     "the IPython extension)", pytrace=False)
 
 
+@pytest.fixture
+def switch() -> Iterator[Any]:
+    """``nb.instrument()``'s process-wide switch, on for the test (the tests of each model
+    library under it take it); once it is off, each HTTP client class has its own ``send``
+    back."""
+    import nbbudget as nb
+
+    classes = [getattr(module, name) for module in (sys.modules.get("httpx2"),
+                                                    sys.modules.get("httpx"))
+               if module is not None for name in ("Client", "AsyncClient")]
+    sends = {cls: cls.send for cls in classes}
+    with nb.instrument() as on:
+        yield on
+    assert {cls: cls.send for cls in classes} == sends
+
+
 def _ledger_id(factory: Any) -> str:
     """A ledger's test id: its class name less ``Ledger`` (``LocalLedger`` is ``local``)."""
     return str(factory.__name__).removesuffix("Ledger").lower()

@@ -35,14 +35,6 @@ def server() -> Iterator[Server]:
         yield server
 
 
-@pytest.fixture
-def switch() -> Iterator[everywhere.Switch]:
-    switch = nb.instrument()
-    yield switch
-    switch.undo()
-    assert {cls: cls.send for cls in SENDS} == SENDS  # each class's own send is back
-
-
 def chat(client: Any, **kwargs: Any) -> Any:
     return client.chat.completions.create(model="gpt-4o-mini", messages=ASK, **kwargs)
 

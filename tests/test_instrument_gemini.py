@@ -44,12 +44,6 @@ def server() -> Iterator[Server]:
 
 
 @pytest.fixture
-def switch() -> Iterator[everywhere.Switch]:
-    with nb.instrument() as switch:
-        yield switch
-
-
-@pytest.fixture
 def client(server: Server) -> Iterator[genai.Client]:
     with genai.Client(api_key="k", http_options=types.HttpOptions(base_url=server.url)) as made:
         yield made

@@ -19,26 +19,17 @@ from wire import FORMS, LINE_FORMS, Reply, Server  # noqa: E402
 from wire import ollama_shapes as ol  # noqa: E402
 
 import nbbudget as nb  # noqa: E402
-from nbbudget.integrations.models import everywhere, ollama_api  # noqa: E402
+from nbbudget.integrations.models import ollama_api  # noqa: E402
 
 ASK = [{"role": "user", "content": "plan the trip"}]
 MODEL = "llama3.2"
 PIECES = [f"w{i} " for i in range(40)]
-SENDS = {cls: cls.send for cls in (httpx.Client, httpx.AsyncClient)}
 
 
 @pytest.fixture
 def server() -> Iterator[Server]:
     with Server(default=ol.chat("Paris.", ol.usage(12, 3))) as server:
         yield server
-
-
-@pytest.fixture
-def switch() -> Iterator[everywhere.Switch]:
-    switch = nb.instrument()
-    yield switch
-    switch.undo()
-    assert {cls: cls.send for cls in SENDS} == SENDS  # each class's own send is back
 
 
 @pytest.fixture
