@@ -1,8 +1,7 @@
-"""``%load_ext nbbudget`` bounds every model call of the kernel (``NBBudget.instrument``, on by
-default): a ``%%budget`` cell that calls a bare OpenAI client three times under
-``--provider-calls 2`` fails at the third, naming the limit, with nothing sent; off, the same
-cell makes its three calls. A real kernel through jupyter_client, the real SDK against the
-loopback server of ``tests/wire``."""
+"""``%config NBBudget.instrument = True`` bounds every model call of the kernel: a ``%%budget``
+cell that calls a bare OpenAI client three times under ``--provider-calls 2`` fails at the third,
+naming the limit, with nothing sent; off (the default), the same cell makes its three calls. A
+real kernel through jupyter_client, the real SDK against the loopback server of ``tests/wire``."""
 
 from __future__ import annotations
 
@@ -34,6 +33,11 @@ def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 def test_a_budget_cell_bounds_a_bare_client_and_the_setting_turns_it_off(kernel: Any) -> None:
     with Server(default=o.chat("Paris.", o.chat_usage(12, 3))) as server:
+        cell = run(kernel, CELL.format(url=server.url))  # off by default: not counted
+        assert cell.status == "ok", cell.outputs
+        assert len(server.received) == 3
+        server.received.clear()
+        assert run(kernel, "%config NBBudget.instrument = True").status == "ok"
         cell = run(kernel, CELL.format(url=server.url))
         assert cell.status == "error"
         error = next(m["content"] for m in cell.outputs if m["msg_type"] == "error")
@@ -53,3 +57,4 @@ def test_a_budget_cell_bounds_a_bare_client_and_the_setting_turns_it_off(kernel:
         cell = run(kernel, CELL.format(url=server.url))
         assert cell.status == "error"
         assert len(server.received) == 2
+        assert run(kernel, "%config NBBudget.instrument = False").status == "ok"

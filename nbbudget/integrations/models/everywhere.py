@@ -10,8 +10,8 @@ clients made before the switch, their copies (``with_options``, ``copy``) and th
 libraries make inside (LangChain's ``ChatOpenAI``, LiteLLM's OpenAI handler, an agent
 framework's own client), on either library. Observability tools that wrap the SDKs' methods
 (Logfire, OpenTelemetry's instrumentors) sit above it: both see every call, whichever came
-first. A library not imported yet is switched on as it is imported (`_Finder`), so
-``%load_ext nbbudget`` imports neither.
+first. A library not imported yet is switched on as it is imported (`_Finder`), so turning
+it on imports neither.
 
 **What is a model call.** A ``POST`` made inside a run (`nbbudget.current`) whose path ends as
 an API's endpoint does (``/chat/completions`` and ``/responses``: OpenAI's, and every server
@@ -32,8 +32,9 @@ are, and never retries.
 **Outside every run** the switched ``send`` reads one context variable and calls the original;
 the request and its reply are the library's own, byte for byte.
 
-`install` turns it on (``nb.instrument()``, ``%load_ext nbbudget`` with ``NBBudget.instrument``,
-the kernel of ``nbbudget run``); the `Switch` it returns turns it off.
+`install` turns it on (``nb.instrument()``; in IPython, ``NBBudget.instrument = True``); the
+`Switch` it returns turns it off. Not together with the LangChain, Agents SDK or pydantic-ai
+adapters, which count their model calls themselves: such a call would be counted twice.
 """
 
 from __future__ import annotations
