@@ -253,7 +253,8 @@ def dask_cluster(processes: bool, **kwargs: Any) -> Iterator[Any]:
     finally:
         _clusters_alive[0] -= 1
     started = [t for t in threading.enumerate()
-               if t not in before and not t.name.startswith((DASK_OFFLOAD, DASK_CALLBACK))]
+               if t not in before
+               and not t.name.startswith((DASK_OFFLOAD, DASK_CALLBACK, LITELLM_LOGGING))]
     leftover = _wait_for_threads(started, THREAD_GRACE_SECONDS)
     if leftover:
         pytest.fail(f"a closed Dask cluster left threads running:\n{_describe(leftover)}",
