@@ -980,6 +980,19 @@ class _AsyncStream:
             await self.inner.aclose()
 
 
+def _metered(attempt: _Attempt, request: Any, response: Any, stream: type) -> bool:
+    """A response's head has come: an error status gives the reservation back (and may cut the
+    run, `_Attempt.waits`); a streamed success gets its meter (*stream*, the library's stream
+    class of the sync or async kind), and is then handed on as it is (True)."""
+    if response.status_code >= 400:
+        attempt.release()  # an error status: the API bills nothing
+        attempt.waits(request, response)
+    if attempt.stream and response.is_success:
+        response.stream = stream(response.stream, _Meter(attempt), response)
+        return True
+    return False
+
+
 def send(gate: Gate, sender: Callable[..., Any], request: Any, kwargs: dict[str, Any]) -> Any:
     """Send *request* with *sender* (an HTTP client's own ``send``), through *gate*: a model
     call made in a run is charged, bounded and metered; any other request is sent untouched.
@@ -993,11 +1006,7 @@ def send(gate: Gate, sender: Callable[..., Any], request: Any, kwargs: dict[str,
     kwargs["stream"] = True  # the body is read here, its socket watched (S3-8)
     try:
         response = sender(request, **kwargs)
-        if response.status_code >= 400:
-            attempt.release()  # an error status: the API bills nothing
-            attempt.waits(request, response)
-        if attempt.stream and response.is_success:
-            response.stream = library.stream(response.stream, _Meter(attempt), response)
+        if _metered(attempt, request, response, library.stream):
             return response
         key = id(attempt)
         _watch.add(key, attempt.deadline, response)
@@ -1025,11 +1034,7 @@ async def send_async(gate: Gate, sender: Callable[..., Any], request: Any,
     kwargs["stream"] = True  # the body is read here, its socket watched (S3-8)
     try:
         response = await sender(request, **kwargs)
-        if response.status_code >= 400:
-            attempt.release()  # an error status: the API bills nothing
-            attempt.waits(request, response)
-        if attempt.stream and response.is_success:
-            response.stream = library.async_stream(response.stream, _Meter(attempt), response)
+        if _metered(attempt, request, response, library.async_stream):
             return response
         key = id(attempt)
         _watch.add(key, attempt.deadline, response)
