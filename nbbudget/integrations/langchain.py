@@ -125,6 +125,7 @@ from ..run.providers import (
     unbilled,
 )
 from .bounds import json_size
+from .claims import Claim, claim
 
 #: The oldest langchain-core the handler was tested with (the ``langchain`` extra's bound).
 LANGCHAIN_CORE_NEEDED = "1.8.3"
@@ -163,6 +164,8 @@ class _Call:
     model: str | None
     streamed: dict[str, int] = field(default_factory=dict)  # usage charged chunk by chunk
     reserved: Reservation | None = None  # its worst-case cost, with cost_usd limited (S3-10)
+    # its HTTP requests, which the model calls process-wide switch then leaves to this handler
+    claim: Claim | None = None
 
 
 class Budgeted(BaseCallbackHandler):
@@ -239,7 +242,8 @@ class Budgeted(BaseCallbackHandler):
         except BaseException:
             self._roots.pop(run_id, None)  # no end event follows a start that raised
             raise
-        self._calls[run_id] = _Call(run, provider, model, reserved=reserved)
+        # LangChain calls the handler inline, in the context the model then sends from
+        self._calls[run_id] = _Call(run, provider, model, reserved=reserved, claim=claim())
 
     def on_tool_start(self, serialized: dict[str, Any], input_str: str, *, run_id: UUID,
                       parent_run_id: UUID | None = None, tags: list[str] | None = None,
@@ -331,6 +335,8 @@ class Budgeted(BaseCallbackHandler):
         call = self._calls.pop(run_id, None)
         if call is None:
             return
+        if call.claim is not None:
+            call.claim.end()
         message, figures = _reply_usage(response)
         streamed = bool(call.streamed)
         if streamed:
@@ -350,7 +356,11 @@ class Budgeted(BaseCallbackHandler):
         never made: `unbilled`), else stays spent (S3-10)."""
         call = self._calls.pop(run_id, None)
         self._leave(run_id)
-        if call is not None and call.reserved is not None and unbilled(error):
+        if call is None:
+            return
+        if call.claim is not None:
+            call.claim.end()
+        if call.reserved is not None and unbilled(error):
             call.reserved.release()
 
     def on_tool_end(self, output: Any, *, run_id: UUID, parent_run_id: UUID | None = None,

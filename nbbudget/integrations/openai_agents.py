@@ -102,6 +102,7 @@ from typing import Any
 
 from ..core.errors import BudgetExceeded, ConfigError
 from ..core.kinds import KIND_INDEX
+from ..core.lowlevel import Core
 from ..run.budget import Budget, current
 from ..run.prices import (
     Given,
@@ -120,10 +121,14 @@ from ..run.providers import (
     spend_usage,
 )
 from .bounds import json_size
+from .claims import Claim, claim_in_run
 
 #: The release of the OpenAI Agents SDK the hooks were tested with: 0.24 calls ``on_llm_start``
 #: before each model call and passes an ``AgentsException`` raised by a hook through unwrapped.
 OPENAI_AGENTS_NEEDED = "0.24"
+#: How the User-Agent of every request the SDK's models send begins (its OpenAI Responses,
+#: Chat Completions and LiteLLM models): the requests the hooks claim while a call is under way
+AGENTS_USER_AGENT = "Agents/Python"
 
 try:
     from agents.exceptions import AgentsException
@@ -182,6 +187,8 @@ class Budgeted(RunHooksBase[Any, Any]):
         # the model calls under way that reserved their worst case (S3-10), by the id of their
         # agent run's context (one model call at a time each): (context, reservation, forget)
         self._reserved: dict[int, tuple[Any, Reservation, Callable[[], None]]] = {}
+        # the claims on the HTTP requests of the model calls under way, by the same id
+        self._claims: dict[int, Claim] = {}
 
     def _run(self, *, check: bool = True) -> Budget:
         """The run to charge, checked: a stopped or timed-out run unwinds here."""
@@ -242,6 +249,7 @@ class Budgeted(RunHooksBase[Any, Any]):
         try:
             if price is None:
                 reserve_request(core, None, target)  # refused when no output token is left
+                self._claim(context, core)
                 return
             fixed, rate = worst_case(price, json_size([system_prompt, input_items])
                                      + json_size(_definitions(agent)))
@@ -258,6 +266,17 @@ class Budgeted(RunHooksBase[Any, Any]):
 
         self._reserved[key] = (context, Reservation(core, dollars, model, target), forget)
         core.hold(forget)
+        self._claim(context, core)
+
+    def _claim(self, context: Any, core: Core) -> None:
+        """Claim the model call's HTTP requests, which these hooks count: the SDK's models
+        send them with their own User-Agent, from a task the hooks' context never reaches
+        (`claims.claim_in_run`); the claim ends with the call, or with the run's block."""
+        made = claim_in_run(core, AGENTS_USER_AGENT)
+        old = self._claims.pop(id(context), None)
+        if old is not None:  # the call before it failed: no end hook came
+            old.end()
+        self._claims[id(context)] = made
 
     async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
         """The model answered: charge its tokens and cost (past a limit the run fails
@@ -266,6 +285,9 @@ class Budgeted(RunHooksBase[Any, Any]):
         if not self.models:
             run.check()
             return
+        claimed = self._claims.pop(id(context), None)
+        if claimed is not None:
+            claimed.end()
         provider, model = _model_of(agent, self.provider)
         used = response.usage
         usage = {

@@ -67,7 +67,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import aclosing, asynccontextmanager, suppress
+from contextlib import AsyncExitStack, aclosing, asynccontextmanager, suppress
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
@@ -94,6 +94,7 @@ from ..run.providers import (
     unbilled,
 )
 from .bounds import json_size
+from .claims import held
 
 #: The first pydantic-ai release with a hook before every attempt at a model request
 #: (``prepare_model_request``), where a ``provider_calls`` permit is taken and ``max_tokens``
@@ -408,19 +409,26 @@ class Budgeted(AbstractCapability[Any]):
 
 
 class _MeteredModel(WrapperModel):
-    """The model of one attempt, whose streamed responses are charged as they arrive."""
+    """The model of one attempt, whose streamed responses are charged as they arrive. The
+    attempt's HTTP request is claimed (`claims.held`): the capability counts it, so the model
+    calls process-wide switch leaves it alone."""
 
     def __init__(self, wrapped: Any, budgeted: Budgeted) -> None:
         super().__init__(wrapped)
         self._budgeted = budgeted
 
+    async def request(self, *args: Any, **kwargs: Any) -> Any:
+        with held():
+            return await self.wrapped.request(*args, **kwargs)
+
     @asynccontextmanager
     async def request_stream(self, messages: Any, model_settings: Any,
                              model_request_parameters: Any,
                              run_context: Any = None) -> AsyncIterator[Any]:
-        async with self.wrapped.request_stream(messages, model_settings,
-                                               model_request_parameters,
-                                               run_context) as stream:
+        async with AsyncExitStack() as stack:
+            with held():  # the request is sent as the stream opens; reading it sends nothing
+                stream = await stack.enter_async_context(self.wrapped.request_stream(
+                    messages, model_settings, model_request_parameters, run_context))
             _meter(stream, self._budgeted)
             yield stream
 

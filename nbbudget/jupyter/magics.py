@@ -108,12 +108,11 @@ class NBBudget(Configurable):
                    "history); NBBUDGET_HISTORY=1|0 overrides this.",
     ).tag(config=True)
     instrument = Bool(
-        False, help="True: bound every model call this kernel makes by the run current when "
-                    "it is made (nb.instrument(): the OpenAI and Anthropic SDKs at any base "
-                    "URL, and what is built on them or on httpx2 or httpx). Not with the "
-                    "LangChain, Agents SDK or pydantic-ai adapters, which count their model "
-                    "calls themselves: a call would be counted twice. False: only the clients "
-                    "given to nb.instrument(client).",
+        True, help="True: bound every model call this kernel makes by the run current when "
+                   "it is made (nb.instrument(): the OpenAI, Anthropic, Gemini and Ollama "
+                   "APIs at any base URL, through any library on httpx2 or httpx; a model "
+                   "call the LangChain, Agents SDK or pydantic-ai adapter counts is counted "
+                   "by it alone). False: only the clients given to nb.instrument(client).",
     ).tag(config=True)
     interactive = Bool(
         None, allow_none=True,

@@ -99,6 +99,7 @@ from ...run.providers import (
     reserve_request,
     spend_reply,
 )
+from ..claims import claimed
 from .shapes import SSE, Shape, Unreadable, ends, may_hold_usage, reply_usage, request_body
 
 __all__ = ["Gate", "Http", "api_of", "http_of", "instrument", "library", "send", "send_async"]
@@ -269,7 +270,8 @@ class Gate:
         """Before an attempt is sent: the request to send and its attempt, or None when it is
         not a model call made in a run (it is then sent untouched)."""
         run = current()
-        if run is None or request.method != "POST" or _OPENED in request.extensions:
+        if run is None or request.method != "POST" or _OPENED in request.extensions or (
+                claimed(request, run.lowlevel)):  # an adapter counts it
             return None
         path = request.url.path
         for shape in self.api.shapes:

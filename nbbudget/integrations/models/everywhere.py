@@ -22,8 +22,8 @@ the time and the degrade of ``nb.instrument(client)``, the same. The provider, f
 resolved from the request's URL through genai-prices (``https://openrouter.ai/api/v1`` is
 OpenRouter), else the API's own. The errors are the API's (``openai_api``, ``anthropic_api``,
 ``gemini_api``): nbbudget's, and the SDK's own where the SDK is installed, which it passes on
-unretried. A request an instrumented client (``nb.instrument(client)``) has opened passes
-untouched: it is counted once.
+unretried. A request an instrumented client (``nb.instrument(client)``) has opened, or an
+adapter has claimed, passes untouched: it is counted once.
 
 **Ollama's native API** (``/api/chat``, ``/api/generate``: ``ollama_api``), which the ``ollama``
 package speaks on httpx, is read the same way; that package passes nbbudget's errors on as they
@@ -32,9 +32,10 @@ are, and never retries.
 **Outside every run** the switched ``send`` reads one context variable and calls the original;
 the request and its reply are the library's own, byte for byte.
 
-`install` turns it on (``nb.instrument()``; in IPython, ``NBBudget.instrument = True``); the
-`Switch` it returns turns it off. Not together with the LangChain, Agents SDK or pydantic-ai
-adapters, which count their model calls themselves: such a call would be counted twice.
+`install` turns it on (``nb.instrument()``; in IPython, loading the extension does, unless
+``NBBudget.instrument = False``); the `Switch` it returns turns it off. A model call the
+LangChain, Agents SDK or pydantic-ai adapter counts is claimed by it (``claims``): its requests
+pass untouched, and the call is counted once, by the adapter.
 """
 
 from __future__ import annotations
