@@ -520,3 +520,43 @@ def test_N_5_the_kernel_timer_at_the_moment_the_block_ends_is_raised_once_and_ne
     assert strays == []
     assert set(outcomes) <= {"failed", "completed"} and sum(outcomes.values()) == 300
     assert not preempt._entries.get(threading.get_ident())
+
+
+class _SlowToCollect:
+    """An object whose ``__del__`` runs pure Python for 9 ms: a stop that lands there is dropped
+    by Python (``Exception ignored in ...``), and recorded in *dropped*."""
+
+    dropped: list[str] = []
+
+    def __del__(self) -> None:
+        try:
+            _busy_until(time.monotonic() + 0.009)
+        except BaseException as exc:
+            self.dropped.append(type(exc).__name__)
+            raise
+
+
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_N_5_a_stop_dropped_in_a_del_is_raised_again_outside_it(where):
+    """Nine tenths of the loop's time is in a ``__del__``, where the stop lands at the deadline
+    (205 ms: 5 ms into the 21st object's). Python drops it there (``sys.unraisablehook``); it is
+    raised again once the thread is out of that ``__del__``, and the run is cut at once, not
+    when the loop ends 3 s later."""
+    seen: dict[str, object] = {}
+
+    def work() -> None:
+        _SlowToCollect.dropped.clear()
+
+        def loop() -> None:
+            for _ in range(300):
+                _SlowToCollect()  # collected at once: its __del__ runs here
+                _busy_until(time.monotonic() + 0.001)
+
+        seen["error"], seen["seconds"] = _timed(loop, time="205ms")
+        seen["dropped"] = list(_SlowToCollect.dropped)
+
+    run_on(where, work, "test-collector")
+    error = seen["error"]
+    assert isinstance(error, nb.BudgetCut) and error.by == "timeout", error
+    assert seen["dropped"], "the stop never landed in the __del__: the test shows nothing"
+    assert seen["seconds"] < 0.205 + LATE_S

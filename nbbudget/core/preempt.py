@@ -27,7 +27,11 @@ thread, a limit passed by another thread), `Entry.fire` interrupts the thread:
   own frame (code that holds the loop without awaiting); on any other thread only the cancel.
 
 What is raised is the run's own `Unwind`, a ``BaseException``: it unwinds past ``except
-Exception:`` to the run's ``with`` block, which turns it into the public error. One call into C
+Exception:`` to the run's ``with`` block, which turns it into the public error. A stop that lands
+where Python drops what is raised (a ``__del__`` or a weakref's callback the garbage collector
+runs at that moment) never reached the work: Python hands it to ``sys.unraisablehook``, where
+`_Dropped` gives it back to its entry, and it is raised again once the thread is out of that
+callback. One call into C
 code that does not look at signals (a long numpy operation, ``sum(range(10**9))``) finishes
 first: when the stop has not landed after `LATE_MS`, `Entry.waiting` says so (the panel shows
 it), and `Entry.late_note` gives the run's error the time the code went on.
@@ -83,9 +87,9 @@ class Entry:
     """One thread inside one run, from `enter` to `leave`. `fire` (from any thread) interrupts
     the thread with the run's stop, raised once; `waiting` says that the stop has not landed."""
 
-    __slots__ = ("_deliver", "_fire", "block", "cancelled", "clock", "closed", "due_ms",
-                 "fired_at", "frame", "held", "landed_at", "owner", "signals", "stop", "task",
-                 "thread", "timed")
+    __slots__ = ("_deliver", "_fire", "block", "cancelled", "clock", "closed", "drops",
+                 "due_ms", "fired_at", "frame", "held", "landed_at", "owner", "signals", "stop",
+                 "task", "thread", "timed")
 
     def __init__(self, thread: int, signals: bool, clock: Clock,
                  task: asyncio.Task[Any] | None = None, frame: FrameType | None = None) -> None:
@@ -110,6 +114,8 @@ class Entry:
         self.due_ms: float | None = None
         self.block: FrameType | None = None  # the frame of the block that entered, if known
         self.owner: object = None  # the run, for the run's own use (`escaped`); never called
+        # the code of each callback the stop was dropped in (`dropped`): not raised inside again
+        self.drops: set[CodeType] = set()
         self._fire: list[None] = [None]  # popped (atomic) by the one firing
         self._deliver: list[None] = [None]  # popped by the one raising, or by leaving
 
@@ -190,7 +196,12 @@ class Entry:
             elif self.frame is not None:
                 return  # a coroutine's thread runs other code meanwhile: its task's cancel
             else:
-                where = _held_in(sys._current_frames().get(self.thread))
+                frame = sys._current_frames().get(self.thread)
+                where = _held_in(frame)
+                if where is None and self.drops and _within(frame, self.drops):
+                    # in a callback that drops it again: sent once the thread is out of it
+                    self.clock.call_at(self.clock.now_ms() + _DROPPED_AGAIN_MS, self._follow)
+                    return
                 if where is None:
                     _raise_in(self.thread, Interrupt)
                 self.held = self.held or where is _guarded
@@ -214,7 +225,25 @@ class Entry:
         except IndexError:
             return False
         self.landed_at = self.clock.now_ms()
+        if sys.unraisablehook is not _dropped_hook.hook:
+            _dropped_hook.install()
         return True
+
+    def dropped(self, code: CodeType | None) -> None:
+        """In the thread: the stop raised landed where Python drops what is raised (`_Dropped`),
+        in a callback of *code*: it never reached the work, so it is raised once more, in a
+        moment, outside every such callback, unless the thread has left the run meanwhile. No
+        lock: only this thread closes its entry or takes its stop, and the thread may hold the
+        lock where the drop happened."""
+        if self.closed or self.landed_at is None:
+            return
+        if code is not None:
+            self.drops.add(code)
+        self.landed_at = None
+        self._deliver.append(None)
+        # from the clock's timer thread: raised now, the stop would land in Python's own
+        # handling of the drop, and be dropped again
+        self.clock.call_at(self.clock.now_ms() + _DROPPED_AGAIN_MS, self._follow)
 
     def waiting(self) -> float | None:
         """Milliseconds since the stop was sent, while it has not landed and that is longer
@@ -277,6 +306,51 @@ class Timed(Protocol):
     def expire_here(self) -> Stop | None:
         """In the signal's handler: its stop if the deadline has passed (made now if need be,
         its listeners told later); None when not, or when it cannot say here."""
+
+
+#: how long after a stop was dropped (`Entry.dropped`) it is raised again
+_DROPPED_AGAIN_MS = 1.0
+
+
+class _Dropped:
+    """Python's hook for what it drops (``sys.unraisablehook``): an exception raised where it
+    cannot propagate, a ``__del__``, a weakref's callback, anything the garbage collector runs
+    at an allocation. A stop raised into the thread at that moment (the signal's handler, an
+    interrupt) lands there, is dropped, and the work goes on: so a stop of a live entry of the
+    thread is given back to its entry (`Entry.dropped`), and raised again; anything else goes
+    to the hook that was there before. Installed when a stop is first raised, over whatever
+    hook is there then (pytest sets its own during each test)."""
+
+    def __init__(self) -> None:
+        self.previous: Callable[[Any], object] = sys.unraisablehook
+        self.hook: Callable[[Any], object] = self._hook
+
+    def install(self) -> None:
+        self.previous = sys.unraisablehook
+        sys.unraisablehook = self.hook
+
+    def _hook(self, unraisable: Any) -> None:
+        dropped = unraisable.exc_value
+        if isinstance(dropped, Unwind):
+            for entry in reversed(_entries.get(threading.get_ident(), ())):
+                if entry.stop is dropped.stop and entry.landed_at is not None:
+                    # the traceback begins at the callback's own frame
+                    where = unraisable.exc_traceback
+                    entry.dropped(where.tb_frame.f_code if where is not None else None)
+                    return
+        self.previous(unraisable)
+
+
+def _within(frame: FrameType | None, codes: set[CodeType]) -> bool:
+    """Whether *frame* runs inside a frame of one of *codes* (is one, or called from one)."""
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
+
+
+_dropped_hook = _Dropped()
 
 
 class Interrupt(Unwind):
@@ -576,6 +650,10 @@ def _handle(frame: FrameType | None) -> None:
         where = _held_in(frame)
         if where is not None:
             entry.held = entry.held or where is _guarded
+            return
+        if entry.drops and _within(frame, entry.drops):
+            # in a callback that drops it again (`Entry.dropped`): sent once the thread is out
+            entry.clock.call_at(entry.clock.now_ms() + _DROPPED_AGAIN_MS, entry._follow)
             return
         if not entry.take():
             return
