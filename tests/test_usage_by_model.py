@@ -196,6 +196,29 @@ def test_instrumented_openai_calls_show_what_the_server_reported_S4_6(
     assert frame["cost_usd"].sum() == pytest.approx(run.consumed["cost_usd"])
 
 
+def test_the_process_wide_switch_counts_each_clients_models_by_their_api(
+        server: Server) -> None:
+    """nb.instrument() with no client: a bare OpenAI client and a bare Anthropic client at once,
+    each model on its row under the API's provider (a local server matches no provider's URL in
+    genai-prices: the SDK's own)."""
+    pytest.importorskip("anthropic")
+    import anthropic
+    from wire import anthropic_shapes as a
+
+    server.queue(o.chat("Paris.", o.chat_usage(15, 4)),
+                 a.message("Lyon.", a.usage(9, 2)))
+    with nb.instrument(), nb.budget(provider_calls=5) as run, \
+            openai.OpenAI(base_url=server.url, api_key="k", max_retries=0) as gpt, \
+            anthropic.Anthropic(base_url=server.url, api_key="k", max_retries=0) as claude:
+        gpt.chat.completions.create(model="gpt-4o-mini", messages=ASK)  # type: ignore[arg-type]
+        claude.messages.create(model="claude-3-5-haiku-latest", max_tokens=50,
+                               messages=ASK)  # type: ignore[arg-type]
+    frame = run.usage(by="model")
+    assert list(frame.index) == [("openai", "gpt-4o-mini"),
+                                 ("anthropic", "claude-3-5-haiku-latest")]
+    assert [row(frame, *key)[:3] for key in frame.index] == [[1, 15, 4], [1, 9, 2]]
+
+
 # -- every adapter gives its provider and model ---------------------------------------------------
 def through_langchain(server: Server, model: str, run: nb.Budget) -> None:
     pytest.importorskip("langchain_openai")
