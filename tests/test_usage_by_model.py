@@ -399,13 +399,14 @@ def test_N_3_the_panel_shows_the_models_in_its_details_and_its_text() -> None:
     with nb.budget(provider_calls=10, clock=FakeClock(), name="cell") as run:
         panel.attach(run)
         panel._draw(run.snapshot(), line(run.snapshot()))
-        assert view.models.value == ""  # no model called: no details
+        assert (view.models.value, view.models.layout.display) == ("", "none")  # no details
         ask = run.provider(reply(1200, 300), name="gpt-4o", prices=BIG)
         ask("a")
         ask("b")
         run.provider(reply(10, 1), name="local", prices="free")("c")
         run.provider(reply(10, 1), name="mystery")("d")
         panel._draw(run.snapshot(), line(run.snapshot()))
+    assert view.models.layout.display is None  # shown
     assert _cells(view.models.value) == [
         ["provider", "model", "calls", "input tokens", "output tokens", "cost"],
         ["unknown", "gpt-4o", "2", "2,400", "600", "$0.012"],

@@ -332,8 +332,9 @@ class _View:
             self.pause.on_click(lambda _: panel.pause_requested.set())
             self.buttons.append(self.pause)
         self.row = w.HBox([self.status, *self.buttons])
-        # the details: the models the run called, once it has called one (`_models`)
-        self.models = w.HTML(value="")
+        # the details: the models the run called (`_models_html`), hidden until it calls one
+        # (an empty HTML widget still takes a line)
+        self.models = w.HTML(value="", layout=w.Layout(display="none"))
         self.shown_models: tuple[ModelUsage, ...] = ()
         self.box = w.VBox([*rows, self.models, self.row])
 
@@ -351,6 +352,7 @@ class _View:
                 if snap.models != self.shown_models:
                     self.shown_models = snap.models
                     self.models.value = _models_html(snap.models)
+                    self.models.layout.display = None  # shown
             first, *rest = text.splitlines()
             self.status.value = "<br>".join([f"<b>{html.escape(first)}</b>",
                                              *map(html.escape, rest)])

@@ -26,18 +26,17 @@ async alike, OpenAI and Anthropic alike, one mechanism. For a request to a model
   would retry; the SDK's own shorter timeouts stay its own. An error status the SDK would
   retry after a wait that ends past the deadline cuts the run at once (`_Attempt.waits`).
 
-**After.** What a reply used is charged as its API reports it (`spend_reply`), and counted for
-the client's provider and the model the request named (``run.usage(by="model")``; each attempt
-counts a call as it reserves its permit): ``tokens`` (input,
+**After.** What a reply used is charged as its API reports it (`spend_reply`): ``tokens`` (input,
 cached included, plus output), ``output_tokens`` (reasoning included) and ``cost_usd`` from
 ``prices=`` (`nbbudget.run.prices`: USD per million tokens, a function of the usage, or
 ``"free"``), else the cost the reply reports (OpenRouter's ``usage.cost``), else genai-prices'
 price of the model at the client's provider: ``provider=``, or the one whose API the client's
 base URL matches (``https://openrouter.ai/api/v1``: ``openrouter``), or, when none matches, the
-SDK's own (``openai``, ``anthropic``); read once per model. Spending that
-happened is recorded even past a limit; the run is then cut by the first limit passed (S3-3) and
-the call raises ``Cut`` with ``salvage``, the reply's text. A stop of the run itself (a cancel,
-the panel's Stop button) unwinds through the SDK as any nbbudget stop does.
+SDK's own (``openai``, ``anthropic``); read once per model. The run counts it for that provider
+and the model the request named, beside the attempts it reserved (``run.usage(by="model")``).
+Spending that happened is recorded even past a limit; the run is then cut by the first limit
+passed (S3-3) and the call raises ``Cut`` with ``salvage``, the reply's text. A stop of the run
+itself (a cancel, the panel's Stop button) unwinds through the SDK as any nbbudget stop does.
 
 **Streams.** A stream's bytes pass through a meter that hands the SDK whole events only. Each text
 delta is counted as one output token, provisionally, against what remains of ``output_tokens``,
