@@ -167,7 +167,7 @@ class Core:
         self.ledger.restore(saved)
         with self.ledger.lock:
             for provider, model, *row in saved.get("models", ()):
-                _tally(self.tallies, (provider, model), *row)
+                _tally(self.tallies, (provider, model), row)
         self.scope.resume_from(float(saved["active_ms"]), self.account.thr[RUN_MS])
         self.record("resumed", {"counts": dict(saved["counts"]),
                                 "active_ms": saved["active_ms"]})
@@ -360,7 +360,7 @@ class Core:
         calls, input tokens, output tokens and dollars (None: no price) of its reply."""
         with self.ledger.lock:
             if model is not None:
-                _tally(self.tallies, model, *used)
+                _tally(self.tallies, model, used)
             passed = self.ledger.spend(self.account, items, target, self.scope.t_ms)
             if not passed:
                 return
@@ -444,10 +444,11 @@ def _called(tallies: tuple[dict[Model, _Row], ...], model: Model) -> None:
             row[0] += 1
 
 
-def _tally(tallies: tuple[dict[Model, _Row], ...], model: Model, calls: int, inp: float,
-           out: float, cost: float | None) -> None:
-    """Add *calls*, *inp* and *out* tokens and *cost* dollars (None: no price) to *model*'s
+def _tally(tallies: tuple[dict[Model, _Row], ...], model: Model,
+           used: Sequence[Any]) -> None:
+    """Add *used*, calls, input and output tokens and dollars (None: no price), to *model*'s
     row in each of *tallies* (the ledger's lock held)."""
+    calls, inp, out, cost = used
     for rows in tallies:
         row = rows.get(model)
         if row is None:
