@@ -279,6 +279,38 @@ def test_each_adapter_counts_its_models_call_for_its_provider(server: Server,
     assert frame["calls"].sum() == run.consumed["provider_calls"] == len(server.received)
 
 
+def test_the_agents_sdks_own_retries_count_as_calls_of_their_model_S4_6(server: Server) -> None:
+    """ModelSettings.retry retries inside one model call, where no hook runs: the attempts the
+    SDK reports with its reply count as calls of that model, as provider_calls counts them."""
+    pytest.importorskip("agents")
+    from agents import (
+        Agent,
+        ModelRetrySettings,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        retry_policies,
+        set_tracing_disabled,
+    )
+
+    from nbbudget.openai_agents import Budgeted
+
+    set_tracing_disabled(True)
+    retry = ModelSettings(retry=ModelRetrySettings(
+        max_retries=2, backoff={"initial_delay": 0.001, "max_delay": 0.001, "jitter": False},
+        policy=retry_policies.http_status([500])))
+    client = openai.AsyncOpenAI(base_url=server.url, api_key="test", max_retries=0,
+                                default_headers={"Connection": "close"})
+    agent = Agent(name="a", model_settings=retry,
+                  model=OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=client))
+    server.queue(Reply.error(500), Reply.error(500), o.chat("at last", o.chat_usage(10, 2)))
+    with nb.budget(provider_calls=5) as run:
+        asyncio.run(Runner.run(agent, "hi", hooks=Budgeted(prices=SMALL)))
+    assert row(run.usage(by="model"), "openai", "gpt-4o-mini") == [
+        3, 10, 2, pytest.approx(cost(SMALL, 10, 2))]
+    assert len(server.received) == run.consumed["provider_calls"] == 3
+
+
 # -- 16 threads at once ---------------------------------------------------------------------------
 @pytest.fixture
 def switching() -> Iterator[None]:
