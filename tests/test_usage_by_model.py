@@ -60,7 +60,7 @@ def server() -> Iterator[Server]:
         yield server
 
 
-# -- the frame ---------------------------------------------------------------------------------
+# -- the frame -------------------------------------------------------------------------------------
 def test_a_run_that_called_no_model_has_an_empty_frame_with_the_columns() -> None:
     with nb.budget(steps=3) as run:
         run.step()
@@ -81,7 +81,7 @@ def test_by_anything_else_is_a_config_error_naming_the_value() -> None:
                                      f"provider and model, or nothing for one row per armed axis")
 
 
-# -- run.provider --------------------------------------------------------------------------------
+# -- run.provider ----------------------------------------------------------------------------------
 def test_run_provider_counts_each_model_its_attempts_tokens_and_cost_S4_6(ledger: Any) -> None:
     """Two models through run.provider, one of them retried once: a row each, in the order
     first called, every attempt counted (the failed one too: its permit is not refunded), the
@@ -219,7 +219,7 @@ def test_the_process_wide_switch_counts_each_clients_models_by_their_api(
     assert [row(frame, *key)[:3] for key in frame.index] == [[1, 15, 4], [1, 9, 2]]
 
 
-# -- every adapter gives its provider and model ---------------------------------------------------
+# -- every adapter gives its provider and model ----------------------------------------------------
 def through_langchain(server: Server, model: str, run: nb.Budget) -> None:
     pytest.importorskip("langchain_openai")
     from langchain_openai import ChatOpenAI
@@ -311,7 +311,7 @@ def test_the_agents_sdks_own_retries_count_as_calls_of_their_model_S4_6(server: 
     assert len(server.received) == run.consumed["provider_calls"] == 3
 
 
-# -- 16 threads at once ---------------------------------------------------------------------------
+# -- 16 threads at once ----------------------------------------------------------------------------
 @pytest.fixture
 def switching() -> Iterator[None]:
     """Threads switch as often as CPython lets them, so that two of them meet inside a
