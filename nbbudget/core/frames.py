@@ -18,9 +18,12 @@ from .endings import by_in_words
 from .kinds import KIND_INDEX, KINDS, RUN_MS
 
 if TYPE_CHECKING:
-    from .snapshot import Snapshot
+    from .snapshot import ModelUsage, Snapshot
 
-__all__ = ["plot_trace", "trace_frame", "usage_frame"]
+__all__ = ["MODEL_COLUMNS", "models_frame", "plot_trace", "trace_frame", "usage_frame"]
+
+#: the columns of `models_frame`, in their order
+MODEL_COLUMNS = ["calls", "input_tokens", "output_tokens", "cost_usd"]
 
 
 def usage_frame(snap: Snapshot) -> pd.DataFrame:
@@ -33,6 +36,21 @@ def usage_frame(snap: Snapshot) -> pd.DataFrame:
     mixed = len({KINDS[KIND_INDEX[a.kind]].integral for a in snap.axes}) > 1
     frame = pd.DataFrame(rows, columns=columns, dtype=object if mixed else None)
     return frame.astype({"fraction": float}).set_index("kind")
+
+
+def models_frame(models: Sequence[ModelUsage]) -> pd.DataFrame:
+    """One row per model a run called (its snapshot's ``models``), indexed by ``provider`` and
+    ``model``: calls, input and output tokens (whole numbers) and the cost in dollars (NaN where
+    no price was known); no rows, with the same index and columns, when it called none."""
+    index = pd.MultiIndex.from_tuples([(m.provider, m.model) for m in models],
+                                      names=["provider", "model"])
+    return pd.DataFrame({
+        "calls": np.array([m.calls for m in models], dtype=np.int64),
+        "input_tokens": np.array([m.input_tokens for m in models], dtype=np.int64),
+        "output_tokens": np.array([m.output_tokens for m in models], dtype=np.int64),
+        "cost_usd": np.array([np.nan if m.cost_usd is None else m.cost_usd for m in models],
+                             dtype=np.float64),
+    }, index=index, columns=MODEL_COLUMNS)
 
 
 def _amount(kind: str, value: float) -> float:

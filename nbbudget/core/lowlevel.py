@@ -9,6 +9,13 @@ A run (`nb.Budget`) is a small facade over three parts, each replaceable on its 
 - a **scope** (`nbbudget.core.scope`): the stop tree, the deadline and the pause;
 - a **recorder** (`nbbudget.core.trace.Recorder`): the events of its trace.
 
+Beside the ledger's counters by kind, the `Core` keeps what the run spent on each model it
+called (``run.usage(by="model")``): its **tally**, one row per model (a `Model`, the provider
+and the model's name), written under the ledger's lock with the charges it goes with. A
+grant's rows count in its run's too, as its consumption does. The tally is kept in this
+process, whichever ledger keeps the counters: a run whose counters live on a cluster's
+scheduler shows the model calls made here, not those of its branches on workers.
+
 ``run.lowlevel`` is the run's `Core`, which ties the three together: every refusal and every cut
 goes through it, so each one is traced the same way (S4-8). Helpers take what they need from it
 and never another module's private names.
@@ -29,11 +36,20 @@ from .limits import Limits
 from .outcome import Status
 from .preempt import Entry
 from .scope import Incomplete, Scope, Stop, Unwind
+from .snapshot import ModelUsage
 from .trace import Recorder, Trace
 
-__all__ = ["Core", "Incomplete", "Recorder", "Run", "Scope", "Stop", "Unwind"]
+__all__ = ["Core", "Incomplete", "Model", "Recorder", "Run", "Scope", "Stop", "Unwind"]
 
 _TIME = KINDS[RUN_MS].name  # the kind the run's clock spends
+
+#: a model as a run's tally names it, the provider and the model's name (``("openai",
+#: "gpt-4o")``): what the model clients and the adapters give with a model call's charges
+Model = tuple[str, str]
+#: a tally's row: calls, input tokens, output tokens, dollars (None: no price known)
+_Row = list[Any]
+#: `Core.spend`'s *used* when none is given
+_NOTHING_USED = (0, 0, 0, None)
 
 
 class Run(Protocol):
@@ -70,12 +86,15 @@ class Core:
     `Core.run` and a grant with `Core.grant`; tools, providers, branches, calls and the
     pydantic-ai adapter reach it as ``run.lowlevel``."""
 
-    __slots__ = ("account", "clock", "degraded", "held", "ledger", "name", "recorder", "scope")
+    __slots__ = ("account", "clock", "degraded", "held", "ledger", "name", "recorder", "scope",
+                 "tallies")
 
-    def __init__(self, name: str, ledger: Ledger, account: Account, scope: Scope) -> None:
+    def __init__(self, name: str, ledger: Ledger, account: Account, scope: Scope,
+                 run_tally: dict[Model, _Row] | None = None) -> None:
         """Tie *account* (in *ledger*) and *scope*, neither started yet, together: the scope is
         given its time grant and what its stop and its deadline mean for the account; a run's
-        (the ledger's root account) also its time notices (S3-5)."""
+        (the ledger's root account) also its time notices (S3-5). A grant's *run_tally* is its
+        run's tally, which its model calls count in too."""
         self.name = name
         self.ledger = ledger
         self.account = account
@@ -85,6 +104,9 @@ class Core:
         self.degraded: dict[str, str] | None = None  # S3-7: set once, when it degrades
         # spending under way, charged as it completes, or at the end at the latest (`hold`)
         self.held: set[Callable[[], None]] = set()
+        # what it spent on each model: its own tally, then (a grant's) its run's (`models`)
+        own: dict[Model, _Row] = {}
+        self.tallies = (own,) if run_tally is None else (own, run_tally)
         if account is ledger.root:
             scope.attach(account.thr[RUN_MS], on_halt=self._on_halt, on_expire=self.expired,
                          notice_times=ledger.time_notices, on_notice=self._on_time_notice)
@@ -123,7 +145,7 @@ class Core:
         left = scope.remaining_ms()
         if left is not None:
             account.limit_time(left)
-        core = Core(name, self.ledger, account, child)
+        core = Core(name, self.ledger, account, child, self.tallies[-1])
         scope.adopt(child)
         time_ms = account.thr[RUN_MS]
         child.record("grant", {"parent": self.name, "limits": limits.to_dict(),
@@ -143,6 +165,9 @@ class Core:
         """Continue from a checkpoint's ledger state (read with `ledger.read_state`): its
         counters, notices and active time (S4-4)."""
         self.ledger.restore(saved)
+        with self.ledger.lock:
+            for provider, model, *row in saved.get("models", ()):
+                _tally(self.tallies, (provider, model), row)
         self.scope.resume_from(float(saved["active_ms"]), self.account.thr[RUN_MS])
         self.record("resumed", {"counts": dict(saved["counts"]),
                                 "active_ms": saved["active_ms"]})
@@ -192,6 +217,22 @@ class Core:
         with ledger.lock:
             return tuple(plain(ledger.remaining(account, i)) for i in kinds)
 
+    def models(self) -> tuple[ModelUsage, ...]:
+        """What this run (every grant's included) or grant spent on each model it called, in
+        the order it first called them: its snapshot's ``models``."""
+        with self.ledger.lock:
+            rows = [(*model, *row) for model, row in self.tallies[0].items()]
+        return tuple(ModelUsage(provider, model, calls, int(inp), int(out),
+                                None if cost is None else round(cost, 12))
+                     for provider, model, calls, inp, out, cost in rows)
+
+    def models_state(self) -> list[list[Any]]:
+        """The tally as a checkpoint keeps it (S4-4), beside the ledger's state: a list of
+        ``[provider, model, calls, input tokens, output tokens, dollars or None]``, which
+        `restore` takes back. ``Budget.state`` adds it when the run called a model."""
+        return [[m.provider, m.model, m.calls, m.input_tokens, m.output_tokens, m.cost_usd]
+                for m in self.models()]
+
     def stats(self) -> dict[str, dict[str, float]]:
         """Checks, consumptions, amounts and refusals by kind, for the trace's summary (S4-9)."""
         stats = self.ledger.stats(self.recorder.trace.refusals_by_kind())
@@ -212,23 +253,28 @@ class Core:
             self.fail(self.ledger.refuse(account, account, i, n, target, self.scope.t_ms()))
         self.reserve(((i, n),), target)
 
-    def reserve(self, items: Sequence[tuple[int, float]], target: str | None) -> None:
+    def reserve(self, items: Sequence[tuple[int, float]], target: str | None,
+                model: Model | None = None) -> None:
         """Reserve every item on this account and its run's, all or nothing (S4-3); a refusal
-        is traced and raised, and leaves the counters as they were."""
+        is traced and raised, and leaves the counters as they were. With *model*, the items
+        are a call of that model, counted in the tally with them."""
         scope = self.scope
         with self.ledger.lock:
             stop = scope.stop or scope.root.stop
             err: BaseException | None = stop.signal() if stop is not None else (
                 self.ledger.reserve(self.account, items, target, scope.t_ms()))
+            if err is None and model is not None:
+                _called(self.tallies, model)
         if err is not None:
             self.fail(err)
 
     def reserve_within(self, items: Sequence[tuple[int, float]], i: int,
-                       target: str | None) -> float:
+                       target: str | None, model: Model | None = None) -> float:
         """Reserve *items* as `reserve` does, unless kind *i* has less than one unit left: that
         refuses first, and nothing is reserved (a model request when no output token is left,
         S2-9); what is left of kind *i*. What a model request takes before it is sent, under one
-        lock: `nbbudget.run.providers.reserve_request` calls it."""
+        lock, counted as a call of *model* in the tally when given:
+        `nbbudget.run.providers.reserve_request` calls it."""
         scope, ledger, account = self.scope, self.ledger, self.account
         with ledger.lock:
             stop = scope.stop or scope.root.stop
@@ -237,6 +283,8 @@ class Core:
             else:
                 left = ledger.reserve_within(account, items, i, target, scope.t_ms)
                 if not isinstance(left, BudgetExceeded):
+                    if model is not None:
+                        _called(self.tallies, model)
                     # a whole count is returned as it is: `plain`'s own test, without its call
                     return left if type(left) is int else plain(left)
                 err = left
@@ -244,7 +292,8 @@ class Core:
 
     def reserve_costed(self, items: Sequence[tuple[int, float]], i: int, c: int,
                        fixed: float, rate: float, asked: float,
-                       target: str | None, clamp: bool = True) -> tuple[float, float]:
+                       target: str | None, clamp: bool = True,
+                       model: Model | None = None) -> tuple[float, float]:
         """`reserve_within` for a request whose cost is reserved too, at its worst case (S3-10):
         *fixed* dollars (its input, bounded from above) plus *rate* dollars for each output
         token of its cap, kind *c* being the dollars and kind *i* the output tokens. The cap is
@@ -253,14 +302,17 @@ class Core:
         nothing is reserved. The cap and the dollars reserved, all under one lock, so that
         requests sharing the dollars never reserve more than is left between them. Not
         *clamp*: the caller cannot change the cap it sends (a framework's callback), so it is
-        never lowered: a worst case that does not fit is refused whole.
-        `nbbudget.run.providers.reserve_priced` calls it when the dollars are limited."""
+        never lowered: a worst case that does not fit is refused whole. Counted as a call of
+        *model* in the tally when given. `nbbudget.run.providers.reserve_priced` calls it when
+        the dollars are limited."""
         scope, ledger = self.scope, self.ledger
         with ledger.lock:
             stop = scope.stop or scope.root.stop
             got = stop.signal() if stop is not None else ledger.reserve_costed(
                 self.account, items, i, c, Worst(fixed, rate, asked, clamp), target, scope.t_ms)
             if type(got) is tuple:
+                if model is not None:
+                    _called(self.tallies, model)
                 return got
         assert isinstance(got, BaseException)
         self.fail(got)
@@ -298,11 +350,17 @@ class Core:
             del err  # no cycle through this frame
 
     # -- after the fact -------------------------------------------------------------------------
-    def spend(self, items: Sequence[tuple[int, float]], target: str | None) -> None:
+    def spend(self, items: Sequence[tuple[int, float]], target: str | None,
+              model: Model | None = None,
+              used: tuple[int, float, float, float | None] = _NOTHING_USED) -> None:
         """Record spending that already happened (S4-10): counted even past a limit, then this
         grant or its run is cut by the first limit passed, in the attribution order (S2-9,
-        S3-3). *items* are ``(kind index, amount)`` pairs in that order, already checked."""
+        S3-3). *items* are ``(kind index, amount)`` pairs in that order, already checked. With
+        *model*, what they stand for is added to its row of the tally with them: *used*, the
+        calls, input tokens, output tokens and dollars (None: no price) of its reply."""
         with self.ledger.lock:
+            if model is not None:
+                _tally(self.tallies, model, used)
             passed = self.ledger.spend(self.account, items, target, self.scope.t_ms)
             if not passed:
                 return
@@ -373,6 +431,33 @@ class Core:
         """S3-7: from now on this run or grant uses a cheaper model; its outcome says so."""
         self.degraded = how
         self.record("degraded", dict(how))
+
+
+def _called(tallies: tuple[dict[Model, _Row], ...], model: Model) -> None:
+    """One call of *model* in each of *tallies* (the ledger's lock held): the call's own row
+    made at its first, with no tokens and no price yet."""
+    for rows in tallies:
+        row = rows.get(model)
+        if row is None:
+            rows[model] = [1, 0, 0, None]
+        else:
+            row[0] += 1
+
+
+def _tally(tallies: tuple[dict[Model, _Row], ...], model: Model,
+           used: Sequence[Any]) -> None:
+    """Add *used*, calls, input and output tokens and dollars (None: no price), to *model*'s
+    row in each of *tallies* (the ledger's lock held)."""
+    calls, inp, out, cost = used
+    for rows in tallies:
+        row = rows.get(model)
+        if row is None:
+            row = rows[model] = [0, 0, 0, None]
+        row[0] += calls
+        row[1] += inp
+        row[2] += out
+        if cost is not None:
+            row[3] = cost if row[3] is None else row[3] + cost
 
 
 def cut(scope: Scope, i: int, figures: tuple[float, float], by: str, message: str) -> Stop:

@@ -63,6 +63,9 @@ What it counts:
   that took its permit may be cancelled before it runs (its permit stays spent, S4-3).
 - **Time and stops.** Every event (a start, a streamed chunk, an end) checks the run's time and
   whether it was stopped (``run.cancel()``, the panel's Stop button).
+- **By model.** ``run.usage(by="model")`` counts each call, its tokens and its cost for the
+  provider and the model the call started with (``provider=``, else ``ls_provider``, else
+  ``unknown``; ``ls_model_name``, else the model's class).
 
 A refusal ends the graph with `nbbudget.BudgetExceeded` (``kind``, ``limit``, ``consumed``,
 ``target``: ``provider:<model>``, ``tool:<name>`` or ``node:<name>``), as LangGraph raises any
@@ -104,6 +107,7 @@ from typing import Any
 from uuid import UUID
 
 from ..core.errors import BudgetExceeded, ConfigError
+from ..core.lowlevel import Model
 from ..run.budget import Budget, current
 from ..run.prices import (
     FIGURES,
@@ -116,6 +120,7 @@ from ..run.prices import (
     worst_case,
 )
 from ..run.providers import (
+    UNKNOWN_PROVIDER,
     Reservation,
     Usage,
     require_request,
@@ -162,6 +167,7 @@ class _Call:
     run: Budget
     provider: str | None
     model: str | None
+    key: Model  # its row in the run's tally (`run.usage(by="model")`)
     streamed: dict[str, int] = field(default_factory=dict)  # usage charged chunk by chunk
     reserved: Reservation | None = None  # its worst-case cost, with cost_usd limited (S3-10)
     # its HTTP requests, which the model calls process-wide switch then leaves to this handler
@@ -227,15 +233,17 @@ class Budgeted(BaseCallbackHandler):
         provider = self.provider or metadata.get("ls_provider")
         model = metadata.get("ls_model_name")
         label = f"provider:{model or _class_name(serialized)}"
+        key = (str(provider) if provider else UNKNOWN_PROVIDER,
+               str(model or _class_name(serialized)))
         reserved = None
         try:
             run.check()
             price = limited_price(run.remaining("cost_usd"), self._given, provider, model,
                                   "Budgeted")
             if price is None:  # S2-9: with output_tokens spent, no more calls
-                reserve_request(run.lowlevel, None, label)
+                reserve_request(run.lowlevel, None, label, model=key)
             else:
-                reserved = _reserve(run, price, sent, kwargs, metadata, label)
+                reserved = _reserve(run, price, sent, kwargs, metadata, label, key)
         except BudgetExceeded as err:
             self._refuse(run_id, root, err)
             raise
@@ -243,7 +251,8 @@ class Budgeted(BaseCallbackHandler):
             self._roots.pop(run_id, None)  # no end event follows a start that raised
             raise
         # LangChain calls the handler inline, in the context the model then sends from
-        self._calls[run_id] = _Call(run, provider, model, reserved=reserved, claim=claim())
+        self._calls[run_id] = _Call(run, provider, model, key, reserved=reserved,
+                                    claim=claim())
 
     def on_tool_start(self, serialized: dict[str, Any], input_str: str, *, run_id: UUID,
                       parent_run_id: UUID | None = None, tags: list[str] | None = None,
@@ -435,7 +444,7 @@ class Budgeted(BaseCallbackHandler):
                       output_tokens=figures.get("output_tokens", 0))
         if cost is not None:
             usage["cost_usd"] = cost
-        spend_usage(call.run, usage, None, call.model or model or "model")
+        spend_usage(call.run, usage, None, call.model or model or "model", model=call.key)
 
     def _cost(self, call: _Call, figures: Mapping[str, int], provider: str | None,
               model: str | None) -> float | None:
@@ -456,12 +465,13 @@ _CAPS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "max_new_to
 
 
 def _reserve(run: Budget, price: PriceFn, sent: Any, kwargs: dict[str, Any],
-             metadata: dict[str, Any], label: str) -> Reservation:
+             metadata: dict[str, Any], label: str, key: Model) -> Reservation:
     """Reserve a model call's worst case at *price* (S3-10), or refuse it: its input bounded by
     what it sends, *sent* (the messages or prompts) and its ``invocation_params`` (the tools
     bound to the model are there), in bytes of JSON, its output by the cap the model reports,
     times the choices it asks for (``n``). The handler cannot lower that cap: a worst case that
-    does not fit is refused whole; with no cap known, all the dollars left are reserved."""
+    does not fit is refused whole; with no cap known, all the dollars left are reserved.
+    Counted as a call of *key*, which the reservation's charges are for."""
     params = kwargs.get("invocation_params") or {}
     asked = next((params[key] for key in _CAPS if _whole(params.get(key))),
                  metadata.get("ls_max_tokens"))
@@ -470,8 +480,8 @@ def _reserve(run: Budget, price: PriceFn, sent: Any, kwargs: dict[str, Any],
     if type(choices) is int and choices > 1:
         rate *= choices
     _, dollars = reserve_priced(run.lowlevel, asked if _whole(asked) else None, label, fixed,
-                                rate, clamp=False)
-    return Reservation(run.lowlevel, dollars, label.removeprefix("provider:"), label)
+                                rate, clamp=False, model=key)
+    return Reservation(run.lowlevel, dollars, label.removeprefix("provider:"), label, key)
 
 
 def _whole(value: Any) -> bool:

@@ -49,6 +49,9 @@ with no run charges `nbbudget.current()` as the agent run reaches each hook, so 
 - **Time and stops.** Every hook checks the run (``run.check()``): a run stopped
   (``run.cancel()``, the panel's Stop button) or out of time ends the agent run at its next
   hook.
+- **By model.** ``run.usage(by="model")`` counts each model call (the SDK's own retries
+  included, as ``provider_calls`` counts them), its tokens and its cost for the agent's model
+  and its provider, named as for its price.
 
 **Errors.** A refusal ends ``Runner.run`` with `BudgetRefused`, which is both an
 `nbbudget.BudgetExceeded` (``kind``, ``limit``, ``consumed``, ``target``) and the SDK's
@@ -248,7 +251,8 @@ class Budgeted(RunHooksBase[Any, Any]):
         core = run.lowlevel
         try:
             if price is None:
-                reserve_request(core, None, target)  # refused when no output token is left
+                # refused when no output token is left
+                reserve_request(core, None, target, model=(provider, model))
                 self._claim(context, core)
                 return
             fixed, rate = worst_case(price, json_size([system_prompt, input_items])
@@ -256,7 +260,8 @@ class Budgeted(RunHooksBase[Any, Any]):
             settings = getattr(agent, "model_settings", None)
             asked = getattr(settings, "max_tokens", None)
             _, dollars = reserve_priced(core, asked if type(asked) is int and asked > 0 else None,
-                                        target, fixed, rate, clamp=False)
+                                        target, fixed, rate, clamp=False,
+                                        model=(provider, model))
         except BudgetExceeded as err:
             raise BudgetRefused(*err.args) from None
         key = id(context)
@@ -264,7 +269,8 @@ class Budgeted(RunHooksBase[Any, Any]):
         def forget() -> None:  # the run's block ends: a call that failed keeps it spent
             self._reserved.pop(key, None)
 
-        self._reserved[key] = (context, Reservation(core, dollars, model, target), forget)
+        self._reserved[key] = (context, Reservation(core, dollars, model, target,
+                                                    (provider, model)), forget)
         core.hold(forget)
         self._claim(context, core)
 
@@ -313,10 +319,12 @@ class Budgeted(RunHooksBase[Any, Any]):
                                 output_tokens=usage["output_tokens"])
                 if cost is not None:
                     charged["cost_usd"] = cost
-                spend_usage(run, charged, None, model)
+                spend_usage(run, charged, None, model, model=(provider, model))
         finally:  # recorded even when the tokens cut the run (the first stop is the one kept)
             if used.requests > 1:  # the SDK's own retries (ModelSettings.retry): no hook ran
-                run.lowlevel.spend(((_PROVIDER_CALLS, used.requests - 1),), f"provider:{model}")
+                retried = used.requests - 1
+                run.lowlevel.spend(((_PROVIDER_CALLS, retried),), f"provider:{model}",
+                                   (provider, model), (retried, 0, 0, None))
         run.check()
 
     async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:

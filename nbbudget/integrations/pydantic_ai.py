@@ -48,6 +48,9 @@ run, with no change to the agent, its tools or its prompts::
   as does a call of the batch that never ran (arguments the tool rejected, an unknown tool).
   The output tool is the agent's answer, not a tool call. The run's time and cancellation are
   checked before every dispatch.
+- **By model.** ``run.usage(by="model")`` counts each attempt, its tokens and its cost for the
+  model asked for and its provider (``provider=``, else the one whose API the model's base URL
+  matches, else its ``system``).
 - **Errors.** A refusal ends the agent run with pydantic-ai's own error, `UsageLimitExceeded`,
   as its `UsageLimits` would: here the subclass `UsageLimitRefused`, which is also an
   `nbbudget.BudgetExceeded` (``kind``, ``limit``, ``consumed``, ``target``) and carries the run's
@@ -72,7 +75,7 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from ..core.errors import BudgetCut, BudgetExceeded, ConfigError
-from ..core.lowlevel import Unwind
+from ..core.lowlevel import Model, Unwind
 from ..run.budget import Budget, current
 from ..run.prices import (
     FIGURES,
@@ -86,9 +89,11 @@ from ..run.prices import (
     worst_case,
 )
 from ..run.providers import (
+    UNKNOWN_PROVIDER,
     Reservation,
     Usage,
     clamp,
+    reserve_call,
     reserve_priced,
     spend_usage,
     unbilled,
@@ -173,6 +178,8 @@ class _Billed:
     cost_usd: float = 0.0
     #: its worst-case cost, reserved before it was sent, with cost_usd limited (S3-10)
     reserved: Reservation | None = None
+    #: its row in the run's tally (`run.usage(by="model")`): the model asked for, its provider
+    model: Model | None = None
 
 
 @dataclass
@@ -244,25 +251,26 @@ class Budgeted(AbstractCapability[Any]):
         run = self._run()
         label = _model_name(request_context.model)
         target = f"provider:{label}"
+        key = (self._model_provider(request_context.model) or UNKNOWN_PROVIDER, label)
         settings = dict(request_context.model_settings or {})
         asked = settings.get("max_tokens")
         price = self._request_price(run, request_context.model)
         reserved = None
         try:
             if price is None:
-                run.charge("provider_calls", target=target)
+                reserve_call(run.lowlevel, target, key)
                 clamped = clamp(run, asked, target)
             else:  # its messages, instructions and tool definitions bound its input
                 fixed, rate = worst_case(price, json_size(
                     [request_context.messages, request_context.model_request_parameters]))
                 # one provider_calls permit (its turn was taken by its request step)
                 clamped, dollars = reserve_priced(run.lowlevel, asked, target, fixed, rate,
-                                                  retry=True)
-                reserved = Reservation(run.lowlevel, dollars, label, target)
+                                                  retry=True, model=key)
+                reserved = Reservation(run.lowlevel, dollars, label, target, key)
         except BudgetExceeded as err:
             raise _refused(err) from None
         # this attempt's response is charged from nothing
-        self._billed = _Billed(reserved=reserved)
+        self._billed = _Billed(reserved=reserved, model=key)
         if clamped != asked:
             settings["max_tokens"] = clamped
             request_context = dataclasses.replace(request_context, model_settings=settings)
@@ -278,11 +286,16 @@ class Budgeted(AbstractCapability[Any]):
         if self._price is not None:
             return self._price
         name = getattr(model, "model_name", None)
-        url = getattr(model, "base_url", None)
-        provider = self.provider or (provider_of(url) if url else None) or getattr(
-            model, "system", None)
-        found = price_of(str(provider), str(name)) if name and provider else None
+        provider = self._model_provider(model)
+        found = price_of(provider, str(name)) if name and provider else None
         return None if found is None else found.cost
+
+    def _model_provider(self, model: Any) -> str:
+        """The provider of a request's *model*: ``provider=``, else the one whose API the
+        model's base URL matches in genai-prices, else its ``system`` (empty: none)."""
+        url = getattr(model, "base_url", None)
+        return str(self.provider or (provider_of(url) if url else None) or getattr(
+            model, "system", None) or "")
 
     async def on_model_request_error(self, ctx: Any, *, request_context: Any,
                                      error: Exception) -> Any:
@@ -342,7 +355,7 @@ class Budgeted(AbstractCapability[Any]):
                 billed.reserved.spend(spent["input_tokens"], spent["output_tokens"],
                                       spent.get("cost_usd"), final=final)
             else:
-                spend_usage(run, spent, None, model or "model")
+                spend_usage(run, spent, None, model or "model", model=billed.model)
         except Unwind as signal:
             cut = signal.stop  # the run, or the run it draws on, failed budget-cut
             err = UsageLimitCut(cut.by or "budget", cut.message)

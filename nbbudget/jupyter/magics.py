@@ -455,8 +455,9 @@ class BudgetMagics(Magics):
               help="jobs: list the background jobs; wait ID: wait for job ID and show its "
                    "result; cancel ID: stop job ID, and say "
                    "whether it did; status: what the last %%%%budget cell's run used, per "
-                   "axis; trace: its trace events; history: the last runs the store kept "
-                   "(cells, calls, notebook runs, with blocks), newest first")
+                   "axis, and per model when it called one; trace: its trace events; "
+                   "history: the last runs the store kept (cells, calls, notebook runs, with "
+                   "blocks), newest first")
     @argument("job", nargs="?", help="the job id, as in %%budget jobs")
     @argument("--timeout", type=float, default=None,
               help="with wait: give up after this many seconds")
@@ -512,8 +513,10 @@ class BudgetMagics(Magics):
             raise UsageError(str(exc)) from None
 
     def _last_run_shown(self, command: str) -> Any:
-        """``%budget status``: what the last cell's run used, per limit; ``%budget trace``: its
-        events, times in ms to two decimals. A sentence where there is nothing to show."""
+        """``%budget status``: what the last cell's run used, per limit (its value), and, when
+        it called a model, per provider and model (``run.usage(by="model")``, shown first);
+        ``%budget trace``: its events, times in ms to two decimals. A sentence where there is
+        nothing to show."""
         run = self.last_run
         if run is None:
             print(f"No %%budget cell has run yet in this kernel; %budget {command} shows the "
@@ -522,10 +525,20 @@ class BudgetMagics(Magics):
         if command == "trace":
             return run.trace.to_frame().round({"t_ms": 2})
         snap = run.snapshot()
+        models = None
+        if snap.models:
+            from ..core.frames import models_frame  # pandas, only when asked
+
+            models = models_frame(snap.models)
         if not snap.axes:
             print(f"The last %%budget cell ({snap.name}) set no limits, so there is no use per "
-                  f"limit to show; it ran {spoken(snap.elapsed_ms)} ({snap.status}).")
-            return None
+                  f"limit to show; it ran {spoken(snap.elapsed_ms)} ({snap.status})"
+                  + ("." if models is None else ", and called these models:"))
+            return models
+        if models is not None:
+            from IPython.display import display
+
+            display(models)
         return run.usage()
 
 

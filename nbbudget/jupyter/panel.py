@@ -3,14 +3,16 @@ Stop and a Pause button; a text summary where widgets cannot render.
 
 The core owns the state; the panel is a view. Under its cell it names neither the cell nor the
 figures its bars show: its line says the state and the time (``running, 1.8 s``); the text that
-stands in for it says all of that (`summary`). It is displayed once, on the main thread, then only
-its traits change, from one updater thread that reads the run's frozen `Snapshot` at most ten
-times a second and writes every change inside ``hold_sync()``. Workers never touch a widget, and
-the buttons only set events: a click may be handled on a kernel subshell's thread, which is how
-it reaches the run while the cell holds the main thread (`nbbudget.jupyter.clicks`, whose route
-the panel's widget messages are sent by). Where a click would wait for the cell, Stop says to
-interrupt the kernel until then. A widget that fails to build or update never breaks the cell:
-the panel falls back to text.
+stands in for it says all of that (`summary`). Under the bars, once the run has called a model,
+are its details: a row per provider and model, with the calls, tokens and cost
+(``run.usage(by="model")``), the first `MODELS_SHOWN` of them; the text says them a line each.
+It is displayed once, on the main thread, then only its traits change, from one updater thread
+that reads the run's frozen `Snapshot` at most ten times a second and writes every change inside
+``hold_sync()``. Workers never touch a widget, and the buttons only set events: a click may be
+handled on a kernel subshell's thread, which is how it reaches the run while the cell holds the
+main thread (`nbbudget.jupyter.clicks`, whose route the panel's widget messages are sent by).
+Where a click would wait for the cell, Stop says to interrupt the kernel until then. A widget
+that fails to build or update never breaks the cell: the panel falls back to text.
 
 The state a cell ends in is drawn by the cell itself, on the main thread, before it replies: a
 program that saves the notebook (nbclient, papermill) saves what the envelope beside it says.
@@ -36,7 +38,7 @@ from ..core.endings import by_in_words
 from ..core.errors import Cancelled
 from ..core.kinds import KIND_INDEX, KINDS
 from ..core.limits import Limits
-from ..core.snapshot import Snapshot
+from ..core.snapshot import ModelUsage, Snapshot
 from ..run.budget import Budget, time_only
 from .cells import comms_sent_as, pin_output, pins_all_output
 from .clicks import OUTSIDE_A_KERNEL, Route
@@ -44,7 +46,7 @@ from .clicks import OUTSIDE_A_KERNEL, Route
 if TYPE_CHECKING:
     from ..calls.jobs import Job
 
-__all__ = ["Panel", "line", "run_summary", "summary"]
+__all__ = ["MODELS_SHOWN", "Panel", "line", "run_summary", "summary"]
 
 _names = itertools.count(1)
 _STYLE = {0: "info", 1: "warning", 2: "danger"}
@@ -54,18 +56,42 @@ _OUTCOME_STYLE = {"completed": "success", "incomplete": "info", "suspended": "in
 NOTHING_RAN = "nbbudget: nothing ran"
 #: what Stop says while its cell holds a kernel that would handle the click only after the cell
 STOP_WAITS = "interrupt the kernel to stop now"
+#: the models the panel's details show at most (``run.usage(by="model")`` has them all)
+MODELS_SHOWN = 5
+#: the details' columns (`_models_html`)
+_MODEL_HEADS = ("provider", "model", "calls", "input tokens", "output tokens", "cost")
 
 
 def summary(snap: Snapshot, state: str | None = None) -> str:
-    """The panel in one line of text (its ``text/plain``): the run's name, its `line` and each
-    axis; *state* in place of the run's own (how an INCOMPLETE cell left it: ``running in the
-    background as job 1a2b-3``)."""
+    """The panel in text (its ``text/plain``): a line with the run's name, its `line` and each
+    axis, then its details, a line per model it called (`_model_lines`); *state* in place of
+    the run's own (how an INCOMPLETE cell left it: ``running in the background as job
+    1a2b-3``)."""
     text = f"nbbudget {snap.name}: {line(snap, state)}"
-    if not snap.axes:  # a run with no limits (what the magic prints after such a cell)
-        return text
-    return text + "; " + ", ".join(
-        f"{_axis(a.kind)} {_amount(a.kind, a.consumed)}/{_amount(a.kind, a.limit)}"
-        for a in snap.axes)
+    if snap.axes:  # none: a run with no limits (what the magic prints after such a cell)
+        text += "; " + ", ".join(
+            f"{_axis(a.kind)} {_amount(a.kind, a.consumed)}/{_amount(a.kind, a.limit)}"
+            for a in snap.axes)
+    return "\n".join([text, *_model_lines(snap.models)])
+
+
+def _model_lines(models: tuple[ModelUsage, ...]) -> list[str]:
+    """A run's models as the panel's text says them, the first `MODELS_SHOWN`, a line each
+    (``  openai gpt-4o: 2 calls, 1,240 tokens in, 310 out, $0.0062``), then how many more;
+    ``%budget status`` shows the whole table."""
+    lines = [f"  {m.provider} {m.model}: {m.calls:,} call{'s' if m.calls != 1 else ''}, "
+             f"{m.input_tokens:,} tokens in, {m.output_tokens:,} out, {_cost(m.cost_usd)}"
+             for m in models[:MODELS_SHOWN]]
+    more = len(models) - MODELS_SHOWN
+    if more > 0:
+        lines.append(f"  and {more} more model{'s' if more != 1 else ''}: "
+                     f"run.usage(by='model') has them all")
+    return lines
+
+
+def _cost(cost: float | None) -> str:
+    """Dollars as the panel's details say them: ``$0.0062``; ``no price`` when none is known."""
+    return "no price" if cost is None else f"${cost:.4g}"
 
 
 def run_summary(run: Budget) -> str:
@@ -306,7 +332,11 @@ class _View:
             self.pause.on_click(lambda _: panel.pause_requested.set())
             self.buttons.append(self.pause)
         self.row = w.HBox([self.status, *self.buttons])
-        self.box = w.VBox([*rows, self.row])
+        # the details: the models the run called (`_models_html`), hidden until it calls one
+        # (an empty HTML widget still takes a line)
+        self.models = w.HTML(value="", layout=w.Layout(display="none"))
+        self.shown_models: tuple[ModelUsage, ...] = ()
+        self.box = w.VBox([*rows, self.models, self.row])
 
     def update(self, snap: Snapshot | None, text: str, *, cell_over: bool) -> None:
         """Show *snap* (none: nothing ran) under the text *text*; an ended run has nothing left
@@ -319,6 +349,10 @@ class _View:
                 self.stop.disabled = False
             if snap is not None:
                 self._bars(snap)
+                if snap.models != self.shown_models:
+                    self.shown_models = snap.models
+                    self.models.value = _models_html(snap.models)
+                    self.models.layout.display = None  # shown
             first, *rest = text.splitlines()
             self.status.value = "<br>".join([f"<b>{html.escape(first)}</b>",
                                              *map(html.escape, rest)])
@@ -342,6 +376,24 @@ class _View:
         bundle = self.box._repr_mimebundle_()
         bundle.pop("text/plain", None)
         return dict(bundle)
+
+
+def _models_html(models: tuple[ModelUsage, ...]) -> str:
+    """The panel's details: a small table of the first `MODELS_SHOWN` *models*, then how many
+    more (empty: no model was called)."""
+    if not models:
+        return ""
+    cell = "<td style='padding: 0 0.6em; text-align: {}'>{}</td>".format
+    head = "".join(f"<th style='padding: 0 0.6em'>{h}</th>" for h in _MODEL_HEADS)
+    rows = "".join(
+        "<tr>" + cell("left", html.escape(m.provider)) + cell("left", html.escape(m.model))
+        + "".join(cell("right", f"{n:,}") for n in (m.calls, m.input_tokens, m.output_tokens))
+        + cell("right", _cost(m.cost_usd)) + "</tr>"
+        for m in models[:MODELS_SHOWN])
+    more = len(models) - MODELS_SHOWN
+    tail = (f"<div>and {more} more: run.usage(by='model') has them all</div>"
+            if more > 0 else "")
+    return f"<table><tr>{head}</tr>{rows}</table>{tail}"
 
 
 def _waiting(run: Budget) -> str:

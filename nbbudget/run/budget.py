@@ -452,7 +452,8 @@ class _Built:
             "stopping" if scope.stop is not None else
             "running" if scope.started_ms is not None else "ready")
         return Snapshot(run.name, status, scope.elapsed_ms(), remaining_ms, axes,
-                        self.core.consumed(), self.ledger.notice_level, outcome)
+                        self.core.consumed(), self.ledger.notice_level, outcome,
+                        self.core.models())
 
 
 #: what a run is now: its parts not built yet, or built
@@ -884,19 +885,42 @@ class Budget:
         """A frozen view of this run now."""
         return self._state.snapshot(self)
 
-    def usage(self) -> pd.DataFrame:
+    def usage(self, by: str | None = None) -> pd.DataFrame:
         """A pandas DataFrame, one row per armed axis: ``limit``, ``consumed``, ``remaining``,
-        ``fraction``."""
-        from ..core.frames import usage_frame
+        ``fraction``.
 
-        return usage_frame(self.snapshot())
+        ``by="model"``: one row per provider and model this run (every grant's calls included)
+        or grant called, in the order first called, indexed by ``provider`` and ``model``:
+        ``calls``, every attempt (retries included) counted as it takes its ``provider_calls``
+        permit before it is sent, so that they add up to ``provider_calls`` where every
+        provider call is a model call (S4-6; an attempt that then fails counts too, as its
+        permit is not refunded, S4-3); ``input_tokens`` (cached ones included) and
+        ``output_tokens`` as the replies reported them; ``cost_usd`` as charged (NaN for a
+        model no price was known for). No rows when no model was called. The calls counted
+        are those of the model clients (``nb.instrument``), ``run.provider`` (provider
+        ``unknown``, model its name, or the cheaper function's once degraded) and the
+        LangChain, Agents SDK and pydantic-ai adapters. A run on a cluster (``cluster=``)
+        counts the model calls made in this process, not those of its branches on workers.
+        Anything else for *by* is a `ConfigError`."""
+        from ..core.frames import models_frame, usage_frame
+
+        if by is None:
+            return usage_frame(self.snapshot())
+        if by == "model":
+            return models_frame(self.snapshot().models)
+        raise ConfigError(f"usage(by={by!r}): give by='model' for one row per provider and "
+                          f"model, or nothing for one row per armed axis")
 
     # -- checkpoints (S3-1, S4-4) -------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """The ledger state a checkpoint must hold: counters, active time, effective limits,
         totals and notices. JSON-serialisable; `Budget.resume` takes it back."""
         parts = self._parts()
-        return parts.ledger.state(parts.scope.elapsed_ms())
+        state = parts.ledger.state(parts.scope.elapsed_ms())
+        models = parts.core.models_state()
+        if models:  # what it spent on each model (`usage(by="model")`), taken back too
+            state["models"] = models
+        return state
 
     @classmethod
     def resume(cls, state: Mapping[str, Any], limits: Limits | None = None, *,

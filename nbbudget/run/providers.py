@@ -11,6 +11,13 @@ fails ``budget-cut`` by that limit (tokens > cost > ...), never with a made-up r
 per-request ``max_output_tokens`` is clamped to what remains of the output-token grant. A
 guardrail (one hour by default, 0 to turn it off) stops waiting for a call that never returns,
 whether or not the call cooperates.
+
+What each model was called and used is tallied beside (``run.usage(by="model")``): every
+reservation and charge here takes the model it is for (a `nbbudget.core.lowlevel.Model`, the
+provider and the model's name), which the model clients and the adapters give. A call counts
+as it reserves its ``provider_calls`` permit, once per attempt, so that where every provider
+call is a model call the tally's calls add up to ``provider_calls``; its tokens and cost count
+as they are charged.
 """
 
 from __future__ import annotations
@@ -30,16 +37,20 @@ from ..core.scope import Unwind
 from .prices import Given, PriceFn, given_price, worst_case
 
 if TYPE_CHECKING:
-    from ..core.lowlevel import Core, Run
+    from ..core.lowlevel import Core, Model, Run
 
-__all__ = ["GUARDRAIL_MS", "Reservation", "Usage", "clamp", "degrade_past", "make_provider",
-           "require_request", "reserve_priced", "reserve_request", "spend_reply", "spend_usage",
-           "unbilled", "usage_of"]
+__all__ = ["GUARDRAIL_MS", "UNKNOWN_PROVIDER", "Reservation", "Usage", "clamp", "degrade_past",
+           "make_provider", "require_request", "reserve_call", "reserve_priced",
+           "reserve_request", "spend_reply", "spend_usage", "unbilled", "usage_of"]
 
 #: a call that does not answer is cut after 1 h (S3-8): the default of a provider's guardrail,
 #: and the guardrail of each request of an instrumented model client
 #: (``nbbudget.integrations.models``)
 GUARDRAIL_MS = 3_600_000
+#: the provider of a model call that names none, in the run's tally (``run.usage(by="model")``):
+#: a provider's calls (`make_provider`: its function's provider is not known), and those of the
+#: LangChain and pydantic-ai adapters to a model that does not say its provider
+UNKNOWN_PROVIDER = "unknown"
 
 
 _USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
@@ -90,6 +101,11 @@ def make_provider(run: Run, fn: Callable[..., Any], name: str | None,
     label = name or getattr(fn, "__name__", None) or "provider"
     takes_cap = "max_output_tokens" in inspect.signature(fn).parameters
     target = f"provider:{label}"
+    # its rows in the run's tally, named as its trace names them: the provider the function
+    # talks to is not known; the model is the provider's name, the cheaper function's once
+    # degraded (S3-7)
+    models = {False: (UNKNOWN_PROVIDER, label),
+              True: (UNKNOWN_PROVIDER, _name_of(degrade[0]) if degrade is not None else label)}
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -100,17 +116,19 @@ def make_provider(run: Run, fn: Callable[..., Any], name: str | None,
         if takes_cap and worst is None:
             kwargs["max_output_tokens"] = clamp(run, kwargs.get("max_output_tokens"), target)
         asked = kwargs.get("max_output_tokens")
-        model = degrade[0] if degrade is not None and core.degraded else fn
+        degraded = degrade is not None and bool(core.degraded)
+        model = degrade[0] if degrade is not None and degraded else fn
+        called = models[degraded]
         for attempt in range(retries + 1):
             reservation = None
             if worst is None:
-                run.charge("provider_calls", target=target)  # S4-6: every attempt
+                reserve_call(core, target, called)  # S4-6: every attempt
             else:  # its permit, and its worst case with the cap clamped to fit
                 cap, dollars = reserve_priced(core, asked, target, *worst, retry=True,
-                                              clamp=takes_cap)
+                                              clamp=takes_cap, model=called)
                 if takes_cap:
                     kwargs["max_output_tokens"] = cap
-                reservation = Reservation(core, dollars, label, target)
+                reservation = Reservation(core, dollars, label, target, called)
             try:
                 reply = _guarded(run, label, limit_ms, model, args, kwargs)
             except (BudgetCut, BudgetExceeded):
@@ -122,8 +140,8 @@ def make_provider(run: Run, fn: Callable[..., Any], name: str | None,
                     raise
                 continue
             if isinstance(reply, Iterator):  # a streamed reply
-                return _stream(run, reply, priced, label, degrade, reservation)
-            spend_usage(run, usage_of(reply), priced, label, reservation)
+                return _stream(run, reply, priced, label, degrade, reservation, called)
+            spend_usage(run, usage_of(reply), priced, label, reservation, model=called)
             _maybe_degrade(run, degrade, label)
             return reply
         raise AssertionError("unreachable")
@@ -153,7 +171,7 @@ def _check_options(run: Run, fn: Callable[..., Any], prices: Given | None,
 
 def _stream(run: Run, chunks: Iterator[Any], price: PriceFn | None, label: str,
             degrade: tuple[Callable[..., Any], float] | None,
-            reservation: Reservation | None) -> Iterator[Any]:
+            reservation: Reservation | None, model: Model) -> Iterator[Any]:
     """A streamed reply: each chunk's usage is charged as it arrives (drawn from the dollars
     *reservation* holds, S3-10), and the stream is closed the moment a limit is passed (S3-9);
     a stream that fails after content is a cut by ``stream-error`` (S2-4). What it reserved
@@ -175,7 +193,7 @@ def _stream(run: Run, chunks: Iterator[Any], price: PriceFn | None, label: str,
             started = True
             used = usage_of(chunk)
             if used:  # raises once a limit is passed
-                spend_usage(run, used, price, label, reservation, final=False)
+                spend_usage(run, used, price, label, reservation, final=False, model=model)
             try:
                 yield chunk
             except GeneratorExit:  # its caller closed it: what it reported is all it used
@@ -193,7 +211,13 @@ def _maybe_degrade(run: Run, degrade: tuple[Callable[..., Any], float] | None,
                    label: str) -> None:
     """S3-7: past a fraction of the cost limit, later calls use the cheaper model (once)."""
     if degrade is not None:
-        degrade_past(run, degrade[1], label, getattr(degrade[0], "__name__", repr(degrade[0])))
+        degrade_past(run, degrade[1], label, _name_of(degrade[0]))
+
+
+def _name_of(cheaper: Callable[..., Any]) -> str:
+    """The name of the cheaper function a provider degrades to (S3-7), as its trace and its
+    row in the run's tally name it."""
+    return str(getattr(cheaper, "__name__", None) or repr(cheaper))
 
 
 def degrade_past(run: Run, fraction: float, source: str, to: str) -> None:
@@ -235,22 +259,25 @@ _FIRST_ATTEMPT = tuple(sorted(((KIND_INDEX["turns"], 1), (KIND_INDEX["provider_c
 _RETRY = ((KIND_INDEX["provider_calls"], 1),)
 
 
-def reserve_request(core: Core, asked: Any, target: str, *, retry: bool = False) -> int | None:
+def reserve_request(core: Core, asked: Any, target: str, *, retry: bool = False,
+                    model: Model | None = None) -> int | None:
     """What a model request takes before it is sent, under one lock: refused when no output
     token is left (S2-9, nothing reserved), else its ``turns`` and ``provider_calls`` permits,
     both or neither (a retry: one more ``provider_calls`` permit, S4-6); the output cap to send,
     *asked* clamped to what ``output_tokens`` has left (None: no cap asked and none needed).
-    *core* is the run's (``run.lowlevel``). An instrumented model client
-    (``nbbudget.integrations.models``) calls it before each attempt; the LangChain and the
-    Agents SDK adapters before each model call."""
-    left = core.reserve_within(_RETRY if retry else _FIRST_ATTEMPT, _OUTPUT_TOKENS, target)
+    *core* is the run's (``run.lowlevel``); *model*, the model called, whose calls it counts.
+    An instrumented model client (``nbbudget.integrations.models``) calls it before each
+    attempt; the LangChain and the Agents SDK adapters before each model call."""
+    left = core.reserve_within(_RETRY if retry else _FIRST_ATTEMPT, _OUTPUT_TOKENS, target,
+                               model)
     if left == float("inf"):
         return asked if asked is None else int(asked)
     return int(left) if asked is None else int(min(asked, left))
 
 
 def reserve_priced(core: Core, asked: Any, target: str, fixed: float, rate: float, *,
-                   retry: bool = False, clamp: bool = True) -> tuple[int | None, float]:
+                   retry: bool = False, clamp: bool = True,
+                   model: Model | None = None) -> tuple[int | None, float]:
     """`reserve_request` for a request whose cost is reserved too, with ``cost_usd`` limited
     (S3-10): its worst case, *fixed* dollars for its input (bounded from above,
     `nbbudget.run.prices.worst_case`) and *rate* dollars per output token of its cap, the cap
@@ -260,27 +287,41 @@ def reserve_priced(core: Core, asked: Any, target: str, fixed: float, rate: floa
     *retry*: one ``provider_calls`` permit only (a retry; or an attempt whose turn was counted
     apart, as pydantic-ai's). Not *clamp*: the caller cannot change the cap it sends, so a worst
     case that does not fit is refused whole, and no cap (None) is no bound on the output, even
-    under an ``output_tokens`` limit. An instrumented model client
-    (``nbbudget.integrations.models``) calls it before each attempt; the LangChain, Agents SDK
-    and pydantic-ai adapters before each model call they can see before it is sent."""
+    under an ``output_tokens`` limit. *model*: the model called, whose calls it counts. An
+    instrumented model client (``nbbudget.integrations.models``) calls it before each attempt;
+    the LangChain, Agents SDK and pydantic-ai adapters before each model call they can see
+    before it is sent."""
     cap, reserved = core.reserve_costed(_RETRY if retry else _FIRST_ATTEMPT, _OUTPUT_TOKENS, _COST,
                                         fixed, rate, _INF if asked is None else asked, target,
-                                        clamp)
+                                        clamp, model)
     if not clamp:
         return (None if asked is None else int(asked)), reserved
     return (None if cap == _INF else int(cap)), reserved
 
 
+#: a call that reserved nothing, for `reserve_call`
+_CALL = ((KIND_INDEX["provider_calls"], 1),)
+
+
+def reserve_call(core: Core, target: str, model: Model) -> None:
+    """One ``provider_calls`` permit for an attempt at a call of *model*, counted as its call
+    (S4-6; refused as any charge is). A provider calls it before each attempt whose cost it does
+    not reserve; so does the pydantic-ai adapter."""
+    core.reserve(_CALL, target, model)
+
+
 class Reservation:
     """The dollars one model request reserved before it was sent (`reserve_priced`, S3-10) and
-    has not drawn yet, and the charges that settle them: the model clients
-    (``nbbudget.integrations.models``) keep one for each attempt, the LangChain, Agents SDK and
-    pydantic-ai adapters for each model call under way."""
+    has not drawn yet, and the charges that settle them, for *model* (its row of the tally):
+    the model clients (``nbbudget.integrations.models``) keep one for each attempt, the
+    LangChain, Agents SDK and pydantic-ai adapters for each model call under way."""
 
-    __slots__ = ("core", "dollars", "label", "target")
+    __slots__ = ("core", "dollars", "label", "model", "target")
 
-    def __init__(self, core: Core, dollars: float, label: str, target: str) -> None:
+    def __init__(self, core: Core, dollars: float, label: str, target: str,
+                 model: Model | None = None) -> None:
         self.core, self.dollars, self.label, self.target = core, dollars, label, target
+        self.model = model
 
     def spend(self, inp: float, out: float, cost: float | None, *, final: bool) -> None:
         """Charge what the reply used (`spend_reply`: recorded even past a limit, S3-3). A
@@ -292,7 +333,7 @@ class Reservation:
             self.dollars -= reserved
         else:
             self.dollars = 0.0
-        spend_reply(self.core, inp, out, cost, self.label, self.target, reserved)
+        spend_reply(self.core, inp, out, cost, self.label, self.target, reserved, self.model)
 
     def release(self, keep: float = 0.0) -> None:
         """Give back the dollars not drawn but *keep* of them: the call used nothing more
@@ -370,12 +411,14 @@ def _guarded(run: Run, label: str, limit_ms: int, fn: Callable[..., Any],
 
 
 def spend_usage(run: Run, usage: Usage, price: PriceFn | None, label: str,
-                reservation: Reservation | None = None, *, final: bool = True) -> None:
+                reservation: Reservation | None = None, *, final: bool = True,
+                model: Model | None = None) -> None:
     """Charge what a reply used: it was spent, so it is recorded even past a limit, and then
     the run fails by the first limit it passed (S3-3). Its cost is *price* (``prices=``) of
     the usage when given, else the ``cost_usd`` it reports. A provider charges each reply with
-    it, settling what its attempt reserved (*reservation*, S3-10; a stream's chunk draws on
-    it, not *final*); so do the adapters, with the cost they worked out in ``cost_usd``."""
+    it, settling what its attempt reserved (*reservation*, S3-10, whose model it counts for;
+    a stream's chunk draws on it, not *final*); so do the adapters, with the cost they worked
+    out in ``cost_usd``. *model*: the model that answered, without a reservation."""
     inp = _amount("input_tokens", usage.get("input_tokens", 0), label)
     out = _amount("output_tokens", usage.get("output_tokens", 0), label)
     if price is not None:
@@ -388,7 +431,7 @@ def spend_usage(run: Run, usage: Usage, price: PriceFn | None, label: str,
     if reservation is not None:
         reservation.spend(inp, out, cost, final=final)
     else:
-        spend_reply(run.lowlevel, inp, out, cost, label, f"provider:{label}")
+        spend_reply(run.lowlevel, inp, out, cost, label, f"provider:{label}", model=model)
 
 
 def _size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
@@ -404,15 +447,16 @@ def _size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
 
 
 def spend_reply(core: Core, inp: float, out: float, cost: float | None, label: str,
-                target: str, reserved: float = 0.0) -> None:
+                target: str, reserved: float = 0.0, model: Model | None = None) -> None:
     """Charge what a model reply used, *inp* input and *out* output tokens and *cost* dollars
     (None or 0: no cost), to *target* on the run whose *core* it is (``run.lowlevel``), each
     figure checked as `spend_usage` checks it (whole numbers of tokens pass at once). *reserved*:
     dollars reserved for the reply before it was sent (`reserve_priced`), settled here in the
     same charge: what the reply did not use of them is given back, what it used beyond them is
-    spent (S3-10). The model clients (``nbbudget.integrations.models``) call it with what they
-    read from each reply and its price; `spend_usage` once it has worked out the cost of a usage
-    mapping."""
+    spent (S3-10). *model*: the model that answered, whose row of the tally the tokens and the
+    cost (not the reservation) are added to. The model clients (``nbbudget.integrations.models``)
+    call it with what they read from each reply and its price; `spend_usage` once it has worked
+    out the cost of a usage mapping."""
     if not (type(inp) is int and type(out) is int and inp >= 0 and out >= 0):
         inp = _amount("input_tokens", inp, label)
         out = _amount("output_tokens", out, label)
@@ -428,7 +472,7 @@ def spend_reply(core: Core, inp: float, out: float, cost: float | None, label: s
         if settled:
             items.append((_COST, settled))
     if items:
-        core.spend(items, target)
+        core.spend(items, target, model, (0, inp, out, cost))
 
 
 def _amount(key: str, value: Any, label: str) -> float:

@@ -32,10 +32,11 @@ cached included, plus output), ``output_tokens`` (reasoning included) and ``cost
 ``"free"``), else the cost the reply reports (OpenRouter's ``usage.cost``), else genai-prices'
 price of the model at the client's provider: ``provider=``, or the one whose API the client's
 base URL matches (``https://openrouter.ai/api/v1``: ``openrouter``), or, when none matches, the
-SDK's own (``openai``, ``anthropic``); read once per model. Spending that
-happened is recorded even past a limit; the run is then cut by the first limit passed (S3-3) and
-the call raises ``Cut`` with ``salvage``, the reply's text. A stop of the run itself (a cancel,
-the panel's Stop button) unwinds through the SDK as any nbbudget stop does.
+SDK's own (``openai``, ``anthropic``); read once per model. The run counts it for that provider
+and the model the request named, beside the attempts it reserved (``run.usage(by="model")``).
+Spending that happened is recorded even past a limit; the run is then cut by the first limit
+passed (S3-3) and the call raises ``Cut`` with ``salvage``, the reply's text. A stop of the run
+itself (a cancel, the panel's Stop button) unwinds through the SDK as any nbbudget stop does.
 
 **Streams.** A stream's bytes pass through a meter that hands the SDK whole events only. Each text
 delta is counted as one output token, provisionally, against what remains of ``output_tokens``,
@@ -77,7 +78,7 @@ from typing import Any, TypeVar
 from ...core import preempt
 from ...core.errors import BudgetCut, BudgetExceeded, ConfigError
 from ...core.kinds import KIND_INDEX, KINDS, RUN_MS
-from ...core.lowlevel import Core, Stop, Unwind
+from ...core.lowlevel import Core, Model, Stop, Unwind
 from ...core.outcome import Status
 from ...run.budget import Budget, current
 from ...run.prices import (
@@ -239,8 +240,9 @@ def _check(degrade: tuple[str, float] | None, name: str | None) -> None:
         raise ConfigError(f"name={name!r}: give the calls' name in the trace, a non-empty str")
 
 
-#: what a gate keeps of each model: the calls' name and target, the price, the worst case's rates
-_Model = tuple[str, str, PriceFn | None, tuple[float, float] | None]
+#: what a gate keeps of each model: the calls' name and target, the price, the worst case's
+#: rates, and the model as the run's tally names it
+_Model = tuple[str, str, PriceFn | None, tuple[float, float] | None, Model]
 
 
 class Gate:
@@ -262,8 +264,8 @@ class Gate:
         self.max_retries = max_retries  # the instrumented client's, for `_Attempt.waits`
         self.given = given  # prices=, which wins over a reported cost; else genai-prices'
         self.linear = linear  # prices= is a mapping or "free", not a function of the user's
-        # by model: (label, target, price or None, the worst case's rates or None); filled as
-        # models are met
+        # by model: (label, target, price or None, the worst case's rates or None, the tally's
+        # (provider, model)); filled as models are met
         self.models: dict[str, _Model] = {}
 
     def open(self, request: Any) -> tuple[Any, _Attempt] | None:
@@ -300,7 +302,7 @@ class Gate:
         known = self.models.get(model)
         if known is None:
             known = self._model(model)
-        label, target, price, rates = known
+        label, target, price, rates, tallied = known
         if price is None:
             self._priceless(run, model)
         holder = body if not shape.cap_in else body.get(shape.cap_in)
@@ -327,10 +329,11 @@ class Gate:
                 choices = holder.get(shape.choices)  # Chat's n: each writes up to the cap
                 if type(choices) is int and choices > 1:
                     rate *= choices
-                capped, reserved = reserve_priced(core, asked, target, fixed, rate, retry=retry)
-                reservation = Reservation(core, reserved, label, target)
+                capped, reserved = reserve_priced(core, asked, target, fixed, rate, retry=retry,
+                                                  model=tallied)
+                reservation = Reservation(core, reserved, label, target, tallied)
             else:
-                capped = reserve_request(core, asked, target, retry=retry)
+                capped = reserve_request(core, asked, target, retry=retry, model=tallied)
         except BudgetExceeded as err:
             raise self.api.refused(*err.args) from None
         except Unwind as signal:  # the run was cut meanwhile, by another thread's reply
@@ -355,13 +358,13 @@ class Gate:
         if not timeout or None in (values := timeout.values()) or max(values) > bound:
             _lower(request, timeout, bound)
         return request, _Attempt(self, run, core, shape, model, label, target, price, stream,
-                                 hide, bound, reservation, fixed)
+                                 hide, bound, reservation, fixed, tallied)
 
     def _model(self, model: str) -> _Model:
         """The calls' name, target, price for *model* and, where the price is linear in the
         usage (``prices=`` as a mapping, genai-prices' price of a model not priced in tiers),
-        the rates of a request's worst case (S3-10), kept for its next calls: 4 calls of the
-        price a request cost 5 us."""
+        the rates of a request's worst case (S3-10), and its row in the run's tally, kept for
+        its next calls: 4 calls of the price a request cost 5 us."""
         label = self.name or model
         price, linear = self.given, self.linear
         if price is None:
@@ -369,7 +372,8 @@ class Gate:
             price = None if found is None else found.cost
             linear = found is not None and found.per_token is not None
         rates = worst_rates(price) if price is not None and linear else None
-        known = self.models[model] = (label, "provider:" + label, price, rates)
+        known = self.models[model] = (label, "provider:" + label, price, rates,
+                                      (self.provider, model))
         return known
 
     def _priceless(self, run: Budget, model: str) -> None:
@@ -520,13 +524,13 @@ def _public(api: _Api, signal: Unwind, salvage: str) -> BaseException:
 class _Attempt:
     """One attempt of a model request in a run: what it charges and how it is cut."""
 
-    __slots__ = ("core", "deadline", "gate", "hide", "input_bound", "label", "model", "price",
-                 "reservation", "run", "shape", "started", "stream", "target")
+    __slots__ = ("core", "deadline", "gate", "hide", "input_bound", "key", "label", "model",
+                 "price", "reservation", "run", "shape", "started", "stream", "target")
 
     def __init__(self, gate: Gate, run: Budget, core: Core, shape: Shape, model: str,
                  label: str, target: str, price: PriceFn | None,
                  stream: bool, hide: bool, bound: float, reservation: Reservation | None,
-                 input_bound: float) -> None:
+                 input_bound: float, key: Model) -> None:
         self.gate, self.run, self.core, self.shape = gate, run, core, shape
         self.model, self.label = model, label
         self.target, self.price, self.stream, self.hide = target, price, stream, hide
@@ -534,6 +538,7 @@ class _Attempt:
         self.deadline = self.started + bound
         self.reservation = reservation  # the dollars reserved before sending (S3-10), if any
         self.input_bound = input_bound  # the dollars of its input's bound, in the reservation
+        self.key = key  # its row in the run's tally: the gate's provider and the model
 
     def charge(self, figures: Mapping[str, float], cost: float | None,
                final: bool = False) -> None:
@@ -546,7 +551,7 @@ class _Attempt:
         if reservation is not None:
             reservation.spend(inp, out, cost, final=final)
         else:
-            spend_reply(self.core, inp, out, cost, self.label, self.target)
+            spend_reply(self.core, inp, out, cost, self.label, self.target, model=self.key)
         degrade = self.gate.degrade
         if degrade is not None:
             degrade_past(self.run, degrade[1], self.model, degrade[0])
