@@ -11,6 +11,7 @@ import socket
 import sys
 import threading
 import time
+from typing import ClassVar
 
 import pytest
 
@@ -526,7 +527,7 @@ class _SlowToCollect:
     """An object whose ``__del__`` runs pure Python for 9 ms: a stop that lands there is dropped
     by Python (``Exception ignored in ...``), and recorded in *dropped*."""
 
-    dropped: list[str] = []
+    dropped: ClassVar[list[str]] = []
 
     def __del__(self) -> None:
         try:
