@@ -86,6 +86,10 @@ def instrument(client: None = None) -> Switch: ...
 
 
 @overload
+def instrument(client: str, *, prices: Any = None, provider: str | None = None) -> Switch: ...
+
+
+@overload
 def instrument(client: _Client, *, prices: Any = None,
                degrade: tuple[str, float] | None = None, name: str | None = None,
                provider: str | None = None) -> _Client: ...
@@ -102,6 +106,10 @@ def instrument(client: Any = None, *, prices: Any = None,
     ``.undo()`` (or the end of its ``with`` block) turns it off. Calling it again changes
     nothing. Calls outside every run pass untouched.
 
+    ``nb.instrument("http://localhost:11434", prices="free")``: the same, and the model calls
+    made to that base URL are priced so (``prices``) or at ``provider``'s prices in
+    genai-prices: a local server, a gateway genai-prices knows under another name.
+
     ``nb.instrument(client)``: a copy of an OpenAI or Anthropic client whose model calls are
     provider calls (`nbbudget.integrations.models`; the ``openai`` and ``anthropic`` extras).
     ``prices``: USD per million tokens, a function of the usage, or ``"free"``; ``provider``:
@@ -117,6 +125,16 @@ def instrument(client: Any = None, *, prices: Any = None,
         from .integrations.models.everywhere import install
 
         return install()
+    if isinstance(client, str):
+        if degrade is not None or name is not None:
+            raise ConfigError(f"nb.instrument({client!r}) takes prices= and provider= only: "
+                              f"give {'degrade' if degrade is not None else 'name'}= with a "
+                              f"client, nb.instrument(client, ...)")
+        from .integrations.models.everywhere import install
+
+        switch = install()
+        switch.price(client, prices, provider)
+        return switch
     from .integrations.models import instrument as _instrument
 
     return _instrument(client, prices=prices, degrade=degrade, name=name, provider=provider)

@@ -286,13 +286,53 @@ def test_without_a_token_or_cost_limit_unreadable_usage_reaches_the_caller_N_7(
 # -- prices, time, errors --------------------------------------------------------------------------
 def test_under_cost_usd_an_ollama_model_is_refused_before_it_is_sent_N_7(
         server: Server, switch: Any, client: Any) -> None:
-    """A local model has no price in genai-prices, and the switch takes no prices=: with
-    cost_usd armed the call is refused, nothing sent, naming the model and prices=."""
-    with pytest.raises(nb.ConfigError, match=r"model 'llama3\.2' at provider 'ollama'.*prices="
-                       ) as refused, nb.budget(cost_usd=1):
+    """A local model has no price in genai-prices: with cost_usd armed the call is refused,
+    nothing sent, naming the model and how to price the calls to its server."""
+    with pytest.raises(nb.ConfigError, match=r"model 'llama3\.2' at provider 'ollama'.*"
+                       r"nb\.instrument\('<base URL>', prices=") as refused, nb.budget(cost_usd=1):
         chat(client)
     assert isinstance(refused.value, ollama_api.Unpriced)
     assert server.received == []
+
+
+def test_the_calls_to_a_server_priced_free_go_through_under_cost_usd(
+        server: Server, switch: Any, client: Any) -> None:
+    """``nb.instrument(url, prices="free")``: the calls to that server cost nothing; a call to
+    another server stays unpriced; undo forgets the price."""
+    assert nb.instrument(server.url, prices="free") is switch
+    with nb.budget(cost_usd=1, provider_calls=5) as run:
+        assert chat(client).message.content == "Paris."
+    assert (run.consumed["provider_calls"], run.consumed.get("cost_usd", 0)) == (1, 0)
+    with Server(default=ol.chat("Lyon.", ol.usage(12, 3))) as other, \
+            ollama.Client(host=other.url) as elsewhere, pytest.raises(nb.ConfigError), \
+            nb.budget(cost_usd=1):
+        chat(elsewhere)
+    assert other.received == []
+
+
+def test_the_calls_to_a_server_are_charged_at_the_prices_given(server: Server,
+                                                                client: Any) -> None:
+    with nb.instrument(f"{server.url}/", prices={"input": 2.0, "output": 10.0}) as on:
+        with nb.budget(cost_usd=1) as run:
+            chat(client)  # 12 input and 3 output tokens
+        assert run.consumed["cost_usd"] == pytest.approx((12 * 2.0 + 3 * 10.0) / 1e6)
+        on.undo()
+        with pytest.raises(nb.ConfigError), nb.budget(cost_usd=1):  # off: the price is gone,
+            nb.instrument()  # and on again the call is unpriced
+            chat(client)
+        nb.instrument().undo()
+
+
+@pytest.mark.parametrize("options, named", [({}, "give prices= .* or provider="),
+                                            ({"prices": "gratis"}, "gratis"),
+                                            ({"prices": "free", "degrade": ("m", 0.5)},
+                                             "takes prices= and provider= only")])
+def test_pricing_a_server_names_what_is_wrong(options: dict[str, Any], named: str) -> None:
+    with pytest.raises(nb.ConfigError, match=named):
+        nb.instrument("http://localhost:11434", **options)
+    switch = nb.instrument()
+    assert switch.endpoints == {}
+    switch.undo()
 
 
 def test_a_request_is_bounded_by_the_runs_remaining_time_S3_8(server: Server, switch: Any,

@@ -378,6 +378,15 @@ class Gate:
 
     def _priceless(self, run: Budget, model: str) -> None:
         """A model with no price: refused while ``cost_usd`` is limited."""
+        if run.remaining("cost_usd") != _INF and self.strict:  # a gate of the switch
+            raise self.api.unpriced(
+                f"cost_usd is limited and there is no price for model {model!r} at provider "
+                f"{self.provider!r} (genai-prices does not know it, or is not installed: it "
+                f"comes with nbbudget[{self.api.extra or self.api.provider}] on Python 3.11 or "
+                f"newer): price the calls to its server, nb.instrument('<base URL>', "
+                f"prices={{'input': usd, 'output': usd}}) per million tokens (or \"free\" for "
+                f"a local model), or name the provider genai-prices knows it at, "
+                f"nb.instrument('<base URL>', provider='openrouter')")
         if run.remaining("cost_usd") != _INF:
             raise self.api.unpriced(
                 f"cost_usd is limited and there is no price for model {model!r} at provider "

@@ -50,8 +50,9 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+from ...core.errors import ConfigError
 from ...run.budget import current
-from ...run.prices import provider_of
+from ...run.prices import Given, PriceFn, given_price, given_provider, provider_of
 from .clients import Gate, Http, api_of, library, send, send_async
 
 __all__ = ["LIBRARIES", "ROUTES", "Switch", "install", "installed"]
@@ -77,6 +78,9 @@ class Switch:
         self.patched: list[tuple[type, Callable[..., Any], Callable[..., Any]]] = []
         self.gates: dict[tuple[str, str, str], Gate] = {}
         self.finder: _Finder | None = None
+        # what `price` set for the calls to a base URL: its price (and whether linear in the
+        # usage) and its provider, by base URL
+        self.endpoints: dict[str, tuple[PriceFn | None, bool, str | None]] = {}
 
     def undo(self) -> None:
         """Turn it off: each class's own ``send`` is put back (where another wrapper was put
@@ -94,6 +98,24 @@ class Switch:
                     cls.send = original  # type: ignore[attr-defined]
             self.patched.clear()
             self.gates.clear()
+            self.endpoints.clear()
+
+    def price(self, base_url: str, prices: Given | None, provider: str | None) -> None:
+        """Price the model calls made to *base_url* (and below it) at *prices* (as
+        ``nb.instrument(client, prices=...)`` takes it: ``"free"`` for a local server), or at
+        *provider*'s prices in genai-prices: ``nb.instrument("http://localhost:11434",
+        prices="free")``. Kept until `undo`."""
+        where = f"nb.instrument({base_url!r})"
+        if prices is None and provider is None:
+            raise ConfigError(f"{where}: give prices= (USD per million tokens, a function of "
+                              f"the usage, or \"free\") or provider= for the model calls made "
+                              f"to that URL")
+        given = given_price(prices, where)
+        given_provider(provider, where)
+        with _lock:
+            self.endpoints[base_url.rstrip("/")] = (given, given is not None and not callable(
+                prices), provider)
+            self.gates.clear()  # made again with it
 
     def __enter__(self) -> Switch:
         return self
@@ -121,8 +143,12 @@ class Switch:
         gate = self.gates.get(key)
         if gate is None:
             api = api_of(family)
-            gate = Gate(api, http, None, None, None, provider_of(base) or api.provider,
-                         linear=False, max_retries=api.retries, strict=True)
+            given, linear, provider = next(
+                (priced for url, priced in self.endpoints.items()
+                 if base == url or base.startswith(url + "/")), (None, False, None))
+            gate = Gate(api, http, given, None, None,
+                        provider or provider_of(base) or api.provider, linear=linear,
+                        max_retries=api.retries, strict=True)
             with _lock:
                 if len(self.gates) >= _GATES_KEPT:
                     self.gates.clear()
