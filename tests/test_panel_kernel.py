@@ -129,7 +129,8 @@ def _widgets(models: dict[str, Any], model_id: str) -> list[dict[str, Any]]:
 
 
 def _status_text(widgets: list[dict[str, Any]]) -> str:
-    [status] = [w["state"]["value"] for w in widgets if w["model_name"] == "HTMLModel"]
+    """The panel's status line: its first HTML widget (the models' details follow it)."""
+    status = next(w["state"]["value"] for w in widgets if w["model_name"] == "HTMLModel")
     return html.unescape(re.sub(r"<[^>]+>", "", status.replace("<br>", "\n")))
 
 

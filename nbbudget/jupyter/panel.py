@@ -336,7 +336,7 @@ class _View:
         # (an empty HTML widget still takes a line)
         self.models = w.HTML(value="", layout=w.Layout(display="none"))
         self.shown_models: tuple[ModelUsage, ...] = ()
-        self.box = w.VBox([*rows, self.models, self.row])
+        self.box = w.VBox([*rows, self.row, self.models])  # the details under the status
 
     def update(self, snap: Snapshot | None, text: str, *, cell_over: bool) -> None:
         """Show *snap* (none: nothing ran) under the text *text*; an ended run has nothing left
