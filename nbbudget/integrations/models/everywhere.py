@@ -57,8 +57,9 @@ from .clients import Gate, Http, api_of, library, send, send_async
 
 __all__ = ["LIBRARIES", "ROUTES", "Switch", "install", "installed"]
 
-#: the HTTP libraries whose clients' ``send`` is switched
-LIBRARIES = ("httpx2", "httpx")
+#: the HTTP libraries switched: the ``send`` of httpx2's and httpx's clients, and the
+#: middlewares of aiohttp's sessions (``aio``)
+LIBRARIES = ("httpx2", "httpx", "aiohttp")
 #: the endpoints read as model calls: how the path ends, and the API family that reads it
 ROUTES: tuple[tuple[str, str], ...] = (
     ("/chat/completions", "openai"), ("/responses", "openai"), ("/messages", "anthropic"),
@@ -74,8 +75,9 @@ class Switch:
 
     def __init__(self) -> None:
         self.on = False
-        # (class, the original send, the one put in its place), for each class switched
-        self.patched: list[tuple[type, Callable[..., Any], Callable[..., Any]]] = []
+        # (class, the name of the method replaced (``send``, ``__init__``), the original, the
+        # one put in its place), for each class switched
+        self.patched: list[tuple[type, str, Callable[..., Any], Callable[..., Any]]] = []
         self.gates: dict[tuple[str, str, str], Gate] = {}
         self.finder: _Finder | None = None
         # what `price` set for the calls to a base URL: its price (and whether linear in the
@@ -83,8 +85,10 @@ class Switch:
         self.endpoints: dict[str, tuple[PriceFn | None, bool, str | None]] = {}
 
     def undo(self) -> None:
-        """Turn it off: each class's own ``send`` is put back (where another wrapper was put
-        over it since, the switched one stays beneath it and passes every request on)."""
+        """Turn it off: each class's own ``send`` (``ClientSession.__init__`` for aiohttp) is
+        put back (where another wrapper was put over it since, the switched one stays beneath
+        it and passes every request on; a session made while it was on keeps its middleware,
+        which then passes every request on)."""
         with _lock:
             if not self.on:
                 return
@@ -93,9 +97,9 @@ class Switch:
                 with contextlib.suppress(ValueError):
                     sys.meta_path.remove(self.finder)
                 self.finder = None
-            for cls, original, ours in self.patched:
-                if cls.__dict__.get("send") is ours:
-                    cls.send = original  # type: ignore[attr-defined]
+            for cls, name, original, ours in self.patched:
+                if cls.__dict__.get(name) is ours:
+                    setattr(cls, name, original)
             self.patched.clear()
             self.gates.clear()
             self.endpoints.clear()
@@ -125,7 +129,7 @@ class Switch:
 
     def __repr__(self) -> str:
         state = "on" if self.on else "off"
-        libraries = sorted({cls.__module__.split(".")[0] for cls, _, _ in self.patched})
+        libraries = sorted({cls.__module__.split(".")[0] for cls, _, _, _ in self.patched})
         return f"<nbbudget model calls switch: {state} ({', '.join(libraries) or 'no library'})>"
 
     # -- what the switched send asks -------------------------------------------------------
@@ -183,18 +187,53 @@ def install() -> Switch:
 
 
 def _patch(name: str) -> None:
-    """Switch the ``send`` of library *name*'s ``Client`` and ``AsyncClient`` (lock held)."""
+    """Switch the ``send`` of library *name*'s ``Client`` and ``AsyncClient``, or for aiohttp
+    the ``__init__`` of its ``ClientSession`` (lock held)."""
+    if name == "aiohttp":
+        _patch_aiohttp()
+        return
     http = library(name)
     if http is None:
         return
     module = http.module
     for cls, make in ((module.Client, _switched), (module.AsyncClient, _switched_async)):
-        if any(patched is cls for patched, _, _ in _switch.patched):
+        if any(patched is cls for patched, _, _, _ in _switch.patched):
             continue
         original = cls.send
         ours = make(original, http)
         cls.send = ours
-        _switch.patched.append((cls, original, ours))
+        _switch.patched.append((cls, "send", original, ours))
+
+
+def _patch_aiohttp() -> None:
+    """Give every ``aiohttp.ClientSession`` made from now on the switch's middleware (``aio``),
+    last, as OpenTelemetry's aiohttp instrumentation adds its trace configs (lock held). An
+    aiohttp before 3.12, which has no client middlewares, is left as it is."""
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is None or not hasattr(aiohttp, "ClientMiddlewareType"):
+        return  # not installed, or before 3.12
+    from . import aio
+
+    cls = aiohttp.ClientSession
+    if any(patched is cls for patched, _, _, _ in _switch.patched):
+        return
+    original = cls.__init__
+    ours = _with_middleware(original, aio.middleware)
+    cls.__init__ = ours
+    _switch.patched.append((cls, "__init__", original, ours))
+
+
+def _with_middleware(original: Callable[..., None], middleware: Any) -> Callable[..., None]:
+    """*original* (``ClientSession.__init__``), giving the session *middleware* after its
+    own."""
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, middlewares: Sequence[Any] = (), **kwargs: Any) -> None:
+        if _switch.on and middleware not in middlewares:
+            middlewares = (*middlewares, middleware)
+        original(self, *args, middlewares=middlewares, **kwargs)
+
+    return __init__
 
 
 def _switched(original: Callable[..., Any], http: Http) -> Callable[..., Any]:
