@@ -4,14 +4,17 @@ the run current when it is made, whichever library makes it and whenever its cli
 **Where it sits.** The ``send`` of the HTTP clients of httpx2 and of the older httpx
 (``Client`` and ``AsyncClient``), replaced on the class, as Logfire replaces the SDKs' methods:
 every SDK built on them sends each attempt of a request, its own retries included, through it.
-So the OpenAI and Anthropic SDKs at any base URL are covered, and ``google-genai`` (its async
-client only where aiohttp is not installed: with aiohttp it sends through aiohttp), with the
+So the OpenAI and Anthropic SDKs at any base URL are covered, and ``google-genai``, with the
 clients made before the switch, their copies (``with_options``, ``copy``) and the clients other
 libraries make inside (LangChain's ``ChatOpenAI``, LiteLLM's OpenAI handler, an agent
-framework's own client), on either library. Observability tools that wrap the SDKs' methods
-(Logfire, OpenTelemetry's instrumentors) sit above it: both see every call, whichever came
-first. A library not imported yet is switched on as it is imported (`_Finder`), so turning
-it on imports neither.
+framework's own client), on either library. On aiohttp (3.12 or newer), through which
+google-genai's async client sends wherever aiohttp is installed, it is a client middleware
+(``aio``) that every ``ClientSession`` made while the switch is on gets, last, its
+``__init__`` replaced on the class as OpenTelemetry's aiohttp instrumentation replaces it; a
+session made before the switch was turned on is not reached, nor a request given its own
+``middlewares=``. Observability tools that wrap the SDKs' methods (Logfire, OpenTelemetry's
+instrumentors) sit above it: both see every call, whichever came first. A library not imported
+yet is switched on as it is imported (`_Finder`), so turning it on imports none of them.
 
 **What is a model call.** A ``POST`` made inside a run (`nbbudget.current`) whose path ends as
 an API's endpoint does (``/chat/completions`` and ``/responses``: OpenAI's, and every server
@@ -29,8 +32,9 @@ adapter has claimed, passes untouched: it is counted once.
 package speaks on httpx, is read the same way; that package passes nbbudget's errors on as they
 are, and never retries.
 
-**Outside every run** the switched ``send`` reads one context variable and calls the original;
-the request and its reply are the library's own, byte for byte.
+**Outside every run** the switched ``send`` reads one context variable and calls the original,
+and aiohttp's middleware calls the next handler; the request and its reply are the library's
+own, byte for byte.
 
 `install` turns it on (``nb.instrument()``; in IPython, loading the extension does, unless
 ``NBBudget.instrument = False``); the `Switch` it returns turns it off. A model call the
