@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
@@ -282,3 +284,18 @@ def test_undo_puts_client_session_init_back(server: Server) -> None:
     assert aiohttp.ClientSession.__init__ is original
     assert len(server.received) == 2
     assert run.consumed.get("provider_calls", 0) == 0
+
+
+def test_aiohttp_imported_after_the_switch_is_switched_as_it_is_imported() -> None:
+    code = ("import sys, nbbudget as nb\n"
+            "assert 'aiohttp' not in sys.modules\n"
+            "switch = nb.instrument()\n"
+            "import aiohttp\n"
+            "init = aiohttp.ClientSession.__init__\n"
+            "assert init.__wrapped__ and 'aiohttp' in repr(switch)\n"
+            "switch.undo()\n"
+            "assert not hasattr(aiohttp.ClientSession.__init__, '__wrapped__')\n"
+            "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout.strip() == "ok", done.stderr
