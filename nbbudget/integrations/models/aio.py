@@ -47,7 +47,7 @@ from ...core.errors import BudgetCut
 from ...core.lowlevel import Unwind
 from ...run.budget import current
 from ..claims import claimed
-from .clients import Http, _Attempt, _Meter, opening
+from .clients import Library, _Attempt, _Meter, opening
 from .everywhere import installed
 
 __all__ = ["AIOHTTP", "Aiohttp", "middleware"]
@@ -57,16 +57,14 @@ _T = TypeVar("_T")
 _FAILED = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
-class Aiohttp(Http):
+class Aiohttp(Library):
     """aiohttp, as the gates of the switch know an HTTP library: what it raises. Its requests
     reach the gate through `middleware` (`Gate.admit`), never through ``clients.send``: it has
     none of the stream classes or wrapper clients of httpx's."""
 
-    def __init__(self, module: Any) -> None:  # no super().__init__: none of httpx's classes
-        self.module = module
-        self.not_read = (ValueError,)  # a body not JSON
-        self.transport_error = module.ClientError
-        self.never_sent = (module.ClientConnectorError,)  # nothing billed
+    def __init__(self, module: Any) -> None:
+        super().__init__(module, (ValueError,), module.ClientError,
+                         (module.ClientConnectorError,))
 
 
 AIOHTTP = Aiohttp(aiohttp)

@@ -104,8 +104,8 @@ from ...run.providers import (
 from ..claims import claimed
 from .shapes import SSE, Shape, Unreadable, ends, may_hold_usage, reply_usage, request_body
 
-__all__ = ["Gate", "Http", "api_of", "http_of", "instrument", "library", "opening", "send",
-           "send_async"]
+__all__ = ["Gate", "Http", "Library", "api_of", "http_of", "instrument", "library", "opening",
+           "send", "send_async"]
 
 _INF = math.inf
 #: what bounds a stream's output, for `_Meter._left`
@@ -258,11 +258,13 @@ class Gate:
     time, ``benchmarks/bench_instrument.py``). What depends only on the model (the calls' name
     and target, the price) is worked out once per model and kept."""
 
-    def __init__(self, api: _Api, library: Http, given: PriceFn | None,
+    def __init__(self, api: _Api, library: Library, given: PriceFn | None,
                  degrade: tuple[str, float] | None, name: str | None, provider: str, *,
                  linear: bool, max_retries: float, strict: bool = False) -> None:
         self.api, self.degrade, self.name, self.provider = api, degrade, name, provider
-        self.library = library  # the HTTP library the requests go through
+        # the HTTP library the requests go through: an `Http` wherever `open`, `send` and
+        # the wrapper clients take the gate (never the aiohttp layer's, which only admits)
+        self.library: Http = library  # type: ignore[assignment]
         # a request is a model call only if its body names a model (a process-wide gate, which
         # sees every POST to a path that ends as the API's do)
         self.strict = strict
@@ -1142,19 +1144,29 @@ class _AsyncBudgeted:
         await self.inner.aclose()
 
 
-class Http:
+class Library:
+    """An HTTP library model requests go through, as a gate knows it: its module and what it
+    raises. `Http` (httpx2, httpx) and the aiohttp layer of the process-wide switch (``aio``)
+    are its kinds."""
+
+    def __init__(self, module: Any, not_read: tuple[type[BaseException], ...],
+                 transport_error: type[BaseException],
+                 never_sent: tuple[type[BaseException], ...]) -> None:
+        self.module = module
+        self.not_read = not_read  # a body not read, not JSON
+        self.transport_error = transport_error  # a timeout, a connection lost or shut
+        self.never_sent = never_sent  # nothing billed
+
+
+class Http(Library):
     """One HTTP library model requests go through: httpx2, or the older httpx, whose classes
     have the same names and behave alike (openai before 3, LiteLLM, Ollama's client). What the
     gate, the meter and the wrapper clients make and catch in it; `http_of` gives the one of a
     client. Used here and by the process-wide switch (``everywhere``)."""
 
     def __init__(self, module: Any) -> None:
-        self.module = module
-        # a body not read, not JSON
-        self.not_read: tuple[type[BaseException], ...] = (module.RequestNotRead, ValueError)
-        self.transport_error: type[BaseException] = module.TransportError
-        self.never_sent: tuple[type[BaseException], ...] = (  # nothing billed
-            module.ConnectError, module.ConnectTimeout)
+        super().__init__(module, (module.RequestNotRead, ValueError), module.TransportError,
+                         (module.ConnectError, module.ConnectTimeout))
         # its responses require their streams to be of its own classes
         self.stream = type("Stream", (_Stream, module.SyncByteStream), {})
         self.async_stream = type("AsyncStream", (_AsyncStream, module.AsyncByteStream), {})

@@ -57,7 +57,7 @@ from typing import Any
 from ...core.errors import ConfigError
 from ...run.budget import current
 from ...run.prices import Given, PriceFn, given_price, given_provider, provider_of
-from .clients import Gate, Http, api_of, library, send, send_async
+from .clients import Gate, Http, Library, api_of, library, send, send_async
 
 __all__ = ["LIBRARIES", "ROUTES", "Switch", "install", "installed"]
 
@@ -137,7 +137,7 @@ class Switch:
         return f"<nbbudget model calls switch: {state} ({', '.join(libraries) or 'no library'})>"
 
     # -- what the switched send asks -------------------------------------------------------
-    def gate(self, request: Any, http: Http) -> Gate | None:
+    def gate(self, request: Any, http: Library) -> Gate | None:
         """The gate of *request*, a ``POST`` in a run: the one of its API and base URL, made
         the first time; None when its path is no model endpoint's."""
         path = request.url.path
