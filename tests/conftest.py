@@ -174,16 +174,19 @@ def model_calls_switch_left_as_found() -> Iterator[None]:
 def switch() -> Iterator[Any]:
     """``nb.instrument()``'s process-wide switch, on for the test (the tests of each model
     library under it take it); once it is off, each HTTP client class has its own ``send``
-    back."""
+    back, and aiohttp's ``ClientSession`` its own ``__init__``."""
     import nbbudget as nb
 
     classes = [getattr(module, name) for module in (sys.modules.get("httpx2"),
                                                     sys.modules.get("httpx"))
                if module is not None for name in ("Client", "AsyncClient")]
     sends = {cls: cls.send for cls in classes}
+    aiohttp = sys.modules.get("aiohttp")  # its sessions' __init__, which adds the middleware
+    init = None if aiohttp is None else aiohttp.ClientSession.__init__
     with nb.instrument() as on:
         yield on
     assert {cls: cls.send for cls in classes} == sends
+    assert aiohttp is None or aiohttp.ClientSession.__init__ is init
 
 
 def _ledger_id(factory: Any) -> str:

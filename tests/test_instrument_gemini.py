@@ -31,8 +31,9 @@ from nbbudget.run.prices import cost_usd, provider_of
 MODEL = g.MODEL
 ASK = "plan the trip"
 PIECES = [f"w{i} " for i in range(20)]
-#: google-genai sends its async calls through aiohttp where aiohttp is installed, which the
-#: switch does not see, unless it is given an httpx2 client for them; through httpx2 otherwise
+#: google-genai sends its async calls through aiohttp where aiohttp is installed (the switch's
+#: aiohttp layer: tests/test_instrument_aiohttp.py), unless it is given an httpx2 client for
+#: them, as these tests do; through httpx2 otherwise
 AIOHTTP = importlib.util.find_spec("aiohttp") is not None
 _T = TypeVar("_T")
 

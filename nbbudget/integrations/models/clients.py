@@ -72,6 +72,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -103,7 +104,8 @@ from ...run.providers import (
 from ..claims import claimed
 from .shapes import SSE, Shape, Unreadable, ends, may_hold_usage, reply_usage, request_body
 
-__all__ = ["Gate", "Http", "api_of", "http_of", "instrument", "library", "send", "send_async"]
+__all__ = ["Gate", "Http", "Library", "api_of", "http_of", "instrument", "library", "opening",
+           "send", "send_async"]
 
 _INF = math.inf
 #: what bounds a stream's output, for `_Meter._left`
@@ -121,6 +123,9 @@ _OPENED = "nbbudget.opened"
 #: the headers of a body's length, which a new body replaces
 _LENGTH = (b"content-length", b"transfer-encoding")
 _C = TypeVar("_C")
+#: True while an async gate sends a request it opened, in that context: an HTTP library below
+#: it (aiohttp, under LiteLLM's transport for httpx) sends it on untouched, counted once
+opening: ContextVar[bool] = ContextVar("nbbudget_opening", default=False)
 #: the header of an SDK's first attempt at a request (S4-6: a retry takes one more permit), as
 #: httpx2 keeps it: ``Headers._list`` holds (raw key, lower-case key, value) triples, read in
 #: place. ``Headers.raw`` copies them into new pairs on every read, which cost a model call 1.1
@@ -253,11 +258,13 @@ class Gate:
     time, ``benchmarks/bench_instrument.py``). What depends only on the model (the calls' name
     and target, the price) is worked out once per model and kept."""
 
-    def __init__(self, api: _Api, library: Http, given: PriceFn | None,
+    def __init__(self, api: _Api, library: Library, given: PriceFn | None,
                  degrade: tuple[str, float] | None, name: str | None, provider: str, *,
                  linear: bool, max_retries: float, strict: bool = False) -> None:
         self.api, self.degrade, self.name, self.provider = api, degrade, name, provider
-        self.library = library  # the HTTP library the requests go through
+        # the HTTP library the requests go through: an `Http` wherever `open`, `send` and
+        # the wrapper clients take the gate (never the aiohttp layer's, which only admits)
+        self.library: Http = library  # type: ignore[assignment]
         # a request is a model call only if its body names a model (a process-wide gate, which
         # sees every POST to a path that ends as the API's do)
         self.strict = strict
@@ -275,15 +282,42 @@ class Gate:
         if run is None or request.method != "POST" or _OPENED in request.extensions or (
                 claimed(request, run.lowlevel)):  # an adapter counts it
             return None
-        path = request.url.path
+        try:
+            content = request.content
+        except self.library.not_read:
+            return None
+        admitted = self.admit(run, request.url.path, content, request.headers)
+        if admitted is None:
+            return None
+        attempt, body = admitted
+        if body is not None or attempt.stream:
+            request = _prepared(request, body, attempt.stream, self.library)
+        # the HTTP client an instrumented client wraps (patched by the process-wide switch)
+        # sends it as it is
+        request.extensions[_OPENED] = True
+        timeout = request.extensions.get("timeout")
+        bound = attempt.bound
+        if not timeout or None in (values := timeout.values()) or max(values) > bound:
+            _lower(request, timeout, bound)
+        return request, attempt
+
+    def admit(self, run: Budget, path: str, content: bytes, headers: Any
+              ) -> tuple[_Attempt, dict[str, Any] | None] | None:
+        """A ``POST`` to *path* with the JSON body *content* and *headers* (a mapping with
+        ``get``), about to be sent in *run*: its attempt (the permits taken, the worst case
+        reserved) and the body to send in its place when it changed (the cap clamped, the
+        model degraded, usage asked of a stream), else None; None when it is not a model
+        call (it is then sent untouched). A refusal raises the API's ``Refused``, and nothing
+        is sent. Every HTTP library's requests come here: `open` (httpx2, httpx) and the
+        aiohttp layer of the process-wide switch (``aio``)."""
         for shape in self.api.shapes:
             if path.endswith(shape.path):
                 break
         else:
             return None
         try:
-            body = request_body(request.content)
-        except self.library.not_read:
+            body = request_body(content)
+        except ValueError:  # not JSON
             return None
         if type(body) is not dict:
             return None
@@ -315,7 +349,7 @@ class Gate:
         uncapped = shape.uncapped
         if uncapped is not None and asked is not None and uncapped(asked):
             asked = None  # it bounds nothing (Ollama's num_predict -1): clamped as if not given
-        headers = request.headers  # a first attempt's header found in C, else looked up
+        # a first attempt's header found in C (httpx2's), else looked up
         retry = _FIRST not in getattr(headers, "_list", ()) and headers.get(
             "x-stainless-retry-count", "0") != "0"
         core = run.lowlevel
@@ -323,9 +357,9 @@ class Gate:
         try:
             if price is not None and core.limited(_COST):
                 if rates is not None:  # a linear price: its rates, worked out once
-                    fixed, rate = (len(request.content) + FRAMING) * rates[0], rates[1]
+                    fixed, rate = (len(content) + FRAMING) * rates[0], rates[1]
                 else:
-                    fixed, rate = worst_case(price, len(request.content))
+                    fixed, rate = worst_case(price, len(content))
                 choices = holder.get(shape.choices)  # Chat's n: each writes up to the cap
                 if type(choices) is int and choices > 1:
                     rate *= choices
@@ -348,17 +382,8 @@ class Gate:
         left_ms = core.scope.remaining_ms()
         guardrail = GUARDRAIL_MS
         bound = (guardrail if left_ms is None or left_ms >= guardrail else left_ms) / 1000
-        if changed or hide or stream:
-            request = _prepared(request, body if changed or hide else None, stream,
-                                self.library)
-        # the HTTP client an instrumented client wraps (patched by the process-wide switch)
-        # sends it as it is
-        request.extensions[_OPENED] = True
-        timeout = request.extensions.get("timeout")
-        if not timeout or None in (values := timeout.values()) or max(values) > bound:
-            _lower(request, timeout, bound)
-        return request, _Attempt(self, run, core, shape, model, label, target, price, stream,
-                                 hide, bound, reservation, fixed, tallied)
+        return _Attempt(self, run, core, shape, model, label, target, price, stream, hide,
+                        bound, reservation, fixed, tallied), body if changed or hide else None
 
     def _model(self, model: str) -> _Model:
         """The calls' name, target, price for *model* and, where the price is linear in the
@@ -533,8 +558,8 @@ def _public(api: _Api, signal: Unwind, salvage: str) -> BaseException:
 class _Attempt:
     """One attempt of a model request in a run: what it charges and how it is cut."""
 
-    __slots__ = ("core", "deadline", "gate", "hide", "input_bound", "key", "label", "model",
-                 "price", "reservation", "run", "shape", "started", "stream", "target")
+    __slots__ = ("bound", "core", "deadline", "gate", "hide", "input_bound", "key", "label",
+                 "model", "price", "reservation", "run", "shape", "started", "stream", "target")
 
     def __init__(self, gate: Gate, run: Budget, core: Core, shape: Shape, model: str,
                  label: str, target: str, price: PriceFn | None,
@@ -544,6 +569,7 @@ class _Attempt:
         self.model, self.label = model, label
         self.target, self.price, self.stream, self.hide = target, price, stream, hide
         self.started = time.monotonic()
+        self.bound = bound  # the seconds it may take: the run's time left, or the guardrail
         self.deadline = self.started + bound
         self.reservation = reservation  # the dollars reserved before sending (S3-10), if any
         self.input_bound = input_bound  # the dollars of its input's bound, in the reservation
@@ -1048,6 +1074,8 @@ async def send_async(gate: Gate, sender: Callable[..., Any], request: Any,
     request, attempt = opened
     library = gate.library
     kwargs["stream"] = True  # the body is read here, its socket watched (S3-8)
+    # a transport that sends it through aiohttp (LiteLLM's) sends it as it is: counted here
+    inside = opening.set(True)
     try:
         response = await sender(request, **kwargs)
         if _metered(attempt, request, response, library.async_stream):
@@ -1063,6 +1091,8 @@ async def send_async(gate: Gate, sender: Callable[..., Any], request: Any,
             attempt.release()  # never sent: nothing billed
         attempt.timed_out()
         raise
+    finally:
+        opening.reset(inside)
     attempt.answered(response)
     return response
 
@@ -1114,17 +1144,29 @@ class _AsyncBudgeted:
         await self.inner.aclose()
 
 
-class Http:
+class Library:
+    """An HTTP library model requests go through, as a gate knows it: its module and what it
+    raises. `Http` (httpx2, httpx) and the aiohttp layer of the process-wide switch (``aio``)
+    are its kinds."""
+
+    def __init__(self, module: Any, not_read: tuple[type[BaseException], ...],
+                 transport_error: type[BaseException],
+                 never_sent: tuple[type[BaseException], ...]) -> None:
+        self.module = module
+        self.not_read = not_read  # a body not read, not JSON
+        self.transport_error = transport_error  # a timeout, a connection lost or shut
+        self.never_sent = never_sent  # nothing billed
+
+
+class Http(Library):
     """One HTTP library model requests go through: httpx2, or the older httpx, whose classes
     have the same names and behave alike (openai before 3, LiteLLM, Ollama's client). What the
     gate, the meter and the wrapper clients make and catch in it; `http_of` gives the one of a
     client. Used here and by the process-wide switch (``everywhere``)."""
 
     def __init__(self, module: Any) -> None:
-        self.module = module
-        self.not_read = (module.RequestNotRead, ValueError)  # a body not read, not JSON
-        self.transport_error: type[BaseException] = module.TransportError
-        self.never_sent = (module.ConnectError, module.ConnectTimeout)  # nothing billed
+        super().__init__(module, (module.RequestNotRead, ValueError), module.TransportError,
+                         (module.ConnectError, module.ConnectTimeout))
         # its responses require their streams to be of its own classes
         self.stream = type("Stream", (_Stream, module.SyncByteStream), {})
         self.async_stream = type("AsyncStream", (_AsyncStream, module.AsyncByteStream), {})

@@ -4,14 +4,17 @@ the run current when it is made, whichever library makes it and whenever its cli
 **Where it sits.** The ``send`` of the HTTP clients of httpx2 and of the older httpx
 (``Client`` and ``AsyncClient``), replaced on the class, as Logfire replaces the SDKs' methods:
 every SDK built on them sends each attempt of a request, its own retries included, through it.
-So the OpenAI and Anthropic SDKs at any base URL are covered, and ``google-genai`` (its async
-client only where aiohttp is not installed: with aiohttp it sends through aiohttp), with the
+So the OpenAI and Anthropic SDKs at any base URL are covered, and ``google-genai``, with the
 clients made before the switch, their copies (``with_options``, ``copy``) and the clients other
 libraries make inside (LangChain's ``ChatOpenAI``, LiteLLM's OpenAI handler, an agent
-framework's own client), on either library. Observability tools that wrap the SDKs' methods
-(Logfire, OpenTelemetry's instrumentors) sit above it: both see every call, whichever came
-first. A library not imported yet is switched on as it is imported (`_Finder`), so turning
-it on imports neither.
+framework's own client), on either library. On aiohttp (3.12 or newer), through which
+google-genai's async client sends wherever aiohttp is installed, it is a client middleware
+(``aio``) that every ``ClientSession`` made while the switch is on gets, last, its
+``__init__`` replaced on the class as OpenTelemetry's aiohttp instrumentation replaces it; a
+session made before the switch was turned on is not reached, nor a request given its own
+``middlewares=``. Observability tools that wrap the SDKs' methods (Logfire, OpenTelemetry's
+instrumentors) sit above it: both see every call, whichever came first. A library not imported
+yet is switched on as it is imported (`_Finder`), so turning it on imports none of them.
 
 **What is a model call.** A ``POST`` made inside a run (`nbbudget.current`) whose path ends as
 an API's endpoint does (``/chat/completions`` and ``/responses``: OpenAI's, and every server
@@ -29,8 +32,9 @@ adapter has claimed, passes untouched: it is counted once.
 package speaks on httpx, is read the same way; that package passes nbbudget's errors on as they
 are, and never retries.
 
-**Outside every run** the switched ``send`` reads one context variable and calls the original;
-the request and its reply are the library's own, byte for byte.
+**Outside every run** the switched ``send`` reads one context variable and calls the original,
+and aiohttp's middleware calls the next handler; the request and its reply are the library's
+own, byte for byte.
 
 `install` turns it on (``nb.instrument()``; in IPython, loading the extension does, unless
 ``NBBudget.instrument = False``); the `Switch` it returns turns it off. A model call the
@@ -53,12 +57,13 @@ from typing import Any
 from ...core.errors import ConfigError
 from ...run.budget import current
 from ...run.prices import Given, PriceFn, given_price, given_provider, provider_of
-from .clients import Gate, Http, api_of, library, send, send_async
+from .clients import Gate, Http, Library, api_of, library, send, send_async
 
 __all__ = ["LIBRARIES", "ROUTES", "Switch", "install", "installed"]
 
-#: the HTTP libraries whose clients' ``send`` is switched
-LIBRARIES = ("httpx2", "httpx")
+#: the HTTP libraries switched: the ``send`` of httpx2's and httpx's clients, and the
+#: middlewares of aiohttp's sessions (``aio``)
+LIBRARIES = ("httpx2", "httpx", "aiohttp")
 #: the endpoints read as model calls: how the path ends, and the API family that reads it
 ROUTES: tuple[tuple[str, str], ...] = (
     ("/chat/completions", "openai"), ("/responses", "openai"), ("/messages", "anthropic"),
@@ -74,8 +79,9 @@ class Switch:
 
     def __init__(self) -> None:
         self.on = False
-        # (class, the original send, the one put in its place), for each class switched
-        self.patched: list[tuple[type, Callable[..., Any], Callable[..., Any]]] = []
+        # (class, the name of the method replaced (``send``, ``__init__``), the original, the
+        # one put in its place), for each class switched
+        self.patched: list[tuple[type, str, Callable[..., Any], Callable[..., Any]]] = []
         self.gates: dict[tuple[str, str, str], Gate] = {}
         self.finder: _Finder | None = None
         # what `price` set for the calls to a base URL: its price (and whether linear in the
@@ -83,8 +89,10 @@ class Switch:
         self.endpoints: dict[str, tuple[PriceFn | None, bool, str | None]] = {}
 
     def undo(self) -> None:
-        """Turn it off: each class's own ``send`` is put back (where another wrapper was put
-        over it since, the switched one stays beneath it and passes every request on)."""
+        """Turn it off: each class's own ``send`` (``ClientSession.__init__`` for aiohttp) is
+        put back (where another wrapper was put over it since, the switched one stays beneath
+        it and passes every request on; a session made while it was on keeps its middleware,
+        which then passes every request on)."""
         with _lock:
             if not self.on:
                 return
@@ -93,9 +101,9 @@ class Switch:
                 with contextlib.suppress(ValueError):
                     sys.meta_path.remove(self.finder)
                 self.finder = None
-            for cls, original, ours in self.patched:
-                if cls.__dict__.get("send") is ours:
-                    cls.send = original  # type: ignore[attr-defined]
+            for cls, name, original, ours in self.patched:
+                if cls.__dict__.get(name) is ours:
+                    setattr(cls, name, original)
             self.patched.clear()
             self.gates.clear()
             self.endpoints.clear()
@@ -125,11 +133,11 @@ class Switch:
 
     def __repr__(self) -> str:
         state = "on" if self.on else "off"
-        libraries = sorted({cls.__module__.split(".")[0] for cls, _, _ in self.patched})
+        libraries = sorted({cls.__module__.split(".")[0] for cls, _, _, _ in self.patched})
         return f"<nbbudget model calls switch: {state} ({', '.join(libraries) or 'no library'})>"
 
     # -- what the switched send asks -------------------------------------------------------
-    def gate(self, request: Any, http: Http) -> Gate | None:
+    def gate(self, request: Any, http: Library) -> Gate | None:
         """The gate of *request*, a ``POST`` in a run: the one of its API and base URL, made
         the first time; None when its path is no model endpoint's."""
         path = request.url.path
@@ -183,18 +191,53 @@ def install() -> Switch:
 
 
 def _patch(name: str) -> None:
-    """Switch the ``send`` of library *name*'s ``Client`` and ``AsyncClient`` (lock held)."""
+    """Switch the ``send`` of library *name*'s ``Client`` and ``AsyncClient``, or for aiohttp
+    the ``__init__`` of its ``ClientSession`` (lock held)."""
+    if name == "aiohttp":
+        _patch_aiohttp()
+        return
     http = library(name)
     if http is None:
         return
     module = http.module
     for cls, make in ((module.Client, _switched), (module.AsyncClient, _switched_async)):
-        if any(patched is cls for patched, _, _ in _switch.patched):
+        if any(patched is cls for patched, _, _, _ in _switch.patched):
             continue
         original = cls.send
         ours = make(original, http)
         cls.send = ours
-        _switch.patched.append((cls, original, ours))
+        _switch.patched.append((cls, "send", original, ours))
+
+
+def _patch_aiohttp() -> None:
+    """Give every ``aiohttp.ClientSession`` made from now on the switch's middleware (``aio``),
+    last, as OpenTelemetry's aiohttp instrumentation adds its trace configs (lock held). An
+    aiohttp before 3.12, which has no client middlewares, is left as it is."""
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is None or not hasattr(aiohttp, "ClientMiddlewareType"):
+        return  # not installed, or before 3.12
+    from . import aio
+
+    cls = aiohttp.ClientSession
+    if any(patched is cls for patched, _, _, _ in _switch.patched):
+        return
+    original = cls.__init__
+    ours = _with_middleware(original, aio.middleware)
+    cls.__init__ = ours
+    _switch.patched.append((cls, "__init__", original, ours))
+
+
+def _with_middleware(original: Callable[..., None], middleware: Any) -> Callable[..., None]:
+    """*original* (``ClientSession.__init__``), giving the session *middleware* after its
+    own."""
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, middlewares: Sequence[Any] = (), **kwargs: Any) -> None:
+        if _switch.on and middleware not in middlewares:
+            middlewares = (*middlewares, middleware)
+        original(self, *args, middlewares=middlewares, **kwargs)
+
+    return __init__
 
 
 def _switched(original: Callable[..., Any], http: Http) -> Callable[..., Any]:
