@@ -47,8 +47,7 @@ from ...core.errors import BudgetCut
 from ...core.lowlevel import Unwind
 from ...run.budget import current
 from ..claims import claimed
-from .clients import Library, _Attempt, _Meter, opening
-from .everywhere import installed
+from .clients import Attempt, Gate, Library, Meter, opening
 
 __all__ = ["AIOHTTP", "Aiohttp", "middleware"]
 
@@ -80,16 +79,29 @@ async def _within(awaitable: Awaitable[_T], deadline: float) -> _T:
     return await asyncio.wait_for(awaitable, left)  # pragma: no cover  (Python 3.10)
 
 
-async def middleware(request: aiohttp.ClientRequest,
-                     handler: Callable[[aiohttp.ClientRequest], Awaitable[aiohttp.ClientResponse]]
-                     ) -> aiohttp.ClientResponse:
-    """The switch's client middleware: a model request made in a run through its gate; any
-    other request to *handler* as it is."""
+_Handler = Callable[[aiohttp.ClientRequest], Awaitable[aiohttp.ClientResponse]]
+_Middleware = Callable[[aiohttp.ClientRequest, _Handler], Awaitable[aiohttp.ClientResponse]]
+
+
+def middleware(gate_of: Callable[[Any, Library], Gate | None]) -> _Middleware:
+    """The switch's client middleware: a model request made in a run through its gate, the one
+    *gate_of* (the switch's ``gate``: None when the request is no model call, or the switch is
+    off) gives; any other request to the next handler as it is."""
+
+    async def middleware_(request: aiohttp.ClientRequest,
+                          handler: _Handler) -> aiohttp.ClientResponse:
+        return await _through(request, handler, gate_of)
+
+    return middleware_
+
+
+async def _through(request: aiohttp.ClientRequest, handler: _Handler,
+                   gate_of: Callable[[Any, Library], Gate | None]) -> aiohttp.ClientResponse:
+    """`middleware`'s work."""
     run = current()
     if run is None or request.method != "POST" or opening.get():
         return await handler(request)
-    switch = installed()
-    gate = None if switch is None else switch.gate(request, AIOHTTP)
+    gate = gate_of(request, AIOHTTP)
     if gate is None or claimed(request, run.lowlevel):
         return await handler(request)
     body = request.body
@@ -109,7 +121,7 @@ async def middleware(request: aiohttp.ClientRequest,
                 status_code=response.status, headers=response.headers, close=response.close))
             return response
         if attempt.stream:
-            response.content = _Content(response.content, _Meter(attempt),  # type: ignore[assignment]
+            response.content = _Content(response.content, Meter(attempt),  # type: ignore[assignment]
                                         response)
             return response
         content = await _within(response.read(), attempt.deadline)
@@ -123,7 +135,7 @@ async def middleware(request: aiohttp.ClientRequest,
 
 
 class _Read:
-    """A whole reply, read: what `_Attempt.answered` reads of it."""
+    """A whole reply, read: what `Attempt.answered` reads of it."""
 
     __slots__ = ("content", "status_code")
 
@@ -140,7 +152,7 @@ class _Content:
     (or cut: the response is then closed, and the API's ``Cut`` raises) as they come. Its other
     attributes are the original reader's."""
 
-    def __init__(self, inner: aiohttp.StreamReader, meter: _Meter,
+    def __init__(self, inner: aiohttp.StreamReader, meter: Meter,
                  response: aiohttp.ClientResponse) -> None:
         self.inner, self.meter, self.response = inner, meter, response
         self.buffer = b""  # metered bytes not read yet
@@ -150,7 +162,7 @@ class _Content:
     async def _pull(self) -> bytes:
         """The next metered bytes, b"" at the end."""
         meter = self.meter
-        attempt: _Attempt = meter.attempt
+        attempt: Attempt = meter.attempt
         try:
             while not self.done:
                 try:

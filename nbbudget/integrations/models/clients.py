@@ -24,7 +24,7 @@ async alike, OpenAI and Anthropic alike, one mechanism. For a request to a model
   (`_Watch`: a reply that trickles in). A timeout of the run's own raises ``Cut``
   (`nbbudget.BudgetCut`, ``by="timeout"``, or ``"guardrail"``), never the HTTP timeout the SDK
   would retry; the SDK's own shorter timeouts stay its own. An error status the SDK would
-  retry after a wait that ends past the deadline cuts the run at once (`_Attempt.waits`).
+  retry after a wait that ends past the deadline cuts the run at once (`Attempt.waits`).
 
 **After.** What a reply used is charged as its API reports it (`spend_reply`): ``tokens`` (input,
 cached included, plus output), ``output_tokens`` (reasoning included) and ``cost_usd`` from
@@ -49,7 +49,7 @@ count is charged as spent (an OpenAI stream's input, reported only at its end, i
 and not charged), the HTTP response is closed, and ``Cut`` raises with ``salvage``, the text
 received so far. A stream the caller leaves early is charged its count when it closes, or
 when its run's block ends if it is still open then (`nbbudget.core.lowlevel.Core.hold`). Every
-event is read as its API defines it, whatever the server's JSON form (`_Meter`).
+event is read as its API defines it, whatever the server's JSON form (`Meter`).
 
 **Usage that cannot be read** (N-7): a reply or stream whose usage is missing or malformed (a
 count that is not a whole number >= 0, details that are not an object) is charged what is known
@@ -104,11 +104,11 @@ from ...run.providers import (
 from ..claims import claimed
 from .shapes import SSE, Shape, Unreadable, ends, may_hold_usage, reply_usage, request_body
 
-__all__ = ["Gate", "Http", "Library", "api_of", "http_of", "instrument", "library", "opening",
-           "send", "send_async"]
+__all__ = ["Attempt", "Gate", "Http", "Library", "Meter", "api_of", "http_of", "instrument",
+           "library", "opening", "send", "send_async"]
 
 _INF = math.inf
-#: what bounds a stream's output, for `_Meter._left`
+#: what bounds a stream's output, for `Meter._left`
 _OUTPUT_LEFT = tuple(KIND_INDEX[kind] for kind in ("output_tokens", "tokens", "cost_usd"))
 #: the limits a reply's usage is charged to, in the attribution order (S3-3): one of them
 #: armed, a reply whose usage cannot be read stops the run (N-7)
@@ -268,14 +268,14 @@ class Gate:
         # a request is a model call only if its body names a model (a process-wide gate, which
         # sees every POST to a path that ends as the API's do)
         self.strict = strict
-        self.max_retries = max_retries  # the instrumented client's, for `_Attempt.waits`
+        self.max_retries = max_retries  # the instrumented client's, for `Attempt.waits`
         self.given = given  # prices=, which wins over a reported cost; else genai-prices'
         self.linear = linear  # prices= is a mapping or "free", not a function of the user's
         # by model: (label, target, price or None, the worst case's rates or None, the tally's
         # (provider, model)); filled as models are met
         self.models: dict[str, _Model] = {}
 
-    def open(self, request: Any) -> tuple[Any, _Attempt] | None:
+    def open(self, request: Any) -> tuple[Any, Attempt] | None:
         """Before an attempt is sent: the request to send and its attempt, or None when it is
         not a model call made in a run (it is then sent untouched)."""
         run = current()
@@ -302,7 +302,7 @@ class Gate:
         return request, attempt
 
     def admit(self, run: Budget, path: str, content: bytes, headers: Any
-              ) -> tuple[_Attempt, dict[str, Any] | None] | None:
+              ) -> tuple[Attempt, dict[str, Any] | None] | None:
         """A ``POST`` to *path* with the JSON body *content* and *headers* (a mapping with
         ``get``), about to be sent in *run*: its attempt (the permits taken, the worst case
         reserved) and the body to send in its place when it changed (the cap clamped, the
@@ -382,7 +382,7 @@ class Gate:
         left_ms = core.scope.remaining_ms()
         guardrail = GUARDRAIL_MS
         bound = (guardrail if left_ms is None or left_ms >= guardrail else left_ms) / 1000
-        return _Attempt(self, run, core, shape, model, label, target, price, stream, hide,
+        return Attempt(self, run, core, shape, model, label, target, price, stream, hide,
                         bound, reservation, fixed, tallied), body if changed or hide else None
 
     def _model(self, model: str) -> _Model:
@@ -555,8 +555,9 @@ def _public(api: _Api, signal: Unwind, salvage: str) -> BaseException:
     return err
 
 
-class _Attempt:
-    """One attempt of a model request in a run: what it charges and how it is cut."""
+class Attempt:
+    """One attempt of a model request in a run: what it charges and how it is cut. Made by
+    `Gate.admit`; read here and by the aiohttp layer of the process-wide switch (``aio``)."""
 
     __slots__ = ("bound", "core", "deadline", "gate", "hide", "input_bound", "key", "label",
                  "model", "price", "reservation", "run", "shape", "started", "stream", "target")
@@ -716,8 +717,10 @@ class _Attempt:
         raise self.cut(stop.signal(), salvage)
 
 
-class _Meter:
+class Meter:
     """A stream's meter: whole events pass on, text deltas are counted, usage charged (S3-9).
+    The stream classes here and the aiohttp layer of the process-wide switch (``aio``) read
+    their streams through it.
 
     Every event is read as its API defines it, parsed, whatever its JSON form; the bytes only
     tell which events need no parse, and only where they prove it. An event is parsed for usage
@@ -732,7 +735,7 @@ class _Meter:
     nbbudget's work on it runs with its caches cold): a chunk that ends on an event's end, as a
     server sends them, passes on as it is."""
 
-    def __init__(self, attempt: _Attempt) -> None:
+    def __init__(self, attempt: Attempt) -> None:
         self.attempt = attempt
         shape = attempt.shape
         self.delta_bytes, self.final, self.done = shape.delta_bytes, shape.final, shape.done
@@ -947,7 +950,7 @@ class _Stream:
     shares (`Http` makes one for each, a subclass of its ``SyncByteStream``, which its
     responses require)."""
 
-    def __init__(self, inner: Any, meter: _Meter, response: Any) -> None:
+    def __init__(self, inner: Any, meter: Meter, response: Any) -> None:
         self.inner, self.meter = inner, meter
         self.closed = False
         _watch.add(id(self), meter.deadline, response)  # shut at the deadline (S3-8)
@@ -987,7 +990,7 @@ class _Stream:
 class _AsyncStream:
     """A streamed reply's bytes, through its meter (async; as `_Stream`)."""
 
-    def __init__(self, inner: Any, meter: _Meter, response: Any) -> None:
+    def __init__(self, inner: Any, meter: Meter, response: Any) -> None:
         self.inner, self.meter = inner, meter
         self.closed = False
         _watch.add(id(self), meter.deadline, response)  # shut at the deadline (S3-8)
@@ -1022,15 +1025,15 @@ class _AsyncStream:
             await self.inner.aclose()
 
 
-def _metered(attempt: _Attempt, request: Any, response: Any, stream: type) -> bool:
+def _metered(attempt: Attempt, request: Any, response: Any, stream: type) -> bool:
     """A response's head has come: an error status gives the reservation back (and may cut the
-    run, `_Attempt.waits`); a streamed success gets its meter (*stream*, the library's stream
+    run, `Attempt.waits`); a streamed success gets its meter (*stream*, the library's stream
     class of the sync or async kind), and is then handed on as it is (True)."""
     if response.status_code >= 400:
         attempt.release()  # an error status: the API bills nothing
         attempt.waits(request, response)
     if attempt.stream and response.is_success:
-        response.stream = stream(response.stream, _Meter(attempt), response)
+        response.stream = stream(response.stream, Meter(attempt), response)
         return True
     return False
 

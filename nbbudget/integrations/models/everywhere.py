@@ -222,9 +222,14 @@ def _patch_aiohttp() -> None:
     if any(patched is cls for patched, _, _, _ in _switch.patched):
         return
     original = cls.__init__
-    ours = _with_middleware(original, aio.middleware)
+    ours = _with_middleware(original, aio.middleware(_gate_of))
     cls.__init__ = ours
     _switch.patched.append((cls, "__init__", original, ours))
+
+
+def _gate_of(request: Any, http: Library) -> Gate | None:
+    """The gate of *request* while the switch is on, else None (aiohttp's middleware asks)."""
+    return _switch.gate(request, http) if _switch.on else None
 
 
 def _with_middleware(original: Callable[..., None], middleware: Any) -> Callable[..., None]:
