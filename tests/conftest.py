@@ -375,3 +375,20 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         print(message, file=sys.stderr)
     if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture
+def shell() -> Iterator[Any]:
+    """IPython's shell (its singleton) with nbbudget's extension loaded, unloaded after the test;
+    no history thread, so that every test ends with no thread, and the ``%config`` settings,
+    which live on the shared shell, dropped."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    config = Config()
+    config.HistoryManager.enabled = False
+    ip = InteractiveShell.instance(config=config)
+    ip.run_line_magic("load_ext", "nbbudget")
+    yield ip
+    ip.run_line_magic("unload_ext", "nbbudget")
+    ip.config.pop("NBBudget", None)

@@ -10,8 +10,6 @@ import threading
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
-from traitlets.config import Config
 
 import nbbudget as nb
 from nbbudget.calls import call as _call
@@ -19,16 +17,6 @@ from nbbudget.calls import interactive as _interactive
 
 pytestmark = pytest.mark.usefixtures("quick_idle_workers", "home")
 
-
-@pytest.fixture
-def shell():
-    config = Config()
-    config.HistoryManager.enabled = False  # no history thread: every test ends with no thread
-    ip = InteractiveShell.instance(config=config)
-    ip.run_line_magic("load_ext", "nbbudget")
-    yield ip
-    ip.run_line_magic("unload_ext", "nbbudget")
-    ip.config.pop("NBBudget", None)  # %config settings live on the shared shell
 
 
 def test_load_ext_registers_budget_and_unload_ext_removes_every_hook(shell):

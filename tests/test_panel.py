@@ -6,9 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
-from traitlets.config import Config
 
 import nbbudget as nb
 from nbbudget.jupyter.clicks import Route
@@ -19,16 +17,6 @@ pytestmark = pytest.mark.usefixtures("quick_idle_workers", "home")
 WIDGET = "application/vnd.jupyter.widget-view+json"
 MIME = "application/vnd.nbbudget.response+json"
 
-
-@pytest.fixture
-def shell():
-    config = Config()
-    config.HistoryManager.enabled = False
-    ip = InteractiveShell.instance(config=config)
-    ip.run_line_magic("load_ext", "nbbudget")
-    yield ip
-    ip.run_line_magic("unload_ext", "nbbudget")
-    ip.config.pop("NBBudget", None)
 
 
 def test_N_3_the_panel_follows_the_run_axis_by_axis():

@@ -20,7 +20,6 @@ import pandas as pd
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
-from traitlets.config import Config
 
 pytest.importorskip("openai")
 import openai  # after the skip
@@ -465,16 +464,6 @@ def test_N_3_the_panel_shows_the_first_models_and_says_how_many_more() -> None:
     assert len(lines) == 1 + MODELS_SHOWN + 1
     assert lines[-1] == "  and 2 more models: run.usage(by='model') has them all"
 
-
-@pytest.fixture
-def shell() -> Iterator[InteractiveShell]:
-    config = Config()
-    config.HistoryManager.enabled = False  # no history thread: every test ends with no thread
-    ip = InteractiveShell.instance(config=config)
-    ip.run_line_magic("load_ext", "nbbudget")
-    yield ip
-    ip.run_line_magic("unload_ext", "nbbudget")
-    ip.config.pop("NBBudget", None)
 
 
 CELL = ("import nbbudget as nb\n"
