@@ -142,8 +142,10 @@ def main() -> int:
     switch_n, switch_reps = (2000, 5) if args.quick else (20000, 9)
     print(f"The process-wide switch (nb.instrument()): {processes} processes; outside every "
           f"run, {switch_reps} reps of {switch_n} sends of each HTTP library's client through "
-          f"an in-memory transport, switched and not, interleaved in blocks; in a run, whole "
-          f"calls of a bare client (goals: at most 1 us added outside a run, 5% in one)")
+          f"an in-memory transport, switched and not, interleaved in blocks (and aiohttp's "
+          f"middleware against a handler awaited directly); in a run, whole calls of a bare "
+          f"client, the switch on and off call by call (goals: at most 1 us added outside a "
+          f"run, 5% in one)")
     rows: dict[str, list[list[float]]] = {}
     for k in range(processes):
         done = subprocess.run([sys.executable, __file__, "--switch", str(switch_n),
@@ -161,7 +163,7 @@ def main() -> int:
                   f"(goal <= 5%), the median of {len(found)} processes")
         else:
             added = sorted(r[1] - r[0] for r in found)
-            print(f"  {name:<44} added {statistics.median(added):6.2f} us CPU a send "
+            print(f"  {name:<44} added {statistics.median(added):6.2f} us CPU a request "
                   f"(goal <= 1 us), the median of {len(found)} processes "
                   f"({added[0]:.2f} to {added[-1]:.2f})")
     pairs = 10 if args.quick else 60
@@ -261,6 +263,7 @@ def switched(n: int, reps: int) -> dict[str, list[float]]:
         http.close()
         out[f"outside every run, {module.__name__}.Client.send"] = [
             statistics.median(spent[False]), statistics.median(spent[True])]
+    out["outside every run, aiohttp's middleware"] = _middleware_outside(n, reps)
     run = nb.budget(provider_calls=HUGE, turns=HUGE, tokens=HUGE, output_tokens=HUGE,
                     cost_usd=float(HUGE))
     with Server() as server, run, \
@@ -271,18 +274,68 @@ def switched(n: int, reps: int) -> dict[str, list[float]]:
             return bare.chat.completions.create(model="gpt-4o-mini", messages=ASK,
                                                 max_completion_tokens=100)
 
-        offs, ons = [], []
-        for rep in range(max(2, reps // 3)):
-            switch = everywhere.install() if rep % 2 else None
+        # call by call, the switch turned on or off between two calls (outside the timing),
+        # the order swapped at each pair, as `compare` interleaves: the median of each rep's
+        # median, in CPU time of this thread
+        medians: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(reps):
+            samples: dict[bool, list[int]] = {False: [], True: []}
+            gc.collect()
+            gc.disable()
             try:
-                (cpu, _), _ = compare(call, call, 40, 1)  # both ways alike, this rep's state
+                for pair in range(100):
+                    for on in ((False, True) if pair % 2 else (True, False)):
+                        switch = everywhere.install() if on else None
+                        try:
+                            start = time.thread_time_ns()
+                            call()
+                            samples[on].append(time.thread_time_ns() - start)
+                        finally:
+                            if switch is not None:
+                                switch.undo()
             finally:
-                if switch is not None:
-                    switch.undo()
-            (ons if switch is not None else offs).append(cpu)
-        out["in a run, a bare OpenAI client's whole call"] = [statistics.median(offs),
-                                                              statistics.median(ons)]
+                gc.enable()
+            for on in (False, True):
+                medians[on].append(statistics.median(samples[on]) / 1000)
+        out["in a run, a bare OpenAI client's whole call"] = [statistics.median(medians[False]),
+                                                              statistics.median(medians[True])]
     return out
+
+
+def _middleware_outside(n: int, reps: int) -> list[float]:
+    """Outside every run, what the switch's aiohttp middleware adds to a request: CPU
+    microseconds of awaiting the next handler (one that answers at once) directly and through
+    the middleware, in blocks of *n* interleaved: [direct, through], the median of *reps*."""
+    import asyncio
+
+    from nbbudget.integrations.models import aio
+
+    middleware = aio.middleware(lambda request, library: None)
+    request = object()  # outside every run the middleware hands it on unread
+
+    async def handler(request: object) -> object:
+        return request
+
+    async def blocks() -> list[float]:
+        spent: dict[bool, list[float]] = {False: [], True: []}
+        for rep in range(reps * 2):
+            through = rep % 2 == 1
+            gc.collect()
+            gc.disable()
+            try:
+                start = time.thread_time_ns()
+                if through:
+                    for _ in range(n):
+                        await middleware(request, handler)  # type: ignore[arg-type]
+                else:
+                    for _ in range(n):
+                        await handler(request)
+                spent[through].append((time.thread_time_ns() - start) / 1000 / n)
+            finally:
+                gc.enable()
+        return [statistics.median(spent[False]), statistics.median(spent[True])]
+
+    return asyncio.run(blocks())
 
 
 #: the row of `whole_calls` that compares a call with cost_usd unarmed and armed
