@@ -101,8 +101,8 @@ def instrument(client: Any = None, *, prices: Any = None,
     """Bound model calls by the run current when each is made.
 
     ``nb.instrument()``: every model call the process makes, through the OpenAI or Anthropic
-    SDK at any base URL or any library built on httpx2 or httpx, clients made before or after
-    included (`nbbudget.integrations.models.everywhere`); returns the switch, whose
+    SDK at any base URL or any library built on httpx2, httpx or aiohttp, clients made before
+    or after included (`nbbudget.integrations.models.everywhere`); returns the switch, whose
     ``.undo()`` (or the end of its ``with`` block) turns it off. Calling it again changes
     nothing. Calls outside every run pass untouched.
 

@@ -110,9 +110,9 @@ class NBBudget(Configurable):
     instrument = Bool(
         True, help="True: bound every model call this kernel makes by the run current when "
                    "it is made (nb.instrument(): the OpenAI, Anthropic, Gemini and Ollama "
-                   "APIs at any base URL, through any library on httpx2 or httpx; a model "
-                   "call the LangChain, Agents SDK or pydantic-ai adapter counts is counted "
-                   "by it alone). False: only the clients given to nb.instrument(client).",
+                   "APIs at any base URL, through any library on httpx2, httpx or aiohttp; a "
+                   "model call the LangChain, Agents SDK or pydantic-ai adapter counts is "
+                   "counted by it alone). False: only the clients given to nb.instrument(client).",
     ).tag(config=True)
     interactive = Bool(
         None, allow_none=True,
