@@ -130,10 +130,16 @@ def instrument(client: Any = None, *, prices: Any = None,
             raise ConfigError(f"nb.instrument({client!r}) takes prices= and provider= only: "
                               f"give {'degrade' if degrade is not None else 'name'}= with a "
                               f"client, nb.instrument(client, ...)")
-        from .integrations.models.everywhere import install
+        from .integrations.models.everywhere import install, installed
 
+        was_on = installed() is not None
         switch = install()
-        switch.price(client, prices, provider)
+        try:
+            switch.price(client, prices, provider)
+        except ConfigError:
+            if not was_on:  # nothing changed by a call that failed
+                switch.undo()
+            raise
         return switch
     from .integrations.models import instrument as _instrument
 

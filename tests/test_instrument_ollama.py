@@ -19,7 +19,7 @@ from wire import FORMS, LINE_FORMS, Reply, Server  # noqa: E402
 from wire import ollama_shapes as ol  # noqa: E402
 
 import nbbudget as nb  # noqa: E402
-from nbbudget.integrations.models import ollama_api  # noqa: E402
+from nbbudget.integrations.models import everywhere, ollama_api  # noqa: E402
 
 ASK = [{"role": "user", "content": "plan the trip"}]
 MODEL = "llama3.2"
@@ -330,6 +330,7 @@ def test_the_calls_to_a_server_are_charged_at_the_prices_given(server: Server,
 def test_pricing_a_server_names_what_is_wrong(options: dict[str, Any], named: str) -> None:
     with pytest.raises(nb.ConfigError, match=named):
         nb.instrument("http://localhost:11434", **options)
+    assert everywhere.installed() is None  # a call that failed left the switch off
     switch = nb.instrument()
     assert switch.endpoints == {}
     switch.undo()
