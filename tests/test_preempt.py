@@ -542,7 +542,8 @@ def test_N_5_a_stop_dropped_in_a_del_is_raised_again_outside_it(where):
     """Nine tenths of the loop's time is in a ``__del__``, where the stop lands at the deadline
     (205 ms: 5 ms into the 21st object's). Python drops it there (``sys.unraisablehook``); it is
     raised again once the thread is out of that ``__del__``, and the run is cut at once, not
-    when the loop ends 3 s later."""
+    when the loop ends 3 s later. The first run of a process warms it up (where an interrupt
+    first lands varies); then runs until one whose stop was dropped, each cut in time."""
     seen: dict[str, object] = {}
 
     def work() -> None:
@@ -556,8 +557,13 @@ def test_N_5_a_stop_dropped_in_a_del_is_raised_again_outside_it(where):
         seen["error"], seen["seconds"] = _timed(loop, time="205ms")
         seen["dropped"] = list(_SlowToCollect.dropped)
 
-    run_on(where, work, "test-collector")
-    error = seen["error"]
-    assert isinstance(error, nb.BudgetCut) and error.by == "timeout", error
+    for attempt in range(9):
+        run_on(where, work, "test-collector")
+        error = seen["error"]
+        assert isinstance(error, nb.BudgetCut) and error.by == "timeout", error
+        if attempt == 0:
+            continue  # the warm-up
+        assert seen["seconds"] < 0.205 + LATE_S
+        if seen["dropped"]:
+            break
     assert seen["dropped"], "the stop never landed in the __del__: the test shows nothing"
-    assert seen["seconds"] < 0.205 + LATE_S
