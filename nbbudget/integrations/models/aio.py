@@ -48,6 +48,7 @@ from ...core.lowlevel import Unwind
 from ...run.budget import current
 from ..claims import claimed
 from .clients import Attempt, Gate, Library, Meter, opening
+from .shapes import request_content
 
 __all__ = ["AIOHTTP", "Aiohttp", "middleware"]
 
@@ -112,7 +113,7 @@ async def _through(request: aiohttp.ClientRequest, handler: _Handler,
         return await handler(request)
     attempt, changed = admitted
     if changed is not None:
-        await request.update_body(json.dumps(changed, separators=(",", ":")).encode())
+        await request.update_body(request_content(changed))
     try:
         response = await _within(handler(request), attempt.deadline)
         if response.status >= 400:
@@ -126,7 +127,7 @@ async def _through(request: aiohttp.ClientRequest, handler: _Handler,
             return response
         content = await _within(response.read(), attempt.deadline)
     except _FAILED as err:  # a timeout (the run's, or aiohttp's own), or a failed connection
-        if isinstance(err, aiohttp.ClientConnectorError):
+        if isinstance(err, AIOHTTP.never_sent):
             attempt.release()  # never sent: nothing billed
         attempt.timed_out()
         raise

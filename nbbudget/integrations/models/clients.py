@@ -65,7 +65,6 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import importlib
-import json
 import math
 import socket
 import sys
@@ -102,7 +101,16 @@ from ...run.providers import (
     spend_reply,
 )
 from ..claims import claimed
-from .shapes import SSE, Shape, Unreadable, ends, may_hold_usage, reply_usage, request_body
+from .shapes import (
+    SSE,
+    Shape,
+    Unreadable,
+    ends,
+    may_hold_usage,
+    reply_usage,
+    request_body,
+    request_content,
+)
 
 __all__ = ["Attempt", "Gate", "Http", "Library", "Meter", "api_of", "http_of", "instrument",
            "library", "opening", "send", "send_async"]
@@ -438,7 +446,7 @@ def _prepared(request: Any, body: dict[str, Any] | None, stream: bool, library: 
         if stream:
             request.headers["accept-encoding"] = "identity"
         return request
-    content = json.dumps(body, separators=(",", ":")).encode()
+    content = request_content(body)
     dropped = (*_LENGTH, b"accept-encoding") if stream else _LENGTH
     headers = [(key, value) for key, value in request.headers.raw
                if key.lower() not in dropped]

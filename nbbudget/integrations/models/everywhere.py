@@ -237,9 +237,10 @@ def _with_middleware(original: Callable[..., None], middleware: Any) -> Callable
     own."""
 
     @functools.wraps(original)
-    def __init__(self: Any, *args: Any, middlewares: Sequence[Any] = (), **kwargs: Any) -> None:
-        if _switch.on and middleware not in middlewares:
-            middlewares = (*middlewares, middleware)
+    def __init__(self: Any, *args: Any, middlewares: Sequence[Any] | None = (),
+                 **kwargs: Any) -> None:
+        if _switch.on and middleware not in (middlewares or ()):
+            middlewares = (*(middlewares or ()), middleware)
         original(self, *args, middlewares=middlewares, **kwargs)
 
     return __init__

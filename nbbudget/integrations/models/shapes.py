@@ -184,6 +184,13 @@ class Shape:
     uncapped: Callable[[Any], bool] | None = None
 
 
+def request_content(body: Any) -> bytes:
+    """A request body the gate changed (its cap clamped, its model degraded, usage asked of a
+    stream), as the bytes to send: compact JSON, as the SDKs write it. Used by ``clients`` and
+    by the aiohttp layer of the process-wide switch (``aio``)."""
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
 def request_body(content: bytes) -> Any:
     """A request's JSON body, which the SDK serialised compactly, for the instrumented clients
     (``clients``), which read every request's model and output cap: read with the C scanner
