@@ -174,7 +174,8 @@ def model_calls_switch_left_as_found() -> Iterator[None]:
 def switch() -> Iterator[Any]:
     """``nb.instrument()``'s process-wide switch, on for the test (the tests of each model
     library under it take it); once it is off, each HTTP client class has its own ``send``
-    back, and aiohttp's ``ClientSession`` its own ``__init__``."""
+    back, aiohttp's ``ClientSession`` its own ``__init__``, and botocore's endpoint and HTTP
+    session their own methods."""
     import nbbudget as nb
 
     classes = [getattr(module, name) for module in (sys.modules.get("httpx2"),
@@ -183,10 +184,15 @@ def switch() -> Iterator[Any]:
     sends = {cls: cls.send for cls in classes}
     aiohttp = sys.modules.get("aiohttp")  # its sessions' __init__, which adds the middleware
     init = None if aiohttp is None else aiohttp.ClientSession.__init__
+    endpoint = sys.modules.get("botocore.endpoint")  # botocore's, which admit and send
+    boto = None if endpoint is None else (endpoint.Endpoint.create_request,
+                                          endpoint.URLLib3Session.send)
     with nb.instrument() as on:
         yield on
     assert {cls: cls.send for cls in classes} == sends
     assert aiohttp is None or aiohttp.ClientSession.__init__ is init
+    assert endpoint is None or (endpoint.Endpoint.create_request,
+                                endpoint.URLLib3Session.send) == boto
 
 
 def _ledger_id(factory: Any) -> str:

@@ -22,12 +22,14 @@ import json
 import socket
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["FORMS", "FRAMINGS", "LINE_FORMS", "Received", "Reply", "Server", "dump"]
+__all__ = ["FORMS", "FRAMINGS", "LINE_FORMS", "Received", "Reply", "Server", "dump",
+           "event_message"]
 
 Events = list[tuple[str | None, Any]]
 
@@ -39,8 +41,10 @@ Events = list[tuple[str | None, Any]]
 FORMS = ("compact", "spaced", "indented", "reordered", "escaped")
 #: the forms a line of newline-delimited JSON may take: all but ``indented``, which spans lines
 LINE_FORMS = tuple(form for form in FORMS if form != "indented")
-#: how a stream's events are framed: server-sent events, or newline-delimited JSON (Ollama's)
-FRAMINGS = {"sse": "text/event-stream", "ndjson": "application/x-ndjson"}
+#: how a stream's events are framed: server-sent events, newline-delimited JSON (Ollama's), or
+#: AWS's binary event stream (Bedrock's ConverseStream)
+FRAMINGS = {"sse": "text/event-stream", "ndjson": "application/x-ndjson",
+            "eventstream": "application/vnd.amazon.eventstream"}
 
 
 def dump(data: Any, form: str = "compact") -> str:
@@ -56,6 +60,27 @@ def dump(data: Any, form: str = "compact") -> str:
     if form == "escaped":
         return _escaped(data)
     raise ValueError(f"form={form!r}: give one of {', '.join(FORMS)}")
+
+
+def _header(name: str, value: str) -> bytes:
+    """A string header of an AWS event stream message (type 7)."""
+    raw = value.encode()
+    return (bytes([len(name)]) + name.encode() + b"\x07" + len(raw).to_bytes(2, "big") + raw)
+
+
+def event_message(event_type: str, payload: bytes, message_type: str = "event") -> bytes:
+    """One message of AWS's event stream (``application/vnd.amazon.eventstream``), from its
+    public description: the total length and the headers' length (4 bytes each, big-endian),
+    their CRC32, the headers (``:event-type``, ``:content-type``, ``:message-type``; an
+    exception's names ``:exception-type``), the payload, the CRC32 of all before it."""
+    kind = ":exception-type" if message_type == "exception" else ":event-type"
+    headers = (_header(kind, event_type) + _header(":content-type", "application/json")
+               + _header(":message-type", message_type))
+    total = 12 + len(headers) + len(payload) + 4
+    prelude = total.to_bytes(4, "big") + len(headers).to_bytes(4, "big")
+    prelude += zlib.crc32(prelude).to_bytes(4, "big")
+    message = prelude + headers + payload
+    return message + zlib.crc32(message).to_bytes(4, "big")
 
 
 def _reversed(data: Any) -> Any:
@@ -129,6 +154,9 @@ class Reply:
             text = data if isinstance(data, str) else dump(data, self.form or "compact")
             if self.framing == "ndjson":
                 out.append(f"{text}\n".encode())
+                continue
+            if self.framing == "eventstream":
+                out.append(event_message(name or "", text.encode()))
                 continue
             end = self.newline
             lines = "".join(f"data: {line}{end}" for line in text.split("\n"))  # one per line

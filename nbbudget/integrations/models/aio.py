@@ -34,7 +34,6 @@ its own ``middlewares=``, which replace the session's.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -47,7 +46,7 @@ from ...core.errors import BudgetCut
 from ...core.lowlevel import Unwind
 from ...run.budget import current
 from ..claims import claimed
-from .clients import Attempt, Gate, Library, Meter, opening
+from .clients import Attempt, Gate, Library, Meter, Read, opening
 from .shapes import request_content
 
 __all__ = ["AIOHTTP", "Aiohttp", "middleware"]
@@ -131,20 +130,8 @@ async def _through(request: aiohttp.ClientRequest, handler: _Handler,
             attempt.release()  # never sent: nothing billed
         attempt.timed_out()
         raise
-    attempt.answered(_Read(response.status, content))
+    attempt.answered(Read(response.status, content))
     return response
-
-
-class _Read:
-    """A whole reply, read: what `Attempt.answered` reads of it."""
-
-    __slots__ = ("content", "status_code")
-
-    def __init__(self, status_code: int, content: bytes) -> None:
-        self.status_code, self.content = status_code, content
-
-    def json(self) -> Any:
-        return json.loads(self.content)
 
 
 class _Content:

@@ -65,6 +65,7 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import importlib
+import json
 import math
 import socket
 import sys
@@ -112,8 +113,8 @@ from .shapes import (
     request_content,
 )
 
-__all__ = ["Attempt", "Gate", "Http", "Library", "Meter", "api_of", "http_of", "instrument",
-           "library", "opening", "send", "send_async"]
+__all__ = ["Attempt", "Gate", "Http", "Library", "Meter", "Read", "Stream", "api_of", "http_of",
+           "instrument", "library", "opening", "send", "send_async", "watch"]
 
 _INF = math.inf
 #: what bounds a stream's output, for `Meter._left`
@@ -198,7 +199,8 @@ def instrument(client: _C, *, prices: Given | None = None,
 
 
 def api_of(family: str) -> _Api:
-    """The API *family* (``"openai"``, ``"anthropic"``, ``"gemini"``, ``"ollama"``) as the gates
+    """The API *family* (``"openai"``, ``"anthropic"``, ``"gemini"``, ``"ollama"``,
+    ``"bedrock"``) as the gates
     read it: its shapes and its errors (the SDK's own as well as nbbudget's where the SDK is
     installed). Used here and by the process-wide switch (``everywhere``), which routes a
     request by its path."""
@@ -213,6 +215,12 @@ def api_of(family: str) -> _Api:
 
         return _Api(o.PROVIDER, (o.CHAT, o.RESPONSES), o.Refused, o.Cut, o.Unpriced,
                     o.MAX_RETRY_AFTER)
+    if family == "bedrock":
+        from . import bedrock_api as b
+
+        # botocore's own retries (its legacy mode's four) wait their own backoff
+        return _Api(b.PROVIDER, (b.CONVERSE, b.CONVERSE_STREAM), b.Refused, b.Cut, b.Unpriced,
+                    _INF, retries=4, extra=b.EXTRA)
     if family == "gemini":
         from . import gemini_api as g
 
@@ -309,15 +317,17 @@ class Gate:
             _lower(request, timeout, bound)
         return request, attempt
 
-    def admit(self, run: Budget, path: str, content: bytes, headers: Any
-              ) -> tuple[Attempt, dict[str, Any] | None] | None:
+    def admit(self, run: Budget, path: str, content: bytes, headers: Any,
+              retry: bool | None = None) -> tuple[Attempt, dict[str, Any] | None] | None:
         """A ``POST`` to *path* with the JSON body *content* and *headers* (a mapping with
         ``get``), about to be sent in *run*: its attempt (the permits taken, the worst case
         reserved) and the body to send in its place when it changed (the cap clamped, the
         model degraded, usage asked of a stream), else None; None when it is not a model
         call (it is then sent untouched). A refusal raises the API's ``Refused``, and nothing
-        is sent. Every HTTP library's requests come here: `open` (httpx2, httpx) and the
-        aiohttp layer of the process-wide switch (``aio``)."""
+        is sent. *retry*: whether it retries an attempt, where the caller knows (botocore's
+        attempt count); else read from the SDKs' ``x-stainless-retry-count`` header. Every
+        HTTP library's requests come here: `open` (httpx2, httpx), and the aiohttp and
+        botocore layers of the process-wide switch (``aio``, ``boto``)."""
         for shape in self.api.shapes:
             if path.endswith(shape.path):
                 break
@@ -358,8 +368,9 @@ class Gate:
         if uncapped is not None and asked is not None and uncapped(asked):
             asked = None  # it bounds nothing (Ollama's num_predict -1): clamped as if not given
         # a first attempt's header found in C (httpx2's), else looked up
-        retry = _FIRST not in getattr(headers, "_list", ()) and headers.get(
-            "x-stainless-retry-count", "0") != "0"
+        if retry is None:
+            retry = _FIRST not in getattr(headers, "_list", ()) and headers.get(
+                "x-stainless-retry-count", "0") != "0"
         core = run.lowlevel
         reservation, fixed = None, 0.0
         try:
@@ -493,7 +504,7 @@ def _retried(response: Any) -> bool:
 class _Watch:
     """The sockets of the replies being read, each shut at its attempt's deadline (S3-8): a
     reply whose bytes trickle in, each within the read timeout, then fails at once, and its
-    reader (`_Budgeted`, `_Stream`) raises the run's cut. One named daemon thread
+    reader (`_Budgeted`, `Stream`) raises the run's cut. One named daemon thread
     (``nbbudget-model-deadlines``) looks every `TICK_S` while any reply is watched, and ends
     after `IDLE_S` with none (calls one after another find it running: adding and dropping a
     reply is a dict's insert and pop)."""
@@ -508,9 +519,15 @@ class _Watch:
         self.thread: threading.Thread | None = None
 
     def add(self, key: int, deadline: float, response: Any) -> None:
-        """Shut *response*'s socket at *deadline* (``time.monotonic()``) unless dropped."""
+        """Shut *response*'s socket (an httpx response's) at *deadline* (``time.monotonic()``)
+        unless dropped."""
         stream = response.extensions.get("network_stream")
-        sock = stream.get_extra_info("socket") if stream is not None else None
+        self.add_socket(key, deadline,
+                        stream.get_extra_info("socket") if stream is not None else None)
+
+    def add_socket(self, key: int, deadline: float, sock: socket.socket | None) -> None:
+        """Shut *sock* at *deadline* unless dropped (the botocore layer's, ``boto``, gives
+        urllib3's)."""
         if sock is None:  # a transport without a socket (in memory): nothing to shut
             return
         with self.lock:
@@ -546,7 +563,8 @@ class _Watch:
                     sock.shutdown(socket.SHUT_RDWR)
 
 
-_watch = _Watch()
+#: the sockets of the replies being read, shut at their deadlines: here and in ``boto``
+watch = _Watch()
 
 
 def _public(api: _Api, signal: Unwind, salvage: str) -> BaseException:
@@ -748,6 +766,7 @@ class Meter:
         shape = attempt.shape
         self.delta_bytes, self.final, self.done = shape.delta_bytes, shape.final, shape.done
         self.framing = shape.framing or SSE
+        self.text = self.framing.text
         self.deadline = attempt.deadline
         self.strip = shape.asked_field if attempt.hide else b""
         # the whole events passed on so far, as they came (a list: a bytearray grown by each
@@ -795,8 +814,9 @@ class Meter:
         if self.pending:
             chunk, self.pending = self.pending + chunk, b""
         # a chunk that ends as an event does, as a server sends them, passes whole; these ends
-        # end an event of every framing (a server-sent event's, a line's), tested here in C
-        if not (chunk.endswith(b"\n\n") or chunk.endswith(b"\r\n\r\n")):
+        # end an event of every framing of text (a server-sent event's, a line's), tested here
+        # in C; a binary framing's chunk is always cut at its messages' ends
+        if not (self.text and (chunk.endswith(b"\n\n") or chunk.endswith(b"\r\n\r\n"))):
             cut = self.framing.whole(chunk)  # its whole events; the rest waits
             chunk, self.pending = chunk[:cut], chunk[cut:]
             if not chunk:
@@ -953,15 +973,34 @@ class Meter:
                        if isinstance(event, dict))
 
 
-class _Stream:
-    """A streamed reply's bytes, through its meter: the part every HTTP library's stream class
-    shares (`Http` makes one for each, a subclass of its ``SyncByteStream``, which its
-    responses require)."""
+class Read:
+    """A whole reply, read: what `Attempt.answered` reads of it, for the layers whose replies
+    are not httpx's (``aio``, ``boto``)."""
 
-    def __init__(self, inner: Any, meter: Meter, response: Any) -> None:
+    __slots__ = ("content", "status_code")
+
+    def __init__(self, status_code: int, content: bytes) -> None:
+        self.status_code, self.content = status_code, content
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+class Stream:
+    """A streamed reply's bytes (*inner*, an iterable of them), through its meter: the part
+    every HTTP library's stream class shares (`Http` makes one for each, a subclass of its
+    ``SyncByteStream``, which its responses require; the botocore layer, ``boto``, one over
+    urllib3's). *sock*: the reply's socket, shut at the deadline, where *response* (an httpx
+    response) does not give it."""
+
+    def __init__(self, inner: Any, meter: Meter, response: Any,
+                 sock: socket.socket | None = None) -> None:
         self.inner, self.meter = inner, meter
         self.closed = False
-        _watch.add(id(self), meter.deadline, response)  # shut at the deadline (S3-8)
+        if response is not None:
+            watch.add(id(self), meter.deadline, response)  # shut at the deadline (S3-8)
+        else:
+            watch.add_socket(id(self), meter.deadline, sock)
 
     def __iter__(self) -> Iterator[bytes]:
         meter = self.meter
@@ -970,10 +1009,10 @@ class _Stream:
                 out = meter.feed(chunk)
                 if out:
                     yield out
-            _watch.drop(id(self))
+            watch.drop(id(self))
             rest = meter.finish()
         except meter.attempt.gate.library.transport_error:  # a timeout, or the socket shut at
-            _watch.drop(id(self))                             # the deadline
+            watch.drop(id(self))                             # the deadline
             meter.attempt.timed_out(meter.salvage())
             raise
         except (BudgetCut, Unwind, GeneratorExit):
@@ -988,7 +1027,7 @@ class _Stream:
         if self.closed:
             return
         self.closed = True
-        _watch.drop(id(self))
+        watch.drop(id(self))
         try:
             self.meter.close()
         finally:
@@ -996,12 +1035,12 @@ class _Stream:
 
 
 class _AsyncStream:
-    """A streamed reply's bytes, through its meter (async; as `_Stream`)."""
+    """A streamed reply's bytes, through its meter (async; as `Stream`)."""
 
     def __init__(self, inner: Any, meter: Meter, response: Any) -> None:
         self.inner, self.meter = inner, meter
         self.closed = False
-        _watch.add(id(self), meter.deadline, response)  # shut at the deadline (S3-8)
+        watch.add(id(self), meter.deadline, response)  # shut at the deadline (S3-8)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         meter = self.meter
@@ -1010,13 +1049,13 @@ class _AsyncStream:
                 out = meter.feed(chunk)
                 if out:
                     yield out
-            _watch.drop(id(self))
+            watch.drop(id(self))
             rest = meter.finish()
         except meter.attempt.gate.library.transport_error:  # a timeout, or the socket shut at
-            _watch.drop(id(self))                             # the deadline
+            watch.drop(id(self))                             # the deadline
             meter.attempt.timed_out(meter.salvage())
             raise
-        except (BudgetCut, Unwind):  # cut (S3-9, N-7): released here, as `_Stream`
+        except (BudgetCut, Unwind):  # cut (S3-9, N-7): released here, as `Stream`
             await self.aclose()
             raise
         if rest:
@@ -1026,7 +1065,7 @@ class _AsyncStream:
         if self.closed:
             return
         self.closed = True
-        _watch.drop(id(self))
+        watch.drop(id(self))
         try:
             self.meter.close()
         finally:
@@ -1062,11 +1101,11 @@ def send(gate: Gate, sender: Callable[..., Any], request: Any, kwargs: dict[str,
         if _metered(attempt, request, response, library.stream):
             return response
         key = id(attempt)
-        _watch.add(key, attempt.deadline, response)
+        watch.add(key, attempt.deadline, response)
         try:
             response.read()
         finally:
-            _watch.drop(key)
+            watch.drop(key)
     except library.transport_error as err:  # a timeout, or the socket shut at the deadline
         if isinstance(err, library.never_sent):
             attempt.release()  # never sent: nothing billed
@@ -1092,11 +1131,11 @@ async def send_async(gate: Gate, sender: Callable[..., Any], request: Any,
         if _metered(attempt, request, response, library.async_stream):
             return response
         key = id(attempt)
-        _watch.add(key, attempt.deadline, response)
+        watch.add(key, attempt.deadline, response)
         try:
             await response.aread()
         finally:
-            _watch.drop(key)
+            watch.drop(key)
     except library.transport_error as err:  # a timeout, or the socket shut at the deadline
         if isinstance(err, library.never_sent):
             attempt.release()  # never sent: nothing billed
@@ -1157,11 +1196,11 @@ class _AsyncBudgeted:
 
 class Library:
     """An HTTP library model requests go through, as a gate knows it: its module and what it
-    raises. `Http` (httpx2, httpx) and the aiohttp layer of the process-wide switch (``aio``)
-    are its kinds."""
+    raises. `Http` (httpx2, httpx) and the aiohttp and botocore layers of the process-wide
+    switch (``aio``, ``boto``) are its kinds."""
 
     def __init__(self, module: Any, not_read: tuple[type[BaseException], ...],
-                 transport_error: type[BaseException],
+                 transport_error: type[BaseException] | tuple[type[BaseException], ...],
                  never_sent: tuple[type[BaseException], ...]) -> None:
         self.module = module
         self.not_read = not_read  # a body not read, not JSON
@@ -1179,7 +1218,7 @@ class Http(Library):
         super().__init__(module, (module.RequestNotRead, ValueError), module.TransportError,
                          (module.ConnectError, module.ConnectTimeout))
         # its responses require their streams to be of its own classes
-        self.stream = type("Stream", (_Stream, module.SyncByteStream), {})
+        self.stream = type("Stream", (Stream, module.SyncByteStream), {})
         self.async_stream = type("AsyncStream", (_AsyncStream, module.AsyncByteStream), {})
         self.budgeted = type("Budgeted", (_Budgeted, module.Client), {})
         self.budgeted_async = type("AsyncBudgeted", (_AsyncBudgeted, module.AsyncClient), {})
@@ -1215,5 +1254,5 @@ def http_of(client: object) -> Http | None:
 
 # N-5: a request and its stream read the run's deadline and stop themselves, cut with the text
 # received so far (S3-9): a stop from elsewhere is held back while the thread is inside them
-for _own in (send, _Stream.__iter__):
+for _own in (send, Stream.__iter__):
     preempt.guard(_own.__code__)

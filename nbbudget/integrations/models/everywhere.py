@@ -61,9 +61,10 @@ from .clients import Gate, Http, Library, api_of, library, send, send_async
 
 __all__ = ["LIBRARIES", "ROUTES", "Switch", "install", "installed"]
 
-#: the HTTP libraries switched: the ``send`` of httpx2's and httpx's clients, and the
-#: middlewares of aiohttp's sessions (``aio``)
-LIBRARIES = ("httpx2", "httpx", "aiohttp")
+#: the HTTP libraries switched: the ``send`` of httpx2's and httpx's clients, the
+#: middlewares of aiohttp's sessions (``aio``), and botocore's endpoints and HTTP sessions
+#: (``boto``), switched as the module that holds its endpoints is imported
+LIBRARIES = ("httpx2", "httpx", "aiohttp", "botocore.endpoint")
 #: the endpoints read as model calls: how the path ends, and the API family that reads it
 ROUTES: tuple[tuple[str, str], ...] = (
     ("/chat/completions", "openai"), ("/responses", "openai"), ("/messages", "anthropic"),
@@ -146,7 +147,11 @@ class Switch:
             return None
         end, family = route
         url = str(request.url)
-        base = url[:url.index(end)] if end in url else url
+        return self.gate_at(family, url[:url.index(end)] if end in url else url, http)
+
+    def gate_at(self, family: str, base: str, http: Library) -> Gate | None:
+        """The gate of the API *family*'s calls at the base URL *base* through *http*, made
+        the first time (the botocore layer, ``boto``, asks by its operation's name)."""
         key = (family, http.module.__name__, base)
         gate = self.gates.get(key)
         if gate is None:
@@ -192,9 +197,12 @@ def install() -> Switch:
 
 def _patch(name: str) -> None:
     """Switch the ``send`` of library *name*'s ``Client`` and ``AsyncClient``, or for aiohttp
-    the ``__init__`` of its ``ClientSession`` (lock held)."""
+    the ``__init__`` of its ``ClientSession``, or botocore's (lock held)."""
     if name == "aiohttp":
         _patch_aiohttp()
+        return
+    if name == "botocore.endpoint":
+        _patch_botocore()
         return
     http = library(name)
     if http is None:
@@ -225,6 +233,32 @@ def _patch_aiohttp() -> None:
     ours = _with_middleware(original, aio.middleware(_gate_of))
     cls.__init__ = ours
     _switch.patched.append((cls, "__init__", original, ours))
+
+
+def _patch_botocore() -> None:
+    """Switch botocore's ``Endpoint.create_request`` and ``URLLib3Session.send`` (``boto``;
+    lock held)."""
+    endpoint = sys.modules.get("botocore.endpoint")
+    if endpoint is None:
+        return
+    from . import boto
+
+    for cls, name, make in (
+            (endpoint.Endpoint, "create_request",
+             lambda original: boto.switched_create_request(original, _gate_at)),
+            (endpoint.URLLib3Session, "send", boto.switched_send)):
+        if any(patched is cls for patched, _, _, _ in _switch.patched):
+            continue
+        original = getattr(cls, name)
+        ours = make(original)
+        setattr(cls, name, ours)
+        _switch.patched.append((cls, name, original, ours))
+
+
+def _gate_at(family: str, base: str, http: Library) -> Gate | None:
+    """The gate of *family*'s calls at *base* while the switch is on, else None (botocore's
+    layer asks)."""
+    return _switch.gate_at(family, base, http) if _switch.on else None
 
 
 def _gate_of(request: Any, http: Library) -> Gate | None:

@@ -15,8 +15,8 @@ number >= 0. A stream's meter (``clients``) parses an event
 only when its bytes may hold usage (`may_hold_usage`, which proves it cannot otherwise) or when
 its text deltas must be counted exactly (``Shape.delta_bytes`` bounds how many the bytes not
 yet counted can hold, whatever their JSON form). A stream is cut into events by its API's
-`Framing`: server-sent events (`SSE`: OpenAI, Anthropic) or one JSON object a line (`NDJSON`:
-Ollama).
+`Framing`: server-sent events (`SSE`: OpenAI, Anthropic), one JSON object a line (`NDJSON`:
+Ollama), or AWS's binary event stream (`EVENT_STREAM`: Bedrock's ``ConverseStream``).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from json.scanner import make_scanner
 from typing import Any
 
-__all__ = ["MISSING", "NDJSON", "SSE", "Framing", "Shape", "Unreadable", "count", "details",
-           "ends", "events_of", "lines_of", "may_hold_usage", "reply_usage", "reported_cost",
-           "request_body"]
+__all__ = ["EVENT_STREAM", "MISSING", "NDJSON", "SSE", "Framing", "Shape", "Unreadable", "count",
+           "details", "ends", "events_of", "lines_of", "may_hold_usage", "messages_of",
+           "reply_usage", "reported_cost", "request_body", "request_content"]
 
 # (text, index) -> (value, end), in C; typeshed types make_scanner's argument oddly
 _scan: Callable[[str, int], tuple[Any, int]] = make_scanner(
@@ -118,15 +118,18 @@ class Framing:
     passes on whole events only.
 
     ``whole(chunk)``: the length of *chunk*'s whole events (the rest waits for the next chunk;
-    the meter asks only of a chunk that does not end with a blank line, which ends an event in
-    every framing); ``flush``: the bytes that end a last event the stream did not end;
-    ``events(data)``: the events of *data*, each as ``(start, end, parsed JSON or None)``.
+    in a framing of ``text``, the meter asks only of a chunk that does not end with a blank
+    line, which ends an event in each of them); ``flush``: the bytes that end a last event the
+    stream did not end; ``events(data)``: the events of *data*, each as ``(start, end, parsed
+    JSON or None)``; ``text``: its events are lines of text (a binary framing's bytes may end
+    with a blank line's inside an event).
     """
 
     name: str
     whole: Callable[[bytes], int]
     flush: bytes
     events: Callable[[bytes], list[tuple[int, int, Any]]]
+    text: bool = True
 
 
 @dataclass(frozen=True)
@@ -299,3 +302,87 @@ def lines_of(data: bytes | bytearray, start: int = 0, end: int | None = None
 SSE = Framing("server-sent events", _sse_whole, b"\n\n", events_of)
 #: newline-delimited JSON (Ollama's ``application/x-ndjson``): one JSON object a line
 NDJSON = Framing("newline-delimited JSON", _ndjson_whole, b"\n", lines_of)
+
+
+# -- AWS's event stream (``application/vnd.amazon.eventstream``) ---------------------------------
+# A message: its total length and its headers' length (4 bytes each, big-endian), the CRC32 of
+# those 8 bytes, the headers, the payload, the CRC32 of all before it. A header: its name's
+# length (1 byte), the name, its value's type (1 byte), the value: a string's (type 7) and
+# bytes' (type 6) after their length (2 bytes); the other types are of fixed size.
+_PRELUDE, _CRC = 12, 4
+#: the size of a header value of each fixed-size type (0, 1: booleans; 2 to 5: integers of 1,
+#: 2, 4, 8 bytes; 8: a timestamp; 9: a UUID)
+_FIXED = {0: 0, 1: 0, 2: 1, 3: 2, 4: 4, 5: 8, 8: 8, 9: 16}
+
+
+def _message_ends(chunk: bytes) -> int:
+    """The length of *chunk*'s whole messages of an event stream (a length below a message's
+    least, which no server writes, passes the rest on as it is: the SDK's parser says what is
+    wrong with it)."""
+    pos, size = 0, len(chunk)
+    while pos + 4 <= size:
+        total = int.from_bytes(chunk[pos:pos + 4], "big")
+        if total < _PRELUDE + _CRC:
+            return size
+        if pos + total > size:
+            break
+        pos += total
+    return pos
+
+
+def _headers(data: bytes | bytearray, pos: int, end: int) -> dict[str, Any]:
+    """The headers in ``data[pos:end]``: strings decoded, bytes as they are, numbers read."""
+    out: dict[str, Any] = {}
+    while pos < end:
+        n = data[pos]
+        name = bytes(data[pos + 1:pos + 1 + n]).decode("utf-8", "replace")
+        pos += 1 + n
+        kind = data[pos]
+        pos += 1
+        if kind in (6, 7):
+            length = int.from_bytes(data[pos:pos + 2], "big")
+            raw = bytes(data[pos + 2:pos + 2 + length])
+            out[name] = raw.decode("utf-8", "replace") if kind == 7 else raw
+            pos += 2 + length
+        elif kind in _FIXED:
+            out[name] = kind == 0 if kind < 2 else int.from_bytes(
+                data[pos:pos + _FIXED[kind]], "big", signed=kind != 9)
+            pos += _FIXED[kind]
+        else:
+            break  # a type no version of the format has: the SDK's parser refuses it
+    return out
+
+
+def messages_of(data: bytes | bytearray, start: int = 0, end: int | None = None
+                ) -> list[tuple[int, int, Any]]:
+    """The messages of an AWS event stream in ``data[start:end]``, each as ``(start, end,
+    event)``: an event (``:message-type`` ``event``, or none) as the SDK hands it on, ``{event
+    type: JSON payload}`` (``{"contentBlockDelta": {...}}``); None for an exception's message or
+    a payload that is not JSON. A last message not whole is ``(start, end, None)``."""
+    out: list[tuple[int, int, Any]] = []
+    end = len(data) if end is None else end
+    pos = start
+    while pos < end:
+        total = int.from_bytes(data[pos:pos + 4], "big") if pos + 4 <= end else 0
+        if total < _PRELUDE + _CRC or pos + total > end:
+            out.append((pos, end, None))
+            break
+        stop = pos + total
+        first = pos + _PRELUDE + int.from_bytes(data[pos + 4:pos + 8], "big")
+        headers = _headers(data, pos + _PRELUDE, first)
+        value: Any = None
+        kind = headers.get(":event-type")
+        if headers.get(":message-type", "event") == "event" and type(kind) is str:
+            try:
+                value = {kind: json.loads(bytes(data[first:stop - _CRC]) or b"{}")}
+            except ValueError:
+                value = None
+        out.append((pos, stop, value))
+        pos = stop
+    return out
+
+
+#: AWS's binary event stream (Bedrock's ``ConverseStream``, ``application/vnd.amazon.
+#: eventstream``): each message says its length; an event is ``{type: payload}``, as botocore
+#: gives it to its caller
+EVENT_STREAM = Framing("event stream", _message_ends, b"", messages_of, text=False)
