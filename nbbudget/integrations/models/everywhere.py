@@ -12,7 +12,10 @@ google-genai's async client sends wherever aiohttp is installed, it is a client 
 (``aio``) that every ``ClientSession`` made while the switch is on gets, last, its
 ``__init__`` replaced on the class as OpenTelemetry's aiohttp instrumentation replaces it; a
 session made before the switch was turned on is not reached, nor a request given its own
-``middlewares=``. Observability tools that wrap the SDKs' methods (Logfire, OpenTelemetry's
+``middlewares=``. boto3's clients send through botocore, whose ``Endpoint.create_request`` and
+``URLLib3Session.send`` are replaced on their classes (``boto``): Amazon Bedrock's
+``Converse`` and ``ConverseStream``, from every client, made before the switch or after.
+Observability tools that wrap the SDKs' methods (Logfire, OpenTelemetry's
 instrumentors) sit above it: both see every call, whichever came first. A library not imported
 yet is switched on as it is imported (`_Finder`), so turning it on imports none of them.
 
@@ -30,7 +33,8 @@ adapter has claimed, passes untouched: it is counted once.
 
 **Ollama's native API** (``/api/chat``, ``/api/generate``: ``ollama_api``), which the ``ollama``
 package speaks on httpx, is read the same way; that package passes nbbudget's errors on as they
-are, and never retries.
+are, and never retries. So are Bedrock's calls (``bedrock_api``), by the operation botocore
+names rather than a path: botocore passes nbbudget's errors on unretried.
 
 **Outside every run** the switched ``send`` reads one context variable and calls the original,
 and aiohttp's middleware calls the next handler; the request and its reply are the library's
