@@ -16,7 +16,9 @@ session made before the switch was turned on is not reached, nor a request given
 ``URLLib3Session.send`` are replaced on their classes (``boto``): Amazon Bedrock's
 ``Converse`` and ``ConverseStream``, from every client, made before the switch or after.
 Observability tools that wrap the SDKs' methods (Logfire, OpenTelemetry's
-instrumentors) sit above it: both see every call, whichever came first. A library not imported
+instrumentors) sit above it: both see every call, whichever came first, its refusal and its cut
+as the SDK's errors; a call made in a run already stopped (a cancel, not a cut) unwinds past
+their ``except Exception`` and its span is never ended. A library not imported
 yet is switched on as it is imported (`_Finder`), so turning it on imports none of them.
 
 **What is a model call.** A ``POST`` made inside a run (`nbbudget.current`) whose path ends as
