@@ -5,7 +5,9 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-bash scripts/setup.sh test
+# the test extra, and the Claude Agent SDK (its wheel carries Claude Code: installed here
+# once, not in the other environments the test extra makes)
+bash scripts/setup.sh test,claude-agent
 
 status=0
 .venv/bin/python -m pytest "$@" || status=$?
