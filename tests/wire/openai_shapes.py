@@ -8,7 +8,7 @@ from typing import Any
 
 from .server import Reply
 
-__all__ = ["chat", "chat_stream", "chat_usage", "response", "response_stream",
+__all__ = ["chat", "chat_stream", "chat_usage", "embeddings", "response", "response_stream",
            "response_usage"]
 
 
@@ -120,3 +120,14 @@ def response_stream(pieces: list[str], usage: dict[str, Any], model: str = "gpt-
               "content": [{"type": "output_text", "text": text, "annotations": []}]})
     add("response.completed", response=_response(text, usage, model, "completed"))
     return Reply(events=events, event_delay=event_delay)
+
+
+def embeddings(count: int, prompt_tokens: int, model: str = "text-embedding-3-small",
+               dimensions: int = 4) -> Reply:
+    """An Embeddings reply (``POST /embeddings``): *count* embeddings of *dimensions* floats,
+    and its usage: ``prompt_tokens`` and ``total_tokens``, the same (an embedding generates
+    no tokens)."""
+    return Reply(body={"object": "list", "model": model, "data": [
+        {"object": "embedding", "index": i, "embedding": [0.25 * (i + 1)] * dimensions}
+        for i in range(count)], "usage": {"prompt_tokens": prompt_tokens,
+                                          "total_tokens": prompt_tokens}})

@@ -126,6 +126,8 @@ _METERED = tuple(sorted((KIND_INDEX[kind] for kind in ("tokens", "output_tokens"
 _MILLION = 1_000_000
 _BACKSLASH = ord("\\")  # ``int in bytes`` is one memchr
 _COST = KIND_INDEX["cost_usd"]
+#: the permit of one attempt at a request that generates no text (an embedding)
+_ONE_CALL = (KIND_INDEX["provider_calls"], 1)
 #: the extension a gate marks a request with once it has opened its attempt: the HTTP client an
 #: instrumented client wraps sends it on untouched, as the process-wide switch does
 _OPENED = "nbbudget.opened"
@@ -213,8 +215,8 @@ def api_of(family: str) -> _Api:
     if family == "openai":
         from . import openai_api as o
 
-        return _Api(o.PROVIDER, (o.CHAT, o.RESPONSES), o.Refused, o.Cut, o.Unpriced,
-                    o.MAX_RETRY_AFTER)
+        return _Api(o.PROVIDER, (o.CHAT, o.RESPONSES, o.EMBEDDINGS), o.Refused, o.Cut,
+                    o.Unpriced, o.MAX_RETRY_AFTER)
     if family == "bedrock":
         from . import bedrock_api as b
 
@@ -357,6 +359,8 @@ class Gate:
         label, target, price, rates, tallied = known
         if price is None:
             self._priceless(run, model)
+        if not shape.generates:
+            return self._embedding(run, shape, model, known, len(content)), None
         holder = body if not shape.cap_in else body.get(shape.cap_in)
         if type(holder) is not dict:
             holder = {}  # none asked: set in the body only if a cap must be sent
@@ -403,6 +407,31 @@ class Gate:
         bound = (guardrail if left_ms is None or left_ms >= guardrail else left_ms) / 1000
         return Attempt(self, run, core, shape, model, label, target, price, stream, hide,
                         bound, reservation, fixed, tallied), body if changed or hide else None
+
+    def _embedding(self, run: Budget, shape: Shape, model: str, known: _Model,
+                   size: int) -> Attempt:
+        """The attempt of a request that generates no text (an embedding): one
+        ``provider_calls`` permit (S4-6) and, with ``cost_usd`` limited, its input's worst case
+        (S3-10); no turn, no output cap."""
+        label, target, price, rates, tallied = known
+        core = run.lowlevel
+        reservation, fixed = None, 0.0
+        try:
+            if price is not None and core.limited(_COST):
+                fixed = ((size + FRAMING) * rates[0] if rates is not None
+                         else worst_case(price, size)[0])
+                core.reserve(((_COST, fixed), _ONE_CALL), target, tallied)
+                reservation = Reservation(core, fixed, label, target, tallied)
+            else:
+                core.reserve((_ONE_CALL,), target, tallied)
+        except BudgetExceeded as err:
+            raise self.api.refused(*err.args) from None
+        except Unwind as signal:  # the run was cut meanwhile
+            raise _public(self.api, signal, "") from None
+        left_ms = core.scope.remaining_ms()
+        bound = (GUARDRAIL_MS if left_ms is None or left_ms >= GUARDRAIL_MS else left_ms) / 1000
+        return Attempt(self, run, core, shape, model, label, target, price, False, False, bound,
+                       reservation, fixed, tallied)
 
     def _model(self, model: str) -> _Model:
         """The calls' name, target, price for *model* and, where the price is linear in the

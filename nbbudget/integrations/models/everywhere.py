@@ -22,11 +22,11 @@ their ``except Exception`` and its span is never ended. A library not imported
 yet is switched on as it is imported (`_Finder`), so turning it on imports none of them.
 
 **What is a model call.** A ``POST`` made inside a run (`nbbudget.current`) whose path ends as
-an API's endpoint does (``/chat/completions`` and ``/responses``: OpenAI's, and every server
-that speaks it; ``/messages``: Anthropic's; ``:generateContent`` and ``:streamGenerateContent``:
-Gemini's) and whose JSON body names a model (Gemini's path names it). It goes through
-the gate of ``clients`` (`send`): the permits, the clamp, the usage, the price, the stream cut,
-the time and the degrade of ``nb.instrument(client)``, the same. The provider, for its price, is
+an API's endpoint does (``/chat/completions``, ``/responses`` and ``/embeddings``: OpenAI's,
+and every server that speaks it; ``/messages``: Anthropic's; ``:generateContent`` and
+``:streamGenerateContent``: Gemini's) and whose JSON body names a model (Gemini's path names
+it). It goes through the gate of ``clients`` (`send`): the permits, the clamp, the usage, the
+price, the stream cut, the time and the degrade of ``nb.instrument(client)``, the same. The provider, for its price, is
 resolved from the request's URL through genai-prices (``https://openrouter.ai/api/v1`` is
 OpenRouter), else the API's own. The errors are the API's (``openai_api``, ``anthropic_api``,
 ``gemini_api``): nbbudget's, and the SDK's own where the SDK is installed, which it passes on
@@ -73,7 +73,8 @@ __all__ = ["LIBRARIES", "ROUTES", "Switch", "install", "installed"]
 LIBRARIES = ("httpx2", "httpx", "aiohttp", "botocore.endpoint")
 #: the endpoints read as model calls: how the path ends, and the API family that reads it
 ROUTES: tuple[tuple[str, str], ...] = (
-    ("/chat/completions", "openai"), ("/responses", "openai"), ("/messages", "anthropic"),
+    ("/chat/completions", "openai"), ("/responses", "openai"), ("/embeddings", "openai"),
+    ("/messages", "anthropic"),
     (":generateContent", "gemini"), (":streamGenerateContent", "gemini"),
     ("/api/chat", "ollama"), ("/api/generate", "ollama"))
 #: gates kept, by API family, HTTP library and base URL; cleared past this many

@@ -1,4 +1,5 @@
-"""OpenAI's model APIs as ``nb.instrument`` reads them: Chat Completions and Responses.
+"""OpenAI's model APIs as ``nb.instrument`` reads them: Chat Completions, Responses and
+Embeddings.
 
 Chat Completions (``POST /chat/completions``): the output cap is ``max_completion_tokens``, or
 the older ``max_tokens`` when the request uses it; usage is ``prompt_tokens`` (cached input
@@ -12,6 +13,8 @@ is asked: the instrumented client asks it, and keeps that chunk (which has no ch
 numbers >= 0 and the details objects; anything else is `shapes.Unreadable`. A server that reports
 what a call cost in ``usage.cost`` (OpenRouter, in a whole reply and in a stream's usage) has it
 read as ``cost_usd`` (`shapes.reported_cost`: a finite number >= 0, else unreadable).
+Embeddings (``POST /embeddings``) generate no text: a request has no output cap and never
+streams, and its usage is ``prompt_tokens``, its input (`shapes.Shape.generates`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ except ImportError:  # the wire format, spoken by another library: nbbudget's er
 from ...core.errors import BudgetCut, BudgetExceeded, ConfigError
 from .shapes import Shape, Unreadable, count, details, reported_cost
 
-__all__ = ["CHAT", "MAX_RETRY_AFTER", "PROVIDER", "RESPONSES", "Cut", "Refused", "Unpriced"]
+__all__ = ["CHAT", "EMBEDDINGS", "MAX_RETRY_AFTER", "PROVIDER", "RESPONSES", "Cut", "Refused",
+           "Unpriced"]
 
 #: the provider's name in genai-prices
 PROVIDER = "openai"
@@ -154,3 +158,17 @@ RESPONSES = Shape(
     stream_text=_responses_text,
     reply_text=_responses_reply_text, hidden=lambda event: False,
     delta_bytes=len('"type":"response.output_text.delta""delta":"x"'))
+
+
+def _embeddings_usage(usage: Mapping[str, Any]) -> dict[str, float]:
+    return reported_cost(usage, {"input_tokens": count(usage, "prompt_tokens"),
+                                 "output_tokens": 0})
+
+
+#: Embeddings (``POST /embeddings``), for `instrument`: no text generated, no cap, no stream
+EMBEDDINGS = Shape(
+    name="embeddings", path="/embeddings", cap_keys=(), generates=False,
+    ask_usage=lambda body: False, usage=_embeddings_usage, stream_usage=lambda event: None,
+    settles=lambda event: False, stream_text=lambda event: "",
+    reply_text=lambda body: "", hidden=lambda event: False, delta_bytes=1,
+    streamed=lambda path, body: False)

@@ -162,6 +162,8 @@ class Shape:
     ``framing``: how its stream is cut into events, where it is not as server-sent events
     (`SSE`): `NDJSON`; ``uncapped(value)``: whether a cap the request gives bounds nothing
     (Ollama's ``num_predict`` of 0 or less): it is then clamped as if none were given.
+    ``generates``: whether it generates text (False: an embedding, which has no output cap and
+    no turn, and takes only its ``provider_calls`` permit and its input's worst case).
     """
 
     name: str
@@ -185,6 +187,7 @@ class Shape:
     framing: Framing | None = None
     usage_in: str = "usage"
     uncapped: Callable[[Any], bool] | None = None
+    generates: bool = True
 
 
 def request_content(body: Any) -> bytes:
