@@ -28,9 +28,9 @@ and every server that speaks it; ``/messages``: Anthropic's; ``:generateContent`
 it). It goes through the gate of ``clients`` (`send`): the permits, the clamp, the usage, the
 price, the stream cut, the time and the degrade of ``nb.instrument(client)``, the same. The
 provider, for its price, is resolved from the request's URL through genai-prices
-(``https://openrouter.ai/api/v1`` is OpenRouter), else the API's own. The errors are the API's (``openai_api``, ``anthropic_api``,
-``gemini_api``): nbbudget's, and the SDK's own where the SDK is installed, which it passes on
-unretried. A request an instrumented client (``nb.instrument(client)``) has opened, or an
+(``https://openrouter.ai/api/v1`` is OpenRouter), else the API's own. The errors are the
+API's (``openai_api``, ``anthropic_api``, ``gemini_api``): nbbudget's, and the SDK's own where
+the SDK is installed, which it passes on unretried. A request an instrumented client (``nb.instrument(client)``) has opened, or an
 adapter has claimed, passes untouched: it is counted once.
 
 **Ollama's native API** (``/api/chat``, ``/api/generate``: ``ollama_api``), which the ``ollama``
