@@ -22,16 +22,17 @@ their ``except Exception`` and its span is never ended. A library not imported
 yet is switched on as it is imported (`_Finder`), so turning it on imports none of them.
 
 **What is a model call.** A ``POST`` made inside a run (`nbbudget.current`) whose path ends as
-an API's endpoint does (``/chat/completions``, ``/responses`` and ``/embeddings``: OpenAI's,
-and every server that speaks it; ``/messages``: Anthropic's; ``:generateContent`` and
+an API's endpoint does (``/chat/completions``, ``/responses`` and ``/embeddings``: OpenAI's, and
+every server that speaks it; ``/messages``: Anthropic's; ``:generateContent`` and
 ``:streamGenerateContent``: Gemini's) and whose JSON body names a model (Gemini's path names
 it). It goes through the gate of ``clients`` (`send`): the permits, the clamp, the usage, the
 price, the stream cut, the time and the degrade of ``nb.instrument(client)``, the same. The
 provider, for its price, is resolved from the request's URL through genai-prices
-(``https://openrouter.ai/api/v1`` is OpenRouter), else the API's own. The errors are the
-API's (``openai_api``, ``anthropic_api``, ``gemini_api``): nbbudget's, and the SDK's own where
-the SDK is installed, which it passes on unretried. A request an instrumented client (``nb.instrument(client)``) has opened, or an
-adapter has claimed, passes untouched: it is counted once.
+(``https://openrouter.ai/api/v1`` is OpenRouter), else the API's own. The errors are the API's
+(``openai_api``, ``anthropic_api``, ``gemini_api``): nbbudget's, and the SDK's own where the SDK
+is installed, which it passes on unretried. A request an instrumented client
+(``nb.instrument(client)``) has opened, or an adapter has claimed, passes untouched: it is
+counted once.
 
 **Ollama's native API** (``/api/chat``, ``/api/generate``: ``ollama_api``), which the ``ollama``
 package speaks on httpx, is read the same way; that package passes nbbudget's errors on as they
