@@ -176,7 +176,10 @@ def instrument(client: _C, *, prices: Given | None = None,
     past that fraction of the cost limit (or, with none, of the most used armed limit) requests
     name the cheaper model. ``name``: the calls' name in the trace (default: the model).
     """
-    api = _api_of(client)
+    # the provider of the API at the client's base URL (as genai-prices names it), which
+    # picks the shape of its Chat Completions (Mistral's, Groq's); else the SDK's own
+    found = provider or provider_of(str(getattr(client, "base_url", "")))
+    api = _api_of(client, found)
     given = given_price(prices, "nb.instrument()")
     given_provider(provider, "nb.instrument()")
     _check(degrade, name)
@@ -189,7 +192,7 @@ def instrument(client: _C, *, prices: Given | None = None,
         raise ConfigError(f"nb.instrument() wraps a client built on httpx2 or httpx, and this "
                           f"{type(client).__name__} uses {type(http).__module__}."
                           f"{type(http).__name__}: give it one of those (http_client=)")
-    gate = Gate(api, library, given, degrade, name, provider or _provider(client, api),
+    gate = Gate(api, library, given, degrade, name, found or api.provider,
                  linear=given is not None and not callable(prices),
                  max_retries=client.max_retries)  # type: ignore[attr-defined]
     wrapper = (library.budgeted_async(http, gate) if isinstance(http, library.module.AsyncClient)
@@ -198,12 +201,15 @@ def instrument(client: _C, *, prices: Given | None = None,
     return copy
 
 
-def api_of(family: str) -> _Api:
+def api_of(family: str, provider: str | None = None, base_url: str = "") -> _Api:
     """The API *family* (``"openai"``, ``"anthropic"``, ``"gemini"``, ``"ollama"``,
     ``"bedrock"``) as the gates
     read it: its shapes and its errors (the SDK's own as well as nbbudget's where the SDK is
     installed). Used here and by the process-wide switch (``everywhere``), which routes a
-    request by its path."""
+    request by its path. The OpenAI family's Chat Completions are read as Mistral's or Groq's
+    (``openai_api.chat_of``) when *provider* names that provider, or else when *base_url* is
+    at its URL (``openai_api.provider_at``: where genai-prices is not installed to resolve
+    it); the API's provider is then that one."""
     if family == "ollama":
         from . import ollama_api as ol
 
@@ -213,6 +219,14 @@ def api_of(family: str) -> _Api:
     if family == "openai":
         from . import openai_api as o
 
+        chat = o.chat_of(provider or o.provider_at(base_url) or o.PROVIDER)
+        if chat is o.MISTRAL_CHAT:  # no Responses; the mistralai SDK retries only when given
+            # a retry configuration
+            return _Api(o.MISTRAL, (chat,), o.Refused, o.Cut, o.Unpriced, _INF, retries=0,
+                        extra=o.MISTRAL)
+        if chat is o.GROQ_CHAT:
+            return _Api(o.GROQ, (chat, o.RESPONSES), o.Refused, o.Cut, o.Unpriced,
+                        o.MAX_RETRY_AFTER, extra=o.GROQ)
         return _Api(o.PROVIDER, (o.CHAT, o.RESPONSES), o.Refused, o.Cut, o.Unpriced,
                     o.MAX_RETRY_AFTER)
     if family == "bedrock":
@@ -232,21 +246,15 @@ def api_of(family: str) -> _Api:
     return _Api(a.PROVIDER, (a.MESSAGES,), a.Refused, a.Cut, a.Unpriced, _INF)
 
 
-def _api_of(client: object) -> _Api:
+def _api_of(client: object, provider: str | None) -> _Api:
     package = type(client).__module__.split(".")[0]
     if package == "openai" and hasattr(client, "chat"):
-        return api_of("openai")
+        return api_of("openai", provider, str(getattr(client, "base_url", "")))
     if package == "anthropic" and hasattr(client, "messages"):
         return api_of("anthropic")
     raise ConfigError(f"nb.instrument() takes an openai.OpenAI, openai.AsyncOpenAI, "
                       f"anthropic.Anthropic or anthropic.AsyncAnthropic client, not "
                       f"{type(client).__module__}.{type(client).__name__}")
-
-
-def _provider(client: object, api: _Api) -> str:
-    """The provider of the API at *client*'s base URL, as genai-prices names it, else the
-    SDK's own (a server genai-prices does not know: a proxy, a local server)."""
-    return provider_of(str(getattr(client, "base_url", ""))) or api.provider
 
 
 def _check(degrade: tuple[str, float] | None, name: str | None) -> None:
