@@ -126,9 +126,12 @@ _METERED = tuple(sorted((KIND_INDEX[kind] for kind in ("tokens", "output_tokens"
 _MILLION = 1_000_000
 _BACKSLASH = ord("\\")  # ``int in bytes`` is one memchr
 _COST = KIND_INDEX["cost_usd"]
-#: the extension a gate marks a request with once it has opened its attempt: the HTTP client an
-#: instrumented client wraps sends it on untouched, as the process-wide switch does
+#: the extension a gate marks a request with while it sends the attempt it opened: the HTTP
+#: client an instrumented client wraps sends it on untouched, as the process-wide switch does
 _OPENED = "nbbudget.opened"
+#: the extension a gate marks an SDK's request with once it has admitted it: the same request
+#: sent again (the mistralai SDK's retries resend it) is a retry of it (S4-6)
+_ADMITTED = "nbbudget.admitted"
 #: the headers of a body's length, which a new body replaces
 _LENGTH = (b"content-length", b"transfer-encoding")
 _C = TypeVar("_C")
@@ -310,9 +313,11 @@ class Gate:
             content = request.content
         except self.library.not_read:
             return None
-        admitted = self.admit(run, request.url.path, content, request.headers)
+        admitted = self.admit(run, request.url.path, content, request.headers,
+                              retry=True if _ADMITTED in request.extensions else None)
         if admitted is None:
             return None
+        request.extensions[_ADMITTED] = True
         attempt, body = admitted
         if body is not None or attempt.stream:
             request = _prepared(request, body, attempt.stream, self.library)
@@ -1119,6 +1124,8 @@ def send(gate: Gate, sender: Callable[..., Any], request: Any, kwargs: dict[str,
             attempt.release()  # never sent: nothing billed
         attempt.timed_out()
         raise
+    finally:
+        request.extensions.pop(_OPENED, None)  # sent: the SDK sending it again is a new attempt
     attempt.answered(response)
     return response
 
@@ -1151,6 +1158,7 @@ async def send_async(gate: Gate, sender: Callable[..., Any], request: Any,
         raise
     finally:
         opening.reset(inside)
+        request.extensions.pop(_OPENED, None)  # sent: the SDK sending it again is a new attempt
     attempt.answered(response)
     return response
 
