@@ -134,7 +134,7 @@ def test_tokens_and_cost_are_charged_as_the_server_reports_them_S2_9(
     assert first["stream"] is False and second["stream"] is True
     assert undefined(first) == undefined(second) == set()  # no stream_options asked
     if price_of("mistral", MODEL) is None:
-        return  # no genai-prices (Python 3.10), or a model it does not know
+        return  # no genai-prices installed, or a model it does not know
     expected = [cost_usd("mistral", MODEL, {"input_tokens": i, "output_tokens": o})
                 for i, o in ((12, 3), (20, 2))]
     assert run.consumed["cost_usd"] == pytest.approx(sum(c or 0 for c in expected))
@@ -323,8 +323,9 @@ def test_an_error_status_is_the_sdks_own_error_as_it_retries_nothing_S3_8(
 @pytest.mark.parametrize("genai_prices", [True, False], ids=["resolved", "without-genai-prices"])
 def test_at_mistrals_url_the_switch_reads_mistrals_chat_completions(
         switch: Any, monkeypatch: pytest.MonkeyPatch, genai_prices: bool) -> None:
-    """Mistral's URL is Mistral's API, resolved by genai-prices, or known without it (Python
-    3.10); another URL is read as OpenAI's unless given Mistral as its provider."""
+    """Mistral's URL is Mistral's API, resolved by genai-prices, or known without it (which
+    needs Python 3.11, as the mistralai SDK does: another client at that URL may be on 3.10);
+    another URL is read as OpenAI's unless given Mistral as its provider."""
     if not genai_prices:
         monkeypatch.setitem(sys.modules, "genai_prices", None)  # its import fails
     library = everywhere.library("httpx2")
