@@ -179,12 +179,12 @@ def instrument(client: _C, *, prices: Given | None = None,
     past that fraction of the cost limit (or, with none, of the most used armed limit) requests
     name the cheaper model. ``name``: the calls' name in the trace (default: the model).
     """
+    given_provider(provider, "nb.instrument()")
     # the provider of the API at the client's base URL (as genai-prices names it), which
     # picks the shape of its Chat Completions (Mistral's, Groq's); else the SDK's own
     found = provider or provider_of(str(getattr(client, "base_url", "")))
     api = _api_of(client, found)
     given = given_price(prices, "nb.instrument()")
-    given_provider(provider, "nb.instrument()")
     _check(degrade, name)
     http = client._client  # type: ignore[attr-defined]  # the SDK's HTTP client (no accessor)
     if isinstance(http, (_Budgeted, _AsyncBudgeted)):
