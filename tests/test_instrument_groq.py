@@ -327,6 +327,37 @@ def test_at_groqs_url_the_switch_reads_groqs_chat_completions(
     assert clients.api_of("openai", "groq").shapes[0] is openai_api.GROQ_CHAT
 
 
+class ToServer(httpx.HTTPTransport):
+    """Sends every request to *server* whatever its URL: a client made for Groq's own URL
+    talks to the stand-in server, and the switch sees the request at Groq's URL."""
+
+    def __init__(self, server: Server) -> None:
+        super().__init__()
+        self.target = httpx.URL(server.url)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        request.url = request.url.copy_with(scheme="http", host=self.target.host,
+                                            port=self.target.port)
+        return super().handle_request(request)
+
+
+def test_the_sdk_at_groqs_own_url_is_read_as_groq_with_no_provider_given_S2_9(
+        server: Server, switch: Any) -> None:
+    """The SDK at its default URL (``https://api.groq.com``), with nothing said of the
+    provider: a stream is sent as the SDK asked it, its usage read from ``x_groq.usage``, and
+    priced at Groq's."""
+    server.queue(gq.chat("Paris.", gq.usage(12, 3)),
+                 gq.chat_stream(["Ni", "ce."], gq.usage(20, 2)))
+    with httpx.Client(transport=ToServer(server)) as http, \
+            groq.Groq(api_key="k", http_client=http) as client, nb.budget(tokens=1000) as run:
+        create(client)
+        assert streamed(client) == "Nice."
+    assert all("stream_options" not in body for body in server.bodies())
+    assert used(run) == {"provider_calls": 2, "turns": 2, "tokens": 37, "output_tokens": 5}
+    if price_of("groq", MODEL) is not None:
+        assert run.consumed["cost_usd"] > 0
+
+
 # -- outside every run ----------------------------------------------------------------------------
 def test_outside_every_run_the_requests_and_replies_are_the_bare_sdks_byte_for_byte(
         server: Server, client: Any) -> None:

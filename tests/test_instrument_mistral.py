@@ -340,6 +340,55 @@ def test_at_mistrals_url_the_switch_reads_mistrals_chat_completions(
     assert clients.api_of("openai", "mistral").shapes == (openai_api.MISTRAL_CHAT,)
 
 
+class ToServer(httpx2.HTTPTransport):
+    """Sends every request to *server* whatever its URL: a client made for Mistral's own URL
+    talks to the stand-in server, and the switch sees the request at Mistral's URL."""
+
+    def __init__(self, server: Server) -> None:
+        super().__init__()
+        self.target = httpx2.URL(server.url)
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        request.url = request.url.copy_with(scheme="http", host=self.target.host,
+                                            port=self.target.port)
+        return super().handle_request(request)
+
+
+def test_the_sdk_at_mistrals_own_url_is_read_as_mistral_with_no_provider_given_S2_9(
+        server: Server, switch: Any) -> None:
+    """The SDK at its default URL (``https://api.mistral.ai``), with nothing said of the
+    provider: its requests are sent as Mistral's API takes them, and priced at Mistral's."""
+    server.queue(ms.chat("Paris.", ms.usage(12, 3)),
+                 ms.chat_stream(["Ni", "ce."], ms.usage(20, 2)))
+    with httpx2.Client(transport=ToServer(server)) as http, \
+            Mistral(api_key="k", client=http) as client, nb.budget(output_tokens=50) as run:
+        complete(client)
+        assert streamed(client) == "Nice."
+    assert [undefined(body) for body in server.bodies()] == [set(), set()]
+    assert [body["max_tokens"] for body in server.bodies()] == [50, 47]
+    assert used(run) == {"provider_calls": 2, "turns": 2, "tokens": 37, "output_tokens": 5}
+    if price_of("mistral", MODEL) is not None:
+        assert run.consumed["cost_usd"] > 0
+
+
+def test_an_instrumented_openai_client_at_mistrals_url_is_read_as_mistral_S2_9(
+        server: Server) -> None:
+    """``nb.instrument(client)`` of an OpenAI client whose base URL is Mistral's: its
+    requests are sent as Mistral's API takes them, a stream's usage read from its last
+    chunk."""
+    openai = pytest.importorskip("openai")
+    server.queue(ms.chat_stream(["Ni", "ce."], ms.usage(20, 2)))
+    with httpx2.Client(transport=ToServer(server)) as http, openai.OpenAI(
+            base_url="https://api.mistral.ai/v1", api_key="k", http_client=http,
+            max_retries=0) as bare, nb.budget(output_tokens=50) as run:
+        chunks = list(nb.instrument(bare).chat.completions.create(
+            model=MODEL, messages=ASK, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Nice."
+    (body,) = server.bodies()
+    assert undefined(body) == set() and body["max_tokens"] == 50
+    assert (run.consumed["tokens"], run.consumed["output_tokens"]) == (22, 2)
+
+
 def test_a_model_without_a_price_is_refused_unsent_under_cost_usd(
         server: Server, mistral: Any, client: Mistral) -> None:
     with pytest.raises(nb.ConfigError) as refused, nb.budget(cost_usd=1):
