@@ -223,8 +223,9 @@ def api_of(family: str, provider: str | None = None, base_url: str = "") -> _Api
         from . import openai_api as o
 
         chat = o.chat_of(provider or o.provider_at(base_url) or o.PROVIDER)
-        if chat is o.MISTRAL_CHAT:  # no Responses; the mistralai SDK retries only when given
-            # a retry configuration
+        if chat is o.MISTRAL_CHAT:
+            # Mistral serves no Responses; the mistralai SDK retries only when given a retry
+            # configuration
             return _Api(o.MISTRAL, (chat,), o.Refused, o.Cut, o.Unpriced, _INF, retries=0,
                         extra=o.MISTRAL)
         if chat is o.GROQ_CHAT:

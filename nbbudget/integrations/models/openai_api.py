@@ -122,6 +122,7 @@ CHAT = Shape(
 
 
 def _unasked(body: dict[str, Any]) -> bool:
+    """A stream whose API reports its usage unasked: its body is left as it is."""
     return False
 
 
