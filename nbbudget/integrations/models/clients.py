@@ -128,9 +128,12 @@ _BACKSLASH = ord("\\")  # ``int in bytes`` is one memchr
 _COST = KIND_INDEX["cost_usd"]
 #: the permit of one attempt at a request that generates no text (an embedding)
 _ONE_CALL = (KIND_INDEX["provider_calls"], 1)
-#: the extension a gate marks a request with once it has opened its attempt: the HTTP client an
-#: instrumented client wraps sends it on untouched, as the process-wide switch does
+#: the extension a gate marks a request with while it sends the attempt it opened: the HTTP
+#: client an instrumented client wraps sends it on untouched, as the process-wide switch does
 _OPENED = "nbbudget.opened"
+#: the extension a gate marks an SDK's request with once it has admitted it: the same request
+#: sent again (the mistralai SDK's retries resend it) is a retry of it (S4-6)
+_ADMITTED = "nbbudget.admitted"
 #: the headers of a body's length, which a new body replaces
 _LENGTH = (b"content-length", b"transfer-encoding")
 _C = TypeVar("_C")
@@ -178,9 +181,12 @@ def instrument(client: _C, *, prices: Given | None = None,
     past that fraction of the cost limit (or, with none, of the most used armed limit) requests
     name the cheaper model. ``name``: the calls' name in the trace (default: the model).
     """
-    api = _api_of(client)
-    given = given_price(prices, "nb.instrument()")
     given_provider(provider, "nb.instrument()")
+    # the provider of the API at the client's base URL (as genai-prices names it), which
+    # picks the shape of its Chat Completions (Mistral's, Groq's); else the SDK's own
+    found = provider or provider_of(str(getattr(client, "base_url", "")))
+    api = _api_of(client, found)
+    given = given_price(prices, "nb.instrument()")
     _check(degrade, name)
     http = client._client  # type: ignore[attr-defined]  # the SDK's HTTP client (no accessor)
     if isinstance(http, (_Budgeted, _AsyncBudgeted)):
@@ -191,7 +197,7 @@ def instrument(client: _C, *, prices: Given | None = None,
         raise ConfigError(f"nb.instrument() wraps a client built on httpx2 or httpx, and this "
                           f"{type(client).__name__} uses {type(http).__module__}."
                           f"{type(http).__name__}: give it one of those (http_client=)")
-    gate = Gate(api, library, given, degrade, name, provider or _provider(client, api),
+    gate = Gate(api, library, given, degrade, name, found or api.provider,
                  linear=given is not None and not callable(prices),
                  max_retries=client.max_retries)  # type: ignore[attr-defined]
     wrapper = (library.budgeted_async(http, gate) if isinstance(http, library.module.AsyncClient)
@@ -200,12 +206,15 @@ def instrument(client: _C, *, prices: Given | None = None,
     return copy
 
 
-def api_of(family: str) -> _Api:
+def api_of(family: str, provider: str | None = None, base_url: str = "") -> _Api:
     """The API *family* (``"openai"``, ``"anthropic"``, ``"gemini"``, ``"ollama"``,
     ``"bedrock"``) as the gates
     read it: its shapes and its errors (the SDK's own as well as nbbudget's where the SDK is
     installed). Used here and by the process-wide switch (``everywhere``), which routes a
-    request by its path."""
+    request by its path. The OpenAI family's Chat Completions are read as Mistral's or Groq's
+    (``openai_api.chat_of``) when *provider* names that provider, or else when *base_url* is
+    at its URL (``openai_api.provider_at``: where genai-prices is not installed to resolve
+    it); the API's provider is then that one."""
     if family == "ollama":
         from . import ollama_api as ol
 
@@ -215,6 +224,15 @@ def api_of(family: str) -> _Api:
     if family == "openai":
         from . import openai_api as o
 
+        chat = o.chat_of(provider or o.provider_at(base_url) or o.PROVIDER)
+        if chat is o.MISTRAL_CHAT:
+            # Mistral serves no Responses (its Embeddings are OpenAI's shape); the mistralai SDK retries only when given a retry
+            # configuration
+            return _Api(o.MISTRAL, (chat, o.EMBEDDINGS), o.Refused, o.Cut, o.Unpriced, _INF, retries=0,
+                        extra=o.MISTRAL)
+        if chat is o.GROQ_CHAT:
+            return _Api(o.GROQ, (chat, o.RESPONSES), o.Refused, o.Cut, o.Unpriced,
+                        o.MAX_RETRY_AFTER, extra=o.GROQ)
         return _Api(o.PROVIDER, (o.CHAT, o.RESPONSES, o.EMBEDDINGS), o.Refused, o.Cut,
                     o.Unpriced, o.MAX_RETRY_AFTER)
     if family == "bedrock":
@@ -234,21 +252,15 @@ def api_of(family: str) -> _Api:
     return _Api(a.PROVIDER, (a.MESSAGES,), a.Refused, a.Cut, a.Unpriced, _INF)
 
 
-def _api_of(client: object) -> _Api:
+def _api_of(client: object, provider: str | None) -> _Api:
     package = type(client).__module__.split(".")[0]
     if package == "openai" and hasattr(client, "chat"):
-        return api_of("openai")
+        return api_of("openai", provider, str(getattr(client, "base_url", "")))
     if package == "anthropic" and hasattr(client, "messages"):
         return api_of("anthropic")
     raise ConfigError(f"nb.instrument() takes an openai.OpenAI, openai.AsyncOpenAI, "
                       f"anthropic.Anthropic or anthropic.AsyncAnthropic client, not "
                       f"{type(client).__module__}.{type(client).__name__}")
-
-
-def _provider(client: object, api: _Api) -> str:
-    """The provider of the API at *client*'s base URL, as genai-prices names it, else the
-    SDK's own (a server genai-prices does not know: a proxy, a local server)."""
-    return provider_of(str(getattr(client, "base_url", ""))) or api.provider
 
 
 def _check(degrade: tuple[str, float] | None, name: str | None) -> None:
@@ -304,9 +316,11 @@ class Gate:
             content = request.content
         except self.library.not_read:
             return None
-        admitted = self.admit(run, request.url.path, content, request.headers)
+        admitted = self.admit(run, request.url.path, content, request.headers,
+                              retry=True if _ADMITTED in request.extensions else None)
         if admitted is None:
             return None
+        request.extensions[_ADMITTED] = True
         attempt, body = admitted
         if body is not None or attempt.stream:
             request = _prepared(request, body, attempt.stream, self.library)
@@ -1140,6 +1154,8 @@ def send(gate: Gate, sender: Callable[..., Any], request: Any, kwargs: dict[str,
             attempt.release()  # never sent: nothing billed
         attempt.timed_out()
         raise
+    finally:
+        request.extensions.pop(_OPENED, None)  # sent: the SDK sending it again is a new attempt
     attempt.answered(response)
     return response
 
@@ -1172,6 +1188,7 @@ async def send_async(gate: Gate, sender: Callable[..., Any], request: Any,
         raise
     finally:
         opening.reset(inside)
+        request.extensions.pop(_OPENED, None)  # sent: the SDK sending it again is a new attempt
     attempt.answered(response)
     return response
 

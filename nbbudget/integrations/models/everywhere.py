@@ -28,11 +28,15 @@ every server that speaks it; ``/messages``: Anthropic's; ``:generateContent`` an
 it). It goes through the gate of ``clients`` (`send`): the permits, the clamp, the usage, the
 price, the stream cut, the time and the degrade of ``nb.instrument(client)``, the same. The
 provider, for its price, is resolved from the request's URL through genai-prices
-(``https://openrouter.ai/api/v1`` is OpenRouter), else the API's own. The errors are the API's
-(``openai_api``, ``anthropic_api``, ``gemini_api``): nbbudget's, and the SDK's own where the SDK
-is installed, which it passes on unretried. A request an instrumented client
-(``nb.instrument(client)``) has opened, or an adapter has claimed, passes untouched: it is
-counted once.
+(``https://openrouter.ai/api/v1`` is OpenRouter), else the API's own. Mistral's and Groq's Chat
+Completions (the ``mistralai`` and ``groq`` SDKs'), at their URLs or at a URL given their
+provider (``nb.instrument(url, provider="mistral")``), are read as their own APIs define them
+(``openai_api.chat_of``). The errors are the API's (``openai_api``, ``anthropic_api``,
+``gemini_api``): nbbudget's, and the SDK's own where the SDK is installed, which it passes on
+unretried (the ``groq`` SDK retries any error raised while a request is sent, a refusal among
+them, then raises its own ``APIConnectionError`` from it: the run's block ends with nbbudget's).
+A request an instrumented client (``nb.instrument(client)``) has opened, or an adapter has
+claimed, passes untouched: it is counted once.
 
 **Ollama's native API** (``/api/chat``, ``/api/generate``: ``ollama_api``), which the ``ollama``
 package speaks on httpx, is read the same way; that package passes nbbudget's errors on as they
@@ -163,12 +167,12 @@ class Switch:
         key = (family, http.module.__name__, base)
         gate = self.gates.get(key)
         if gate is None:
-            api = api_of(family)
             given, linear, provider = next(
                 (priced for url, priced in self.endpoints.items()
                  if base == url or base.startswith(url + "/")), (None, False, None))
-            gate = Gate(api, http, given, None, None,
-                        provider or provider_of(base) or api.provider, linear=linear,
+            provider = provider or provider_of(base)
+            api = api_of(family, provider, base)  # Mistral's and Groq's Chat Completions
+            gate = Gate(api, http, given, None, None, provider or api.provider, linear=linear,
                         max_retries=api.retries, strict=True)
             with _lock:
                 if len(self.gates) >= _GATES_KEPT:

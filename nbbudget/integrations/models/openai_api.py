@@ -15,6 +15,15 @@ what a call cost in ``usage.cost`` (OpenRouter, in a whole reply and in a stream
 read as ``cost_usd`` (`shapes.reported_cost`: a finite number >= 0, else unreadable).
 Embeddings (``POST /embeddings``) generate no text: a request has no output cap and never
 streams, and its usage is ``prompt_tokens``, its input (`shapes.Shape.generates`).
+
+Two providers serve Chat Completions of their own, read by their own shapes (`chat_of`), as
+their API references define them; neither is asked for a stream's usage, which both report
+unasked in the stream's last chunk, the one with ``finish_reason``. Mistral (`MISTRAL_CHAT`,
+``https://api.mistral.ai/v1``) refuses with 422 any field it does not define, OpenAI's
+``max_completion_tokens`` and ``stream_options`` among them: its cap is ``max_tokens``, and
+its last chunk carries ``usage``. Groq (`GROQ_CHAT`, ``https://api.groq.com/openai/v1``)
+defines no ``stream_options``: its last chunk carries the usage in ``x_groq.usage`` (and, from
+some of its servers, the same as ``usage``, read first).
 """
 
 from __future__ import annotations
@@ -30,11 +39,17 @@ except ImportError:  # the wire format, spoken by another library: nbbudget's er
 from ...core.errors import BudgetCut, BudgetExceeded, ConfigError
 from .shapes import Shape, Unreadable, count, details, reported_cost
 
-__all__ = ["CHAT", "EMBEDDINGS", "MAX_RETRY_AFTER", "PROVIDER", "RESPONSES", "Cut", "Refused",
-           "Unpriced"]
+__all__ = ["CHAT", "EMBEDDINGS", "GROQ", "GROQ_CHAT", "MAX_RETRY_AFTER", "MISTRAL",
+           "MISTRAL_CHAT", "PROVIDER", "RESPONSES", "Cut", "Refused", "Unpriced", "chat_of",
+           "provider_at"]
 
 #: the provider's name in genai-prices
 PROVIDER = "openai"
+#: the names in genai-prices of the providers whose Chat Completions have shapes of their own
+MISTRAL, GROQ = "mistral", "groq"
+#: where each of them serves its API: a base URL there (or below it) is theirs, also where
+#: genai-prices, which resolves a base URL to its provider, is not installed
+_SERVED_AT = {"https://api.mistral.ai": MISTRAL, "https://api.groq.com": GROQ}
 #: the longest ``Retry-After`` (seconds) the SDK waits before a retry: it does not retry a
 #: request asked to wait longer (``openai._constants.MAX_RETRY_AFTER_DELAY``)
 MAX_RETRY_AFTER = 120.0
@@ -64,13 +79,14 @@ def _chat_ask_usage(body: dict[str, Any]) -> bool:
     return True
 
 
-def _chat_usage(usage: Mapping[str, Any]) -> dict[str, float]:
-    cached = details(usage, "prompt_tokens_details")
+def _chat_usage(usage: Mapping[str, Any], where: str = "usage") -> dict[str, float]:
+    """The figures of a completion's usage object, found at *where* (named by `Unreadable`)."""
+    cached = details(usage, "prompt_tokens_details", where)
     return reported_cost(usage, {
-        "input_tokens": count(usage, "prompt_tokens"),
-        "output_tokens": count(usage, "completion_tokens"),
-        "cache_read_tokens": count(cached, "cached_tokens", "usage.prompt_tokens_details",
-                                   required=False)})
+        "input_tokens": count(usage, "prompt_tokens", where),
+        "output_tokens": count(usage, "completion_tokens", where),
+        "cache_read_tokens": count(cached, "cached_tokens", f"{where}.prompt_tokens_details",
+                                   required=False)}, where)
 
 
 def _chat_stream_usage(event: Mapping[str, Any]) -> dict[str, float] | None:
@@ -107,6 +123,67 @@ CHAT = Shape(
     usage=_chat_usage, stream_usage=_chat_stream_usage, settles=_chat_settles,
     stream_text=_chat_text, reply_text=_chat_reply_text, hidden=_chat_hidden,
     delta_bytes=len('"content":"x"'), asked_field=b',"usage":null', done=b"[DONE]")
+
+
+def _unasked(body: dict[str, Any]) -> bool:
+    """A stream whose API reports its usage unasked: its body is left as it is."""
+    return False
+
+
+#: Mistral's Chat Completions (``POST /v1/chat/completions``): the cap is ``max_tokens``, the
+#: only one it takes; a stream is sent as the caller asked it, and its last chunk's ``usage``
+#: is read
+MISTRAL_CHAT = Shape(
+    name="chat", path="/chat/completions", cap_keys=("max_tokens",), ask_usage=_unasked,
+    usage=_chat_usage, stream_usage=_chat_stream_usage, settles=_chat_settles,
+    stream_text=_chat_text, reply_text=_chat_reply_text, hidden=lambda event: False,
+    delta_bytes=len('"content":"x"'), done=b"[DONE]")
+
+
+def _groq_usage(event: Mapping[str, Any]) -> Any:
+    """A Groq chunk's usage: its ``usage``, else its ``x_groq.usage``; None when neither."""
+    usage = event.get("usage")
+    if usage is None:
+        extra = event.get("x_groq")
+        if type(extra) is dict:
+            usage = extra.get("usage")
+    return usage
+
+
+def _groq_stream_usage(event: Mapping[str, Any]) -> dict[str, float] | None:
+    usage = _groq_usage(event)
+    if usage is None:
+        return None
+    where = "usage" if event.get("usage") is not None else "x_groq.usage"
+    if type(usage) is not dict:
+        raise Unreadable(where, usage)
+    return _chat_usage(usage, where)
+
+
+#: Groq's Chat Completions (``POST /openai/v1/chat/completions``): the caps as OpenAI's; a
+#: stream is sent as the caller asked it, and its last chunk's ``usage`` or ``x_groq.usage``
+#: is read
+GROQ_CHAT = Shape(
+    name="chat", path="/chat/completions", cap_keys=("max_tokens", "max_completion_tokens"),
+    ask_usage=_unasked, usage=_chat_usage, stream_usage=_groq_stream_usage,
+    settles=lambda event: _groq_usage(event) is not None, stream_text=_chat_text,
+    reply_text=_chat_reply_text, hidden=lambda event: False,
+    delta_bytes=len('"content":"x"'), done=b"[DONE]")
+
+_CHATS = {MISTRAL: MISTRAL_CHAT, GROQ: GROQ_CHAT}
+
+
+def provider_at(base_url: str) -> str | None:
+    """The provider whose own Chat Completions are served at *base_url* (Mistral's or Groq's
+    URL, or one below it), or None."""
+    return next((provider for url, provider in _SERVED_AT.items()
+                 if base_url == url or base_url.startswith(url + "/")), None)
+
+
+def chat_of(provider: str) -> Shape:
+    """The Chat Completions shape of *provider* (a genai-prices provider id): Mistral's,
+    Groq's, or else OpenAI's."""
+    return _CHATS.get(provider, CHAT)
 
 
 def _responses_usage(usage: Mapping[str, Any]) -> dict[str, float]:
