@@ -333,11 +333,12 @@ def test_at_mistrals_url_the_switch_reads_mistrals_chat_completions(
     at_mistral = switch.gate(httpx2.Request(
         "POST", "https://api.mistral.ai/v1/chat/completions"), library)
     assert at_mistral.provider == "mistral"
-    assert at_mistral.api.shapes == (openai_api.MISTRAL_CHAT,)
+    assert at_mistral.api.shapes == (openai_api.MISTRAL_CHAT, openai_api.EMBEDDINGS)
     elsewhere = switch.gate(httpx2.Request("POST", "http://127.0.0.1:9/v1/chat/completions"),
                             library)
     assert elsewhere.api.shapes[0] is openai_api.CHAT
-    assert clients.api_of("openai", "mistral").shapes == (openai_api.MISTRAL_CHAT,)
+    assert clients.api_of("openai", "mistral").shapes == (openai_api.MISTRAL_CHAT,
+                                                          openai_api.EMBEDDINGS)
 
 
 class ToServer(httpx2.HTTPTransport):

@@ -226,10 +226,10 @@ def api_of(family: str, provider: str | None = None, base_url: str = "") -> _Api
 
         chat = o.chat_of(provider or o.provider_at(base_url) or o.PROVIDER)
         if chat is o.MISTRAL_CHAT:
-            # Mistral serves no Responses (its Embeddings are OpenAI's shape); the mistralai SDK retries only when given a retry
-            # configuration
-            return _Api(o.MISTRAL, (chat, o.EMBEDDINGS), o.Refused, o.Cut, o.Unpriced, _INF, retries=0,
-                        extra=o.MISTRAL)
+            # Mistral serves no Responses (its Embeddings are OpenAI's shape); the mistralai
+            # SDK retries only when given a retry configuration
+            return _Api(o.MISTRAL, (chat, o.EMBEDDINGS), o.Refused, o.Cut, o.Unpriced, _INF,
+                        retries=0, extra=o.MISTRAL)
         if chat is o.GROQ_CHAT:
             return _Api(o.GROQ, (chat, o.RESPONSES), o.Refused, o.Cut, o.Unpriced,
                         o.MAX_RETRY_AFTER, extra=o.GROQ)
