@@ -264,6 +264,7 @@ def switched(n: int, reps: int) -> dict[str, list[float]]:
         out[f"outside every run, {module.__name__}.Client.send"] = [
             statistics.median(spent[False]), statistics.median(spent[True])]
     out["outside every run, aiohttp's middleware"] = _middleware_outside(n, reps)
+    out["outside every run, botocore's two methods"] = _botocore_outside(n, reps)
     run = nb.budget(provider_calls=HUGE, turns=HUGE, tokens=HUGE, output_tokens=HUGE,
                     cost_usd=float(HUGE))
     with Server() as server, run, \
@@ -339,6 +340,44 @@ def _middleware_outside(n: int, reps: int) -> list[float]:
         return [statistics.median(spent[False]), statistics.median(spent[True])]
 
     return asyncio.run(blocks())
+
+
+def _botocore_outside(n: int, reps: int) -> list[float]:
+    """Outside every run, what the switch adds to each attempt of a boto3 call: CPU
+    microseconds of botocore's ``Endpoint.create_request`` and ``URLLib3Session.send`` (each
+    replaced here by one that answers at once, so that only the switch's work around them is
+    timed) called directly and through the switch's replacements, in blocks of *n*
+    interleaved: [direct, through], the median of *reps*."""
+    from botocore.awsrequest import AWSPreparedRequest
+
+    from nbbudget.integrations.models import boto
+
+    def create_request(self: object, params: object, operation_model: object = None) -> object:
+        return params
+
+    def send(self: object, request: object) -> object:
+        return request
+
+    through_create = boto.switched_create_request(create_request, lambda *args: None)
+    through_send = boto.switched_send(send)
+    request = AWSPreparedRequest("POST", "http://memory/model/m/converse", {}, b"{}", False,
+                                 {"client_config": None})
+    params = {"url": "http://memory/model/m/converse", "context": request.context}
+    spent: dict[bool, list[float]] = {False: [], True: []}
+    for rep in range(reps * 2):
+        through = rep % 2 == 1
+        made, sent = (through_create, through_send) if through else (create_request, send)
+        gc.collect()
+        gc.disable()
+        try:
+            start = time.thread_time_ns()
+            for _ in range(n):
+                made(None, params, "op")
+                sent(None, request)
+            spent[through].append((time.thread_time_ns() - start) / 1000 / n)
+        finally:
+            gc.enable()
+    return [statistics.median(spent[False]), statistics.median(spent[True])]
 
 
 #: the row of `whole_calls` that compares a call with cost_usd unarmed and armed

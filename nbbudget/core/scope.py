@@ -235,12 +235,13 @@ class Scope:
         raises the stop at once."""
         if self.stop is not None:
             return False
-        self.stop = stop
-        self._on_halt()  # every later charge takes the locked path, and raises
-        if stop.origin is self:
+        if stop.origin is self:  # traced before it is set: a thread that sees it (and traces
+            # that it did, `observed`) finds it traced already (S2-3: requested, then observed)
             event = ENDINGS[stop.status].event
             assert event is not None, f"a run does not stop {stop.status}"
             self.record(event, stop.event())
+        self.stop = stop
+        self._on_halt()  # every later charge takes the locked path, and raises
         return True
 
     def _notify(self, stop: Stop) -> None:
