@@ -380,3 +380,56 @@ def test_the_event_stream_framing_reads_what_botocores_parser_reads() -> None:
     ends = [0] + [end for _, end, _ in ours]
     for cut in range(len(data)):  # a part of a message waits for its rest
         assert EVENT_STREAM.whole(data[:cut]) == max(end for end in ends if end <= cut)
+
+
+# -- LiteLLM's Bedrock models: signed by LiteLLM, sent on httpx -----------------------------------
+def litellm_converse(server: Server, **kwargs: Any) -> Any:
+    litellm = pytest.importorskip("litellm")
+    return litellm.completion(
+        model=f"bedrock/converse/{MODEL}", api_base=server.url, aws_access_key_id=KEY,
+        aws_secret_access_key=SECRET, aws_region_name=REGION,
+        messages=[{"role": "user", "content": "plan the trip"}], **kwargs)
+
+
+def test_litellms_bedrock_calls_are_counted_and_their_signed_bodies_never_changed(
+        server: Server, switch: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    with pytest.raises(nb.BudgetExceeded) as refused, nb.budget(
+            provider_calls=2, output_tokens=10) as run:
+        reply = litellm_converse(server, max_tokens=4096)
+        assert reply.choices[0].message.content == "Paris."
+        server.queue(b.stream(["Pa", "ris."], b.usage(12, 2)))
+        pieces = [c.choices[0].delta.content for c in litellm_converse(server, stream=True)
+                  if c.choices]
+        assert "".join(p for p in pieces if p) == "Paris."
+        litellm_converse(server)
+    assert refused.value.kind == "provider_calls"
+    assert len(server.received) == 2  # the third refused unsent
+    assert run.consumed["tokens"] == 15 + 14 and run.consumed["output_tokens"] == 5
+    first = server.received[0]
+    assert first.body["inferenceConfig"]["maxTokens"] == 4096  # signed: never clamped
+    assert all(signed_as_sent(r) for r in server.received)
+
+
+def test_litellms_bedrock_stream_is_cut_at_the_crossing_S3_9(
+        server: Server, switch: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    server.queue(b.stream(PIECES, b.usage(12, 40), event_delay=0.005))
+    with pytest.raises(nb.BudgetCut), nb.budget(output_tokens=5) as run:
+        for _ in litellm_converse(server, stream=True):
+            pass
+    assert run.consumed["output_tokens"] == 6
+    assert run.outcome is not None and run.outcome.by == "output_tokens"
+    assert signed_as_sent(server.received[0])
+
+
+@priced
+def test_litellms_bedrock_call_whose_worst_case_does_not_fit_is_refused_whole_S3_10(
+        server: Server, switch: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    # 4,096 output tokens at the model's price pass a thousandth of a cent: the cap cannot be
+    # lowered in a signed body, so the call is refused before it is sent
+    with pytest.raises(nb.BudgetExceeded) as refused, nb.budget(cost_usd=0.00001):
+        litellm_converse(server, max_tokens=4096)
+    assert refused.value.kind == "cost_usd"
+    assert server.received == []

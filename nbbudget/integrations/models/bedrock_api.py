@@ -17,6 +17,11 @@ and their ARNs).
 
 botocore passes an error raised while it prepares or sends a request on to its caller as it
 is, and retries none of nbbudget's: the caller gets these errors unchanged.
+
+A request that comes to a gate signed (LiteLLM signs Bedrock's requests with SigV4 and sends
+them on httpx, where the switch sees them) is never changed (`shapes.Shape.signed`): its output
+cap is not clamped (its worst case, at the cap it asks, is reserved or refused whole), and a
+stream is cut at the crossing as any other.
 """
 
 from __future__ import annotations
@@ -115,7 +120,8 @@ def _shape(name: str, operation: str, streamed: bool) -> Shape:
         stream_text=_stream_text, reply_text=_reply_text, hidden=lambda event: False,
         delta_bytes=12 + 4 + len(b"\x0b:event-type\x07\x00\x11contentBlockDelta")
         + len('{"delta":{"text":"x"}}'),
-        model_of=_model, streamed=lambda path, body: streamed, framing=EVENT_STREAM)
+        model_of=_model, streamed=lambda path, body: streamed, framing=EVENT_STREAM,
+        signed=True)
 
 
 #: ``Converse``: a whole reply, for `instrument`

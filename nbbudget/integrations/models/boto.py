@@ -120,7 +120,7 @@ def switched_create_request(original: Callable[..., Any],
         tries = context.get("retries")
         retry = type(tries) is dict and type(tries.get("attempt")) is int and tries["attempt"] > 1
         admitted = gate.admit(run, path or url[at:], body, params.get("headers") or {},
-                              retry=retry)
+                              retry=retry, signed=False)  # botocore signs it afterwards
         if admitted is None:
             return original(self, params, operation_model)
         attempt, changed = admitted

@@ -334,14 +334,19 @@ class Gate:
         return request, attempt
 
     def admit(self, run: Budget, path: str, content: bytes, headers: Any,
-              retry: bool | None = None) -> tuple[Attempt, dict[str, Any] | None] | None:
+              retry: bool | None = None, signed: bool | None = None
+              ) -> tuple[Attempt, dict[str, Any] | None] | None:
         """A ``POST`` to *path* with the JSON body *content* and *headers* (a mapping with
         ``get``), about to be sent in *run*: its attempt (the permits taken, the worst case
         reserved) and the body to send in its place when it changed (the cap clamped, the
         model degraded, usage asked of a stream), else None; None when it is not a model
         call (it is then sent untouched). A refusal raises the API's ``Refused``, and nothing
         is sent. *retry*: whether it retries an attempt, where the caller knows (botocore's
-        attempt count); else read from the SDKs' ``x-stainless-retry-count`` header. Every
+        attempt count); else read from the SDKs' ``x-stainless-retry-count`` header. *signed*:
+        whether the body was signed before it came here, so that it cannot change (default: the
+        shape's ``signed``, for a request signed by its sender; botocore's layer admits
+        Bedrock's before botocore signs them): its cap is then never clamped, and a worst case
+        that does not fit is refused whole. Every
         HTTP library's requests come here: `open` (httpx2, httpx), and the aiohttp and
         botocore layers of the process-wide switch (``aio``, ``boto``)."""
         for shape in self.api.shapes:
@@ -360,9 +365,11 @@ class Gate:
         if self.strict and type(model) is not str:
             return None  # no model named: not a model call
         changed = False
+        if signed is None:
+            signed = shape.signed
         degrade = self.degrade
         if degrade is not None and run.lowlevel.degraded is not None and named is None and (
-                model != degrade[0]):
+                model != degrade[0]) and not signed:
             body["model"] = model = degrade[0]
             changed = True
         if type(model) is not str:
@@ -401,7 +408,7 @@ class Gate:
                 if type(choices) is int and choices > 1:
                     rate *= choices
                 capped, reserved = reserve_priced(core, asked, target, fixed, rate, retry=retry,
-                                                  model=tallied)
+                                                  clamp=not signed, model=tallied)
                 reservation = Reservation(core, reserved, label, target, tallied)
             else:
                 capped = reserve_request(core, asked, target, retry=retry, model=tallied)
@@ -409,7 +416,7 @@ class Gate:
             raise self.api.refused(*err.args) from None
         except Unwind as signal:  # the run was cut meanwhile, by another thread's reply
             raise _public(self.api, signal, "") from None
-        if capped != asked:
+        if capped != asked and not signed:
             if shape.cap_in and body.get(shape.cap_in) is not holder:
                 body[shape.cap_in] = holder
             holder[key], changed = capped, True

@@ -81,7 +81,11 @@ ROUTES: tuple[tuple[str, str], ...] = (
     ("/chat/completions", "openai"), ("/responses", "openai"), ("/embeddings", "openai"),
     ("/messages", "anthropic"),
     (":generateContent", "gemini"), (":streamGenerateContent", "gemini"),
-    ("/api/chat", "ollama"), ("/api/generate", "ollama"))
+    ("/api/chat", "ollama"), ("/api/generate", "ollama"),
+    ("/converse", "bedrock"), ("/converse-stream", "bedrock"))
+#: where the base URL of an API family's requests ends, where it is not at its endpoint's path
+#: (Bedrock's path names the model: ``/model/{id}/converse``)
+_BASE_ENDS = {"bedrock": "/model/"}
 #: gates kept, by API family, HTTP library and base URL; cleared past this many
 _GATES_KEPT = 256
 
@@ -159,6 +163,7 @@ class Switch:
             return None
         end, family = route
         url = str(request.url)
+        end = _BASE_ENDS.get(family, end)
         return self.gate_at(family, url[:url.index(end)] if end in url else url, http)
 
     def gate_at(self, family: str, base: str, http: Library) -> Gate | None:

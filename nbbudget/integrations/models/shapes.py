@@ -164,6 +164,8 @@ class Shape:
     (Ollama's ``num_predict`` of 0 or less): it is then clamped as if none were given.
     ``generates``: whether it generates text (False: an embedding, which has no output cap and
     no turn, and takes only its ``provider_calls`` permit and its input's worst case).
+    ``signed``: whether a request may come signed over its body (AWS's SigV4, as LiteLLM signs
+    Bedrock's and sends them on httpx): the gate then never changes it.
     """
 
     name: str
@@ -188,6 +190,7 @@ class Shape:
     usage_in: str = "usage"
     uncapped: Callable[[Any], bool] | None = None
     generates: bool = True
+    signed: bool = False
 
 
 def request_content(body: Any) -> bytes:
