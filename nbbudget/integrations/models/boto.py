@@ -27,11 +27,13 @@ Not reached: aiobotocore's clients (their endpoint is their own), and Bedrock's
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 import botocore
 import botocore.exceptions
+from botocore.awsrequest import AWSPreparedRequest
 from urllib3.exceptions import HTTPError as _Urllib3Error
 
 from ...core import preempt
@@ -65,15 +67,8 @@ class Botocore(Library):
 BOTOCORE = Botocore(botocore)
 
 
-def _version() -> tuple[int, ...]:
-    parts = []
-    for part in botocore.__version__.split(".")[:3]:
-        digits = "".join(c for c in part if c.isdigit())
-        parts.append(int(digits or 0))
-    return tuple(parts)
-
-
-_CONTEXT_SENT = _version() >= FIRST
+#: whether this botocore's prepared request carries its call's context (from `FIRST` on)
+_CONTEXT_SENT = "context" in inspect.signature(AWSPreparedRequest).parameters
 
 
 class _Asked:

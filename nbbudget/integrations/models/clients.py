@@ -97,6 +97,7 @@ from ...run.providers import (
     GUARDRAIL_MS,
     Reservation,
     degrade_past,
+    reserve_call,
     reserve_priced,
     reserve_request,
     spend_reply,
@@ -126,7 +127,8 @@ _METERED = tuple(sorted((KIND_INDEX[kind] for kind in ("tokens", "output_tokens"
 _MILLION = 1_000_000
 _BACKSLASH = ord("\\")  # ``int in bytes`` is one memchr
 _COST = KIND_INDEX["cost_usd"]
-#: the permit of one attempt at a request that generates no text (an embedding)
+#: the permit of one attempt at a request that generates no text (an embedding), reserved with
+#: its input's worst case
 _ONE_CALL = (KIND_INDEX["provider_calls"], 1)
 #: the extension a gate marks a request with while it sends the attempt it opened: the HTTP
 #: client an instrumented client wraps sends it on untouched, as the process-wide switch does
@@ -422,12 +424,10 @@ class Gate:
             holder[key], changed = capped, True
         streamed = shape.streamed
         stream = body.get("stream") is True if streamed is None else streamed(path, body)
-        hide = stream and shape.ask_usage(body)
-        left_ms = core.scope.remaining_ms()
-        guardrail = GUARDRAIL_MS
-        bound = (guardrail if left_ms is None or left_ms >= guardrail else left_ms) / 1000
+        hide = stream and not signed and shape.ask_usage(body)  # a signed body stays as it is
         return Attempt(self, run, core, shape, model, label, target, price, stream, hide,
-                        bound, reservation, fixed, tallied), body if changed or hide else None
+                        _bound_s(core), reservation, fixed, tallied), (
+            body if changed or hide else None)
 
     def _embedding(self, run: Budget, shape: Shape, model: str, known: _Model,
                    size: int) -> Attempt:
@@ -444,15 +444,13 @@ class Gate:
                 core.reserve(((_COST, fixed), _ONE_CALL), target, tallied)
                 reservation = Reservation(core, fixed, label, target, tallied)
             else:
-                core.reserve((_ONE_CALL,), target, tallied)
+                reserve_call(core, target, tallied)
         except BudgetExceeded as err:
             raise self.api.refused(*err.args) from None
         except Unwind as signal:  # the run was cut meanwhile
             raise _public(self.api, signal, "") from None
-        left_ms = core.scope.remaining_ms()
-        bound = (GUARDRAIL_MS if left_ms is None or left_ms >= GUARDRAIL_MS else left_ms) / 1000
-        return Attempt(self, run, core, shape, model, label, target, price, False, False, bound,
-                       reservation, fixed, tallied)
+        return Attempt(self, run, core, shape, model, label, target, price, False, False,
+                       _bound_s(core), reservation, fixed, tallied)
 
     def _model(self, model: str) -> _Model:
         """The calls' name, target, price for *model* and, where the price is linear in the
@@ -490,6 +488,13 @@ class Gate:
                 f"provider='openrouter'), or give prices={{'input': usd, 'output': usd}} per "
                 f"million "
                 f"tokens, or a function of the usage")
+
+
+def _bound_s(core: Core) -> float:
+    """The seconds an attempt of the run of *core* may take: the run's time left, or the
+    guardrail (S3-8) when that is sooner or the run has no time limit."""
+    left_ms = core.scope.remaining_ms()
+    return (GUARDRAIL_MS if left_ms is None or left_ms >= GUARDRAIL_MS else left_ms) / 1000
 
 
 def _lower(request: Any, timeout: Mapping[str, float | None] | None, bound: float) -> None:

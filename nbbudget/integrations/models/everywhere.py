@@ -225,13 +225,20 @@ def _patch(name: str) -> None:
     if http is None:
         return
     module = http.module
-    for cls, make in ((module.Client, _switched), (module.AsyncClient, _switched_async)):
-        if any(patched is cls for patched, _, _, _ in _switch.patched):
-            continue
-        original = cls.send
-        ours = make(original, http)
-        cls.send = ours
-        _switch.patched.append((cls, "send", original, ours))
+    _switch_method(module.Client, "send", lambda original: _switched(original, http))
+    _switch_method(module.AsyncClient, "send", lambda original: _switched_async(original, http))
+
+
+def _switch_method(cls: type, name: str,
+                   make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Put ``make(original)`` in the place of *cls*'s method *name*, once while the switch is
+    on; `Switch.undo` puts the original back (lock held)."""
+    if any(patched is cls for patched, _, _, _ in _switch.patched):
+        return
+    original = getattr(cls, name)
+    ours = make(original)
+    setattr(cls, name, ours)
+    _switch.patched.append((cls, name, original, ours))
 
 
 def _patch_aiohttp() -> None:
@@ -243,13 +250,8 @@ def _patch_aiohttp() -> None:
         return  # not installed, or before 3.12
     from . import aio
 
-    cls = aiohttp.ClientSession
-    if any(patched is cls for patched, _, _, _ in _switch.patched):
-        return
-    original = cls.__init__
-    ours = _with_middleware(original, aio.middleware(_gate_of))
-    cls.__init__ = ours
-    _switch.patched.append((cls, "__init__", original, ours))
+    _switch_method(aiohttp.ClientSession, "__init__",
+             lambda original: _with_middleware(original, aio.middleware(_gate_of)))
 
 
 def _patch_botocore() -> None:
@@ -260,16 +262,9 @@ def _patch_botocore() -> None:
         return
     from . import boto
 
-    for cls, name, make in (
-            (endpoint.Endpoint, "create_request",
-             lambda original: boto.switched_create_request(original, _gate_at)),
-            (endpoint.URLLib3Session, "send", boto.switched_send)):
-        if any(patched is cls for patched, _, _, _ in _switch.patched):
-            continue
-        original = getattr(cls, name)
-        ours = make(original)
-        setattr(cls, name, ours)
-        _switch.patched.append((cls, name, original, ours))
+    _switch_method(endpoint.Endpoint, "create_request",
+             lambda original: boto.switched_create_request(original, _gate_at))
+    _switch_method(endpoint.URLLib3Session, "send", boto.switched_send)
 
 
 def _gate_at(family: str, base: str, http: Library) -> Gate | None:

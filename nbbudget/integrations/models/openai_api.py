@@ -28,6 +28,7 @@ some of its servers, the same as ``usage``, read first).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -130,14 +131,10 @@ def _unasked(body: dict[str, Any]) -> bool:
     return False
 
 
-#: Mistral's Chat Completions (``POST /v1/chat/completions``): the cap is ``max_tokens``, the
-#: only one it takes; a stream is sent as the caller asked it, and its last chunk's ``usage``
-#: is read
-MISTRAL_CHAT = Shape(
-    name="chat", path="/chat/completions", cap_keys=("max_tokens",), ask_usage=_unasked,
-    usage=_chat_usage, stream_usage=_chat_stream_usage, settles=_chat_settles,
-    stream_text=_chat_text, reply_text=_chat_reply_text, hidden=lambda event: False,
-    delta_bytes=len('"content":"x"'), done=b"[DONE]")
+#: Mistral's Chat Completions (``POST /v1/chat/completions``), as OpenAI's but: the cap is
+#: ``max_tokens``, the only one it takes; a stream is sent as the caller asked it, and its last
+#: chunk's ``usage`` is read
+MISTRAL_CHAT = dataclasses.replace(CHAT, cap_keys=("max_tokens",), ask_usage=_unasked)
 
 
 def _groq_usage(event: Mapping[str, Any]) -> Any:
@@ -160,15 +157,10 @@ def _groq_stream_usage(event: Mapping[str, Any]) -> dict[str, float] | None:
     return _chat_usage(usage, where)
 
 
-#: Groq's Chat Completions (``POST /openai/v1/chat/completions``): the caps as OpenAI's; a
-#: stream is sent as the caller asked it, and its last chunk's ``usage`` or ``x_groq.usage``
-#: is read
-GROQ_CHAT = Shape(
-    name="chat", path="/chat/completions", cap_keys=("max_tokens", "max_completion_tokens"),
-    ask_usage=_unasked, usage=_chat_usage, stream_usage=_groq_stream_usage,
-    settles=lambda event: _groq_usage(event) is not None, stream_text=_chat_text,
-    reply_text=_chat_reply_text, hidden=lambda event: False,
-    delta_bytes=len('"content":"x"'), done=b"[DONE]")
+#: Groq's Chat Completions (``POST /openai/v1/chat/completions``), as OpenAI's but: a stream is
+#: sent as the caller asked it, and its last chunk's ``usage`` or ``x_groq.usage`` is read
+GROQ_CHAT = dataclasses.replace(CHAT, ask_usage=_unasked, stream_usage=_groq_stream_usage,
+                                settles=lambda event: _groq_usage(event) is not None)
 
 _CHATS = {MISTRAL: MISTRAL_CHAT, GROQ: GROQ_CHAT}
 

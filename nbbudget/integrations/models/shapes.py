@@ -196,7 +196,7 @@ class Shape:
 def request_content(body: Any) -> bytes:
     """A request body the gate changed (its cap clamped, its model degraded, usage asked of a
     stream), as the bytes to send: compact JSON, as the SDKs write it. Used by ``clients`` and
-    by the aiohttp layer of the process-wide switch (``aio``)."""
+    by the aiohttp and botocore layers of the process-wide switch (``aio``, ``boto``)."""
     return json.dumps(body, separators=(",", ":")).encode()
 
 
