@@ -43,8 +43,11 @@ when the run stops, interrupts the client.
 **What it cannot bound.** Permits are not taken before each model call (the subprocess makes
 them): ``max_turns`` and ``max_budget_usd`` bound them, as Claude Code keeps them, between its
 turns, so the last turn may pass the dollars left by what it cost (charged, then the run is
-cut). No output cap is clamped (S2-9) and no worst case reserved (S3-10). The cost is Claude
-Code's own figure, which prices every model at Anthropic's rates.
+cut). No output cap is clamped (S2-9) and no worst case reserved (S3-10). Tokens are charged
+when Claude Code reports them, in its ``ResultMessage`` at the query's end: a run bounded by
+``tokens`` or ``output_tokens`` alone is not stopped in between (bound it by ``cost_usd`` or
+``turns`` too, which Claude Code keeps). The cost is Claude Code's own figure, which prices
+every model at Anthropic's rates.
 """
 
 from __future__ import annotations
@@ -113,8 +116,8 @@ class Budgeted:
                               f"or None for the current one")
         self.run = run
         self._given = given_price(prices, "nbbudget.claude_agent.Budgeted()")
-        # the limits this adapter set on the last options it made (kind -> value), and the
-        # caller's own
+        # the limits of the run this adapter set on the last options it made, in the place of
+        # the caller's own (or of none): kind -> value
         self._set: dict[str, float] = {}
         # a refusal or stop met in a hook, raised by the query once Claude Code has stopped
         self._stopped: BaseException | None = None
@@ -273,30 +276,32 @@ class Budgeted:
     def _charge_result(self, run: Budget, result: Any) -> None:
         """Charge a result's usage and cost, model by model (S3-3: recorded even past a
         limit)."""
-        by_model = result.model_usage or {}
-        rows: list[tuple[str, Usage]] = []
-        for model, used in by_model.items():
-            read = int(used.get("cacheReadInputTokens") or 0)
-            written = int(used.get("cacheCreationInputTokens") or 0)
-            usage = Usage(input_tokens=int(used.get("inputTokens") or 0) + read + written,
-                          output_tokens=int(used.get("outputTokens") or 0),
-                          cache_read_tokens=read, cache_write_tokens=written)
-            cost = used.get("costUSD")
-            if cost is not None:
-                usage["cost_usd"] = float(cost)
-            rows.append((model, usage))
+        rows = [(model, _usage(used, _MODEL_USAGE, used.get("costUSD")))
+                for model, used in (result.model_usage or {}).items()]
         if not rows and result.usage:  # no breakdown: the whole, at the cost reported
-            used = result.usage
-            read = int(used.get("cache_read_input_tokens") or 0)
-            written = int(used.get("cache_creation_input_tokens") or 0)
-            usage = Usage(input_tokens=int(used.get("input_tokens") or 0) + read + written,
-                          output_tokens=int(used.get("output_tokens") or 0),
-                          cache_read_tokens=read, cache_write_tokens=written)
-            if result.total_cost_usd is not None:
-                usage["cost_usd"] = float(result.total_cost_usd)
-            rows.append(("claude", usage))
+            rows.append(("claude", _usage(result.usage, _USAGE, result.total_cost_usd)))
         for model, usage in rows:
             spend_usage(run, usage, self._given, model, model=(PROVIDER, model))
+
+
+#: the keys of a usage's figures (input, output, cache reads, cache writes) in a result's
+#: ``model_usage`` (Claude Code's camelCase) and in its ``usage`` (Anthropic's Messages API)
+_MODEL_USAGE = ("inputTokens", "outputTokens", "cacheReadInputTokens",
+                "cacheCreationInputTokens")
+_USAGE = ("input_tokens", "output_tokens", "cache_read_input_tokens",
+          "cache_creation_input_tokens")
+
+
+def _usage(used: Any, keys: tuple[str, str, str, str], cost: Any) -> Usage:
+    """The figures of a usage mapping whose keys are *keys*, as `spend_usage` charges them:
+    the input counts the cached input too (Anthropic's ``input_tokens`` does not); *cost*, the
+    dollars reported, when there is one."""
+    inp, out, read, written = (int(used.get(key) or 0) for key in keys)
+    usage = Usage(input_tokens=inp + read + written, output_tokens=out,
+                  cache_read_tokens=read, cache_write_tokens=written)
+    if cost is not None:
+        usage["cost_usd"] = float(cost)
+    return usage
 
 
 class _Stopped(Exception):
@@ -333,7 +338,7 @@ class _Watcher:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(POLL_S)
-            if self.run.cancelled or _out_of_time(self.run):
+            if _run_stopped(self.run):
                 if self.reader is not None:
                     self.fired = True
                     self.reader.cancel()
@@ -354,12 +359,11 @@ async def _within(awaitable: Any, seconds: float) -> Any:
     return await asyncio.wait_for(awaitable, seconds)  # pragma: no cover  (Python 3.10)
 
 
-def _out_of_time(run: Budget) -> bool:
-    """Whether the run's time is up (its check would stop it)."""
+def _run_stopped(run: Budget) -> bool:
+    """Whether the run is stopped: cancelled, cut, or out of time (its check raises, and at
+    its deadline stops it)."""
     try:
         run.check()
-    except Unwind:
-        return True
-    except BaseException:  # noqa: BLE001  (a public error: stopped too)
+    except BaseException:  # noqa: BLE001  (the run's Unwind, or a public error)
         return True
     return False
