@@ -101,14 +101,17 @@ def instrument(client: Any = None, *, prices: Any = None,
     """Bound model calls by the run current when each is made.
 
     ``nb.instrument()``: every model call the process makes, through the OpenAI or Anthropic
-    SDK at any base URL or any library built on httpx2, httpx or aiohttp, clients made before
-    or after included (`nbbudget.integrations.models.everywhere`); returns the switch, whose
+    SDK at any base URL, any library built on httpx2, httpx or aiohttp, or boto3's Bedrock
+    Converse API, clients made before or after included
+    (`nbbudget.integrations.models.everywhere`); returns the switch, whose
     ``.undo()`` (or the end of its ``with`` block) turns it off. Calling it again changes
     nothing. Calls outside every run pass untouched.
 
     ``nb.instrument("http://localhost:11434", prices="free")``: the same, and the model calls
     made to that base URL are priced so (``prices``) or at ``provider``'s prices in
-    genai-prices: a local server, a gateway genai-prices knows under another name.
+    genai-prices: a local server, a gateway genai-prices knows under another name, or a proxy
+    of Mistral's or Groq's API (``provider="mistral"``), whose calls are then read as that
+    API's.
 
     ``nb.instrument(client)``: a copy of an OpenAI or Anthropic client whose model calls are
     provider calls (`nbbudget.integrations.models`; the ``openai`` and ``anthropic`` extras).

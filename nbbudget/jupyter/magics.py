@@ -109,10 +109,11 @@ class NBBudget(Configurable):
     ).tag(config=True)
     instrument = Bool(
         True, help="True: bound every model call this kernel makes by the run current when "
-                   "it is made (nb.instrument(): the OpenAI, Anthropic, Gemini and Ollama "
-                   "APIs at any base URL, through any library on httpx2, httpx or aiohttp; a "
-                   "model call the LangChain, Agents SDK or pydantic-ai adapter counts is "
-                   "counted by it alone). False: only the clients given to nb.instrument(client).",
+                   "it is made (nb.instrument(): the OpenAI, Anthropic, Gemini, Mistral, Groq "
+                   "and Ollama APIs at any base URL, through any library on httpx2, httpx or "
+                   "aiohttp, and Bedrock's Converse API through boto3; a model call the "
+                   "LangChain, Agents SDK or pydantic-ai adapter counts is counted by it "
+                   "alone). False: only the clients given to nb.instrument(client).",
     ).tag(config=True)
     interactive = Bool(
         None, allow_none=True,
